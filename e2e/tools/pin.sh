@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Regenerates the wrapper modules under e2e/tools/* from versions.env.
+# kube-apiserver and etcd cannot be `go install`ed (their go.mod files carry replace
+# directives), so each tool gets a tiny module that requires it and, for Kubernetes,
+# replaces every staging module with its published v0.x.y twin.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=/dev/null
+. "$here/versions.env"
+export GOFLAGS=-mod=mod GOTOOLCHAIN=local
+
+kmod=$(go mod download -json "k8s.io/kubernetes@${KUBE_VERSION}" | python3 -c 'import json,sys;print(json.load(sys.stdin)["GoMod"])')
+staging_ver="v0.${KUBE_VERSION#v1.}"
+{
+  echo "module hcp-olm/e2e/tools/kube"
+  echo
+  grep -E '^go ' "$kmod"
+  grep -E '^godebug ' "$kmod" || true
+  echo
+  echo "require k8s.io/kubernetes ${KUBE_VERSION}"
+  echo
+  echo "replace ("
+  sed -n '/^replace (/,/^)/p' "$kmod" | awk '/=> \.\/staging/ {print "\t" $1 " => " $1 " '"$staging_ver"'"}'
+  echo ")"
+} > "$here/kube/go.mod"
+cat > "$here/kube/tools.go" <<'GO'
+//go:build tools
+
+// Package tools pins kube-apiserver for the hcp-olm test environment.
+package tools
+
+import _ "k8s.io/kubernetes/cmd/kube-apiserver"
+GO
+
+write_simple() { # dir module-path version import...
+  local dir=$1 mod=$2 ver=$3; shift 3
+  printf 'module hcp-olm/e2e/tools/%s\n\ngo 1.26.3\n\nrequire %s %s\n' "$dir" "$mod" "$ver" > "$here/$dir/go.mod"
+  {
+    printf '//go:build tools\n\n// Package tools pins %s for the hcp-olm test environment.\npackage tools\n\nimport (\n' "$dir"
+    for i in "$@"; do printf '\t_ "%s"\n' "$i"; done
+    printf ')\n'
+  } > "$here/$dir/tools.go"
+}
+write_simple etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" go.etcd.io/etcd/server/v3
+write_simple olm github.com/operator-framework/operator-lifecycle-manager "$OLM_VERSION" \
+  github.com/operator-framework/operator-lifecycle-manager/cmd/catalog \
+  github.com/operator-framework/operator-lifecycle-manager/cmd/olm \
+  github.com/operator-framework/operator-lifecycle-manager/cmd/package-server
+write_simple opm github.com/operator-framework/operator-registry "$OPM_VERSION" \
+  github.com/operator-framework/operator-registry/cmd/opm
+
+for d in kube etcd olm opm; do
+  echo "pin: tidying $d" >&2
+  (cd "$here/$d" && go mod tidy -e >/dev/null)
+done

@@ -1,0 +1,1 @@
+//! hcp-olm-guest-agent

@@ -1,0 +1,1 @@
+//! operator-registry gRPC API. Generated code lands here (issue 3).
