@@ -1,1 +1,5 @@
-//! hcp-olm-e2e
+//! Real test environments for hcp-olm.
+//!
+//! - [`tools`]: the pinned upstream binaries (`make tools`).
+
+pub mod tools;

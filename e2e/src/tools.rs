@@ -1,0 +1,40 @@
+//! Locating the pinned upstream binaries built by `e2e/tools/build.sh` (`make tools`).
+
+use std::path::{Path, PathBuf};
+
+/// Errors locating upstream tools.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolError {
+    /// The binary is not in the tools directory.
+    #[error("upstream tool `{name}` not found at {path}: run `make tools` first")]
+    Missing { name: String, path: PathBuf },
+}
+
+/// The directory holding the upstream binaries: `$HCP_OLM_TOOLS_DIR`, else
+/// `$HCP_OLM_CACHE/bin`, else `$HOME/.cache/hcp-olm/bin` (what `build.sh --bin-dir` prints).
+pub fn tools_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("HCP_OLM_TOOLS_DIR") {
+        return PathBuf::from(d);
+    }
+    let cache = std::env::var_os("HCP_OLM_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+            Path::new(&home).join(".cache/hcp-olm")
+        });
+    cache.join("bin")
+}
+
+/// Path of an upstream binary (`kube-apiserver`, `etcd`, `catalog`, `olm`, `package-server`, `opm`),
+/// checked to exist.
+pub fn bin(name: &str) -> Result<PathBuf, ToolError> {
+    let path = tools_dir().join(name);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(ToolError::Missing {
+            name: name.to_string(),
+            path,
+        })
+    }
+}
