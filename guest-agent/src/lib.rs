@@ -1,1 +1,6 @@
-//! hcp-olm-guest-agent
+//! hcp-olm-guest-agent: the guest-side connectivity agent.
+//!
+//! - [`dns`]: the split-DNS protocol engine (no I/O).
+//! - [`server`]: the tokio driver (UDP/TCP listeners, upstream forwarding, metrics).
+
+pub mod dns;
