@@ -4,3 +4,4 @@
 //! - [`server`]: the tokio driver (UDP/TCP listeners, upstream forwarding, metrics).
 
 pub mod dns;
+pub mod server;

@@ -491,6 +491,11 @@ impl Engine {
         )
     }
 
+    /// An empty reply with `rcode` (e.g. REFUSED when the driver is overloaded).
+    pub fn rcode_reply(&self, q: &PendingQuery, rcode: ResponseCode) -> Reply {
+        self.build_reply(q, rcode, Vec::new(), Vec::new(), Vec::new(), Source::Error)
+    }
+
     /// A stale answer if one is available (for the client response timer).
     pub fn stale_reply(&self, q: &PendingQuery, now: Instant) -> Option<Reply> {
         let entry = self.cache.get_stale(&q.key, now)?;

@@ -1,0 +1,335 @@
+//! Tokio driver for the split-DNS engine: UDP and TCP listeners on pre-bound sockets,
+//! forwarding to the owner's upstreams, RFC 8767 client response timer, bounded concurrency
+//! and graceful shutdown.
+
+pub mod metrics;
+mod upstream;
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hickory_proto::op::ResponseCode;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::sync::{Semaphore, mpsc};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::dns::{Action, Engine, Forward, Reply, Transport};
+pub use metrics::DnsMetrics;
+pub use upstream::resolve;
+
+/// Receive loops per UDP socket (cache hits are answered inline by these loops).
+const UDP_WORKERS: usize = 2;
+/// Forwarded queries in flight per TCP connection (RFC 7766 pipelining).
+const TCP_PIPELINE: usize = 32;
+
+/// The DNS server. Clone is cheap; all clones share state.
+#[derive(Clone, Debug)]
+pub struct DnsServer {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    engine: Arc<Engine>,
+    metrics: DnsMetrics,
+    inflight: Arc<Semaphore>,
+    tcp_conns: Arc<Semaphore>,
+    tracker: TaskTracker,
+    cancel: CancellationToken,
+}
+
+impl DnsServer {
+    pub fn new(engine: Arc<Engine>, metrics: DnsMetrics) -> Self {
+        let cfg = engine.config();
+        let inflight = Arc::new(Semaphore::new(cfg.max_in_flight));
+        let tcp_conns = Arc::new(Semaphore::new(cfg.max_tcp_connections));
+        Self {
+            inner: Arc::new(Inner {
+                engine,
+                metrics,
+                inflight,
+                tcp_conns,
+                tracker: TaskTracker::new(),
+                cancel: CancellationToken::new(),
+            }),
+        }
+    }
+
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.inner.engine
+    }
+
+    pub fn metrics(&self) -> &DnsMetrics {
+        &self.inner.metrics
+    }
+
+    /// Serve UDP on a pre-bound socket until shutdown.
+    pub fn spawn_udp(&self, socket: UdpSocket) {
+        let socket = Arc::new(socket);
+        for _ in 0..UDP_WORKERS {
+            let this = self.clone();
+            let socket = Arc::clone(&socket);
+            self.inner
+                .tracker
+                .spawn(async move { this.udp_loop(socket).await });
+        }
+    }
+
+    /// Serve TCP (RFC 7766) on a pre-bound listener until shutdown.
+    pub fn spawn_tcp(&self, listener: TcpListener) {
+        let this = self.clone();
+        self.inner
+            .tracker
+            .spawn(async move { this.tcp_accept_loop(listener).await });
+    }
+
+    /// Stop accepting, let in-flight queries finish for up to `grace`. Returns true when
+    /// everything drained in time.
+    pub async fn shutdown(&self, grace: Duration) -> bool {
+        self.inner.cancel.cancel();
+        self.inner.tracker.close();
+        tokio::time::timeout(grace, self.inner.tracker.wait())
+            .await
+            .is_ok()
+    }
+
+    /// Handle one client message end to end (used by listeners and by in-process callers such
+    /// as the gateway resolving CONNECT targets). `None` means drop.
+    pub async fn answer(&self, bytes: &[u8], transport: Transport) -> Option<Reply> {
+        match self.handle(bytes, transport) {
+            Handled::Done(r) => r,
+            Handled::Forward(f, permit) => {
+                let r = self.answer_forward(f, |_| {}).await;
+                drop(permit);
+                Some(r)
+            }
+        }
+    }
+
+    fn handle(&self, bytes: &[u8], transport: Transport) -> Handled {
+        let i = &self.inner;
+        match i
+            .engine
+            .handle_query(bytes, transport, std::time::Instant::now())
+        {
+            Action::Reply(r) => {
+                i.metrics.observe(&r.outcome);
+                Handled::Done(Some(r))
+            }
+            Action::Drop => {
+                i.metrics.dropped();
+                Handled::Done(None)
+            }
+            Action::Forward(f) => match Arc::clone(&i.inflight).try_acquire_owned() {
+                Ok(p) => Handled::Forward(f, p),
+                Err(_) => {
+                    i.metrics.overloaded.inc();
+                    let r = i.engine.rcode_reply(&f.query, ResponseCode::Refused);
+                    i.metrics.observe(&r.outcome);
+                    Handled::Done(Some(r))
+                }
+            },
+        }
+    }
+
+    /// Resolve through the owner with the RFC 8767 client response timer: if the owner has not
+    /// answered within `client_timer` and a stale answer exists, `early` gets it and the
+    /// resolution continues in the background to refresh the cache. Returns the reply that
+    /// should be sent (already sent via `early` when it was stale).
+    async fn answer_forward(&self, f: Forward, mut early: impl FnMut(&Reply)) -> Reply {
+        let i = &self.inner;
+        let q = f.query.clone();
+        let fut = resolve(&i.engine, &i.metrics, f);
+        tokio::pin!(fut);
+        let timer = tokio::time::sleep(i.engine.config().client_timer);
+        tokio::select! {
+            r = &mut fut => {
+                i.metrics.observe(&r.outcome);
+                r
+            }
+            _ = timer => {
+                match i.engine.stale_reply(&q, std::time::Instant::now()) {
+                    Some(stale) => {
+                        i.metrics.observe(&stale.outcome);
+                        early(&stale);
+                        // Keep resolving so the cache is refreshed; the client has its answer.
+                        let _ = fut.await;
+                        stale
+                    }
+                    None => {
+                        let r = fut.await;
+                        i.metrics.observe(&r.outcome);
+                        r
+                    }
+                }
+            }
+        }
+    }
+
+    async fn udp_loop(self, socket: Arc<UdpSocket>) {
+        let mut buf = vec![0u8; 65_535];
+        loop {
+            let (n, peer) = tokio::select! {
+                _ = self.inner.cancel.cancelled() => return,
+                r = socket.recv_from(&mut buf) => match r {
+                    Ok(x) => x,
+                    Err(e) => {
+                        // ICMP errors from earlier sends surface here on some platforms.
+                        tracing::debug!(error = %e, "udp recv error");
+                        continue;
+                    }
+                },
+            };
+            match self.handle(&buf[..n], Transport::Udp) {
+                Handled::Done(None) => {}
+                Handled::Done(Some(r)) => send_udp(&socket, &r.bytes, peer).await,
+                Handled::Forward(f, permit) => {
+                    let this = self.clone();
+                    let socket = Arc::clone(&socket);
+                    self.inner.tracker.spawn(async move {
+                        let mut sent = false;
+                        let r = {
+                            let sock = Arc::clone(&socket);
+                            this.answer_forward(f, |stale| {
+                                sent = true;
+                                let sock = Arc::clone(&sock);
+                                let bytes = stale.bytes.clone();
+                                tokio::spawn(async move { send_udp(&sock, &bytes, peer).await });
+                            })
+                            .await
+                        };
+                        if !sent {
+                            send_udp(&socket, &r.bytes, peer).await;
+                        }
+                        drop(permit);
+                    });
+                }
+            }
+        }
+    }
+
+    async fn tcp_accept_loop(self, listener: TcpListener) {
+        loop {
+            let (stream, peer) = tokio::select! {
+                _ = self.inner.cancel.cancelled() => return,
+                r = listener.accept() => match r {
+                    Ok(x) => x,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "tcp accept error");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+            };
+            let Ok(permit) = Arc::clone(&self.inner.tcp_conns).try_acquire_owned() else {
+                self.inner.metrics.overloaded.inc();
+                drop(stream);
+                continue;
+            };
+            let this = self.clone();
+            self.inner.tracker.spawn(async move {
+                if let Err(e) = this.tcp_conn(stream).await {
+                    tracing::debug!(%peer, error = %e, "tcp connection ended");
+                }
+                drop(permit);
+            });
+        }
+    }
+
+    async fn tcp_conn(&self, stream: TcpStream) -> io::Result<()> {
+        let _ = stream.set_nodelay(true);
+        let (mut rd, mut wr) = stream.into_split();
+        let (tx, mut rx) = mpsc::channel::<Vec<u8>>(TCP_PIPELINE);
+        let writer = tokio::spawn(async move {
+            while let Some(msg) = rx.recv().await {
+                let Ok(len) = u16::try_from(msg.len()) else {
+                    continue;
+                };
+                let mut frame = Vec::with_capacity(msg.len() + 2);
+                frame.extend_from_slice(&len.to_be_bytes());
+                frame.extend_from_slice(&msg);
+                if wr.write_all(&frame).await.is_err() {
+                    return;
+                }
+            }
+            let _ = wr.shutdown().await;
+        });
+        let pipeline = Arc::new(Semaphore::new(TCP_PIPELINE));
+        let idle = self.inner.engine.config().tcp_idle_timeout;
+        let mut buf = vec![0u8; 65_535];
+        loop {
+            let mut len = [0u8; 2];
+            let deadline = Instant::now() + idle;
+            let got = tokio::select! {
+                _ = self.inner.cancel.cancelled() => break,
+                r = tokio::time::timeout_at(deadline, rd.read_exact(&mut len)) => r,
+            };
+            match got {
+                Ok(Ok(_)) => {}
+                Ok(Err(_)) | Err(_) => break, // EOF, error or idle timeout
+            }
+            let n = usize::from(u16::from_be_bytes(len));
+            if n == 0 {
+                self.inner.metrics.dropped();
+                break;
+            }
+            match tokio::time::timeout_at(deadline, rd.read_exact(&mut buf[..n])).await {
+                Ok(Ok(_)) => {}
+                _ => break,
+            }
+            match self.handle(&buf[..n], Transport::Tcp) {
+                Handled::Done(None) => {
+                    // Garbage on a stream: the framing can no longer be trusted.
+                    break;
+                }
+                Handled::Done(Some(r)) => {
+                    if tx.send(r.bytes).await.is_err() {
+                        break;
+                    }
+                }
+                Handled::Forward(f, permit) => {
+                    let Ok(slot) = Arc::clone(&pipeline).acquire_owned().await else {
+                        break;
+                    };
+                    let this = self.clone();
+                    let tx = tx.clone();
+                    self.inner.tracker.spawn(async move {
+                        let early_tx = tx.clone();
+                        let mut sent = false;
+                        let r = this
+                            .answer_forward(f, |stale| {
+                                sent = true;
+                                let _ = early_tx.try_send(stale.bytes.clone());
+                            })
+                            .await;
+                        if !sent {
+                            let _ = tx.send(r.bytes).await;
+                        }
+                        drop(permit);
+                        drop(slot);
+                    });
+                }
+            }
+        }
+        drop(tx);
+        // In-flight answers still hold senders; the writer exits after the last one.
+        let _ = writer.await;
+        Ok(())
+    }
+}
+
+enum Handled {
+    Done(Option<Reply>),
+    Forward(Forward, tokio::sync::OwnedSemaphorePermit),
+}
+
+async fn send_udp(socket: &UdpSocket, bytes: &[u8], peer: SocketAddr) {
+    if let Err(e) = socket.send_to(bytes, peer).await {
+        tracing::debug!(%peer, error = %e, "udp send failed");
+    }
+}
