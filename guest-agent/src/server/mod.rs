@@ -2,6 +2,7 @@
 //! forwarding to the owner's upstreams, RFC 8767 client response timer, bounded concurrency
 //! and graceful shutdown.
 
+pub mod file;
 pub mod metrics;
 mod upstream;
 

@@ -1,0 +1,171 @@
+//! `hcp-olm-dns`: the split-DNS server on its own. Wiring only: config, sockets, admin
+//! endpoints, signals. Exit codes: 0 after a clean drain, 64 on config errors, 1 otherwise.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::Context;
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use clap::Parser;
+use hcp_olm_guest_agent::dns::Engine;
+use hcp_olm_guest_agent::server::{DnsMetrics, DnsServer, file};
+use prometheus_client::registry::Registry;
+use tokio::net::{TcpListener, UdpSocket};
+use tokio::signal::unix::{SignalKind, signal};
+
+const EX_CONFIG: u8 = 64;
+
+#[derive(Debug, Parser)]
+#[command(version, about = "hcp-olm split-DNS server")]
+struct Args {
+    /// Config file (.toml, .yaml or .yml).
+    #[arg(long, env = "HCP_OLM_DNS_CONFIG")]
+    config: PathBuf,
+    /// UDP+TCP listen address; overrides `listen` in the file.
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Admin (healthz/readyz/metrics) address; overrides `admin` in the file.
+    #[arg(long)]
+    admin: Option<SocketAddr>,
+}
+
+#[derive(Clone)]
+struct AdminState {
+    ready: Arc<AtomicBool>,
+    registry: Arc<Registry>,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let cfg = match file::load(&args.config, args.listen, args.admin) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("hcp-olm-dns: invalid configuration: {e}");
+            return ExitCode::from(EX_CONFIG);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("hcp-olm-dns: cannot start runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cfg)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "exiting");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cfg: file::ServerConfig) -> anyhow::Result<()> {
+    // Bind everything first; only then report ready.
+    let udp = UdpSocket::bind(cfg.listen)
+        .await
+        .with_context(|| format!("bind udp {}", cfg.listen))?;
+    let bound = udp.local_addr()?;
+    let tcp = TcpListener::bind(bound)
+        .await
+        .with_context(|| format!("bind tcp {bound}"))?;
+    let admin = match cfg.admin {
+        Some(a) => Some(
+            TcpListener::bind(a)
+                .await
+                .with_context(|| format!("bind admin {a}"))?,
+        ),
+        None => None,
+    };
+
+    let mut registry = Registry::default();
+    let metrics = DnsMetrics::register(&mut registry);
+    let engine = Arc::new(Engine::new(cfg.engine));
+    let server = DnsServer::new(engine, metrics);
+    server.spawn_udp(udp);
+    server.spawn_tcp(tcp);
+
+    let ready = Arc::new(AtomicBool::new(true));
+    let admin_addr = match admin {
+        Some(listener) => {
+            let addr = listener.local_addr()?;
+            let state = AdminState {
+                ready: Arc::clone(&ready),
+                registry: Arc::new(registry),
+            };
+            let app = Router::new()
+                .route("/healthz", get(|| async { "ok\n" }))
+                .route("/readyz", get(readyz))
+                .route("/metrics", get(metrics_handler))
+                .with_state(state);
+            tokio::spawn(async move {
+                if let Err(e) = axum::serve(listener, app).await {
+                    tracing::error!(error = %e, "admin server failed");
+                }
+            });
+            Some(addr)
+        }
+        None => None,
+    };
+    tracing::info!(dns = %bound, admin = ?admin_addr, "serving");
+
+    let mut term = signal(SignalKind::terminate()).context("install SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("install SIGINT handler")?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: draining"),
+        _ = int.recv() => tracing::info!("SIGINT: draining"),
+    }
+    ready.store(false, Ordering::SeqCst);
+    let drained = tokio::select! {
+        d = server.shutdown(cfg.drain_timeout) => d,
+        _ = term.recv() => { tracing::warn!("second signal: aborting drain"); false }
+        _ = int.recv() => { tracing::warn!("second signal: aborting drain"); false }
+    };
+    if drained {
+        tracing::info!("drained");
+        Ok(())
+    } else {
+        anyhow::bail!("drain did not finish within {:?}", cfg.drain_timeout)
+    }
+}
+
+async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
+    if s.ready.load(Ordering::SeqCst) {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+    }
+}
+
+async fn metrics_handler(State(s): State<AdminState>) -> impl IntoResponse {
+    let mut body = String::new();
+    match prometheus_client::encoding::text::encode(&mut body, &s.registry) {
+        Ok(()) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            body,
+        )
+            .into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}

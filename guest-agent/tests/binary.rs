@@ -1,0 +1,179 @@
+//! End-to-end tests of the `hcp-olm-dns` binary: config errors, admin endpoints, SIGTERM.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use hickory_proto::op::ResponseCode;
+use hickory_proto::rr::RecordType;
+
+const BIN: &str = env!("CARGO_BIN_EXE_hcp-olm-dns");
+
+struct Proc(Option<Child>);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let code = out.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, out))
+}
+
+fn wait_status(child: &mut Child, bound: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + bound;
+    while Instant::now() < deadline {
+        if let Ok(Some(st)) = child.try_wait() {
+            return Some(st);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+#[test]
+fn config_errors_exit_64_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.yaml");
+    std::fs::write(
+        &path,
+        "listen: 127.0.0.1:0\ndns:\n  upstreams: { local: ['127.0.0.1:53'] }\n  rules: [{ suffix: '.', owner: guest }]\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("dns.rules[0].owner"), "{err}");
+
+    let out = Command::new(BIN)
+        .arg("--config")
+        .arg(dir.path().join("missing.toml"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+}
+
+#[tokio::test]
+async fn serves_dns_admin_endpoints_and_drains_on_sigterm() {
+    let guest = Dnsmasq::start(&[
+        "--local-ttl=30".to_string(),
+        host("cat.openshift-marketplace.svc.cluster.local", "198.18.1.1"),
+    ])
+    .await;
+    let local = Dnsmasq::start(&[host("cat.clusters-hc1.svc.cluster.local", "198.18.2.2")]).await;
+    let dns_port = free_port();
+    let admin_port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dns.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+listen = "127.0.0.1:1"
+admin = "127.0.0.1:{admin_port}"
+drain_timeout_ms = 3000
+[dns]
+cluster_domain = "cluster.local"
+[dns.upstreams]
+local = ["{}"]
+guest = ["{}"]
+[[dns.rules]]
+suffix = "svc.cluster.local"
+owner = "guest"
+[[dns.rules]]
+suffix = "svc.cluster.local"
+namespace = "clusters-hc1"
+owner = "local"
+[[dns.rules]]
+suffix = "."
+owner = "local"
+"#,
+            local.addr, guest.addr
+        ),
+    )
+    .unwrap();
+    let dns: SocketAddr = format!("127.0.0.1:{dns_port}").parse().unwrap();
+    let admin: SocketAddr = format!("127.0.0.1:{admin_port}").parse().unwrap();
+    let mut p = Proc(Some(
+        Command::new(BIN)
+            .arg("--config")
+            .arg(&path)
+            .arg("--listen")
+            .arg(dns.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    ));
+
+    // Ready within 5 s.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some((200, _)) = http_get(admin, "/readyz") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not ready within 5 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(http_get(admin, "/healthz").map(|x| x.0), Some(200));
+
+    let m = udp(
+        dns,
+        "cat.openshift-marketplace.svc.cluster.local.",
+        RecordType::A,
+        None,
+    )
+    .await;
+    assert_eq!(a_records(&m)[0].0, "198.18.1.1");
+    let m = tcp(dns, "cat.clusters-hc1.svc.cluster.local.", RecordType::A).await;
+    assert_eq!(a_records(&m)[0].0, "198.18.2.2");
+    // Cached second time.
+    let m = udp(
+        dns,
+        "cat.openshift-marketplace.svc.cluster.local.",
+        RecordType::A,
+        None,
+    )
+    .await;
+    assert_eq!(m.metadata.response_code, ResponseCode::NoError);
+    assert!(a_records(&m)[0].1 <= 30);
+
+    let (code, body) = http_get(admin, "/metrics").unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        body.contains(r#"dns_queries_total{owner="guest",result="noerror",source="upstream"} 1"#),
+        "{body}"
+    );
+    assert!(body.contains("dns_cache_hits_total 1"), "{body}");
+
+    let child = p.0.as_mut().unwrap();
+    let st = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let status = wait_status(child, Duration::from_secs(5)).expect("exited within 5 s of SIGTERM");
+    assert_eq!(status.code(), Some(0));
+}
