@@ -14,7 +14,7 @@ use std::time::Duration;
 use hickory_proto::op::ResponseCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -104,11 +104,7 @@ impl DnsServer {
     pub async fn answer(&self, bytes: &[u8], transport: Transport) -> Option<Reply> {
         match self.handle(bytes, transport) {
             Handled::Done(r) => r,
-            Handled::Forward(f, permit) => {
-                let r = self.answer_forward(f, |_| {}).await;
-                drop(permit);
-                Some(r)
-            }
+            Handled::Forward(f, permit) => Some(self.answer_forward(f, permit).await),
         }
     }
 
@@ -139,37 +135,30 @@ impl DnsServer {
     }
 
     /// Resolve through the owner with the RFC 8767 client response timer: if the owner has not
-    /// answered within `client_timer` and a stale answer exists, `early` gets it and the
-    /// resolution continues in the background to refresh the cache. Returns the reply that
-    /// should be sent (already sent via `early` when it was stale).
-    async fn answer_forward(&self, f: Forward, mut early: impl FnMut(&Reply)) -> Reply {
+    /// answered within `client_timer` and a stale answer exists, return it at once and let the
+    /// resolution finish in the background to refresh the cache (the permit goes with it).
+    async fn answer_forward(&self, f: Forward, permit: OwnedSemaphorePermit) -> Reply {
         let i = &self.inner;
         let q = f.query.clone();
-        let fut = resolve(&i.engine, &i.metrics, f);
-        tokio::pin!(fut);
+        let mut fut = Box::pin(resolve(Arc::clone(&i.engine), i.metrics.clone(), f));
         let timer = tokio::time::sleep(i.engine.config().client_timer);
-        tokio::select! {
-            r = &mut fut => {
-                i.metrics.observe(&r.outcome);
-                r
-            }
-            _ = timer => {
-                match i.engine.stale_reply(&q, std::time::Instant::now()) {
-                    Some(stale) => {
-                        i.metrics.observe(&stale.outcome);
-                        early(&stale);
-                        // Keep resolving so the cache is refreshed; the client has its answer.
+        let reply = tokio::select! {
+            r = &mut fut => r,
+            _ = timer => match i.engine.stale_reply(&q, std::time::Instant::now()) {
+                Some(stale) => {
+                    i.tracker.spawn(async move {
                         let _ = fut.await;
-                        stale
-                    }
-                    None => {
-                        let r = fut.await;
-                        i.metrics.observe(&r.outcome);
-                        r
-                    }
+                        drop(permit);
+                    });
+                    i.metrics.observe(&stale.outcome);
+                    return stale;
                 }
-            }
-        }
+                None => fut.await,
+            },
+        };
+        drop(permit);
+        i.metrics.observe(&reply.outcome);
+        reply
     }
 
     async fn udp_loop(self, socket: Arc<UdpSocket>) {
@@ -193,21 +182,8 @@ impl DnsServer {
                     let this = self.clone();
                     let socket = Arc::clone(&socket);
                     self.inner.tracker.spawn(async move {
-                        let mut sent = false;
-                        let r = {
-                            let sock = Arc::clone(&socket);
-                            this.answer_forward(f, |stale| {
-                                sent = true;
-                                let sock = Arc::clone(&sock);
-                                let bytes = stale.bytes.clone();
-                                tokio::spawn(async move { send_udp(&sock, &bytes, peer).await });
-                            })
-                            .await
-                        };
-                        if !sent {
-                            send_udp(&socket, &r.bytes, peer).await;
-                        }
-                        drop(permit);
+                        let r = this.answer_forward(f, permit).await;
+                        send_udp(&socket, &r.bytes, peer).await;
                     });
                 }
             }
@@ -300,18 +276,8 @@ impl DnsServer {
                     let this = self.clone();
                     let tx = tx.clone();
                     self.inner.tracker.spawn(async move {
-                        let early_tx = tx.clone();
-                        let mut sent = false;
-                        let r = this
-                            .answer_forward(f, |stale| {
-                                sent = true;
-                                let _ = early_tx.try_send(stale.bytes.clone());
-                            })
-                            .await;
-                        if !sent {
-                            let _ = tx.send(r.bytes).await;
-                        }
-                        drop(permit);
+                        let r = this.answer_forward(f, permit).await;
+                        let _ = tx.send(r.bytes).await;
                         drop(slot);
                     });
                 }
@@ -326,7 +292,7 @@ impl DnsServer {
 
 enum Handled {
     Done(Option<Reply>),
-    Forward(Forward, tokio::sync::OwnedSemaphorePermit),
+    Forward(Forward, OwnedSemaphorePermit),
 }
 
 async fn send_udp(socket: &UdpSocket, bytes: &[u8], peer: SocketAddr) {

@@ -4,6 +4,7 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
@@ -20,7 +21,10 @@ enum Attempt {
 
 /// Resolve a forwarded query through its owner's upstreams; returns the client reply
 /// (owner answer, stale or SERVFAIL). Bounded by `upstream_timeout` per upstream.
-pub async fn resolve(engine: &Engine, metrics: &DnsMetrics, f: Forward) -> Reply {
+/// Takes owned handles so the future is `'static` and can outlive the client (refresh).
+pub async fn resolve(engine: Arc<Engine>, metrics: DnsMetrics, f: Forward) -> Reply {
+    let engine = &*engine;
+    let metrics = &metrics;
     let q = f.query;
     let per_upstream = engine.config().upstream_timeout;
     for addr in f.upstreams {
