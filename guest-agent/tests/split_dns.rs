@@ -325,3 +325,30 @@ async fn graceful_shutdown_drains() {
     .await;
     assert!(!matches!(r, Ok(Some(_))), "answered after shutdown");
 }
+
+#[tokio::test]
+async fn lookup_ip_for_connect_targets_follows_the_table() {
+    let (guest, local) = upstreams(&[]).await;
+    let s = start_server(&split_config(local.addr, guest.addr, "")).await;
+    let ips = s
+        .server
+        .lookup_ip("cat.openshift-marketplace.svc.cluster.local")
+        .await
+        .unwrap();
+    assert_eq!(ips, vec!["198.18.1.1".parse::<std::net::IpAddr>().unwrap()]);
+    let ips = s
+        .server
+        .lookup_ip("cat.clusters-hc1.svc.cluster.local.")
+        .await
+        .unwrap();
+    assert_eq!(ips, vec!["198.18.2.2".parse::<std::net::IpAddr>().unwrap()]);
+    let err = s
+        .server
+        .lookup_ip("only-local.openshift-marketplace.svc.cluster.local")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, hcp_olm_guest_agent::server::LookupError::NxDomain(_)),
+        "{err}"
+    );
+}

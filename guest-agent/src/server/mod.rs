@@ -7,11 +7,12 @@ pub mod metrics;
 mod upstream;
 
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hickory_proto::op::ResponseCode;
+use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
+use hickory_proto::rr::{Name, RData, RecordType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
@@ -106,6 +107,46 @@ impl DnsServer {
             Handled::Done(r) => r,
             Handled::Forward(f, permit) => Some(self.answer_forward(f, permit).await),
         }
+    }
+
+    /// Resolve `name` to addresses (A, then AAAA if there are none) through the ownership
+    /// table, cache and owners exactly like a client query (used by the gateway for CONNECT
+    /// targets). Relative names are taken as absolute.
+    pub async fn lookup_ip(&self, name: &str) -> Result<Vec<IpAddr>, LookupError> {
+        let mut n = Name::from_ascii(name).map_err(|_| LookupError::InvalidName(name.into()))?;
+        n.set_fqdn(true);
+        for rtype in [RecordType::A, RecordType::AAAA] {
+            let mut m = Message::new(rand::random(), MessageType::Query, OpCode::Query);
+            m.metadata.recursion_desired = true;
+            m.add_query(Query::query(n.clone(), rtype));
+            let bytes = m
+                .to_vec()
+                .map_err(|_| LookupError::InvalidName(name.into()))?;
+            let reply = self
+                .answer(&bytes, Transport::Tcp)
+                .await
+                .ok_or(LookupError::Failed(ResponseCode::ServFail))?;
+            let msg = Message::from_vec(&reply.bytes)
+                .map_err(|_| LookupError::Failed(ResponseCode::ServFail))?;
+            match msg.metadata.response_code {
+                ResponseCode::NoError => {}
+                ResponseCode::NXDomain => return Err(LookupError::NxDomain(name.into())),
+                other => return Err(LookupError::Failed(other)),
+            }
+            let ips: Vec<IpAddr> = msg
+                .answers
+                .iter()
+                .filter_map(|r| match &r.data {
+                    RData::A(a) => Some(IpAddr::V4(a.0)),
+                    RData::AAAA(a) => Some(IpAddr::V6(a.0)),
+                    _ => None,
+                })
+                .collect();
+            if !ips.is_empty() {
+                return Ok(ips);
+            }
+        }
+        Err(LookupError::NoAddresses(name.into()))
     }
 
     fn handle(&self, bytes: &[u8], transport: Transport) -> Handled {
@@ -288,6 +329,19 @@ impl DnsServer {
         let _ = writer.await;
         Ok(())
     }
+}
+
+/// Why [`DnsServer::lookup_ip`] found no address.
+#[derive(Debug, thiserror::Error)]
+pub enum LookupError {
+    #[error("invalid DNS name `{0}`")]
+    InvalidName(String),
+    #[error("`{0}` does not exist (NXDOMAIN from its owner)")]
+    NxDomain(String),
+    #[error("`{0}` has no A or AAAA records")]
+    NoAddresses(String),
+    #[error("resolution failed: {0}")]
+    Failed(ResponseCode),
 }
 
 enum Handled {
