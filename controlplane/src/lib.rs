@@ -1,1 +1,19 @@
-//! hcp-olm-controlplane
+//! hcp-olm-controlplane: the management-cluster side of hcp-olm.
+//!
+//! Pure pieces the controller runtime composes:
+//! - [`hostedcluster`]: the HostedCluster fields we read;
+//! - [`hostedolm`]: our `HostedOLM` CRD (overrides and status);
+//! - [`validate`]: HostedCluster + overrides + release facts → [`validate::ValidInput`];
+//! - [`catalogs`]: default catalogs and image selection with fallback;
+//! - [`certs`]: per-cluster CA, packageserver serving cert, rotation decision;
+//! - [`render`]: every desired object for the HCP namespace and the guest;
+//! - [`status`]: conditions from validation/render results.
+
+pub mod catalogs;
+pub mod certs;
+pub mod hostedcluster;
+pub mod hostedolm;
+pub mod operatorhub;
+pub mod render;
+pub mod status;
+pub mod validate;

@@ -1,0 +1,292 @@
+//! Per-hosted-cluster CA and the packageserver serving certificate.
+//!
+//! Pure functions: the caller supplies `now` and the private keys (PEM, PKCS#8), so
+//! tests are deterministic apart from ECDSA signature bytes. The CA's subject is
+//! derived from the hosted cluster, so a stored CA key plus its validity is enough to
+//! sign again; no certificate parsing is needed.
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SerialNumber,
+};
+use sha2::{Digest, Sha256};
+use time::{Duration, OffsetDateTime};
+
+/// Default CA lifetime.
+pub const CA_VALIDITY: Duration = Duration::days(3650);
+/// Default serving-certificate lifetime.
+pub const SERVING_VALIDITY: Duration = Duration::days(365);
+/// Backdating of `notBefore` to tolerate clock skew.
+pub const BACKDATE: Duration = Duration::minutes(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum CertError {
+    #[error("invalid private key: {0}")]
+    Key(rcgen::Error),
+    #[error("cannot build certificate: {0}")]
+    Build(rcgen::Error),
+    #[error("validity must be positive")]
+    Validity,
+}
+
+/// A certificate with its key and validity window.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CertMaterial {
+    pub cert_pem: String,
+    pub key_pem: String,
+    pub not_before: OffsetDateTime,
+    pub not_after: OffsetDateTime,
+}
+
+/// Generate a new ECDSA P-256 key (PKCS#8 PEM). The only non-pure function here.
+pub fn generate_key_pem() -> Result<String, CertError> {
+    KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+        .map(|k| k.serialize_pem())
+        .map_err(CertError::Key)
+}
+
+fn ca_dn(cluster: &str) -> DistinguishedName {
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::OrganizationName, "hcp-olm");
+    dn.push(DnType::CommonName, format!("hcp-olm-ca {cluster}"));
+    dn
+}
+
+fn serial(parts: &[&str]) -> SerialNumber {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update(p.as_bytes());
+        h.update([0]);
+    }
+    let mut bytes = h.finalize()[..16].to_vec();
+    bytes[0] &= 0x7f; // positive
+    SerialNumber::from_slice(&bytes)
+}
+
+fn ca_params(
+    cluster: &str,
+    not_before: OffsetDateTime,
+    not_after: OffsetDateTime,
+) -> CertificateParams {
+    let mut p = CertificateParams::default();
+    p.distinguished_name = ca_dn(cluster);
+    p.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    p.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    p.not_before = not_before;
+    p.not_after = not_after;
+    p.serial_number = Some(serial(&[
+        cluster,
+        "ca",
+        &not_before.unix_timestamp().to_string(),
+    ]));
+    p
+}
+
+/// Issue the CA of one hosted cluster (`cluster` is `<namespace>/<name>`).
+pub fn issue_ca(
+    cluster: &str,
+    key_pem: &str,
+    now: OffsetDateTime,
+    validity: Duration,
+) -> Result<CertMaterial, CertError> {
+    if validity <= Duration::ZERO {
+        return Err(CertError::Validity);
+    }
+    let key = KeyPair::from_pem(key_pem).map_err(CertError::Key)?;
+    let not_before = now - BACKDATE;
+    let not_after = now + validity;
+    let cert = ca_params(cluster, not_before, not_after)
+        .self_signed(&key)
+        .map_err(CertError::Build)?;
+    Ok(CertMaterial {
+        cert_pem: cert.pem(),
+        key_pem: key_pem.to_string(),
+        not_before,
+        not_after,
+    })
+}
+
+/// The SANs of the packageserver serving certificate: the HCP Service names (what
+/// in-namespace clients dial) and the guest `default/packageserver` names (what the
+/// guest kube-apiserver's aggregator verifies).
+pub fn packageserver_sans(hcp_namespace: &str, hcp_service: &str) -> Vec<String> {
+    vec![
+        hcp_service.to_string(),
+        format!("{hcp_service}.{hcp_namespace}.svc"),
+        format!("{hcp_service}.{hcp_namespace}.svc.cluster.local"),
+        "packageserver.default.svc".to_string(),
+        "packageserver.default.svc.cluster.local".to_string(),
+    ]
+}
+
+/// Issue a serving certificate signed by `ca` (which must come from [`issue_ca`] for
+/// the same `cluster`). Its lifetime never exceeds the CA's.
+pub fn issue_serving_cert(
+    cluster: &str,
+    ca: &CertMaterial,
+    common_name: &str,
+    sans: &[String],
+    key_pem: &str,
+    now: OffsetDateTime,
+    validity: Duration,
+) -> Result<CertMaterial, CertError> {
+    if validity <= Duration::ZERO {
+        return Err(CertError::Validity);
+    }
+    let ca_key = KeyPair::from_pem(&ca.key_pem).map_err(CertError::Key)?;
+    let key = KeyPair::from_pem(key_pem).map_err(CertError::Key)?;
+    let issuer = Issuer::new(ca_params(cluster, ca.not_before, ca.not_after), ca_key);
+    let mut p = CertificateParams::new(sans.to_vec()).map_err(CertError::Build)?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::OrganizationName, "hcp-olm");
+    dn.push(DnType::CommonName, common_name);
+    p.distinguished_name = dn;
+    p.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    p.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let not_before = now - BACKDATE;
+    let not_after = (now + validity).min(ca.not_after);
+    p.not_before = not_before;
+    p.not_after = not_after;
+    p.serial_number = Some(serial(&[
+        cluster,
+        common_name,
+        &not_before.unix_timestamp().to_string(),
+        &sans.join(","),
+    ]));
+    let cert = p.signed_by(&key, &issuer).map_err(CertError::Build)?;
+    Ok(CertMaterial {
+        cert_pem: cert.pem(),
+        key_pem: key_pem.to_string(),
+        not_before,
+        not_after,
+    })
+}
+
+/// Rotation decision: re-issue when less than a third of the validity remains, when
+/// the window is empty or inverted, or when `now` is before `notBefore` (clock jump).
+pub fn needs_rotation(
+    not_before: OffsetDateTime,
+    not_after: OffsetDateTime,
+    now: OffsetDateTime,
+) -> bool {
+    let total = not_after - not_before;
+    if total <= Duration::ZERO || now < not_before {
+        return true;
+    }
+    let remaining = not_after - now;
+    remaining * 3 < total
+}
+
+/// Fingerprint of a SAN list, stored next to a certificate so a changed list
+/// (for example a renamed Service) triggers re-issue.
+pub fn sans_fingerprint(sans: &[String]) -> String {
+    let mut h = Sha256::new();
+    for s in sans {
+        h.update(s.as_bytes());
+        h.update([b'\n']);
+    }
+    hex(&h.finalize()[..8])
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(secs: i64) -> OffsetDateTime {
+        OffsetDateTime::from_unix_timestamp(secs).unwrap()
+    }
+
+    #[test]
+    fn rotation_threshold_is_one_third() {
+        let nb = t(0);
+        let na = t(300);
+        assert!(!needs_rotation(nb, na, t(0)));
+        assert!(!needs_rotation(nb, na, t(199)));
+        assert!(!needs_rotation(nb, na, t(200))); // exactly 1/3 left
+        assert!(needs_rotation(nb, na, t(201)));
+        assert!(needs_rotation(nb, na, t(400))); // expired
+        assert!(needs_rotation(nb, na, t(-10))); // before notBefore
+        assert!(needs_rotation(na, nb, t(100))); // inverted
+    }
+
+    #[test]
+    fn issues_ca_and_serving_cert() {
+        let now = t(1_800_000_000);
+        let ca_key = generate_key_pem().unwrap();
+        let ca = issue_ca("clusters/example", &ca_key, now, CA_VALIDITY).unwrap();
+        assert!(ca.cert_pem.starts_with("-----BEGIN CERTIFICATE-----"));
+        assert_eq!(ca.not_after, now + CA_VALIDITY);
+        assert!(!needs_rotation(ca.not_before, ca.not_after, now));
+
+        let sans = packageserver_sans("clusters-example", "hcp-olm-packageserver");
+        assert!(sans.contains(&"packageserver.default.svc".to_string()));
+        assert!(sans.contains(&"hcp-olm-packageserver.clusters-example.svc".to_string()));
+        let key = generate_key_pem().unwrap();
+        let srv = issue_serving_cert(
+            "clusters/example",
+            &ca,
+            "packageserver",
+            &sans,
+            &key,
+            now,
+            SERVING_VALIDITY,
+        )
+        .unwrap();
+        assert_eq!(srv.not_after, now + SERVING_VALIDITY);
+        assert_ne!(srv.cert_pem, ca.cert_pem);
+
+        // Never outlives the CA.
+        let late = ca.not_after - Duration::days(10);
+        let srv2 = issue_serving_cert(
+            "clusters/example",
+            &ca,
+            "packageserver",
+            &sans,
+            &key,
+            late,
+            SERVING_VALIDITY,
+        )
+        .unwrap();
+        assert_eq!(srv2.not_after, ca.not_after);
+        assert!(needs_rotation(
+            srv2.not_before,
+            srv2.not_after,
+            late + Duration::days(9)
+        ));
+    }
+
+    #[test]
+    fn rejects_bad_input() {
+        assert!(matches!(
+            issue_ca("c/x", "not a key", t(0), CA_VALIDITY),
+            Err(CertError::Key(_))
+        ));
+        let k = generate_key_pem().unwrap();
+        assert!(matches!(
+            issue_ca("c/x", &k, t(0), Duration::ZERO),
+            Err(CertError::Validity)
+        ));
+    }
+
+    #[test]
+    fn sans_fingerprint_changes_with_sans() {
+        let a = sans_fingerprint(&["a".into(), "b".into()]);
+        assert_eq!(a, sans_fingerprint(&["a".into(), "b".into()]));
+        assert_ne!(a, sans_fingerprint(&["a".into(), "c".into()]));
+        assert_ne!(a, sans_fingerprint(&["ab".into()]));
+    }
+}

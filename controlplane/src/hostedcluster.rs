@@ -1,0 +1,145 @@
+//! The subset of HyperShift's `HostedCluster` (hypershift.openshift.io/v1beta1) that
+//! hcp-olm reads. Every struct tolerates unknown fields, so a newer HyperShift API
+//! still parses; only the fields below are interpreted.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Toleration;
+use kube::CustomResource;
+use serde::{Deserialize, Serialize};
+
+use crate::operatorhub::OperatorHubSpec;
+
+/// Spec of a HyperShift HostedCluster, reduced to what the OLM controller needs.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "hypershift.openshift.io",
+    version = "v1beta1",
+    kind = "HostedCluster",
+    plural = "hostedclusters",
+    namespaced,
+    status = "HostedClusterStatus",
+    schema = "disabled"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct HostedClusterSpec {
+    /// Data-plane release; its version label selects the catalog tags.
+    #[serde(default)]
+    pub release: Release,
+    /// Optional separate control-plane release (OLM images come from it when set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_release: Option<Release>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull_secret: Option<LocalObjectReference>,
+    /// `management` (default) or `guest`. Kept as a string so an unknown value can be
+    /// reported instead of failing to parse.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub olm_catalog_placement: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configuration: Option<ClusterConfiguration>,
+    /// `SingleReplica` (default) or `HighlyAvailable`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub controller_availability_policy: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerations: Option<Vec<Toleration>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_content_sources: Option<Vec<ImageContentSource>>,
+    /// RFC3339 timestamp or the literal `"true"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_until: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Release {
+    #[serde(default)]
+    pub image: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct LocalObjectReference {
+    #[serde(default)]
+    pub name: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterConfiguration {
+    /// Note the lower-case `h`: HyperShift's field name is `operatorhub`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operatorhub: Option<OperatorHubSpec>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageContentSource {
+    #[serde(default)]
+    pub source: String,
+    #[serde(default)]
+    pub mirrors: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HostedClusterStatus {
+    /// Admin kubeconfig for the guest, in the HostedCluster's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubeconfig: Option<LocalObjectReference>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<ClusterVersionStatus>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterVersionStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desired: Option<ReleaseStatus>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ReleaseStatus {
+    #[serde(default)]
+    pub image: String,
+    #[serde(default)]
+    pub version: String,
+}
+
+/// HyperShift's default name of the guest kubeconfig Secret that control-plane pods mount.
+pub const SERVICE_NETWORK_ADMIN_KUBECONFIG: &str = "service-network-admin-kubeconfig";
+/// HyperShift copies the HostedCluster pull secret into the HCP namespace under this name.
+pub const HCP_PULL_SECRET: &str = "pull-secret";
+/// Registry rewrite annotation for catalog images (`src=dst,src2=dst2`).
+pub const REGISTRY_OVERRIDES_ANNOTATION: &str =
+    "hypershift.openshift.io/olm-catalogs-is-registry-overrides";
+
+impl HostedCluster {
+    /// The hosted control plane namespace: `<namespace>-<name>`.
+    pub fn hcp_namespace(&self) -> Option<String> {
+        let ns = self.metadata.namespace.as_deref()?;
+        let name = self.metadata.name.as_deref()?;
+        Some(format!("{ns}-{name}"))
+    }
+
+    /// Parse the HostedCluster documents out of a multi-document YAML stream (other
+    /// kinds, such as the Namespace, Secret and NodePool of `hypershift create cluster
+    /// --render`, are skipped).
+    pub fn from_yaml_stream(text: &str) -> Result<Vec<HostedCluster>, serde_yaml_ng::Error> {
+        let mut out = Vec::new();
+        for doc in serde_yaml_ng::Deserializer::from_str(text) {
+            let value = serde_yaml_ng::Value::deserialize(doc)?;
+            let kind = value.get("kind").and_then(|k| k.as_str());
+            let api = value.get("apiVersion").and_then(|k| k.as_str());
+            if kind == Some("HostedCluster")
+                && api.is_some_and(|a| a.starts_with("hypershift.openshift.io/"))
+            {
+                out.push(serde_yaml_ng::from_value(value)?);
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,220 @@
+//! Our CRD: `HostedOLM` (olm.hcp-olm.io/v1alpha1), one per hosted cluster, living in
+//! the HCP namespace. The controller creates it with an empty spec; users may set
+//! overrides. Its status reports what the controller found.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Toleration;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, CustomResourceExt};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::catalogs::{DefaultCatalog, RegistryOverride};
+
+/// Group of our API.
+pub const GROUP: &str = "olm.hcp-olm.io";
+
+/// Optional overrides for one hosted cluster's OLM. Every field is optional; an
+/// empty spec means "what the HostedCluster says".
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "olm.hcp-olm.io",
+    version = "v1alpha1",
+    kind = "HostedOLM",
+    plural = "hostedolms",
+    shortname = "holm",
+    namespaced,
+    status = "HostedOLMStatus",
+    printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.hostedCluster.name"}"#,
+    printcolumn = r#"{"name":"Placement","type":"string","jsonPath":".status.placement"}"#,
+    printcolumn = r#"{"name":"Version","type":"string","jsonPath":".status.releaseVersion"}"#,
+    printcolumn = r#"{"name":"Available","type":"string","jsonPath":".status.conditions[?(@.type==\"Available\")].status"}"#,
+    printcolumn = r#"{"name":"Degraded","type":"string","jsonPath":".status.conditions[?(@.type==\"Degraded\")].status"}"#,
+    printcolumn = r#"{"name":"Upgradeable","type":"string","jsonPath":".status.conditions[?(@.type==\"Upgradeable\")].status","priority":1}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct HostedOLMSpec {
+    /// The HostedCluster this object belongs to (set by the controller).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosted_cluster: Option<HostedClusterRef>,
+    /// Where the default catalogs run. Defaults to the HostedCluster's
+    /// `olmCatalogPlacement`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub catalog_placement: Option<CatalogPlacement>,
+    /// Restrict the default catalogs to this list (OperatorHub settings still apply).
+    /// Unset means all three.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_catalogs: Option<Vec<DefaultCatalog>>,
+    /// Image overrides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub images: Option<ImageOverrides>,
+    /// Which gRPC catalog server runs the management-side catalogs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub catalog_server: Option<CatalogServerKind>,
+    /// Registry rewrites applied to catalog image candidates (added to the
+    /// HostedCluster's `olm-catalogs-is-registry-overrides` annotation).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub registry_overrides: Vec<RegistryOverride>,
+    /// Newest catalog minor to use (`4.22`); unset means the release minor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_catalog_version: Option<String>,
+    /// How many earlier minors to try when a catalog tag is missing (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub catalog_fallback_minors: Option<u32>,
+    /// Defaults for `spec.config` of guest Subscriptions, so user operators land on a
+    /// chosen node pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subscription_defaults: Option<SubscriptionDefaults>,
+    /// Tunnel settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tunnel: Option<TunnelSpec>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct HostedClusterRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum CatalogPlacement {
+    /// Catalog servers run in the HCP namespace; guest CatalogSources use `address`.
+    #[default]
+    Management,
+    /// Guest CatalogSources use `image`; OLM runs the catalog pods in the guest.
+    Guest,
+}
+
+impl CatalogPlacement {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CatalogPlacement::Management => "management",
+            CatalogPlacement::Guest => "guest",
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum CatalogServerKind {
+    /// operator-registry's `opm serve` from the catalog image itself.
+    #[default]
+    Opm,
+    /// Our `hcp-olm-catalog-server` (flags documented in docs/catalog-server.md).
+    HcpOlm,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageOverrides {
+    /// OLM image (catalog-operator, olm-operator, packageserver).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub olm: Option<String>,
+    /// operator-registry image (opm; bundle unpack).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator_registry: Option<String>,
+    /// hcp-olm-catalog-server image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub catalog_server: Option<String>,
+    /// Tunnel gateway image (HCP namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tunnel_gateway: Option<String>,
+    /// Guest agent image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_agent: Option<String>,
+    /// Per default catalog: an image pinned by digest (`repo@sha256:...`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub catalogs: BTreeMap<String, String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SubscriptionDefaults {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum TunnelServiceType {
+    #[default]
+    NodePort,
+    LoadBalancer,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TunnelSpec {
+    /// How the gateway's WireGuard UDP port is exposed to the guest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_type: Option<TunnelServiceType>,
+}
+
+/// What the controller observed. Conditions: `Available`, `Progressing`, `Degraded`,
+/// `Upgradeable`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostedOLMStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release_version: Option<String>,
+    /// One entry per component (catalog-operator, olm-operator, packageserver,
+    /// tunnel-gateway, guest-agent, catalog servers).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub components: Vec<ComponentStatus>,
+    /// One entry per default catalog.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub catalogs: Vec<CatalogStatus>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ComponentStatus {
+    pub name: String,
+    pub available: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_replicas: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desired_replicas: Option<i32>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CatalogStatus {
+    pub name: String,
+    /// False when disabled by OperatorHub or overrides.
+    pub enabled: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Catalog minor that was found (may be older than the release minor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// `spec.address` or `spec.image` of the guest CatalogSource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// `status.connectionState.lastObservedState` read back from the guest
+    /// CatalogSource (IDLE, CONNECTING, READY, TRANSIENT_FAILURE, SHUTDOWN).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection_state: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_connect: Option<String>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+/// The CRD as YAML (what `hcp-olm-controller crd` prints and manifests/ holds).
+pub fn crd_yaml() -> Result<String, serde_yaml_ng::Error> {
+    serde_yaml_ng::to_string(&HostedOLM::crd())
+}

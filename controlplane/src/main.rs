@@ -1,0 +1,233 @@
+//! `hcp-olm-controller`: wiring only. Subcommands:
+//! - `render`: print every object for both clusters from a HostedCluster YAML, offline;
+//! - `crd`: print the HostedOLM CRD.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use hcp_olm_controlplane::catalogs::{self, AssumeTagsExist};
+use hcp_olm_controlplane::certs;
+use hcp_olm_controlplane::hostedcluster::HostedCluster;
+use hcp_olm_controlplane::hostedolm::{self, HostedOLM, HostedOLMSpec};
+use hcp_olm_controlplane::render::{self, PkiInput, RenderInput, TunnelKeys};
+use hcp_olm_controlplane::validate::{self, ControllerDefaults, ReleaseFacts};
+
+/// Exit code for bad input (sysexits EX_USAGE... EX_DATAERR is 65; 64 is the project's choice).
+const EXIT_INPUT: u8 = 64;
+
+#[derive(Parser)]
+#[command(
+    name = "hcp-olm-controller",
+    version,
+    about = "OLM for HyperShift hosted control planes"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Yaml,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print every object for the HCP namespace and the guest, without any cluster.
+    Render {
+        /// File with a HostedCluster (other documents in the stream are ignored).
+        #[arg(long)]
+        hosted_cluster: PathBuf,
+        /// File with a HostedOLM object or a bare HostedOLM spec.
+        #[arg(long)]
+        overrides: Option<PathBuf>,
+        /// Release version (normally the release image's io.openshift.release label).
+        #[arg(long)]
+        release_version: Option<String>,
+        /// OLM image (normally the release payload's operator-lifecycle-manager).
+        #[arg(long)]
+        olm_image: Option<String>,
+        /// operator-registry image (normally from the release payload).
+        #[arg(long)]
+        operator_registry_image: Option<String>,
+        #[arg(short = 'o', long, value_enum, default_value = "yaml")]
+        output: Format,
+    },
+    /// Print the HostedOLM CustomResourceDefinition.
+    Crd,
+}
+
+/// An input problem: printed and mapped to exit code 64.
+struct InputError(Vec<String>);
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .init();
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(InputError(msgs))) => {
+            for m in msgs {
+                eprintln!("error: {m}");
+            }
+            ExitCode::from(EXIT_INPUT)
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<Result<(), InputError>> {
+    match cli.command {
+        Command::Crd => {
+            print!("{}", hostedolm::crd_yaml().context("serializing the CRD")?);
+            Ok(Ok(()))
+        }
+        Command::Render {
+            hosted_cluster,
+            overrides,
+            release_version,
+            olm_image,
+            operator_registry_image,
+            output,
+        } => {
+            let text = match std::fs::read_to_string(&hosted_cluster) {
+                Ok(t) => t,
+                Err(e) => {
+                    return Ok(Err(InputError(vec![format!(
+                        "--hosted-cluster {}: {e}",
+                        hosted_cluster.display()
+                    )])));
+                }
+            };
+            let hcs = match HostedCluster::from_yaml_stream(&text) {
+                Ok(h) => h,
+                Err(e) => {
+                    return Ok(Err(InputError(vec![format!(
+                        "--hosted-cluster {}: {e}",
+                        hosted_cluster.display()
+                    )])));
+                }
+            };
+            let hc = match hcs.as_slice() {
+                [one] => one,
+                other => {
+                    return Ok(Err(InputError(vec![format!(
+                        "--hosted-cluster {}: expected exactly one HostedCluster, found {}",
+                        hosted_cluster.display(),
+                        other.len()
+                    )])));
+                }
+            };
+            let spec = match overrides.as_deref().map(read_overrides).transpose() {
+                Ok(s) => s,
+                Err(e) => return Ok(Err(e)),
+            };
+            let facts = ReleaseFacts {
+                version: release_version,
+                olm_image,
+                operator_registry_image,
+            };
+            let valid =
+                match validate::validate(hc, spec.as_ref(), &facts, &ControllerDefaults::default())
+                {
+                    Ok(v) => v,
+                    Err(reasons) => {
+                        return Ok(Err(InputError(
+                            reasons.iter().map(|r| r.to_string()).collect(),
+                        )));
+                    }
+                };
+            let input = offline_input(valid)?;
+            let desired = render::desired(&input).context("rendering")?;
+            for p in &desired.pending {
+                tracing::info!(component = %p.component, reason = p.reason, "{}", p.message);
+            }
+            match output {
+                Format::Yaml => print!("{}", render::to_yaml(&desired)?),
+                Format::Json => println!("{}", render::to_json(&desired)?),
+            }
+            Ok(Ok(()))
+        }
+    }
+}
+
+fn read_overrides(path: &Path) -> Result<HostedOLMSpec, InputError> {
+    let err = |m: String| InputError(vec![format!("--overrides {}: {m}", path.display())]);
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    let value: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&text).map_err(|e| err(e.to_string()))?;
+    if value.get("kind").is_some() {
+        let obj: HostedOLM = serde_yaml_ng::from_value(value).map_err(|e| err(e.to_string()))?;
+        Ok(obj.spec)
+    } else {
+        serde_yaml_ng::from_value(value).map_err(|e| err(e.to_string()))
+    }
+}
+
+/// Offline facts: catalog tags assumed to exist (no digests), fresh certificates,
+/// placeholder tunnel keys, no packageserver ClusterIP yet.
+fn offline_input(valid: validate::ValidInput) -> anyhow::Result<RenderInput> {
+    let now = time::OffsetDateTime::now_utc();
+    let cluster = valid.cluster.key();
+    let ca = certs::issue_ca(
+        &cluster,
+        &certs::generate_key_pem()?,
+        now,
+        certs::CA_VALIDITY,
+    )?;
+    let sans =
+        certs::packageserver_sans(&valid.cluster.hcp_namespace, render::names::PACKAGESERVER);
+    let ps = certs::issue_serving_cert(
+        &cluster,
+        &ca,
+        "packageserver",
+        &sans,
+        &certs::generate_key_pem()?,
+        now,
+        certs::SERVING_VALIDITY,
+    )?;
+    let mut catalog_images = BTreeMap::new();
+    for c in &valid.enabled_catalogs {
+        catalog_images.insert(
+            *c,
+            catalogs::select_image(
+                *c,
+                valid.catalog_minor(),
+                None,
+                valid.catalog_candidates,
+                &valid.registry_overrides,
+                &AssumeTagsExist,
+            ),
+        );
+    }
+    let placeholder = "offline-render-placeholder".to_string();
+    Ok(RenderInput {
+        catalog_images,
+        pki: PkiInput {
+            ca,
+            packageserver: ps,
+            packageserver_sans_fingerprint: certs::sans_fingerprint(&sans),
+        },
+        tunnel: TunnelKeys {
+            gateway_private_key: placeholder.clone(),
+            gateway_public_key: placeholder.clone(),
+            agent_private_key: placeholder.clone(),
+            agent_public_key: placeholder,
+            gateway_endpoint: None,
+        },
+        packageserver_cluster_ip: None,
+        guest_olm_crds_ready: true,
+        external_secret_hashes: BTreeMap::new(),
+        owner: None,
+        valid,
+    })
+}

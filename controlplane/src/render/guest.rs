@@ -1,0 +1,296 @@
+//! Objects in the guest cluster (applied through the guest API server).
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use super::labels::{self, metadata, selector};
+use super::tunnel::{agent_catalog_port, agent_peer_config, exposed_services};
+use super::{
+    ApplyPolicy, Desired, Object, Pending, RenderError, RenderInput, ResolvedCatalog, names, ports,
+};
+use crate::catalogs::DefaultCatalog;
+use crate::certs::hex;
+use crate::hostedolm::CatalogPlacement;
+use crate::validate::Severity;
+
+fn push(out: &mut Desired, body: Value, plural: &str, policy: ApplyPolicy) {
+    out.guest.push(Object::new(body, plural, policy));
+}
+
+fn restricted_container() -> Value {
+    json!({
+        "allowPrivilegeEscalation": false,
+        "readOnlyRootFilesystem": true,
+        "runAsNonRoot": true,
+        "capabilities": {"drop": ["ALL"]},
+    })
+}
+
+pub(super) fn render(
+    input: &RenderInput,
+    catalogs: &[ResolvedCatalog],
+    out: &mut Desired,
+) -> Result<(), RenderError> {
+    let v = &input.valid;
+    let management = v.placement == CatalogPlacement::Management;
+    let ns = names::GUEST_NAMESPACE;
+    let enabled: Vec<DefaultCatalog> = catalogs.iter().map(|c| c.catalog).collect();
+
+    // Guest agent: namespace, account, peer config, Deployment, Services.
+    let mut ns_meta = metadata(v, ns, None, "guest-agent", None);
+    ns_meta["labels"]["pod-security.kubernetes.io/enforce"] = json!("restricted");
+    push(
+        out,
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": ns_meta}),
+        "namespaces",
+        ApplyPolicy::Apply,
+    );
+    push(
+        out,
+        json!({
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": metadata(v, names::GUEST_AGENT, Some(ns), "guest-agent", None),
+            "automountServiceAccountToken": false,
+        }),
+        "serviceaccounts",
+        ApplyPolicy::Apply,
+    );
+    let exposed = if management {
+        exposed_services(&enabled)
+    } else {
+        Vec::new()
+    };
+    let peer = agent_peer_config(&input.tunnel, exposed);
+    let peer_json =
+        serde_json::to_string_pretty(&peer).map_err(|source| RenderError::Serialize {
+            what: "agent peer config",
+            source,
+        })?;
+    let mut h = Sha256::new();
+    h.update(peer_json.as_bytes());
+    h.update(input.tunnel.agent_private_key.as_bytes());
+    let peer_hash = hex(&h.finalize()[..16]);
+    push(
+        out,
+        json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": metadata(v, names::GUEST_AGENT_PEER, Some(ns), "guest-agent", None),
+            "type": "Opaque",
+            "data": {
+                "peer.json": B64.encode(&peer_json),
+                "private-key": B64.encode(&input.tunnel.agent_private_key),
+            },
+        }),
+        "secrets",
+        ApplyPolicy::Apply,
+    );
+    let agent_ports: Vec<Value> = enabled
+        .iter()
+        .filter(|_| management)
+        .map(|c| json!({"name": format!("cat-{}", agent_catalog_port(*c)), "containerPort": agent_catalog_port(*c), "protocol": "TCP"}))
+        .chain(std::iter::once(json!({"name": "health", "containerPort": ports::TUNNEL_HEALTH, "protocol": "TCP"})))
+        .collect();
+    let mut pod_labels = labels::object_labels(v, "guest-agent", names::GUEST_AGENT);
+    pod_labels.extend(
+        selector(names::GUEST_AGENT)
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, val)| (k.clone(), val.as_str().unwrap_or_default().to_string())),
+    );
+    push(
+        out,
+        json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": metadata(v, names::GUEST_AGENT, Some(ns), "guest-agent", None),
+            "spec": {
+                "replicas": 1,
+                "revisionHistoryLimit": 2,
+                "selector": {"matchLabels": selector(names::GUEST_AGENT)},
+                "template": {
+                    "metadata": {
+                        "labels": pod_labels,
+                        "annotations": {labels::CONFIG_HASH_ANNOTATION: peer_hash},
+                    },
+                    "spec": {
+                        "serviceAccountName": names::GUEST_AGENT,
+                        "automountServiceAccountToken": false,
+                        "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+                        "containers": [{
+                            "name": "agent",
+                            "image": v.images.guest_agent,
+                            "imagePullPolicy": "IfNotPresent",
+                            "args": ["--config", "/etc/hcp-olm/peer/peer.json"],
+                            "ports": agent_ports,
+                            "livenessProbe": {"httpGet": {"path": "/healthz", "port": ports::TUNNEL_HEALTH}, "initialDelaySeconds": 10, "periodSeconds": 10},
+                            "readinessProbe": {"httpGet": {"path": "/readyz", "port": ports::TUNNEL_HEALTH}, "periodSeconds": 10},
+                            "resources": {"requests": {"cpu": "10m", "memory": "30Mi"}},
+                            "securityContext": restricted_container(),
+                            "volumeMounts": [{"name": "peer", "mountPath": "/etc/hcp-olm/peer", "readOnly": true}],
+                        }],
+                        "volumes": [{"name": "peer", "secret": {"secretName": names::GUEST_AGENT_PEER, "defaultMode": 0o440}}],
+                    }
+                }
+            }
+        }),
+        "deployments",
+        ApplyPolicy::Apply,
+    );
+    if management {
+        for c in &enabled {
+            let name = names::catalog(*c);
+            push(
+                out,
+                json!({
+                    "apiVersion": "v1",
+                    "kind": "Service",
+                    "metadata": metadata(v, &name, Some(ns), "guest-agent", None),
+                    "spec": {
+                        "type": "ClusterIP",
+                        "selector": selector(names::GUEST_AGENT),
+                        "ports": [{"name": "grpc", "protocol": "TCP", "port": ports::CATALOG_GRPC, "targetPort": agent_catalog_port(*c)}],
+                    }
+                }),
+                "services",
+                ApplyPolicy::Apply,
+            );
+        }
+    }
+
+    // OperatorHub/cluster: continuously owned in management placement, created once
+    // (then owned by the guest) in guest placement, as HyperShift does.
+    let hub_policy = if management {
+        ApplyPolicy::Apply
+    } else {
+        ApplyPolicy::CreateOnly
+    };
+    let hub_spec =
+        serde_json::to_value(&v.operator_hub).map_err(|source| RenderError::Serialize {
+            what: "OperatorHub spec",
+            source,
+        })?;
+    push(
+        out,
+        json!({
+            "apiVersion": "config.openshift.io/v1",
+            "kind": "OperatorHub",
+            "metadata": metadata(v, "cluster", None, "operatorhub", None),
+            "spec": hub_spec,
+        }),
+        "operatorhubs",
+        hub_policy,
+    );
+
+    // Default CatalogSources.
+    for c in catalogs {
+        let mut meta = metadata(
+            v,
+            c.catalog.name(),
+            Some(names::MARKETPLACE_NAMESPACE),
+            "catalogsource",
+            None,
+        );
+        meta["annotations"]["target.workload.openshift.io/management"] =
+            json!(r#"{"effect": "PreferredDuringScheduling"}"#);
+        let mut spec = json!({
+            "sourceType": "grpc",
+            "displayName": c.catalog.display_name(),
+            "publisher": "Red Hat",
+            "priority": c.catalog.priority(),
+        });
+        if management {
+            spec["address"] = json!(format!(
+                "{}:{}",
+                names::catalog(c.catalog),
+                ports::CATALOG_GRPC
+            ));
+        } else {
+            // A tag, so OLM's registry poll picks up new catalog content.
+            spec["image"] = json!(c.image.tag_ref);
+            spec["updateStrategy"] = json!({"registryPoll": {"interval": "10m"}});
+            spec["grpcPodConfig"] = json!({"securityContextConfig": "restricted"});
+        }
+        push(
+            out,
+            json!({
+                "apiVersion": "operators.coreos.com/v1alpha1",
+                "kind": "CatalogSource",
+                "metadata": meta,
+                "spec": spec,
+            }),
+            "catalogsources",
+            ApplyPolicy::Apply,
+        );
+    }
+
+    // packageserver aggregated API: Service + Endpoints to the HCP ClusterIP, then the
+    // APIService with our CA bundle.
+    push(
+        out,
+        json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": metadata(v, names::GUEST_PACKAGESERVER, Some("default"), "packageserver", None),
+            "spec": {
+                "type": "ClusterIP",
+                "ports": [{"name": "https", "protocol": "TCP", "port": 443, "targetPort": 443}],
+            }
+        }),
+        "services",
+        ApplyPolicy::Apply,
+    );
+    match input.packageserver_cluster_ip.as_deref() {
+        Some(ip) => {
+            push(
+                out,
+                json!({
+                    "apiVersion": "v1",
+                    "kind": "Endpoints",
+                    "metadata": metadata(v, names::GUEST_PACKAGESERVER, Some("default"), "packageserver", None),
+                    "subsets": [{
+                        "addresses": [{"ip": ip}],
+                        "ports": [{"name": "https", "port": 443, "protocol": "TCP"}],
+                    }],
+                }),
+                "endpoints",
+                ApplyPolicy::Apply,
+            );
+            if input.guest_olm_crds_ready {
+                push(
+                    out,
+                    json!({
+                        "apiVersion": "apiregistration.k8s.io/v1",
+                        "kind": "APIService",
+                        "metadata": metadata(v, names::APISERVICE, None, "packageserver", None),
+                        "spec": {
+                            "group": "packages.operators.coreos.com",
+                            "version": "v1",
+                            "groupPriorityMinimum": 2000,
+                            "versionPriority": 15,
+                            "service": {"namespace": "default", "name": names::GUEST_PACKAGESERVER, "port": 443},
+                            "caBundle": B64.encode(&input.pki.ca.cert_pem),
+                        }
+                    }),
+                    "apiservices",
+                    ApplyPolicy::Apply,
+                );
+            }
+        }
+        None => out.pending.push(Pending {
+            component: "packageserver".into(),
+            reason: "WaitingForPackageServerService",
+            severity: Severity::Progressing,
+            message: format!(
+                "the ClusterIP of Service {}/{} is not known yet; guest Endpoints and APIService are not created",
+                v.cluster.hcp_namespace,
+                names::PACKAGESERVER
+            ),
+        }),
+    }
+    Ok(())
+}

@@ -1,0 +1,928 @@
+//! Objects in the HCP namespace of the management cluster.
+
+use std::collections::BTreeMap;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use time::format_description::well_known::Rfc3339;
+
+use super::labels::{self, metadata, selector};
+use super::tunnel::{exposed_services, gateway_config};
+use super::{
+    ApplyPolicy, Desired, Object, Pending, RenderError, RenderInput, ResolvedCatalog, names, ports,
+};
+use crate::catalogs::DefaultCatalog;
+use crate::certs::{CertMaterial, hex};
+use crate::hostedolm::{CatalogPlacement, CatalogServerKind, TunnelServiceType};
+use crate::validate::{AvailabilityPolicy, Severity, ValidInput};
+
+const KUBECONFIG_DIR: &str = "/etc/openshift/kubeconfig";
+const PACKAGESERVER_CERT_DIR: &str = "/apiserver.local.config/certificates";
+const GLOBAL_CATALOG_NAMESPACE: &str = "openshift-marketplace";
+const CONTROL_PLANE_PRIORITY: &str = "hypershift-control-plane";
+const API_CRITICAL_PRIORITY: &str = "hypershift-api-critical";
+
+/// Decide which catalogs get rendered (enabled + an image), reporting the others.
+pub(super) fn resolved_catalogs(
+    input: &RenderInput,
+    pending: &mut Vec<Pending>,
+) -> Vec<ResolvedCatalog> {
+    let v = &input.valid;
+    let mut out = Vec::new();
+    for c in &v.enabled_catalogs {
+        if let Some(pin) = v.catalog_pins.get(c) {
+            out.push(ResolvedCatalog {
+                catalog: *c,
+                image: crate::catalogs::CatalogImage::pinned(pin),
+            });
+            continue;
+        }
+        match input.catalog_images.get(c) {
+            Some(Ok(img)) => {
+                if img.fell_back {
+                    pending.push(Pending {
+                        component: names::catalog(*c),
+                        reason: "CatalogVersionFallback",
+                        severity: Severity::Progressing,
+                        message: format!(
+                            "no {} catalog for {}; using {}",
+                            c,
+                            v.catalog_minor(),
+                            img.version
+                        ),
+                    });
+                }
+                out.push(ResolvedCatalog {
+                    catalog: *c,
+                    image: img.clone(),
+                })
+            }
+            Some(Err(e)) => pending.push(Pending {
+                component: names::catalog(*c),
+                reason: "CatalogImageUnavailable",
+                severity: Severity::Degraded,
+                message: e.to_string(),
+            }),
+            None => pending.push(Pending {
+                component: names::catalog(*c),
+                reason: "CatalogImageUnresolved",
+                severity: Severity::Progressing,
+                message: format!("the {c} catalog image has not been resolved yet"),
+            }),
+        }
+    }
+    out
+}
+
+fn owner(input: &RenderInput) -> Option<&super::Owner> {
+    input.owner.as_ref()
+}
+
+fn ns(input: &RenderInput) -> &str {
+    &input.valid.cluster.hcp_namespace
+}
+
+fn push(out: &mut Desired, body: Value, plural: &str) {
+    out.hcp.push(Object::new(body, plural, ApplyPolicy::Apply));
+}
+
+fn sha(data: &[u8]) -> String {
+    hex(&Sha256::digest(data))
+}
+
+fn rfc3339(t: time::OffsetDateTime) -> String {
+    t.format(&Rfc3339).unwrap_or_default()
+}
+
+/// Hash of a set of named inputs, for the config-hash annotation.
+fn config_hash(parts: &BTreeMap<String, String>) -> String {
+    let mut h = Sha256::new();
+    for (k, v) in parts {
+        h.update(k.as_bytes());
+        h.update(b"=");
+        h.update(v.as_bytes());
+        h.update(b"\n");
+    }
+    hex(&h.finalize()[..16])
+}
+
+fn hash_secret_data(data: &BTreeMap<&str, &str>) -> String {
+    let mut h = Sha256::new();
+    for (k, v) in data {
+        h.update(k.as_bytes());
+        h.update(b"=");
+        h.update(v.as_bytes());
+        h.update(b"\n");
+    }
+    hex(&h.finalize())
+}
+
+fn tls_secret(
+    input: &RenderInput,
+    name: &str,
+    component: &str,
+    cert: &CertMaterial,
+    ca_pem: Option<&str>,
+    extra_annotations: &[(&str, String)],
+) -> (Value, String) {
+    let mut data: BTreeMap<&str, &str> = BTreeMap::from([
+        ("tls.crt", cert.cert_pem.as_str()),
+        ("tls.key", cert.key_pem.as_str()),
+    ]);
+    if let Some(ca) = ca_pem {
+        data.insert("ca.crt", ca);
+    }
+    let hash = hash_secret_data(&data);
+    let mut meta = metadata(&input.valid, name, Some(ns(input)), component, owner(input));
+    meta["annotations"][labels::NOT_BEFORE_ANNOTATION] = json!(rfc3339(cert.not_before));
+    meta["annotations"][labels::NOT_AFTER_ANNOTATION] = json!(rfc3339(cert.not_after));
+    for (k, v) in extra_annotations {
+        meta["annotations"][*k] = json!(v);
+    }
+    let encoded: BTreeMap<&str, String> = data.iter().map(|(k, v)| (*k, B64.encode(v))).collect();
+    (
+        json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": meta,
+            "type": "kubernetes.io/tls",
+            "data": encoded,
+        }),
+        hash,
+    )
+}
+
+/// NO_PROXY for OLM pods: the guest API server and, in management placement, the
+/// management-side catalog Services are dialled directly; everything else (guest
+/// catalog Services) goes through the tunnel gateway's SOCKS5 proxy.
+pub(super) fn no_proxy(v: &ValidInput, catalogs: &[ResolvedCatalog]) -> String {
+    let mut hosts = vec![
+        "kube-apiserver".to_string(),
+        format!("kube-apiserver.{}.svc", v.cluster.hcp_namespace),
+    ];
+    if v.placement == CatalogPlacement::Management {
+        for c in catalogs {
+            hosts.push(names::catalog(c.catalog));
+            hosts.push(format!(
+                "{}.{}.svc",
+                names::catalog(c.catalog),
+                v.cluster.hcp_namespace
+            ));
+        }
+    }
+    hosts.join(",")
+}
+
+fn grpc_proxy() -> String {
+    format!("socks5://{}:{}", names::TUNNEL_GATEWAY, ports::SOCKS)
+}
+
+fn tolerations(v: &ValidInput) -> Value {
+    let mut t = vec![
+        json!({"key": "hypershift.openshift.io/control-plane", "operator": "Equal", "value": "true", "effect": "NoSchedule"}),
+        json!({"key": "hypershift.openshift.io/cluster", "operator": "Equal", "value": v.cluster.hcp_namespace, "effect": "NoSchedule"}),
+    ];
+    for tol in &v.tolerations {
+        t.push(serde_json::to_value(tol).unwrap_or(Value::Null));
+    }
+    Value::Array(t)
+}
+
+fn affinity(v: &ValidInput) -> Value {
+    json!({
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 50, "preference": {"matchExpressions": [
+                    {"key": "hypershift.openshift.io/control-plane", "operator": "In", "values": ["true"]}]}},
+                {"weight": 100, "preference": {"matchExpressions": [
+                    {"key": "hypershift.openshift.io/cluster", "operator": "In", "values": [v.cluster.hcp_namespace]}]}},
+            ]
+        },
+        "podAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 100, "podAffinityTerm": {
+                    "labelSelector": {"matchLabels": {labels::HCP_POD_LABEL: v.cluster.hcp_namespace}},
+                    "topologyKey": "kubernetes.io/hostname"}},
+            ]
+        }
+    })
+}
+
+fn container_security() -> Value {
+    json!({
+        "allowPrivilegeEscalation": false,
+        "readOnlyRootFilesystem": true,
+        "runAsNonRoot": true,
+        "capabilities": {"drop": ["ALL"]},
+    })
+}
+
+fn pod_labels(v: &ValidInput, name: &str, component: &str) -> Value {
+    let mut l: BTreeMap<String, String> = v.labels.clone();
+    l.extend(labels::object_labels(v, component, name));
+    l.insert(
+        labels::HCP_POD_LABEL.to_string(),
+        v.cluster.hcp_namespace.clone(),
+    );
+    json!(l)
+}
+
+struct PodSpec<'a> {
+    name: &'a str,
+    component: &'a str,
+    replicas: i32,
+    service_account: &'a str,
+    automount_token: bool,
+    priority_class: &'a str,
+    init_containers: Vec<Value>,
+    containers: Vec<Value>,
+    volumes: Vec<Value>,
+    config_hash: String,
+    image_pull_secrets: Vec<String>,
+    strategy: Option<Value>,
+}
+
+fn deployment(input: &RenderInput, p: PodSpec<'_>) -> Value {
+    let v = &input.valid;
+    let mut pod_spec = json!({
+        "serviceAccountName": p.service_account,
+        "automountServiceAccountToken": p.automount_token,
+        "priorityClassName": p.priority_class,
+        "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+        "tolerations": tolerations(v),
+        "affinity": affinity(v),
+        "containers": p.containers,
+        "volumes": p.volumes,
+    });
+    if !p.init_containers.is_empty() {
+        pod_spec["initContainers"] = Value::Array(p.init_containers);
+    }
+    if !v.node_selector.is_empty() {
+        pod_spec["nodeSelector"] = json!(v.node_selector);
+    }
+    if !p.image_pull_secrets.is_empty() {
+        pod_spec["imagePullSecrets"] = Value::Array(
+            p.image_pull_secrets
+                .iter()
+                .map(|n| json!({"name": n}))
+                .collect(),
+        );
+    }
+    let mut spec = json!({
+        "replicas": p.replicas,
+        "revisionHistoryLimit": 2,
+        "selector": {"matchLabels": selector(p.name)},
+        "template": {
+            "metadata": {
+                "labels": pod_labels(v, p.name, p.component),
+                "annotations": {labels::CONFIG_HASH_ANNOTATION: p.config_hash},
+            },
+            "spec": pod_spec,
+        }
+    });
+    if let Some(s) = p.strategy {
+        spec["strategy"] = s;
+    }
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(v, p.name, Some(ns(input)), p.component, owner(input)),
+        "spec": spec,
+    })
+}
+
+fn service(
+    input: &RenderInput,
+    name: &str,
+    component: &str,
+    sel: &str,
+    ports: Value,
+    type_: &str,
+) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(&input.valid, name, Some(ns(input)), component, owner(input)),
+        "spec": {"type": type_, "selector": selector(sel), "ports": ports},
+    })
+}
+
+fn service_account(
+    input: &RenderInput,
+    name: &str,
+    component: &str,
+    pull_secret: Option<&str>,
+) -> Value {
+    let mut sa = json!({
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": metadata(&input.valid, name, Some(ns(input)), component, owner(input)),
+        "automountServiceAccountToken": false,
+    });
+    if let Some(ps) = pull_secret {
+        sa["imagePullSecrets"] = json!([{"name": ps}]);
+    }
+    sa
+}
+
+fn kubeconfig_volume(v: &ValidInput) -> Value {
+    json!({"name": "kubeconfig", "secret": {"secretName": v.kubeconfig_secret, "defaultMode": 0o440}})
+}
+
+fn tmp_volume() -> Value {
+    json!({"name": "tmp", "emptyDir": {}})
+}
+
+fn http_probe(path: &str, port: u16, scheme: &str, initial: i32, failure: i32) -> Value {
+    json!({
+        "httpGet": {"path": path, "port": port, "scheme": scheme},
+        "initialDelaySeconds": initial,
+        "periodSeconds": 10,
+        "timeoutSeconds": 5,
+        "failureThreshold": failure,
+    })
+}
+
+fn resources(cpu: &str, memory: &str) -> Value {
+    json!({"requests": {"cpu": cpu, "memory": memory}})
+}
+
+pub(super) fn render(
+    input: &RenderInput,
+    catalogs: &[ResolvedCatalog],
+    out: &mut Desired,
+) -> Result<(), RenderError> {
+    let v = &input.valid;
+    let hcp_ns = ns(input).to_string();
+    let management = v.placement == CatalogPlacement::Management;
+    let kubeconfig_path = format!("{KUBECONFIG_DIR}/{}", v.kubeconfig_key);
+    let kubeconfig_hash = input
+        .external_secret_hashes
+        .get(&v.kubeconfig_secret)
+        .cloned()
+        .unwrap_or_else(|| "absent".to_string());
+    let olm_replicas = |n: i32| if input.guest_olm_crds_ready { n } else { 0 };
+    if !input.guest_olm_crds_ready {
+        out.pending.push(Pending {
+            component: "olm".into(),
+            reason: "WaitingForGuestOLMCRDs",
+            severity: Severity::Progressing,
+            message:
+                "the guest API server does not serve the OLM CRDs yet; OLM pods are scaled to 0"
+                    .into(),
+        });
+    }
+
+    // ServiceAccounts.
+    push(
+        out,
+        service_account(input, names::CATALOG_OPERATOR, "catalog-operator", None),
+        "serviceaccounts",
+    );
+    push(
+        out,
+        service_account(input, names::OLM_OPERATOR, "olm-operator", None),
+        "serviceaccounts",
+    );
+    push(
+        out,
+        service_account(input, names::PACKAGESERVER, "packageserver", None),
+        "serviceaccounts",
+    );
+    push(
+        out,
+        service_account(input, names::TUNNEL_GATEWAY, "tunnel-gateway", None),
+        "serviceaccounts",
+    );
+    if management && !catalogs.is_empty() {
+        push(
+            out,
+            service_account(input, names::CATALOG_SA, "catalog", Some(&v.pull_secret)),
+            "serviceaccounts",
+        );
+    }
+
+    // Secrets: CA (persisted here so the runtime can sign again), packageserver cert,
+    // tunnel gateway config.
+    let (ca_secret, _) = tls_secret(input, names::CA, "pki", &input.pki.ca, None, &[]);
+    push(out, ca_secret, "secrets");
+    let (ps_secret, ps_hash) = tls_secret(
+        input,
+        names::PACKAGESERVER_CERT,
+        "packageserver",
+        &input.pki.packageserver,
+        Some(&input.pki.ca.cert_pem),
+        &[(
+            labels::SANS_ANNOTATION,
+            input.pki.packageserver_sans_fingerprint.clone(),
+        )],
+    );
+    push(out, ps_secret, "secrets");
+    let enabled: Vec<DefaultCatalog> = catalogs.iter().map(|c| c.catalog).collect();
+    let exposed = if management {
+        exposed_services(&enabled)
+    } else {
+        Vec::new()
+    };
+    let gw = gateway_config(&input.tunnel, exposed);
+    let gw_json = serde_json::to_string_pretty(&gw).map_err(|source| RenderError::Serialize {
+        what: "gateway config",
+        source,
+    })?;
+    let gw_hash = sha(gw_json.as_bytes());
+    push(
+        out,
+        json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": metadata(v, names::TUNNEL_GATEWAY, Some(&hcp_ns), "tunnel-gateway", owner(input)),
+            "type": "Opaque",
+            "data": {"config.json": B64.encode(&gw_json)},
+        }),
+        "secrets",
+    );
+
+    // NetworkPolicies.
+    let np = |name: &str, component: &str, target: &str, from: Value, ports: Value| {
+        json!({
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": metadata(v, name, Some(&hcp_ns), component, owner(input)),
+            "spec": {
+                "podSelector": {"matchLabels": selector(target)},
+                "policyTypes": ["Ingress"],
+                "ingress": [{"from": from, "ports": ports}],
+            }
+        })
+    };
+    let olm_clients = json!([
+        {"podSelector": {"matchLabels": selector(names::CATALOG_OPERATOR)}},
+        {"podSelector": {"matchLabels": selector(names::OLM_OPERATOR)}},
+        {"podSelector": {"matchLabels": selector(names::PACKAGESERVER)}},
+        {"podSelector": {"matchLabels": selector(names::TUNNEL_GATEWAY)}},
+    ]);
+    if management {
+        for c in catalogs {
+            let name = names::catalog(c.catalog);
+            push(
+                out,
+                np(
+                    &name,
+                    "catalog",
+                    &name,
+                    olm_clients.clone(),
+                    json!([{"protocol": "TCP", "port": ports::CATALOG_GRPC}]),
+                ),
+                "networkpolicies",
+            );
+        }
+    }
+    // The guest kube-apiserver runs in this namespace and reaches packageserver.
+    push(
+        out,
+        np(
+            names::PACKAGESERVER,
+            "packageserver",
+            names::PACKAGESERVER,
+            json!([{"podSelector": {}}]),
+            json!([{"protocol": "TCP", "port": ports::PACKAGESERVER}]),
+        ),
+        "networkpolicies",
+    );
+    // WireGuard comes from guest nodes (anywhere); SOCKS only from OLM pods.
+    push(
+        out,
+        json!({
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": metadata(v, names::TUNNEL_GATEWAY, Some(&hcp_ns), "tunnel-gateway", owner(input)),
+            "spec": {
+                "podSelector": {"matchLabels": selector(names::TUNNEL_GATEWAY)},
+                "policyTypes": ["Ingress"],
+                "ingress": [
+                    {"ports": [{"protocol": "UDP", "port": ports::WIREGUARD}]},
+                    {"from": olm_clients, "ports": [{"protocol": "TCP", "port": ports::SOCKS}]},
+                ],
+            }
+        }),
+        "networkpolicies",
+    );
+
+    // Services.
+    for (name, component) in [
+        (names::CATALOG_OPERATOR, "catalog-operator"),
+        (names::OLM_OPERATOR, "olm-operator"),
+    ] {
+        push(
+            out,
+            service(
+                input,
+                &format!("{name}-metrics"),
+                component,
+                name,
+                json!([{"name": "http-metrics", "protocol": "TCP", "port": ports::OLM_HEALTH_METRICS, "targetPort": ports::OLM_HEALTH_METRICS}]),
+                "ClusterIP",
+            ),
+            "services",
+        );
+    }
+    push(
+        out,
+        service(
+            input,
+            names::PACKAGESERVER,
+            "packageserver",
+            names::PACKAGESERVER,
+            json!([{"name": "https", "protocol": "TCP", "port": 443, "targetPort": ports::PACKAGESERVER}]),
+            "ClusterIP",
+        ),
+        "services",
+    );
+    if management {
+        for c in catalogs {
+            let name = names::catalog(c.catalog);
+            push(
+                out,
+                service(
+                    input,
+                    &name,
+                    "catalog",
+                    &name,
+                    json!([{"name": "grpc", "protocol": "TCP", "port": ports::CATALOG_GRPC, "targetPort": ports::CATALOG_GRPC}]),
+                    "ClusterIP",
+                ),
+                "services",
+            );
+        }
+    }
+    push(
+        out,
+        service(
+            input,
+            names::TUNNEL_GATEWAY,
+            "tunnel-gateway",
+            names::TUNNEL_GATEWAY,
+            json!([{"name": "socks", "protocol": "TCP", "port": ports::SOCKS, "targetPort": ports::SOCKS}]),
+            "ClusterIP",
+        ),
+        "services",
+    );
+    let wg_type = match v.tunnel_service_type {
+        TunnelServiceType::NodePort => "NodePort",
+        TunnelServiceType::LoadBalancer => "LoadBalancer",
+    };
+    push(
+        out,
+        service(
+            input,
+            names::TUNNEL_GATEWAY_WG,
+            "tunnel-gateway",
+            names::TUNNEL_GATEWAY,
+            json!([{"name": "wireguard", "protocol": "UDP", "port": ports::WIREGUARD, "targetPort": ports::WIREGUARD}]),
+            wg_type,
+        ),
+        "services",
+    );
+    if input.tunnel.gateway_endpoint.is_none() {
+        out.pending.push(Pending {
+            component: "tunnel-gateway".into(),
+            reason: "WaitingForTunnelEndpoint",
+            severity: Severity::Progressing,
+            message: format!(
+                "the {wg_type} Service {} has no reachable address yet",
+                names::TUNNEL_GATEWAY_WG
+            ),
+        });
+    }
+
+    // Deployments: tunnel gateway first (OLM needs it for guest catalogs).
+    push(
+        out,
+        deployment(
+            input,
+            PodSpec {
+                name: names::TUNNEL_GATEWAY,
+                component: "tunnel-gateway",
+                replicas: 1,
+                service_account: names::TUNNEL_GATEWAY,
+                automount_token: false,
+                priority_class: CONTROL_PLANE_PRIORITY,
+                init_containers: vec![],
+                containers: vec![json!({
+                    "name": "gateway",
+                    "image": v.images.tunnel_gateway,
+                    "imagePullPolicy": "IfNotPresent",
+                    "args": ["--config", "/etc/hcp-olm/tunnel/config.json"],
+                    "ports": [
+                        {"name": "wireguard", "containerPort": ports::WIREGUARD, "protocol": "UDP"},
+                        {"name": "socks", "containerPort": ports::SOCKS, "protocol": "TCP"},
+                        {"name": "health", "containerPort": ports::TUNNEL_HEALTH, "protocol": "TCP"},
+                    ],
+                    "livenessProbe": http_probe("/healthz", ports::TUNNEL_HEALTH, "HTTP", 10, 3),
+                    "readinessProbe": http_probe("/readyz", ports::TUNNEL_HEALTH, "HTTP", 0, 3),
+                    "resources": resources("10m", "30Mi"),
+                    "securityContext": container_security(),
+                    "volumeMounts": [{"name": "config", "mountPath": "/etc/hcp-olm/tunnel", "readOnly": true}],
+                })],
+                volumes: vec![
+                    json!({"name": "config", "secret": {"secretName": names::TUNNEL_GATEWAY, "defaultMode": 0o440}}),
+                ],
+                config_hash: config_hash(&BTreeMap::from([(
+                    names::TUNNEL_GATEWAY.to_string(),
+                    gw_hash,
+                )])),
+                image_pull_secrets: vec![],
+                strategy: None,
+            },
+        ),
+        "deployments",
+    );
+
+    if management {
+        for c in catalogs {
+            push(out, catalog_deployment(input, c)?, "deployments");
+        }
+    }
+
+    let common_env = |extra: Vec<Value>| {
+        let mut env = extra;
+        env.push(json!({"name": "RELEASE_VERSION", "value": v.release_version.to_string()}));
+        env.push(json!({"name": "KUBECONFIG", "value": kubeconfig_path}));
+        env.push(json!({"name": "GRPC_PROXY", "value": grpc_proxy()}));
+        env.push(json!({"name": "NO_PROXY", "value": no_proxy(v, catalogs)}));
+        Value::Array(env)
+    };
+    let kube_mount = json!({"name": "kubeconfig", "mountPath": KUBECONFIG_DIR, "readOnly": true});
+    let tmp_mount = json!({"name": "tmp", "mountPath": "/tmp"});
+    let operator_hash = config_hash(&BTreeMap::from([(
+        v.kubeconfig_secret.clone(),
+        kubeconfig_hash.clone(),
+    )]));
+
+    // catalog-operator: pflag double-dash flags; --kubeconfig is a real flag here.
+    push(
+        out,
+        deployment(
+            input,
+            PodSpec {
+                name: names::CATALOG_OPERATOR,
+                component: "catalog-operator",
+                replicas: olm_replicas(1),
+                service_account: names::CATALOG_OPERATOR,
+                automount_token: false,
+                priority_class: CONTROL_PLANE_PRIORITY,
+                init_containers: vec![],
+                containers: vec![json!({
+                    "name": "catalog-operator",
+                    "image": v.images.olm,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["/bin/catalog"],
+                    "args": [
+                        "--namespace", GLOBAL_CATALOG_NAMESPACE,
+                        "--configmapServerImage", v.images.operator_registry,
+                        "--opmImage", v.images.operator_registry,
+                        "--util-image", v.images.olm,
+                        "--writeStatusName", "operator-lifecycle-manager-catalog",
+                        "--kubeconfig", kubeconfig_path,
+                    ],
+                    "env": common_env(vec![]),
+                    "ports": [{"name": "http-metrics", "containerPort": ports::OLM_HEALTH_METRICS, "protocol": "TCP"}],
+                    "livenessProbe": http_probe("/healthz", ports::OLM_HEALTH_METRICS, "HTTP", 60, 3),
+                    "readinessProbe": http_probe("/healthz", ports::OLM_HEALTH_METRICS, "HTTP", 0, 3),
+                    "resources": resources("10m", "80Mi"),
+                    "securityContext": container_security(),
+                    "volumeMounts": [kube_mount.clone(), tmp_mount.clone()],
+                })],
+                volumes: vec![kubeconfig_volume(v), tmp_volume()],
+                config_hash: operator_hash.clone(),
+                image_pull_secrets: vec![],
+                strategy: None,
+            },
+        ),
+        "deployments",
+    );
+
+    // olm-operator: NO --kubeconfig flag (controller-runtime reads KUBECONFIG).
+    push(
+        out,
+        deployment(
+            input,
+            PodSpec {
+                name: names::OLM_OPERATOR,
+                component: "olm-operator",
+                replicas: olm_replicas(1),
+                service_account: names::OLM_OPERATOR,
+                automount_token: false,
+                priority_class: CONTROL_PLANE_PRIORITY,
+                init_containers: vec![],
+                containers: vec![json!({
+                    "name": "olm-operator",
+                    "image": v.images.olm,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["/bin/olm"],
+                    "args": [
+                        "--namespace", "$(OPERATOR_NAMESPACE)",
+                        "--writeStatusName", "operator-lifecycle-manager",
+                        "--writePackageServerStatusName=",
+                    ],
+                    "env": common_env(vec![
+                        json!({"name": "OPERATOR_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}),
+                        json!({"name": "OPERATOR_NAME", "value": "olm-operator"}),
+                    ]),
+                    "ports": [{"name": "http-metrics", "containerPort": ports::OLM_HEALTH_METRICS, "protocol": "TCP"}],
+                    "livenessProbe": http_probe("/healthz", ports::OLM_HEALTH_METRICS, "HTTP", 60, 3),
+                    "readinessProbe": http_probe("/healthz", ports::OLM_HEALTH_METRICS, "HTTP", 0, 3),
+                    "resources": resources("10m", "160Mi"),
+                    "securityContext": container_security(),
+                    "volumeMounts": [kube_mount.clone(), tmp_mount.clone()],
+                })],
+                volumes: vec![kubeconfig_volume(v), tmp_volume()],
+                config_hash: operator_hash,
+                image_pull_secrets: vec![],
+                strategy: None,
+            },
+        ),
+        "deployments",
+    );
+
+    // packageserver: aggregated API server on 5443 with our serving cert.
+    let (ps_replicas, ps_strategy) = match v.availability {
+        AvailabilityPolicy::SingleReplica => (1, None),
+        AvailabilityPolicy::HighlyAvailable => (
+            3,
+            Some(
+                json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}),
+            ),
+        ),
+    };
+    let mut ps_hash_parts = BTreeMap::from([(v.kubeconfig_secret.clone(), kubeconfig_hash)]);
+    ps_hash_parts.insert(names::PACKAGESERVER_CERT.to_string(), ps_hash);
+    let ps_containers = vec![json!({
+        "name": "packageserver",
+        "image": v.images.olm,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["/bin/package-server"],
+        "args": [
+            "--v=2",
+            "--secure-port", ports::PACKAGESERVER.to_string(),
+            "--global-namespace", GLOBAL_CATALOG_NAMESPACE,
+            "--kubeconfig", kubeconfig_path,
+            "--authentication-kubeconfig", kubeconfig_path,
+            "--authorization-kubeconfig", kubeconfig_path,
+            "--tls-cert-file", format!("{PACKAGESERVER_CERT_DIR}/tls.crt"),
+            "--tls-private-key-file", format!("{PACKAGESERVER_CERT_DIR}/tls.key"),
+        ],
+        "env": common_env(vec![json!({"name": "OPERATOR_CONDITION_NAME", "value": "packageserver"})]),
+        "ports": [{"name": "https", "containerPort": ports::PACKAGESERVER, "protocol": "TCP"}],
+        "livenessProbe": http_probe("/healthz", ports::PACKAGESERVER, "HTTPS", 0, 10),
+        "readinessProbe": http_probe("/healthz", ports::PACKAGESERVER, "HTTPS", 0, 3),
+        "resources": resources("10m", "250Mi"),
+        "securityContext": container_security(),
+        "volumeMounts": [
+            kube_mount,
+            {"name": "serving-cert", "mountPath": PACKAGESERVER_CERT_DIR, "readOnly": true},
+            tmp_mount,
+        ],
+    })];
+    push(
+        out,
+        deployment(
+            input,
+            PodSpec {
+                name: names::PACKAGESERVER,
+                component: "packageserver",
+                replicas: olm_replicas(ps_replicas),
+                service_account: names::PACKAGESERVER,
+                // HyperShift mounts a token for packageserver: its delegating authorizer
+                // builds one in-cluster client even with --authorization-kubeconfig.
+                automount_token: true,
+                priority_class: API_CRITICAL_PRIORITY,
+                init_containers: vec![],
+                containers: ps_containers,
+                volumes: vec![
+                    kubeconfig_volume(v),
+                    json!({"name": "serving-cert", "secret": {"secretName": names::PACKAGESERVER_CERT, "defaultMode": 0o440}}),
+                    tmp_volume(),
+                ],
+                config_hash: config_hash(&ps_hash_parts),
+                image_pull_secrets: vec![],
+                strategy: ps_strategy,
+            },
+        ),
+        "deployments",
+    );
+
+    // PDB by availability policy.
+    let mut pdb_spec = match v.availability {
+        AvailabilityPolicy::SingleReplica => json!({"minAvailable": 1}),
+        AvailabilityPolicy::HighlyAvailable => json!({"maxUnavailable": 1}),
+    };
+    pdb_spec["selector"] = json!({"matchLabels": selector(names::PACKAGESERVER)});
+    pdb_spec["unhealthyPodEvictionPolicy"] = json!("AlwaysAllow");
+    push(
+        out,
+        json!({
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": metadata(v, names::PACKAGESERVER_PDB, Some(&hcp_ns), "packageserver", owner(input)),
+            "spec": pdb_spec,
+        }),
+        "poddisruptionbudgets",
+    );
+    Ok(())
+}
+
+fn catalog_deployment(input: &RenderInput, c: &ResolvedCatalog) -> Result<Value, RenderError> {
+    let v = &input.valid;
+    let name = names::catalog(c.catalog);
+    let image = c.image.image().to_string();
+    let grpc_probe = |initial: i32, timeout: i32, failure: i32| {
+        json!({
+            "grpc": {"port": ports::CATALOG_GRPC},
+            "initialDelaySeconds": initial,
+            "timeoutSeconds": timeout,
+            "periodSeconds": 10,
+            "failureThreshold": failure,
+        })
+    };
+    let (init, server) = match v.catalog_server {
+        CatalogServerKind::Opm => (
+            vec![
+                json!({
+                    "name": "extract-utilities",
+                    "image": v.images.olm,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["cp"],
+                    "args": ["/bin/copy-content", "/utilities/copy-content"],
+                    "resources": resources("10m", "50Mi"),
+                    "securityContext": container_security(),
+                    "volumeMounts": [{"name": "utilities", "mountPath": "/utilities"}],
+                }),
+                json!({
+                    "name": "extract-content",
+                    "image": image,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["/utilities/copy-content"],
+                    "args": [
+                        "--catalog.from=/configs",
+                        "--catalog.to=/extracted-catalog/catalog",
+                        "--cache.from=/tmp/cache",
+                        "--cache.to=/extracted-catalog/cache",
+                    ],
+                    "resources": resources("10m", "50Mi"),
+                    "securityContext": container_security(),
+                    "volumeMounts": [
+                        {"name": "utilities", "mountPath": "/utilities"},
+                        {"name": "catalog-content", "mountPath": "/extracted-catalog"},
+                    ],
+                }),
+            ],
+            json!({
+                "name": "registry",
+                "image": image,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["/bin/opm"],
+                "args": [
+                    "serve", "/extracted-catalog/catalog",
+                    "--cache-dir=/extracted-catalog/cache",
+                    "--port", ports::CATALOG_GRPC.to_string(),
+                ],
+                "ports": [{"name": "grpc", "containerPort": ports::CATALOG_GRPC, "protocol": "TCP"}],
+                "readinessProbe": grpc_probe(5, 5, 3),
+                "livenessProbe": grpc_probe(10, 1, 3),
+                "startupProbe": grpc_probe(0, 1, 15),
+                "resources": resources("10m", c.catalog.memory_request()),
+                "securityContext": container_security(),
+                "volumeMounts": [{"name": "catalog-content", "mountPath": "/extracted-catalog"}],
+            }),
+        ),
+        CatalogServerKind::HcpOlm => {
+            return Err(RenderError::Input(
+                "catalog server HcpOlm has no documented flags yet (docs/catalog-server.md)".into(),
+            ));
+        }
+    };
+    let hash = config_hash(&BTreeMap::from([("image".to_string(), image.clone())]));
+    Ok(deployment(
+        input,
+        PodSpec {
+            name: &name,
+            component: "catalog",
+            replicas: 1,
+            service_account: names::CATALOG_SA,
+            automount_token: false,
+            priority_class: CONTROL_PLANE_PRIORITY,
+            init_containers: init,
+            containers: vec![server],
+            volumes: vec![
+                json!({"name": "utilities", "emptyDir": {}}),
+                json!({"name": "catalog-content", "emptyDir": {}}),
+            ],
+            config_hash: hash,
+            image_pull_secrets: vec![v.pull_secret.clone()],
+            strategy: None,
+        },
+    ))
+}

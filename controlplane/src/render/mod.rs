@@ -1,0 +1,229 @@
+//! Pure rendering of every object hcp-olm wants for one hosted cluster.
+//!
+//! [`desired`] turns a [`RenderInput`] (validated HostedCluster view plus facts the
+//! runtime resolved: catalog images, certificate material, tunnel keys, the
+//! packageserver ClusterIP, hashes of Secrets we mount but do not own) into two
+//! ordered object lists: one for the HCP namespace of the management cluster and one
+//! for the guest cluster. Every object carries [`labels::MANAGED_BY`] and the
+//! hosted-cluster labels so an applier can prune what is no longer desired.
+
+mod guest;
+mod hcp;
+pub mod labels;
+pub mod tunnel;
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::catalogs::{CatalogImage, CatalogImageError, DefaultCatalog};
+use crate::certs::CertMaterial;
+use crate::validate::{Severity, ValidInput};
+
+pub use tunnel::{AgentPeerConfig, AllowedService, ExposedService, GatewayConfig, TunnelKeys};
+
+/// Names of the objects in the HCP namespace. Everything is prefixed with `hcp-olm-`
+/// so it never collides with HyperShift's own OLM objects in the same namespace.
+pub mod names {
+    pub const CATALOG_OPERATOR: &str = "hcp-olm-catalog-operator";
+    pub const OLM_OPERATOR: &str = "hcp-olm-olm-operator";
+    pub const PACKAGESERVER: &str = "hcp-olm-packageserver";
+    pub const PACKAGESERVER_CERT: &str = "hcp-olm-packageserver-cert";
+    pub const PACKAGESERVER_PDB: &str = "hcp-olm-packageserver";
+    pub const CA: &str = "hcp-olm-ca";
+    pub const CATALOG_SA: &str = "hcp-olm-catalog";
+    pub const TUNNEL_GATEWAY: &str = "hcp-olm-tunnel-gateway";
+    pub const TUNNEL_GATEWAY_WG: &str = "hcp-olm-tunnel-gateway-wg";
+    pub const GUEST_NAMESPACE: &str = "hcp-olm";
+    pub const GUEST_AGENT: &str = "hcp-olm-guest-agent";
+    pub const GUEST_AGENT_PEER: &str = "hcp-olm-guest-agent-peer";
+    pub const MARKETPLACE_NAMESPACE: &str = "openshift-marketplace";
+    /// Guest Service/Endpoints behind the APIService (the name the cert covers).
+    pub const GUEST_PACKAGESERVER: &str = "packageserver";
+    pub const APISERVICE: &str = "v1.packages.operators.coreos.com";
+
+    /// Name of a management-side catalog Deployment/Service (also the host in the
+    /// guest CatalogSource's `spec.address`).
+    pub fn catalog(c: crate::catalogs::DefaultCatalog) -> String {
+        format!("hcp-olm-{}", c.name())
+    }
+}
+
+/// Ports.
+pub mod ports {
+    pub const CATALOG_GRPC: u16 = 50051;
+    pub const PACKAGESERVER: u16 = 5443;
+    /// OLM operators serve health and metrics on plain :8080 when no TLS flags are set.
+    pub const OLM_HEALTH_METRICS: u16 = 8080;
+    pub const WIREGUARD: u16 = 51820;
+    pub const SOCKS: u16 = 1080;
+    pub const TUNNEL_HEALTH: u16 = 8081;
+}
+
+/// How the applier treats an object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum ApplyPolicy {
+    /// Server-side apply on every reconcile.
+    Apply,
+    /// Create if absent, never update afterwards (guest OperatorHub under guest
+    /// placement: the guest owns it after creation).
+    CreateOnly,
+}
+
+/// One desired object.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Object {
+    pub api_version: String,
+    pub kind: String,
+    /// Resource plural (for a dynamic API).
+    pub plural: String,
+    pub namespace: Option<String>,
+    pub name: String,
+    pub policy: ApplyPolicy,
+    /// The full object, including apiVersion, kind and metadata.
+    pub body: Value,
+}
+
+impl Object {
+    fn new(body: Value, plural: &str, policy: ApplyPolicy) -> Self {
+        let s = |p: &str| body.pointer(p).and_then(Value::as_str).map(str::to_string);
+        Self {
+            api_version: s("/apiVersion").unwrap_or_default(),
+            kind: s("/kind").unwrap_or_default(),
+            plural: plural.to_string(),
+            namespace: s("/metadata/namespace"),
+            name: s("/metadata/name").unwrap_or_default(),
+            policy,
+            body,
+        }
+    }
+
+    /// `Kind/namespace/name` for logs and tests.
+    pub fn id(&self) -> String {
+        match &self.namespace {
+            Some(ns) => format!("{}/{}/{}", self.kind, ns, self.name),
+            None => format!("{}/{}", self.kind, self.name),
+        }
+    }
+}
+
+/// Something the runtime should surface as a condition: the render still produced
+/// everything it could.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Pending {
+    pub component: String,
+    pub reason: &'static str,
+    #[serde(skip)]
+    pub severity: Severity,
+    pub message: String,
+}
+
+/// The result of a render.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Desired {
+    /// Objects for the HCP namespace of the management cluster, in apply order.
+    pub hcp: Vec<Object>,
+    /// Objects for the guest cluster, in apply order.
+    pub guest: Vec<Object>,
+    pub pending: Vec<Pending>,
+}
+
+/// An owner for the HCP-namespace objects (our HostedOLM; the HostedCluster lives in
+/// another namespace and cannot own them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    pub api_version: String,
+    pub kind: String,
+    pub name: String,
+    pub uid: String,
+}
+
+/// PKI material the runtime issued (see [`crate::certs`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PkiInput {
+    pub ca: CertMaterial,
+    pub packageserver: CertMaterial,
+    /// [`crate::certs::sans_fingerprint`] of the SANs the serving cert was issued for.
+    pub packageserver_sans_fingerprint: String,
+}
+
+/// Everything [`desired`] needs.
+#[derive(Clone, Debug)]
+pub struct RenderInput {
+    pub valid: ValidInput,
+    /// Per enabled catalog: the chosen image, or why none was found. A catalog without
+    /// an entry or with an error is left out (and reported); the rest of OLM proceeds.
+    pub catalog_images: BTreeMap<DefaultCatalog, Result<CatalogImage, CatalogImageError>>,
+    pub pki: PkiInput,
+    pub tunnel: TunnelKeys,
+    /// ClusterIP of the HCP `hcp-olm-packageserver` Service, once allocated.
+    pub packageserver_cluster_ip: Option<String>,
+    /// Whether the guest serves the OLM CRDs; OLM pods are scaled to 0 until then.
+    pub guest_olm_crds_ready: bool,
+    /// Content hashes of Secrets we mount but do not own, by name (the guest
+    /// kubeconfig). Feeds the config-hash pod annotations.
+    pub external_secret_hashes: BTreeMap<String, String>,
+    pub owner: Option<Owner>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    #[error("cannot serialize {what}: {source}")]
+    Serialize {
+        what: &'static str,
+        source: serde_json::Error,
+    },
+    #[error("inconsistent render input: {0}")]
+    Input(String),
+}
+
+/// Render every object for both clusters.
+pub fn desired(input: &RenderInput) -> Result<Desired, RenderError> {
+    if input.tunnel.gateway_public_key.is_empty() || input.tunnel.agent_private_key.is_empty() {
+        return Err(RenderError::Input("tunnel keys are empty".into()));
+    }
+    let mut out = Desired::default();
+    let catalogs = hcp::resolved_catalogs(input, &mut out.pending);
+    hcp::render(input, &catalogs, &mut out)?;
+    guest::render(input, &catalogs, &mut out)?;
+    tracing::debug!(
+        cluster = %input.valid.cluster.key(),
+        hcp = out.hcp.len(),
+        guest = out.guest.len(),
+        pending = out.pending.len(),
+        "rendered desired objects"
+    );
+    Ok(out)
+}
+
+/// A catalog that will be rendered, with its image.
+#[derive(Clone, Debug)]
+pub(crate) struct ResolvedCatalog {
+    pub catalog: DefaultCatalog,
+    pub image: CatalogImage,
+}
+
+/// Multi-document YAML of a render: HCP objects, then guest objects, each document
+/// preceded by a comment naming its cluster. Used by `render` and the golden tests.
+pub fn to_yaml(d: &Desired) -> Result<String, serde_yaml_ng::Error> {
+    let mut s = String::new();
+    for (cluster, objs) in [("management", &d.hcp), ("guest", &d.guest)] {
+        for o in objs {
+            s.push_str("---\n");
+            s.push_str(&format!("# cluster: {cluster}; policy: {:?}\n", o.policy));
+            s.push_str(&serde_yaml_ng::to_string(&o.body)?);
+        }
+    }
+    Ok(s)
+}
+
+/// JSON of a render: `{"hcp": [...], "guest": [...], "pending": [...]}`.
+pub fn to_json(d: &Desired) -> Result<String, serde_json::Error> {
+    let bodies = |objs: &[Object]| objs.iter().map(|o| o.body.clone()).collect::<Vec<_>>();
+    serde_json::to_string_pretty(&serde_json::json!({
+        "hcp": bodies(&d.hcp),
+        "guest": bodies(&d.guest),
+        "pending": d.pending,
+    }))
+}

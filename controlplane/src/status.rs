@@ -1,0 +1,246 @@
+//! Conditions for `HostedOLM.status` computed from validation and render results.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use crate::catalogs::MinorVersion;
+use crate::render::Pending;
+use crate::validate::{ConditionReason, Severity};
+
+pub const AVAILABLE: &str = "Available";
+pub const PROGRESSING: &str = "Progressing";
+pub const DEGRADED: &str = "Degraded";
+pub const UPGRADEABLE: &str = "Upgradeable";
+
+fn cond(
+    type_: &str,
+    ok: bool,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    now: &Time,
+) -> Condition {
+    Condition {
+        type_: type_.to_string(),
+        status: if ok { "True" } else { "False" }.to_string(),
+        reason: reason.to_string(),
+        message,
+        observed_generation: generation,
+        last_transition_time: now.clone(),
+    }
+}
+
+/// Degraded/Progressing from validation problems (render did not run).
+pub fn conditions_from_validation(
+    errs: &[ConditionReason],
+    generation: Option<i64>,
+    now: &Time,
+) -> Vec<Condition> {
+    let degraded: Vec<&ConditionReason> = errs
+        .iter()
+        .filter(|e| e.code.severity() == Severity::Degraded)
+        .collect();
+    let progressing: Vec<&ConditionReason> = errs
+        .iter()
+        .filter(|e| e.code.severity() == Severity::Progressing)
+        .collect();
+    let join = |v: &[&ConditionReason]| {
+        v.iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    vec![
+        cond(
+            AVAILABLE,
+            false,
+            "InvalidInput",
+            "the hosted cluster's OLM cannot be rendered".into(),
+            generation,
+            now,
+        ),
+        match progressing.first() {
+            Some(first) => cond(
+                PROGRESSING,
+                true,
+                first.code.as_str(),
+                join(&progressing),
+                generation,
+                now,
+            ),
+            None => cond(
+                PROGRESSING,
+                false,
+                "AsExpected",
+                String::new(),
+                generation,
+                now,
+            ),
+        },
+        match degraded.first() {
+            Some(first) => cond(
+                DEGRADED,
+                true,
+                first.code.as_str(),
+                join(&degraded),
+                generation,
+                now,
+            ),
+            None => cond(
+                DEGRADED,
+                false,
+                "AsExpected",
+                String::new(),
+                generation,
+                now,
+            ),
+        },
+    ]
+}
+
+/// Progressing/Degraded from render notes (Available comes from live objects).
+pub fn conditions_from_pending(
+    pending: &[Pending],
+    generation: Option<i64>,
+    now: &Time,
+) -> Vec<Condition> {
+    let pick = |sev: Severity| {
+        let items: Vec<&Pending> = pending.iter().filter(|p| p.severity == sev).collect();
+        let msg = items
+            .iter()
+            .map(|p| format!("{}: {}", p.component, p.message))
+            .collect::<Vec<_>>()
+            .join("; ");
+        (items.first().map(|p| p.reason), msg)
+    };
+    let (p_reason, p_msg) = pick(Severity::Progressing);
+    let (d_reason, d_msg) = pick(Severity::Degraded);
+    vec![
+        cond(
+            PROGRESSING,
+            p_reason.is_some(),
+            p_reason.unwrap_or("AsExpected"),
+            p_msg,
+            generation,
+            now,
+        ),
+        cond(
+            DEGRADED,
+            d_reason.is_some(),
+            d_reason.unwrap_or("AsExpected"),
+            d_msg,
+            generation,
+            now,
+        ),
+    ]
+}
+
+/// An installed CSV and its `olm.maxOpenShiftVersion` property, if any.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InstalledOperator {
+    pub namespace: String,
+    pub csv: String,
+    pub max_openshift_version: Option<String>,
+}
+
+/// `Upgradeable`: False, naming the operators, when an installed CSV's
+/// `olm.maxOpenShiftVersion` is below the next minor of `current`, or unparsable.
+pub fn upgradeable(
+    current: &semver::Version,
+    installed: &[InstalledOperator],
+    generation: Option<i64>,
+    now: &Time,
+) -> Condition {
+    let next = MinorVersion::new(current.major, current.minor + 1);
+    let mut blocking = Vec::new();
+    let mut invalid = Vec::new();
+    for op in installed {
+        let Some(max) = op.max_openshift_version.as_deref() else {
+            continue;
+        };
+        match MinorVersion::parse(max) {
+            Some(m) if m < next => {
+                blocking.push(format!("{}/{} (max {})", op.namespace, op.csv, max))
+            }
+            Some(_) => {}
+            None => invalid.push(format!("{}/{} (invalid {:?})", op.namespace, op.csv, max)),
+        }
+    }
+    if blocking.is_empty() && invalid.is_empty() {
+        return cond(
+            UPGRADEABLE,
+            true,
+            "AsExpected",
+            String::new(),
+            generation,
+            now,
+        );
+    }
+    let mut parts = Vec::new();
+    if !blocking.is_empty() {
+        parts.push(format!(
+            "operators not compatible with {next}: {}",
+            blocking.join(", ")
+        ));
+    }
+    if !invalid.is_empty() {
+        parts.push(format!(
+            "operators with an invalid olm.maxOpenShiftVersion: {}",
+            invalid.join(", ")
+        ));
+    }
+    let reason = if blocking.is_empty() {
+        "InvalidMaxOpenShiftVersion"
+    } else {
+        "IncompatibleOperatorsInstalled"
+    };
+    cond(
+        UPGRADEABLE,
+        false,
+        reason,
+        parts.join("; "),
+        generation,
+        now,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn now() -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap())
+    }
+
+    fn op(csv: &str, max: Option<&str>) -> InstalledOperator {
+        InstalledOperator {
+            namespace: "ns".into(),
+            csv: csv.into(),
+            max_openshift_version: max.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn upgradeable_names_blocking_operators() {
+        let v = semver::Version::new(4, 18, 3);
+        let c = upgradeable(
+            &v,
+            &[
+                op("a.v1", Some("4.18")),
+                op("b.v1", Some("4.19")),
+                op("c.v1", None),
+            ],
+            Some(2),
+            &now(),
+        );
+        assert_eq!(c.status, "False");
+        assert_eq!(c.reason, "IncompatibleOperatorsInstalled");
+        assert!(c.message.contains("ns/a.v1"));
+        assert!(!c.message.contains("b.v1"));
+        assert_eq!(c.observed_generation, Some(2));
+        let ok = upgradeable(&v, &[op("b.v1", Some("4.19.0"))], None, &now());
+        assert_eq!(ok.status, "True");
+        let bad = upgradeable(&v, &[op("x", Some("soon"))], None, &now());
+        assert_eq!(bad.status, "False");
+        assert_eq!(bad.reason, "InvalidMaxOpenShiftVersion");
+    }
+}

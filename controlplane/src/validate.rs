@@ -1,0 +1,591 @@
+//! Validation: HostedCluster + HostedOLM overrides + resolved release facts →
+//! [`ValidInput`], or every problem found as a [`ConditionReason`].
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Toleration;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+use crate::catalogs::{self, DEFAULT_CANDIDATES, DefaultCatalog, MinorVersion, RegistryOverride};
+use crate::hostedcluster::{
+    HCP_PULL_SECRET, HostedCluster, REGISTRY_OVERRIDES_ANNOTATION, SERVICE_NETWORK_ADMIN_KUBECONFIG,
+};
+use crate::hostedolm::{
+    CatalogPlacement, CatalogServerKind, HostedOLMSpec, SubscriptionDefaults, TunnelServiceType,
+};
+use crate::operatorhub::OperatorHubSpec;
+
+/// Facts the runtime resolved from the release payload (image labels and references).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReleaseFacts {
+    /// `io.openshift.release` label of the release image (e.g. `4.18.3`).
+    pub version: Option<String>,
+    /// Release-payload image `operator-lifecycle-manager`.
+    pub olm_image: Option<String>,
+    /// Release-payload image `operator-registry`.
+    pub operator_registry_image: Option<String>,
+}
+
+/// Settings of the controller installation (flags of the controller Deployment).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ControllerDefaults {
+    pub catalog_server_image: String,
+    pub tunnel_gateway_image: String,
+    pub guest_agent_image: String,
+    /// Secret in the HCP namespace with the guest kubeconfig for OLM pods.
+    pub kubeconfig_secret: String,
+    /// Key of the kubeconfig in that Secret.
+    pub kubeconfig_key: String,
+    /// Pull secret in the HCP namespace used by catalog pods.
+    pub pull_secret: String,
+    /// Newest catalog minor (None: no cap).
+    pub max_catalog_version: Option<MinorVersion>,
+}
+
+impl Default for ControllerDefaults {
+    fn default() -> Self {
+        let v = env!("CARGO_PKG_VERSION");
+        Self {
+            catalog_server_image: format!("quay.io/hcp-olm/hcp-olm-catalog-server:v{v}"),
+            tunnel_gateway_image: format!("quay.io/hcp-olm/hcp-olm-tunnel-gateway:v{v}"),
+            guest_agent_image: format!("quay.io/hcp-olm/hcp-olm-guest-agent:v{v}"),
+            kubeconfig_secret: SERVICE_NETWORK_ADMIN_KUBECONFIG.to_string(),
+            kubeconfig_key: "kubeconfig".to_string(),
+            pull_secret: HCP_PULL_SECRET.to_string(),
+            max_catalog_version: None,
+        }
+    }
+}
+
+/// Whether a problem blocks (Degraded) or is expected to clear by itself (Progressing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Severity {
+    Degraded,
+    Progressing,
+}
+
+/// Machine-readable reason codes (used as condition `reason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReasonCode {
+    MissingClusterIdentity,
+    MissingReleaseVersion,
+    InvalidReleaseVersion,
+    WaitingForReleaseInfo,
+    InvalidCatalogPlacement,
+    InvalidAvailabilityPolicy,
+    InvalidPausedUntil,
+    InvalidOverride,
+    InvalidRegistryOverrides,
+    InvalidCatalogPin,
+}
+
+impl ReasonCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReasonCode::MissingClusterIdentity => "MissingClusterIdentity",
+            ReasonCode::MissingReleaseVersion => "MissingReleaseVersion",
+            ReasonCode::InvalidReleaseVersion => "InvalidReleaseVersion",
+            ReasonCode::WaitingForReleaseInfo => "WaitingForReleaseInfo",
+            ReasonCode::InvalidCatalogPlacement => "InvalidCatalogPlacement",
+            ReasonCode::InvalidAvailabilityPolicy => "InvalidAvailabilityPolicy",
+            ReasonCode::InvalidPausedUntil => "InvalidPausedUntil",
+            ReasonCode::InvalidOverride => "InvalidOverride",
+            ReasonCode::InvalidRegistryOverrides => "InvalidRegistryOverrides",
+            ReasonCode::InvalidCatalogPin => "InvalidCatalogPin",
+        }
+    }
+
+    pub fn severity(self) -> Severity {
+        match self {
+            ReasonCode::WaitingForReleaseInfo => Severity::Progressing,
+            _ => Severity::Degraded,
+        }
+    }
+}
+
+/// One validation problem, naming the offending field.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message} ({})", .code.as_str())]
+pub struct ConditionReason {
+    pub code: ReasonCode,
+    /// e.g. `HostedCluster.spec.olmCatalogPlacement` or `HostedOLM.spec.images.catalogs`.
+    pub field: String,
+    pub message: String,
+}
+
+impl ConditionReason {
+    fn new(code: ReasonCode, field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AvailabilityPolicy {
+    SingleReplica,
+    HighlyAvailable,
+}
+
+/// `spec.pausedUntil`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PausedUntil {
+    NotPaused,
+    Forever,
+    Until(OffsetDateTime),
+}
+
+impl PausedUntil {
+    pub fn is_paused(self, now: OffsetDateTime) -> bool {
+        match self {
+            PausedUntil::NotPaused => false,
+            PausedUntil::Forever => true,
+            PausedUntil::Until(t) => now < t,
+        }
+    }
+}
+
+/// Identity of the hosted cluster and where its control plane lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterRef {
+    pub namespace: String,
+    pub name: String,
+    pub hcp_namespace: String,
+}
+
+impl ClusterRef {
+    /// `<namespace>/<name>`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Resolved images.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Images {
+    pub olm: String,
+    pub operator_registry: String,
+    pub catalog_server: String,
+    pub tunnel_gateway: String,
+    pub guest_agent: String,
+}
+
+/// Everything render needs from the HostedCluster and the overrides, checked.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidInput {
+    pub cluster: ClusterRef,
+    pub release_version: semver::Version,
+    pub placement: CatalogPlacement,
+    pub availability: AvailabilityPolicy,
+    pub operator_hub: OperatorHubSpec,
+    /// Default catalogs that should exist (OperatorHub ∩ overrides), canonical order.
+    pub enabled_catalogs: Vec<DefaultCatalog>,
+    /// Catalogs pinned by the user (`@sha256:` references).
+    pub catalog_pins: BTreeMap<DefaultCatalog, String>,
+    pub catalog_server: CatalogServerKind,
+    pub registry_overrides: Vec<RegistryOverride>,
+    pub max_catalog_version: Option<MinorVersion>,
+    /// Number of catalog versions tried (release minor included).
+    pub catalog_candidates: usize,
+    pub images: Images,
+    pub node_selector: BTreeMap<String, String>,
+    pub tolerations: Vec<Toleration>,
+    pub labels: BTreeMap<String, String>,
+    pub paused_until: PausedUntil,
+    pub kubeconfig_secret: String,
+    pub kubeconfig_key: String,
+    pub pull_secret: String,
+    pub tunnel_service_type: TunnelServiceType,
+    pub subscription_defaults: SubscriptionDefaults,
+    /// Mirror sources from `spec.imageContentSources` (guest nodes use them).
+    pub image_content_sources: Vec<(String, Vec<String>)>,
+}
+
+impl ValidInput {
+    /// The catalog minor derived from the release version and the cap.
+    pub fn catalog_minor(&self) -> MinorVersion {
+        let v = MinorVersion::new(self.release_version.major, self.release_version.minor);
+        match self.max_catalog_version {
+            Some(cap) if cap < v => cap,
+            _ => v,
+        }
+    }
+}
+
+fn parse_release_version(s: &str) -> Option<semver::Version> {
+    let s = s.trim().trim_start_matches('v');
+    semver::Version::parse(s).ok().or_else(|| {
+        // Accept `X.Y` too.
+        let mv = MinorVersion::parse(s)?;
+        if s.split('.').count() == 2 {
+            Some(semver::Version::new(mv.major, mv.minor, 0))
+        } else {
+            None
+        }
+    })
+}
+
+fn valid_image_ref(s: &str) -> bool {
+    !s.is_empty() && !s.chars().any(char::is_whitespace) && !s.starts_with(['/', ':', '@'])
+}
+
+fn is_digest_ref(s: &str) -> bool {
+    match s.split_once("@sha256:") {
+        Some((repo, hex)) => {
+            valid_image_ref(repo) && hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())
+        }
+        None => false,
+    }
+}
+
+/// Validate a HostedCluster with optional HostedOLM overrides. Collects every problem.
+pub fn validate(
+    hc: &HostedCluster,
+    overrides: Option<&HostedOLMSpec>,
+    facts: &ReleaseFacts,
+    defaults: &ControllerDefaults,
+) -> Result<ValidInput, Vec<ConditionReason>> {
+    use ReasonCode::*;
+    let mut errs = Vec::new();
+    let empty = HostedOLMSpec::default();
+    let ov = overrides.unwrap_or(&empty);
+    let spec = &hc.spec;
+
+    // Identity.
+    let cluster = match (
+        hc.metadata.namespace.as_deref(),
+        hc.metadata.name.as_deref(),
+    ) {
+        (Some(ns), Some(name)) if !ns.is_empty() && !name.is_empty() => {
+            let hcp = format!("{ns}-{name}");
+            if hcp.len() > 63 {
+                errs.push(ConditionReason::new(
+                    MissingClusterIdentity,
+                    "HostedCluster.metadata.name",
+                    format!("HCP namespace {hcp:?} is longer than 63 characters"),
+                ));
+            }
+            Some(ClusterRef {
+                namespace: ns.to_string(),
+                name: name.to_string(),
+                hcp_namespace: hcp,
+            })
+        }
+        _ => {
+            errs.push(ConditionReason::new(
+                MissingClusterIdentity,
+                "HostedCluster.metadata",
+                "metadata.namespace and metadata.name are required",
+            ));
+            None
+        }
+    };
+
+    // Release version: release image label, else the version HyperShift reports.
+    let status_version = hc
+        .status
+        .as_ref()
+        .and_then(|s| s.version.as_ref())
+        .and_then(|v| v.desired.as_ref())
+        .map(|d| d.version.clone())
+        .filter(|v| !v.is_empty());
+    let raw_version = facts
+        .version
+        .clone()
+        .filter(|v| !v.is_empty())
+        .or(status_version);
+    let release_version = match raw_version {
+        None => {
+            errs.push(ConditionReason::new(
+                MissingReleaseVersion,
+                "HostedCluster.spec.release.image",
+                format!(
+                    "cannot determine the release version of {:?}: no io.openshift.release label and no status.version.desired.version",
+                    spec.release.image
+                ),
+            ));
+            None
+        }
+        Some(v) => match parse_release_version(&v) {
+            Some(sv) => Some(sv),
+            None => {
+                errs.push(ConditionReason::new(
+                    InvalidReleaseVersion,
+                    "HostedCluster.spec.release.image",
+                    format!("release version {v:?} is not a semantic version"),
+                ));
+                None
+            }
+        },
+    };
+
+    // Placement: override wins, else HostedCluster, else management.
+    let placement = match ov.catalog_placement {
+        Some(p) => p,
+        None => match spec.olm_catalog_placement.as_deref() {
+            None | Some("") | Some("management") => CatalogPlacement::Management,
+            Some("guest") => CatalogPlacement::Guest,
+            Some(other) => {
+                errs.push(ConditionReason::new(
+                    InvalidCatalogPlacement,
+                    "HostedCluster.spec.olmCatalogPlacement",
+                    format!("{other:?} is neither \"management\" nor \"guest\""),
+                ));
+                CatalogPlacement::Management
+            }
+        },
+    };
+
+    let availability = match spec.controller_availability_policy.as_deref() {
+        None | Some("") | Some("SingleReplica") => AvailabilityPolicy::SingleReplica,
+        Some("HighlyAvailable") => AvailabilityPolicy::HighlyAvailable,
+        Some(other) => {
+            errs.push(ConditionReason::new(
+                InvalidAvailabilityPolicy,
+                "HostedCluster.spec.controllerAvailabilityPolicy",
+                format!("{other:?} is neither SingleReplica nor HighlyAvailable"),
+            ));
+            AvailabilityPolicy::SingleReplica
+        }
+    };
+
+    let paused_until = match spec.paused_until.as_deref() {
+        None | Some("") => PausedUntil::NotPaused,
+        Some("true") => PausedUntil::Forever,
+        Some(s) => match OffsetDateTime::parse(s, &Rfc3339) {
+            Ok(t) => PausedUntil::Until(t),
+            Err(_) => {
+                errs.push(ConditionReason::new(
+                    InvalidPausedUntil,
+                    "HostedCluster.spec.pausedUntil",
+                    format!("{s:?} is neither \"true\" nor an RFC3339 time"),
+                ));
+                PausedUntil::NotPaused
+            }
+        },
+    };
+
+    // OperatorHub and the enabled catalogs.
+    let operator_hub = spec
+        .configuration
+        .as_ref()
+        .and_then(|c| c.operatorhub.clone())
+        .unwrap_or_default();
+    let mut enabled_catalogs = operator_hub.enabled_catalogs();
+    if let Some(only) = &ov.default_catalogs {
+        enabled_catalogs.retain(|c| only.contains(c));
+    }
+
+    // Registry overrides: annotation first, then HostedOLM (later entries of equal
+    // length lose to earlier ones only by prefix length, see apply_registry_overrides).
+    let mut registry_overrides = Vec::new();
+    if let Some(text) = hc
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(REGISTRY_OVERRIDES_ANNOTATION))
+    {
+        match catalogs::parse_registry_overrides(text) {
+            Ok(o) => registry_overrides.extend(o),
+            Err(e) => errs.push(ConditionReason::new(
+                InvalidRegistryOverrides,
+                format!("HostedCluster.metadata.annotations[{REGISTRY_OVERRIDES_ANNOTATION}]"),
+                e,
+            )),
+        }
+    }
+    for (i, o) in ov.registry_overrides.iter().enumerate() {
+        if o.source.trim().is_empty() || o.mirror.trim().is_empty() {
+            errs.push(ConditionReason::new(
+                InvalidOverride,
+                format!("HostedOLM.spec.registryOverrides[{i}]"),
+                "source and mirror must both be set",
+            ));
+        } else {
+            registry_overrides.push(o.clone());
+        }
+    }
+
+    // Catalog pins: HostedCluster annotations, then HostedOLM images.catalogs.
+    let mut catalog_pins = BTreeMap::new();
+    for c in DefaultCatalog::ALL {
+        if let Some(img) = hc
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(&c.pin_annotation()))
+        {
+            if is_digest_ref(img) {
+                catalog_pins.insert(c, img.clone());
+            } else {
+                errs.push(ConditionReason::new(
+                    InvalidCatalogPin,
+                    format!("HostedCluster.metadata.annotations[{}]", c.pin_annotation()),
+                    format!("{img:?} is not an image pinned by digest (repo@sha256:<64 hex>)"),
+                ));
+            }
+        }
+    }
+    let image_ov = ov.images.clone().unwrap_or_default();
+    for (name, img) in &image_ov.catalogs {
+        match DefaultCatalog::from_name(name) {
+            None => errs.push(ConditionReason::new(
+                InvalidOverride,
+                format!("HostedOLM.spec.images.catalogs[{name}]"),
+                "not a default catalog (redhat-operators, certified-operators, community-operators)",
+            )),
+            Some(_) if !is_digest_ref(img) => errs.push(ConditionReason::new(
+                InvalidCatalogPin,
+                format!("HostedOLM.spec.images.catalogs[{name}]"),
+                format!("{img:?} is not an image pinned by digest (repo@sha256:<64 hex>)"),
+            )),
+            Some(c) => {
+                catalog_pins.insert(c, img.clone());
+            }
+        }
+    }
+
+    let max_catalog_version = match &ov.max_catalog_version {
+        None => defaults.max_catalog_version,
+        Some(s) => match MinorVersion::parse(s) {
+            Some(v) => Some(v),
+            None => {
+                errs.push(ConditionReason::new(
+                    InvalidOverride,
+                    "HostedOLM.spec.maxCatalogVersion",
+                    format!("{s:?} is not a version like 4.22"),
+                ));
+                None
+            }
+        },
+    };
+    let catalog_candidates = match ov.catalog_fallback_minors {
+        None => DEFAULT_CANDIDATES,
+        Some(n) if n <= 10 => n as usize + 1,
+        Some(n) => {
+            errs.push(ConditionReason::new(
+                InvalidOverride,
+                "HostedOLM.spec.catalogFallbackMinors",
+                format!("{n} is more than 10"),
+            ));
+            DEFAULT_CANDIDATES
+        }
+    };
+
+    // Images.
+    let mut image =
+        |field: &str, ov: &Option<String>, fact: Option<&String>, default: Option<&str>| {
+            if let Some(v) = ov {
+                if valid_image_ref(v) {
+                    return Some(v.clone());
+                }
+                errs.push(ConditionReason::new(
+                    InvalidOverride,
+                    format!("HostedOLM.spec.images.{field}"),
+                    format!("{v:?} is not an image reference"),
+                ));
+                return None;
+            }
+            if let Some(v) = fact.filter(|v| !v.is_empty()) {
+                return Some(v.clone());
+            }
+            default.map(str::to_string)
+        };
+    let olm = image("olm", &image_ov.olm, facts.olm_image.as_ref(), None);
+    let operator_registry = image(
+        "operatorRegistry",
+        &image_ov.operator_registry,
+        facts.operator_registry_image.as_ref(),
+        None,
+    );
+    let catalog_server = image(
+        "catalogServer",
+        &image_ov.catalog_server,
+        None,
+        Some(defaults.catalog_server_image.as_str()),
+    );
+    let tunnel_gateway = image(
+        "tunnelGateway",
+        &image_ov.tunnel_gateway,
+        None,
+        Some(defaults.tunnel_gateway_image.as_str()),
+    );
+    let guest_agent = image(
+        "guestAgent",
+        &image_ov.guest_agent,
+        None,
+        Some(defaults.guest_agent_image.as_str()),
+    );
+    if olm.is_none() && image_ov.olm.is_none() {
+        errs.push(ConditionReason::new(
+            WaitingForReleaseInfo,
+            "HostedCluster.spec.release.image",
+            "the operator-lifecycle-manager image of the release payload is not known yet",
+        ));
+    }
+    // operator-registry only matters for bundle unpack Jobs; fall back to the OLM image.
+    let operator_registry = operator_registry.or_else(|| olm.clone());
+
+    if ov.catalog_server == Some(CatalogServerKind::HcpOlm) {
+        errs.push(ConditionReason::new(
+            InvalidOverride,
+            "HostedOLM.spec.catalogServer",
+            "HcpOlm is not available yet (its flags are not defined); use Opm",
+        ));
+    }
+
+    match (cluster, release_version, olm, operator_registry) {
+        (Some(cluster), Some(release_version), Some(olm), Some(operator_registry))
+            if errs.is_empty() =>
+        {
+            Ok(ValidInput {
+                cluster,
+                release_version,
+                placement,
+                availability,
+                operator_hub,
+                enabled_catalogs,
+                catalog_pins,
+                catalog_server: ov.catalog_server.unwrap_or_default(),
+                registry_overrides,
+                max_catalog_version,
+                catalog_candidates,
+                images: Images {
+                    olm,
+                    operator_registry,
+                    catalog_server: catalog_server.unwrap_or_default(),
+                    tunnel_gateway: tunnel_gateway.unwrap_or_default(),
+                    guest_agent: guest_agent.unwrap_or_default(),
+                },
+                node_selector: spec.node_selector.clone().unwrap_or_default(),
+                tolerations: spec.tolerations.clone().unwrap_or_default(),
+                labels: spec.labels.clone().unwrap_or_default(),
+                paused_until,
+                kubeconfig_secret: defaults.kubeconfig_secret.clone(),
+                kubeconfig_key: defaults.kubeconfig_key.clone(),
+                pull_secret: defaults.pull_secret.clone(),
+                tunnel_service_type: ov
+                    .tunnel
+                    .as_ref()
+                    .and_then(|t| t.service_type)
+                    .unwrap_or_default(),
+                subscription_defaults: ov.subscription_defaults.clone().unwrap_or_default(),
+                image_content_sources: spec
+                    .image_content_sources
+                    .iter()
+                    .flatten()
+                    .map(|s| (s.source.clone(), s.mirrors.clone()))
+                    .collect(),
+            })
+        }
+        _ => {
+            for e in &errs {
+                tracing::debug!(field = %e.field, reason = e.code.as_str(), "validation: {}", e.message);
+            }
+            Err(errs)
+        }
+    }
+}

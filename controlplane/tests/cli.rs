@@ -1,0 +1,96 @@
+//! The binary: exit codes and output of `render` and `crd`.
+
+mod common;
+
+use std::process::Command;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_hcp-olm-controller"))
+}
+
+#[test]
+fn render_without_version_exits_64_naming_the_field() {
+    let out = bin()
+        .args(["render", "--hosted-cluster"])
+        .arg(common::examples_dir().join("none-minimal.yaml"))
+        .args(["--olm-image", "quay.io/x/olm:1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("HostedCluster.spec.release.image"), "{err}");
+}
+
+#[test]
+fn render_missing_file_exits_64() {
+    let out = bin()
+        .args(["render", "--hosted-cluster", "/nonexistent.yaml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--hosted-cluster"));
+}
+
+#[test]
+fn render_prints_both_clusters() {
+    for fmt in ["yaml", "json"] {
+        let out = bin()
+            .args(["render", "--hosted-cluster"])
+            .arg(common::examples_dir().join("kubevirt-complex-flags.yaml"))
+            .args([
+                "--release-version",
+                "4.18.2",
+                "--olm-image",
+                "quay.io/x/olm:1",
+                "-o",
+                fmt,
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(text.contains("hcp-olm-packageserver"));
+        assert!(text.contains("CatalogSource"));
+        assert!(text.contains("clusters-test1"));
+        if fmt == "json" {
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert!(!v["hcp"].as_array().unwrap().is_empty());
+            assert!(!v["guest"].as_array().unwrap().is_empty());
+        } else {
+            assert!(text.contains("# cluster: guest"));
+        }
+    }
+}
+
+#[test]
+fn render_invalid_override_exits_64() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("ov.yaml");
+    std::fs::write(&p, "catalogServer: HcpOlm\n").unwrap();
+    let out = bin()
+        .args(["render", "--hosted-cluster"])
+        .arg(common::examples_dir().join("none-minimal.yaml"))
+        .args([
+            "--release-version",
+            "4.18.2",
+            "--olm-image",
+            "quay.io/x/olm:1",
+            "--overrides",
+        ])
+        .arg(&p)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("HostedOLM.spec.catalogServer"));
+}
+
+#[test]
+fn crd_subcommand_prints_the_crd() {
+    let out = bin().arg("crd").output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("hostedolms.olm.hcp-olm.io"));
+}

@@ -1,0 +1,427 @@
+//! Properties of rendered objects that must hold for every input.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use hcp_olm_controlplane::catalogs::{CatalogImageError, DefaultCatalog};
+use hcp_olm_controlplane::render::{
+    self, ApplyPolicy, Desired, Object, RenderInput, labels, names,
+};
+use hcp_olm_controlplane::validate::Severity;
+use serde_json::Value;
+
+fn all_inputs() -> Vec<(String, RenderInput)> {
+    let mut out = Vec::new();
+    for f in [
+        "aws-default-flags.yaml",
+        "kubevirt-complex-flags.yaml",
+        "none-minimal.yaml",
+    ] {
+        let hc = common::load_hc(f);
+        out.push((
+            format!("{f}/waiting"),
+            common::input(common::valid(&hc, None), false),
+        ));
+        out.push((
+            format!("{f}/live"),
+            common::with_live_facts(common::input(common::valid(&hc, None), true)),
+        ));
+        let mut g = hc.clone();
+        g.spec.olm_catalog_placement = Some("guest".into());
+        out.push((
+            format!("{f}/guest"),
+            common::with_live_facts(common::input(common::valid(&g, None), true)),
+        ));
+    }
+    out
+}
+
+fn find<'a>(objs: &'a [Object], kind: &str, name: &str) -> &'a Object {
+    objs.iter()
+        .find(|o| o.kind == kind && o.name == name)
+        .unwrap_or_else(|| {
+            panic!(
+                "{kind} {name} not rendered; have {:?}",
+                objs.iter().map(Object::id).collect::<Vec<_>>()
+            )
+        })
+}
+
+fn container<'a>(d: &'a Desired, deploy: &str, name: &str) -> &'a Value {
+    find(&d.hcp, "Deployment", deploy).body["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap()
+}
+
+fn args(c: &Value) -> Vec<String> {
+    c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect()
+}
+
+fn env(c: &Value, name: &str) -> Option<String> {
+    c["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == name)
+        .map(|e| e["value"].as_str().unwrap_or("<from>").to_string())
+}
+
+/// Deserialize into the k8s-openapi type and back: a misspelled or misplaced field
+/// is dropped by the typed round trip and shows up as a difference.
+fn roundtrip<T: serde::de::DeserializeOwned + serde::Serialize>(o: &Object) {
+    let typed: T =
+        serde_json::from_value(o.body.clone()).unwrap_or_else(|e| panic!("{}: {e}", o.id()));
+    let back = serde_json::to_value(&typed).unwrap();
+    pretty_assertions::assert_eq!(
+        o.body,
+        back,
+        "{} does not round-trip through its typed API",
+        o.id()
+    );
+}
+
+#[test]
+fn typed_objects_round_trip() {
+    use k8s_openapi::api::{
+        apps::v1 as apps, core::v1 as core, networking::v1 as net, policy::v1 as policy,
+    };
+    use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1 as agg;
+    let mut kinds = BTreeSet::new();
+    for (_, input) in all_inputs() {
+        let d = render::desired(&input).unwrap();
+        for o in d.hcp.iter().chain(&d.guest) {
+            kinds.insert(o.kind.clone());
+            match o.kind.as_str() {
+                "Deployment" => roundtrip::<apps::Deployment>(o),
+                "Service" => roundtrip::<core::Service>(o),
+                "Secret" => roundtrip::<core::Secret>(o),
+                "ServiceAccount" => roundtrip::<core::ServiceAccount>(o),
+                "Namespace" => roundtrip::<core::Namespace>(o),
+                "Endpoints" => roundtrip::<core::Endpoints>(o),
+                "NetworkPolicy" => roundtrip::<net::NetworkPolicy>(o),
+                "PodDisruptionBudget" => roundtrip::<policy::PodDisruptionBudget>(o),
+                "APIService" => roundtrip::<agg::APIService>(o),
+                "CatalogSource" | "OperatorHub" => {}
+                other => panic!("unexpected kind {other}"),
+            }
+        }
+    }
+    assert!(kinds.contains("APIService") && kinds.contains("PodDisruptionBudget"));
+}
+
+#[test]
+fn every_object_is_labelled_unique_and_namespaced_right() {
+    for (what, input) in all_inputs() {
+        let d = render::desired(&input).unwrap();
+        let sel = labels::prune_selector(&input.valid);
+        for (cluster, objs) in [("hcp", &d.hcp), ("guest", &d.guest)] {
+            let mut ids = BTreeSet::new();
+            for o in objs.iter() {
+                assert!(ids.insert(o.id()), "{what}: duplicate {}", o.id());
+                for (k, v) in &sel {
+                    assert_eq!(
+                        o.body["metadata"]["labels"][k],
+                        Value::String(v.clone()),
+                        "{what}: {} lacks {k}",
+                        o.id()
+                    );
+                }
+                if cluster == "hcp" {
+                    assert_eq!(
+                        o.namespace.as_deref(),
+                        Some(input.valid.cluster.hcp_namespace.as_str()),
+                        "{what}: {}",
+                        o.id()
+                    );
+                    assert!(
+                        o.name.starts_with("hcp-olm-"),
+                        "{what}: {} must not collide with HyperShift names",
+                        o.id()
+                    );
+                }
+                assert!(
+                    o.body["metadata"]["labels"]
+                        .as_object()
+                        .unwrap()
+                        .values()
+                        .all(|v| {
+                            let s = v.as_str().unwrap();
+                            s.len() <= 63 && !s.contains('/')
+                        }),
+                    "{what}: {} has an invalid label value",
+                    o.id()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn olm_binaries_get_flags_they_accept() {
+    for (what, input) in all_inputs() {
+        let d = render::desired(&input).unwrap();
+        let cat = container(&d, names::CATALOG_OPERATOR, "catalog-operator");
+        let olm = container(&d, names::OLM_OPERATOR, "olm-operator");
+        let ps = container(&d, names::PACKAGESERVER, "packageserver");
+        let (ca, oa, pa) = (args(cat), args(olm), args(ps));
+        assert!(ca.contains(&"--kubeconfig".to_string()), "{what}");
+        assert!(
+            !oa.iter().any(|a| a.starts_with("--kubeconfig")),
+            "{what}: olm-operator has no --kubeconfig flag"
+        );
+        assert!(
+            env(olm, "KUBECONFIG").is_some(),
+            "{what}: olm-operator reads KUBECONFIG"
+        );
+        for flag in [
+            "--secure-port",
+            "--global-namespace",
+            "--kubeconfig",
+            "--authentication-kubeconfig",
+            "--authorization-kubeconfig",
+        ] {
+            assert!(
+                pa.contains(&flag.to_string()),
+                "{what}: packageserver lacks {flag}"
+            );
+        }
+        let port_at = pa.iter().position(|a| a == "--secure-port").unwrap();
+        assert_eq!(pa[port_at + 1], "5443");
+        for c in [cat, olm, ps] {
+            for a in args(c) {
+                assert!(
+                    !(a.starts_with('-') && !a.starts_with("--") && a.len() > 2),
+                    "{what}: single-dash long flag {a}"
+                );
+            }
+            assert!(env(c, "CI").is_none(), "{what}: CI must be absent");
+            assert!(
+                env(c, "GRPC_PROXY")
+                    .unwrap()
+                    .starts_with("socks5://hcp-olm-tunnel-gateway:"),
+                "{what}"
+            );
+            let no_proxy = env(c, "NO_PROXY").unwrap();
+            assert!(no_proxy.split(',').any(|h| h == "kube-apiserver"), "{what}");
+            let direct = no_proxy.split(',').any(|h| h == "hcp-olm-redhat-operators");
+            let management = what.ends_with("/live") || what.ends_with("/waiting");
+            assert_eq!(
+                direct, management,
+                "{what}: NO_PROXY decides which side a catalog is on"
+            );
+        }
+    }
+}
+
+#[test]
+fn waiting_for_crds_scales_olm_to_zero_and_withholds_apiservice() {
+    let hc = common::load_hc("none-minimal.yaml");
+    let mut input = common::with_live_facts(common::input(common::valid(&hc, None), false));
+    let d = render::desired(&input).unwrap();
+    for n in [
+        names::CATALOG_OPERATOR,
+        names::OLM_OPERATOR,
+        names::PACKAGESERVER,
+    ] {
+        assert_eq!(find(&d.hcp, "Deployment", n).body["spec"]["replicas"], 0);
+    }
+    assert!(!d.guest.iter().any(|o| o.kind == "APIService"));
+    assert!(
+        d.pending
+            .iter()
+            .any(|p| p.reason == "WaitingForGuestOLMCRDs" && p.severity == Severity::Progressing)
+    );
+    input.guest_olm_crds_ready = true;
+    let d = render::desired(&input).unwrap();
+    assert_eq!(
+        find(&d.hcp, "Deployment", names::PACKAGESERVER).body["spec"]["replicas"],
+        1
+    );
+    let api = find(&d.guest, "APIService", names::APISERVICE);
+    assert_eq!(api.body["spec"]["service"]["name"], "packageserver");
+    assert!(!api.body["spec"]["caBundle"].as_str().unwrap().is_empty());
+    let ep = find(&d.guest, "Endpoints", "packageserver");
+    assert_eq!(ep.body["subsets"][0]["addresses"][0]["ip"], "172.30.12.34");
+}
+
+#[test]
+fn availability_policy_sets_replicas_and_pdb() {
+    let hc = common::load_hc("kubevirt-complex-flags.yaml");
+    let d = render::desired(&common::input(common::valid(&hc, None), true)).unwrap();
+    assert_eq!(
+        find(&d.hcp, "Deployment", names::PACKAGESERVER).body["spec"]["replicas"],
+        3
+    );
+    let pdb = &find(&d.hcp, "PodDisruptionBudget", names::PACKAGESERVER_PDB).body["spec"];
+    assert_eq!(pdb["maxUnavailable"], 1);
+    assert!(pdb.get("minAvailable").is_none());
+    let hc = common::load_hc("none-minimal.yaml");
+    let d = render::desired(&common::input(common::valid(&hc, None), true)).unwrap();
+    assert_eq!(
+        find(&d.hcp, "Deployment", names::PACKAGESERVER).body["spec"]["replicas"],
+        1
+    );
+    assert_eq!(
+        find(&d.hcp, "PodDisruptionBudget", names::PACKAGESERVER_PDB).body["spec"]["minAvailable"],
+        1
+    );
+}
+
+#[test]
+fn config_hash_follows_the_kubeconfig_secret() {
+    let hc = common::load_hc("none-minimal.yaml");
+    let mut input = common::input(common::valid(&hc, None), true);
+    let hash = |d: &Desired, n: &str| {
+        find(&d.hcp, "Deployment", n).body["spec"]["template"]["metadata"]["annotations"]
+            [labels::CONFIG_HASH_ANNOTATION]
+            .clone()
+    };
+    let before = render::desired(&input).unwrap();
+    input.external_secret_hashes.insert(
+        "service-network-admin-kubeconfig".into(),
+        "kubeconfig-v2".into(),
+    );
+    let after = render::desired(&input).unwrap();
+    for n in [
+        names::CATALOG_OPERATOR,
+        names::OLM_OPERATOR,
+        names::PACKAGESERVER,
+    ] {
+        assert_ne!(
+            hash(&before, n),
+            hash(&after, n),
+            "{n} must roll on a kubeconfig change"
+        );
+    }
+    assert_eq!(
+        hash(&before, names::TUNNEL_GATEWAY),
+        hash(&after, names::TUNNEL_GATEWAY)
+    );
+    // A new serving cert rolls only packageserver.
+    let mut input2 = input.clone();
+    input2.pki.packageserver.cert_pem.push('\n');
+    let rotated = render::desired(&input2).unwrap();
+    assert_ne!(
+        hash(&after, names::PACKAGESERVER),
+        hash(&rotated, names::PACKAGESERVER)
+    );
+    assert_eq!(
+        hash(&after, names::OLM_OPERATOR),
+        hash(&rotated, names::OLM_OPERATOR)
+    );
+}
+
+#[test]
+fn catalog_sources_follow_placement() {
+    let hc = common::load_hc("none-minimal.yaml");
+    let d = render::desired(&common::input(common::valid(&hc, None), true)).unwrap();
+    let cs = find(&d.guest, "CatalogSource", "redhat-operators");
+    assert_eq!(cs.body["spec"]["address"], "hcp-olm-redhat-operators:50051");
+    assert!(cs.body["spec"].get("image").is_none());
+    assert_eq!(
+        find(&d.hcp, "Service", "hcp-olm-redhat-operators").body["spec"]["ports"][0]["port"],
+        50051
+    );
+    // The community catalog fell back to 4.17 and runs pinned by digest.
+    let img = container(&d, "hcp-olm-community-operators", "registry")["image"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        img.ends_with(&format!("@sha256:{}", "3".repeat(64))),
+        "{img}"
+    );
+    assert!(
+        d.pending
+            .iter()
+            .any(|p| p.reason == "CatalogVersionFallback")
+    );
+    assert_eq!(
+        find(&d.guest, "OperatorHub", "cluster").policy,
+        ApplyPolicy::Apply
+    );
+
+    let mut g = hc.clone();
+    g.spec.olm_catalog_placement = Some("guest".into());
+    let d = render::desired(&common::input(common::valid(&g, None), true)).unwrap();
+    let cs = find(&d.guest, "CatalogSource", "community-operators");
+    assert_eq!(
+        cs.body["spec"]["image"],
+        "registry.redhat.io/redhat/community-operator-index:v4.17"
+    );
+    assert!(cs.body["spec"].get("address").is_none());
+    assert!(
+        !d.hcp.iter().any(|o| o.name == "hcp-olm-redhat-operators"),
+        "no management catalogs in guest placement"
+    );
+    assert_eq!(
+        find(&d.guest, "OperatorHub", "cluster").policy,
+        ApplyPolicy::CreateOnly
+    );
+}
+
+#[test]
+fn a_missing_catalog_never_blocks_the_rest() {
+    let hc = common::load_hc("none-minimal.yaml");
+    let mut input = common::input(common::valid(&hc, None), true);
+    input.catalog_images.insert(
+        DefaultCatalog::CertifiedOperators,
+        Err(CatalogImageError::NotFound {
+            tried: vec!["x:v4.18".into()],
+        }),
+    );
+    input
+        .catalog_images
+        .remove(&DefaultCatalog::RedhatOperators);
+    let d = render::desired(&input).unwrap();
+    assert!(!d.guest.iter().any(|o| o.name == "certified-operators"));
+    assert!(!d.guest.iter().any(|o| o.name == "redhat-operators"));
+    find(&d.guest, "CatalogSource", "community-operators");
+    find(&d.hcp, "Deployment", names::PACKAGESERVER);
+    let degraded: Vec<_> = d
+        .pending
+        .iter()
+        .filter(|p| p.severity == Severity::Degraded)
+        .collect();
+    assert_eq!(degraded.len(), 1);
+    assert_eq!(degraded[0].reason, "CatalogImageUnavailable");
+    assert!(
+        d.pending
+            .iter()
+            .any(|p| p.reason == "CatalogImageUnresolved")
+    );
+}
+
+#[test]
+fn tunnel_peer_config_is_typed_json() {
+    use base64::Engine;
+    let hc = common::load_hc("none-minimal.yaml");
+    let d = render::desired(&common::with_live_facts(common::input(
+        common::valid(&hc, None),
+        true,
+    )))
+    .unwrap();
+    let s = find(&d.guest, "Secret", names::GUEST_AGENT_PEER);
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(s.body["data"]["peer.json"].as_str().unwrap())
+        .unwrap();
+    let peer: render::AgentPeerConfig = serde_json::from_slice(&raw).unwrap();
+    assert_eq!(peer.gateway_endpoint.as_deref(), Some("203.0.113.10:31820"));
+    assert_eq!(
+        peer.agent_private_key_secret_ref.name,
+        names::GUEST_AGENT_PEER
+    );
+    assert!(s.body["data"][&peer.agent_private_key_secret_ref.key].is_string());
+    assert_eq!(peer.exposed_services.len(), 3);
+    let wg = find(&d.hcp, "Service", names::TUNNEL_GATEWAY_WG);
+    assert_eq!(wg.body["spec"]["type"], "NodePort");
+    assert_eq!(wg.body["spec"]["ports"][0]["protocol"], "UDP");
+}

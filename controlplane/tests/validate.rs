@@ -1,0 +1,211 @@
+//! Validation reasons and fixture parsing.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use hcp_olm_controlplane::hostedolm::{
+    CatalogPlacement, CatalogServerKind, HostedOLMSpec, ImageOverrides,
+};
+use hcp_olm_controlplane::validate::{
+    self, AvailabilityPolicy, ReasonCode, ReleaseFacts, Severity,
+};
+
+fn codes(
+    r: Result<validate::ValidInput, Vec<validate::ConditionReason>>,
+) -> Vec<(ReasonCode, String)> {
+    r.expect_err("must be invalid")
+        .into_iter()
+        .map(|c| (c.code, c.field))
+        .collect()
+}
+
+#[test]
+fn all_fixtures_parse_and_validate() {
+    let kv = common::valid(&common::load_hc("kubevirt-complex-flags.yaml"), None);
+    assert_eq!(kv.cluster.hcp_namespace, "clusters-test1");
+    assert_eq!(kv.availability, AvailabilityPolicy::HighlyAvailable);
+    assert_eq!(kv.tolerations.len(), 2);
+    let aws = common::valid(&common::load_hc("aws-default-flags.yaml"), None);
+    assert_eq!(aws.cluster.hcp_namespace, "clusters-cesar");
+    assert_eq!(aws.placement, CatalogPlacement::Management);
+    assert_eq!(aws.enabled_catalogs.len(), 3);
+    let none = common::valid(&common::load_hc("none-minimal.yaml"), None);
+    assert_eq!(none.release_version, semver::Version::new(4, 18, 3));
+}
+
+#[test]
+fn release_without_version_is_degraded_naming_the_field() {
+    let hc = common::load_hc("aws-default-flags.yaml");
+    let r = validate::validate(
+        &hc,
+        None,
+        &ReleaseFacts {
+            version: None,
+            ..common::facts()
+        },
+        &common::defaults(),
+    );
+    let errs = r.expect_err("no version");
+    assert_eq!(errs.len(), 1);
+    assert_eq!(errs[0].code, ReasonCode::MissingReleaseVersion);
+    assert_eq!(errs[0].code.severity(), Severity::Degraded);
+    assert_eq!(errs[0].field, "HostedCluster.spec.release.image");
+    assert!(errs[0].message.contains("fakeReleaseImage"));
+
+    let r = validate::validate(
+        &hc,
+        None,
+        &ReleaseFacts {
+            version: Some("four".into()),
+            ..common::facts()
+        },
+        &common::defaults(),
+    );
+    assert_eq!(codes(r)[0].0, ReasonCode::InvalidReleaseVersion);
+
+    // HyperShift's status.version.desired.version is a fallback.
+    let mut hc2 = hc.clone();
+    hc2.status = Some(
+        serde_json::from_value(serde_json::json!({"version": {"desired": {"version": "4.19.1"}}}))
+            .unwrap(),
+    );
+    let v = validate::validate(
+        &hc2,
+        None,
+        &ReleaseFacts {
+            version: None,
+            ..common::facts()
+        },
+        &common::defaults(),
+    )
+    .unwrap();
+    assert_eq!(v.release_version, semver::Version::new(4, 19, 1));
+}
+
+#[test]
+fn unknown_olm_image_is_progressing() {
+    let hc = common::load_hc("none-minimal.yaml");
+    let errs = validate::validate(
+        &hc,
+        None,
+        &ReleaseFacts {
+            olm_image: None,
+            ..common::facts()
+        },
+        &common::defaults(),
+    )
+    .unwrap_err();
+    assert_eq!(errs.len(), 1);
+    assert_eq!(errs[0].code, ReasonCode::WaitingForReleaseInfo);
+    assert_eq!(errs[0].code.severity(), Severity::Progressing);
+}
+
+#[test]
+fn bad_hosted_cluster_fields_are_each_reported() {
+    let mut hc = common::load_hc("none-minimal.yaml");
+    hc.spec.olm_catalog_placement = Some("elsewhere".into());
+    hc.spec.controller_availability_policy = Some("Sometimes".into());
+    hc.spec.paused_until = Some("tomorrow".into());
+    let mut ann = BTreeMap::new();
+    ann.insert(
+        "hypershift.openshift.io/olm-catalogs-is-registry-overrides".to_string(),
+        "broken".to_string(),
+    );
+    ann.insert(
+        "hypershift.openshift.io/redhat-operators-catalog-image".to_string(),
+        "quay.io/x:latest".to_string(),
+    );
+    hc.metadata.annotations = Some(ann);
+    let c = codes(validate::validate(
+        &hc,
+        None,
+        &common::facts(),
+        &common::defaults(),
+    ));
+    let got: Vec<ReasonCode> = c.iter().map(|(c, _)| *c).collect();
+    for want in [
+        ReasonCode::InvalidCatalogPlacement,
+        ReasonCode::InvalidAvailabilityPolicy,
+        ReasonCode::InvalidPausedUntil,
+        ReasonCode::InvalidRegistryOverrides,
+        ReasonCode::InvalidCatalogPin,
+    ] {
+        assert!(got.contains(&want), "missing {want:?} in {c:?}");
+    }
+    assert!(c.iter().any(|(_, f)| f == "HostedCluster.spec.pausedUntil"));
+}
+
+#[test]
+fn invalid_overrides_are_reported() {
+    let hc = common::load_hc("none-minimal.yaml");
+    let ov = HostedOLMSpec {
+        images: Some(ImageOverrides {
+            olm: Some("has space".into()),
+            catalogs: BTreeMap::from([
+                (
+                    "redhat-marketplace".to_string(),
+                    format!("r@sha256:{}", "a".repeat(64)),
+                ),
+                (
+                    "community-operators".to_string(),
+                    "quay.io/c:v4.18".to_string(),
+                ),
+            ]),
+            ..Default::default()
+        }),
+        max_catalog_version: Some("latest".into()),
+        catalog_fallback_minors: Some(99),
+        catalog_server: Some(CatalogServerKind::HcpOlm),
+        ..Default::default()
+    };
+    let c = codes(validate::validate(
+        &hc,
+        Some(&ov),
+        &common::facts(),
+        &common::defaults(),
+    ));
+    let fields: Vec<&str> = c.iter().map(|(_, f)| f.as_str()).collect();
+    for f in [
+        "HostedOLM.spec.images.olm",
+        "HostedOLM.spec.images.catalogs[redhat-marketplace]",
+        "HostedOLM.spec.images.catalogs[community-operators]",
+        "HostedOLM.spec.maxCatalogVersion",
+        "HostedOLM.spec.catalogFallbackMinors",
+        "HostedOLM.spec.catalogServer",
+    ] {
+        assert!(fields.contains(&f), "missing {f} in {fields:?}");
+    }
+}
+
+#[test]
+fn valid_overrides_apply() {
+    let mut hc = common::load_hc("none-minimal.yaml");
+    hc.spec.paused_until = Some("2030-01-01T00:00:00Z".into());
+    let pin = format!("mirror.example/community@sha256:{}", "c".repeat(64));
+    let ov = HostedOLMSpec {
+        catalog_placement: Some(CatalogPlacement::Guest),
+        default_catalogs: Some(vec![
+            hcp_olm_controlplane::catalogs::DefaultCatalog::CommunityOperators,
+        ]),
+        images: Some(ImageOverrides {
+            catalogs: BTreeMap::from([("community-operators".to_string(), pin.clone())]),
+            ..Default::default()
+        }),
+        max_catalog_version: Some("4.16".into()),
+        ..Default::default()
+    };
+    let v = validate::validate(&hc, Some(&ov), &common::facts(), &common::defaults()).unwrap();
+    assert_eq!(v.placement, CatalogPlacement::Guest);
+    assert_eq!(
+        v.enabled_catalogs,
+        vec![hcp_olm_controlplane::catalogs::DefaultCatalog::CommunityOperators]
+    );
+    assert_eq!(v.catalog_pins.values().next(), Some(&pin));
+    assert_eq!(v.catalog_minor().to_string(), "4.16");
+    let t = |s: &str| {
+        time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).unwrap()
+    };
+    assert!(v.paused_until.is_paused(t("2029-12-31T23:59:59Z")));
+    assert!(!v.paused_until.is_paused(t("2030-01-01T00:00:01Z")));
+}
