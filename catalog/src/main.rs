@@ -1,0 +1,175 @@
+//! hcp-olm-catalog-server: serves a file-based catalog directory over the
+//! operator-registry gRPC API. Wiring only; the work is in the library.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use clap::Parser;
+
+/// Exit code for flag/config errors (EX_USAGE).
+const EXIT_USAGE: u8 = 64;
+/// Exit code for an invalid catalog (EX_DATAERR).
+const EXIT_BAD_CATALOG: u8 = 65;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "hcp-olm-catalog-server",
+    version,
+    about = "Serve a file-based OLM catalog over the registry gRPC API"
+)]
+struct Args {
+    /// Catalog directory (file-based catalog: JSON and YAML files, searched recursively).
+    #[arg(long = "catalog", env = "HCP_OLM_CATALOG_DIR", value_name = "DIR")]
+    catalog: PathBuf,
+    /// Address to listen on.
+    #[arg(
+        long = "listen",
+        env = "HCP_OLM_CATALOG_LISTEN",
+        default_value = "0.0.0.0:50051"
+    )]
+    listen: SocketAddr,
+    /// Log format.
+    #[arg(long = "log-format", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// How long to let in-flight calls finish after SIGTERM/SIGINT.
+    #[arg(long = "shutdown-timeout", default_value = "10s", value_parser = parse_duration)]
+    shutdown_timeout: Duration,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or((s, "s"), |i| s.split_at(i));
+    let n: u64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        _ => Err(format!("invalid duration unit in {s:?} (use ms, s or m)")),
+    }
+}
+
+fn main() -> ExitCode {
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e)
+            if e.kind() == clap::error::ErrorKind::DisplayHelp
+                || e.kind() == clap::error::ErrorKind::DisplayVersion =>
+        {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    init_logs(args.log_format);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(RunError::BadCatalog(e)) => {
+            tracing::error!(error = %e, "refusing to serve");
+            eprintln!("{e}");
+            ExitCode::from(EXIT_BAD_CATALOG)
+        }
+        Err(RunError::Other(e)) => {
+            tracing::error!(error = format!("{e:#}"), "catalog server failed");
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+enum RunError {
+    BadCatalog(hcp_olm_catalog::LoadError),
+    Other(anyhow::Error),
+}
+
+impl From<anyhow::Error> for RunError {
+    fn from(e: anyhow::Error) -> Self {
+        RunError::Other(e)
+    }
+}
+
+async fn run(args: Args) -> Result<(), RunError> {
+    let started = Instant::now();
+    // Bind first: a taken port fails before any loading work.
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding --listen {}", args.listen))?;
+    let dir = args.catalog.clone();
+    let catalog = tokio::task::spawn_blocking(move || hcp_olm_catalog::Catalog::load_dir(&dir))
+        .await
+        .context("catalog loader panicked")?
+        .map_err(RunError::BadCatalog)?;
+    tracing::info!(
+        catalog = %args.catalog.display(),
+        packages = catalog.packages.len(),
+        bundles = catalog.bundle_count(),
+        load_ms = started.elapsed().as_millis() as u64,
+        listen = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+        "catalog loaded; serving"
+    );
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let timeout = args.shutdown_timeout;
+    let server = tokio::spawn(hcp_olm_catalog::serve(listener, Arc::new(catalog), async {
+        let _ = rx.await;
+    }));
+    shutdown_signal().await;
+    tracing::info!(timeout_s = timeout.as_secs_f64(), "shutting down");
+    let _ = tx.send(());
+    match tokio::time::timeout(timeout, server).await {
+        Ok(Ok(Ok(()))) => Ok(()),
+        Ok(Ok(Err(e))) => Err(anyhow::Error::new(e).context("serving").into()),
+        Ok(Err(e)) => Err(anyhow::Error::new(e).context("server task").into()),
+        Err(_) => {
+            tracing::warn!("shutdown timeout reached; exiting with calls in flight");
+            Ok(())
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}

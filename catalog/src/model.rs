@@ -1,0 +1,929 @@
+//! The validated in-memory catalog, laid out for the Registry queries.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+
+use base64::Engine as _;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::csv::{self, CsvMetadata, Icon, RelatedImage, StubInputs};
+use crate::error::{LoadError, Location, Rule};
+use crate::gojson;
+use crate::load::{self, Document};
+
+/// A group/version/kind.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Gvk {
+    /// API group.
+    pub group: String,
+    /// API version.
+    pub version: String,
+    /// Kind.
+    pub kind: String,
+}
+
+/// Bundle content shared by every channel that lists the bundle.
+#[derive(Debug)]
+pub struct BundleData {
+    /// CSV name.
+    pub name: String,
+    /// Package name.
+    pub package: String,
+    /// Bundle image (`bundlePath`), may be empty.
+    pub image: String,
+    /// Version string from the `olm.package` property.
+    pub version: String,
+    /// `olm.gvk` properties.
+    pub provided: Vec<Gvk>,
+    /// `olm.gvk.required` properties.
+    pub required: Vec<Gvk>,
+    /// (type, value) dependencies.
+    pub dependencies: Vec<(String, String)>,
+    /// (type, value) properties, without `olm.bundle.object` and `olm.csv.metadata`.
+    pub properties: Vec<(String, String)>,
+    /// CSV JSON (from a CSV object or the metadata stub), may be empty.
+    pub csv_json: String,
+    /// Manifests as JSON.
+    pub objects: Vec<String>,
+    /// Deprecation message.
+    pub deprecation: Option<String>,
+}
+
+/// One bundle's place in one channel.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// Bundle name.
+    pub name: String,
+    /// Replaced bundle ("" for none).
+    pub replaces: String,
+    /// Skipped bundles.
+    pub skips: Vec<String>,
+    /// Skip range ("" for none).
+    pub skip_range: String,
+}
+
+/// A channel with its computed head.
+#[derive(Debug)]
+pub struct Channel {
+    /// Name.
+    pub name: String,
+    /// The head bundle.
+    pub head: String,
+    /// Deprecation message.
+    pub deprecation: Option<String>,
+    /// Entries by bundle name.
+    pub entries: BTreeMap<String, Entry>,
+}
+
+/// A package.
+#[derive(Debug)]
+pub struct Package {
+    /// Name.
+    pub name: String,
+    /// Default channel.
+    pub default_channel: String,
+    /// Deprecation message.
+    pub deprecation: Option<String>,
+    /// Channels by name.
+    pub channels: BTreeMap<String, Channel>,
+    /// Bundles by name.
+    pub bundles: BTreeMap<String, Arc<BundleData>>,
+}
+
+/// Reference to a bundle in a channel: (package, channel, bundle).
+pub type BundleRef = (String, String, String);
+
+/// A loaded, validated catalog.
+#[derive(Debug, Default)]
+pub struct Catalog {
+    /// Packages by name.
+    pub packages: BTreeMap<String, Package>,
+    /// Bundle references by provided GVK.
+    pub providers: HashMap<Gvk, Vec<BundleRef>>,
+}
+
+impl Catalog {
+    /// Loads and validates the catalog directory.
+    pub fn load_dir(root: &Path) -> Result<Catalog, LoadError> {
+        if !root.is_dir() {
+            return Err(LoadError::new(
+                &Location {
+                    file: root.to_path_buf(),
+                    doc: 0,
+                },
+                Rule::Read,
+                "not a directory",
+            ));
+        }
+        let docs = load::read_dir(root)?;
+        build(docs)
+    }
+
+    /// Number of distinct bundles over all packages.
+    pub fn bundle_count(&self) -> usize {
+        self.packages.values().map(|p| p.bundles.len()).sum()
+    }
+}
+
+#[derive(Deserialize)]
+struct PackageDoc {
+    #[serde(default)]
+    name: String,
+    #[serde(default, rename = "defaultChannel")]
+    default_channel: String,
+    #[serde(default)]
+    icon: Option<IconDoc>,
+    #[serde(default)]
+    description: String,
+}
+
+#[derive(Deserialize)]
+struct IconDoc {
+    #[serde(default)]
+    base64data: String,
+    #[serde(default)]
+    mediatype: String,
+}
+
+#[derive(Deserialize)]
+struct ChannelDoc {
+    #[serde(default)]
+    package: String,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    entries: Vec<EntryDoc>,
+}
+
+#[derive(Deserialize)]
+struct EntryDoc {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    replaces: String,
+    #[serde(default)]
+    skips: Vec<String>,
+    #[serde(default, rename = "skipRange")]
+    skip_range: String,
+}
+
+#[derive(Deserialize)]
+struct BundleDoc {
+    #[serde(default)]
+    package: String,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    image: String,
+    #[serde(default)]
+    properties: Vec<PropertyDoc>,
+    #[serde(default, rename = "relatedImages")]
+    related_images: Vec<RelatedImageDoc>,
+}
+
+#[derive(Deserialize)]
+struct PropertyDoc {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    value: Value,
+}
+
+#[derive(Deserialize)]
+struct RelatedImageDoc {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    image: String,
+}
+
+#[derive(Deserialize)]
+struct DeprecationsDoc {
+    #[serde(default)]
+    package: String,
+    #[serde(default)]
+    entries: Vec<DeprecationEntryDoc>,
+}
+
+#[derive(Deserialize)]
+struct DeprecationEntryDoc {
+    reference: ReferenceDoc,
+    #[serde(default)]
+    message: String,
+}
+
+#[derive(Deserialize, PartialEq, Eq, PartialOrd, Ord, Clone)]
+struct ReferenceDoc {
+    #[serde(default)]
+    schema: String,
+    #[serde(default)]
+    name: String,
+}
+
+#[derive(Deserialize)]
+struct PackageProp {
+    #[serde(default, rename = "packageName")]
+    package_name: String,
+    #[serde(default)]
+    version: String,
+}
+
+#[derive(Deserialize)]
+struct GvkProp {
+    #[serde(default)]
+    group: String,
+    #[serde(default)]
+    version: String,
+    #[serde(default)]
+    kind: String,
+}
+
+#[derive(Deserialize)]
+struct BundleObjectProp {
+    #[serde(default)]
+    data: String,
+}
+
+fn typed<T: for<'de> Deserialize<'de>>(doc: &Document, what: &str) -> Result<T, LoadError> {
+    T::deserialize(&doc.value).map_err(|e| {
+        LoadError::new(
+            &doc.location,
+            Rule::Shape,
+            format!("not a valid {what} document: {e}"),
+        )
+    })
+}
+
+struct PkgBuild {
+    loc: Location,
+    doc: PackageDoc,
+    icon: Option<Icon>,
+    channels: BTreeMap<String, (Location, ChannelDoc)>,
+    bundles: BTreeMap<String, (Location, BundleDoc)>,
+    deprecations: Option<(Location, DeprecationsDoc)>,
+}
+
+fn build(docs: Vec<Document>) -> Result<Catalog, LoadError> {
+    let mut pkgs: BTreeMap<String, PkgBuild> = BTreeMap::new();
+    let mut channels = Vec::new();
+    let mut bundles = Vec::new();
+    let mut deprecations = Vec::new();
+    for doc in &docs {
+        let schema = match doc.value.get("schema") {
+            Some(Value::String(s)) if !s.is_empty() => s.as_str(),
+            _ => {
+                return Err(LoadError::new(
+                    &doc.location,
+                    Rule::MissingSchema,
+                    "document has no \"schema\" string",
+                ));
+            }
+        };
+        match schema {
+            "olm.package" => {
+                let p: PackageDoc = typed(doc, "olm.package")?;
+                if p.name.is_empty() {
+                    return Err(LoadError::new(
+                        &doc.location,
+                        Rule::RequiredField,
+                        "olm.package has no name",
+                    ));
+                }
+                if let Some(prev) = pkgs.get(&p.name) {
+                    return Err(LoadError::new(
+                        &doc.location,
+                        Rule::DuplicatePackage,
+                        format!("package {:?} is already defined at {}", p.name, prev.loc),
+                    ));
+                }
+                let icon = match &p.icon {
+                    None => None,
+                    Some(i) => {
+                        let data = decode_b64(&i.base64data).map_err(|e| {
+                            LoadError::new(
+                                &doc.location,
+                                Rule::Icon,
+                                format!("package {:?} icon: bad base64: {e}", p.name),
+                            )
+                        })?;
+                        Some(Icon {
+                            base64data: base64::engine::general_purpose::STANDARD.encode(data),
+                            mediatype: i.mediatype.clone(),
+                        })
+                    }
+                };
+                pkgs.insert(
+                    p.name.clone(),
+                    PkgBuild {
+                        loc: doc.location.clone(),
+                        doc: p,
+                        icon,
+                        channels: BTreeMap::new(),
+                        bundles: BTreeMap::new(),
+                        deprecations: None,
+                    },
+                );
+            }
+            "olm.channel" => channels.push((doc, typed::<ChannelDoc>(doc, "olm.channel")?)),
+            "olm.bundle" => bundles.push((doc, typed::<BundleDoc>(doc, "olm.bundle")?)),
+            "olm.deprecations" => {
+                deprecations.push((doc, typed::<DeprecationsDoc>(doc, "olm.deprecations")?))
+            }
+            // Other schemas are kept by opm for the experimental API only.
+            _ => {}
+        }
+    }
+    for (doc, c) in channels {
+        if c.name.is_empty() {
+            return Err(LoadError::new(
+                &doc.location,
+                Rule::RequiredField,
+                "olm.channel has no name",
+            ));
+        }
+        let Some(p) = pkgs.get_mut(&c.package) else {
+            return Err(LoadError::new(
+                &doc.location,
+                Rule::UnknownPackage,
+                format!(
+                    "channel {:?} names package {:?}, which has no olm.package document",
+                    c.name, c.package
+                ),
+            ));
+        };
+        if let Some((prev, _)) = p.channels.get(&c.name) {
+            return Err(LoadError::new(
+                &doc.location,
+                Rule::DuplicateChannel,
+                format!(
+                    "package {:?} channel {:?} is already defined at {prev}",
+                    c.package, c.name
+                ),
+            ));
+        }
+        p.channels.insert(c.name.clone(), (doc.location.clone(), c));
+    }
+    for (doc, b) in bundles {
+        if b.name.is_empty() {
+            return Err(LoadError::new(
+                &doc.location,
+                Rule::RequiredField,
+                "olm.bundle has no name",
+            ));
+        }
+        let Some(p) = pkgs.get_mut(&b.package) else {
+            return Err(LoadError::new(
+                &doc.location,
+                Rule::UnknownPackage,
+                format!(
+                    "bundle {:?} names package {:?}, which has no olm.package document",
+                    b.name, b.package
+                ),
+            ));
+        };
+        if let Some((prev, _)) = p.bundles.get(&b.name) {
+            return Err(LoadError::new(
+                &doc.location,
+                Rule::DuplicateBundle,
+                format!(
+                    "package {:?} bundle {:?} is already defined at {prev}",
+                    b.package, b.name
+                ),
+            ));
+        }
+        p.bundles.insert(b.name.clone(), (doc.location.clone(), b));
+    }
+    for (doc, d) in deprecations {
+        let Some(p) = pkgs.get_mut(&d.package) else {
+            return Err(LoadError::new(
+                &doc.location,
+                Rule::UnknownPackage,
+                format!(
+                    "deprecations name package {:?}, which has no olm.package document",
+                    d.package
+                ),
+            ));
+        };
+        if let Some((prev, _)) = &p.deprecations {
+            return Err(LoadError::new(
+                &doc.location,
+                Rule::Deprecation,
+                format!(
+                    "package {:?} already has an olm.deprecations document at {prev}",
+                    d.package
+                ),
+            ));
+        }
+        p.deprecations = Some((doc.location.clone(), d));
+    }
+    if pkgs.is_empty() {
+        return Err(LoadError::new(
+            &Location {
+                file: ".".into(),
+                doc: 0,
+            },
+            Rule::Empty,
+            "the catalog has no olm.package documents",
+        ));
+    }
+    let mut catalog = Catalog::default();
+    for (name, p) in pkgs {
+        let pkg = build_package(p)?;
+        catalog.packages.insert(name, pkg);
+    }
+    for p in catalog.packages.values() {
+        for ch in p.channels.values() {
+            for e in ch.entries.values() {
+                for gvk in &p.bundles[&e.name].provided {
+                    catalog.providers.entry(gvk.clone()).or_default().push((
+                        p.name.clone(),
+                        ch.name.clone(),
+                        e.name.clone(),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(catalog)
+}
+
+fn build_package(p: PkgBuild) -> Result<Package, LoadError> {
+    let pname = p.doc.name.clone();
+    if p.channels.is_empty() {
+        return Err(LoadError::new(
+            &p.loc,
+            Rule::DefaultChannel,
+            format!("package {pname:?} has no olm.channel documents"),
+        ));
+    }
+    if !p.channels.contains_key(&p.doc.default_channel) {
+        return Err(LoadError::new(
+            &p.loc,
+            Rule::DefaultChannel,
+            format!(
+                "package {pname:?} default channel {:?} is not one of its channels",
+                p.doc.default_channel
+            ),
+        ));
+    }
+    // Channels and their graphs.
+    let mut channels = BTreeMap::new();
+    let mut in_channel: BTreeSet<&str> = BTreeSet::new();
+    for (cname, (loc, c)) in &p.channels {
+        if c.entries.is_empty() {
+            return Err(LoadError::new(
+                loc,
+                Rule::EmptyChannel,
+                format!("package {pname:?} channel {cname:?} has no entries"),
+            ));
+        }
+        let mut entries = BTreeMap::new();
+        for e in &c.entries {
+            if e.name.is_empty() {
+                return Err(LoadError::new(
+                    loc,
+                    Rule::RequiredField,
+                    format!("package {pname:?} channel {cname:?} has an entry with no name"),
+                ));
+            }
+            if !p.bundles.contains_key(&e.name) {
+                return Err(LoadError::new(
+                    loc,
+                    Rule::MissingBundle,
+                    format!(
+                        "package {pname:?} channel {cname:?} entry {:?} names a bundle that does not exist",
+                        e.name
+                    ),
+                ));
+            }
+            if !e.skip_range.is_empty() {
+                check_range(&e.skip_range).map_err(|m| {
+                    LoadError::new(
+                        loc,
+                        Rule::SkipRange,
+                        format!(
+                            "package {pname:?} channel {cname:?} entry {:?} skipRange {:?}: {m}",
+                            e.name, e.skip_range
+                        ),
+                    )
+                })?;
+            }
+            let entry = Entry {
+                name: e.name.clone(),
+                replaces: e.replaces.clone(),
+                skips: e.skips.clone(),
+                skip_range: e.skip_range.clone(),
+            };
+            if entries.insert(e.name.clone(), entry).is_some() {
+                return Err(LoadError::new(
+                    loc,
+                    Rule::DuplicateEntry,
+                    format!(
+                        "package {pname:?} channel {cname:?} lists bundle {:?} twice",
+                        e.name
+                    ),
+                ));
+            }
+            in_channel.insert(e.name.as_str());
+        }
+        let head = channel_head(&entries).map_err(|m| {
+            LoadError::new(
+                loc,
+                Rule::ChannelGraph,
+                format!("package {pname:?} channel {cname:?}: {m}"),
+            )
+        })?;
+        channels.insert(
+            cname.clone(),
+            Channel {
+                name: cname.clone(),
+                head,
+                deprecation: None,
+                entries,
+            },
+        );
+    }
+    // Bundles.
+    let mut bundles = BTreeMap::new();
+    for (bname, (loc, b)) in &p.bundles {
+        if !in_channel.contains(bname.as_str()) {
+            return Err(LoadError::new(
+                loc,
+                Rule::BundleNotInChannel,
+                format!("package {pname:?} bundle {bname:?} is not an entry of any channel"),
+            ));
+        }
+        let data = build_bundle(loc, &pname, b, p.icon.clone(), &p.doc.description)?;
+        bundles.insert(bname.clone(), data);
+    }
+    let mut pkg = Package {
+        name: pname.clone(),
+        default_channel: p.doc.default_channel.clone(),
+        deprecation: None,
+        channels,
+        bundles: BTreeMap::new(),
+    };
+    // Deprecations.
+    if let Some((loc, d)) = &p.deprecations {
+        let mut seen = BTreeSet::new();
+        for e in &d.entries {
+            if !seen.insert(e.reference.clone()) {
+                return Err(LoadError::new(
+                    loc,
+                    Rule::Deprecation,
+                    format!(
+                        "package {pname:?}: duplicate deprecation of {} {:?}",
+                        e.reference.schema, e.reference.name
+                    ),
+                ));
+            }
+            match e.reference.schema.as_str() {
+                "olm.package" => {
+                    if !e.reference.name.is_empty() {
+                        return Err(LoadError::new(
+                            loc,
+                            Rule::Deprecation,
+                            format!(
+                                "package {pname:?}: an olm.package reference must have no name (got {:?})",
+                                e.reference.name
+                            ),
+                        ));
+                    }
+                    pkg.deprecation = Some(e.message.clone());
+                }
+                "olm.channel" => match pkg.channels.get_mut(&e.reference.name) {
+                    Some(c) => c.deprecation = Some(e.message.clone()),
+                    None => {
+                        return Err(LoadError::new(
+                            loc,
+                            Rule::Deprecation,
+                            format!(
+                                "package {pname:?}: cannot deprecate channel {:?}: no such channel",
+                                e.reference.name
+                            ),
+                        ));
+                    }
+                },
+                "olm.bundle" => match bundles.get_mut(&e.reference.name) {
+                    Some(b) => b.deprecation = Some(e.message.clone()),
+                    None => {
+                        return Err(LoadError::new(
+                            loc,
+                            Rule::Deprecation,
+                            format!(
+                                "package {pname:?}: cannot deprecate bundle {:?}: no such bundle",
+                                e.reference.name
+                            ),
+                        ));
+                    }
+                },
+                other => {
+                    return Err(LoadError::new(
+                        loc,
+                        Rule::Deprecation,
+                        format!(
+                            "package {pname:?}: cannot deprecate an object of schema {other:?}"
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    pkg.bundles = bundles.into_iter().map(|(k, v)| (k, Arc::new(v))).collect();
+    Ok(pkg)
+}
+
+/// The single bundle of a channel that no other entry replaces or skips.
+fn channel_head(entries: &BTreeMap<String, Entry>) -> Result<String, String> {
+    let mut incoming: BTreeSet<&str> = BTreeSet::new();
+    for e in entries.values() {
+        if entries.contains_key(&e.replaces) {
+            incoming.insert(&e.replaces);
+        }
+        for s in &e.skips {
+            if entries.contains_key(s) {
+                incoming.insert(s);
+            }
+        }
+    }
+    let heads: Vec<&String> = entries
+        .keys()
+        .filter(|k| !incoming.contains(k.as_str()))
+        .collect();
+    let head = match heads.as_slice() {
+        [] => return Err("no channel head: every entry is replaced or skipped by another".into()),
+        [h] => (*h).clone(),
+        many => {
+            return Err(format!(
+                "multiple channel heads {:?}: exactly one entry may be left un-replaced",
+                many
+            ));
+        }
+    };
+    let mut seen = BTreeSet::new();
+    let mut cur = Some(&head);
+    while let Some(name) = cur {
+        if !seen.insert(name.clone()) {
+            return Err(format!("cycle in the replaces chain at {name:?}"));
+        }
+        cur = entries
+            .get(name)
+            .map(|e| &e.replaces)
+            .filter(|r| entries.contains_key(*r));
+    }
+    Ok(head)
+}
+
+fn decode_b64(s: &str) -> Result<Vec<u8>, base64::DecodeError> {
+    let cleaned: String = s.chars().filter(|c| *c != '\n' && *c != '\r').collect();
+    base64::engine::general_purpose::STANDARD.decode(cleaned)
+}
+
+fn build_bundle(
+    loc: &Location,
+    pname: &str,
+    b: &BundleDoc,
+    icon: Option<Icon>,
+    package_description: &str,
+) -> Result<BundleData, LoadError> {
+    let bname = &b.name;
+    let perr = |i: usize, t: &str, m: String| {
+        LoadError::new(
+            loc,
+            Rule::Property,
+            format!("package {pname:?} bundle {bname:?} property {i} ({t}): {m}"),
+        )
+    };
+    let mut versions = Vec::new();
+    let mut provided = Vec::new();
+    let mut required = Vec::new();
+    let mut dependencies = Vec::new();
+    let mut properties = Vec::new();
+    let mut objects = Vec::new();
+    let mut metas = Vec::new();
+    for (i, prop) in b.properties.iter().enumerate() {
+        let text = gojson::encode(&prop.value, false);
+        match prop.kind.as_str() {
+            "olm.package" => {
+                let v = PackageProp::deserialize(&prop.value)
+                    .map_err(|e| perr(i, &prop.kind, e.to_string()))?;
+                versions.push(v);
+            }
+            "olm.gvk" | "olm.gvk.required" => {
+                let g = GvkProp::deserialize(&prop.value)
+                    .map_err(|e| perr(i, &prop.kind, e.to_string()))?;
+                let gvk = Gvk {
+                    group: g.group,
+                    version: g.version,
+                    kind: g.kind,
+                };
+                if prop.kind == "olm.gvk" {
+                    provided.push(gvk);
+                } else {
+                    required.push(gvk);
+                    dependencies.push(("olm.gvk".to_string(), text.clone()));
+                }
+            }
+            "olm.package.required" => {
+                if !prop.value.is_object() {
+                    return Err(perr(i, &prop.kind, "value is not an object".into()));
+                }
+                dependencies.push(("olm.package".to_string(), text.clone()));
+            }
+            "olm.bundle.object" => {
+                let o = BundleObjectProp::deserialize(&prop.value)
+                    .map_err(|e| perr(i, &prop.kind, e.to_string()))?;
+                let raw = decode_b64(&o.data).map_err(|e| {
+                    LoadError::new(
+                        loc,
+                        Rule::BundleObject,
+                        format!("package {pname:?} bundle {bname:?} property {i} (olm.bundle.object): data is not valid base64: {e}"),
+                    )
+                })?;
+                let json = manifest_to_json(&raw).map_err(|e| {
+                    LoadError::new(
+                        loc,
+                        Rule::BundleObject,
+                        format!("package {pname:?} bundle {bname:?} property {i} (olm.bundle.object): data is not a JSON or YAML manifest: {e}"),
+                    )
+                })?;
+                objects.push(json);
+                continue;
+            }
+            "olm.csv.metadata" => {
+                let m = CsvMetadata::deserialize(&prop.value)
+                    .map_err(|e| perr(i, &prop.kind, e.to_string()))?;
+                metas.push(m);
+                continue;
+            }
+            _ => {}
+        }
+        properties.push((prop.kind.clone(), text));
+    }
+    let pkg_prop = match versions.as_slice() {
+        [one] => one,
+        [] => {
+            return Err(LoadError::new(
+                loc,
+                Rule::PackageProperty,
+                format!("package {pname:?} bundle {bname:?} has no olm.package property"),
+            ));
+        }
+        _ => {
+            return Err(LoadError::new(
+                loc,
+                Rule::PackageProperty,
+                format!(
+                    "package {pname:?} bundle {bname:?} has {} olm.package properties; exactly one is required",
+                    versions.len()
+                ),
+            ));
+        }
+    };
+    if pkg_prop.package_name != pname {
+        return Err(LoadError::new(
+            loc,
+            Rule::PackageProperty,
+            format!(
+                "package {pname:?} bundle {bname:?} has an olm.package property naming package {:?}",
+                pkg_prop.package_name
+            ),
+        ));
+    }
+    let semver = semver::Version::parse(&pkg_prop.version).map_err(|e| {
+        LoadError::new(
+            loc,
+            Rule::Version,
+            format!(
+                "package {pname:?} bundle {bname:?} version {:?} is not semver: {e}",
+                pkg_prop.version
+            ),
+        )
+    })?;
+    if b.image.is_empty() && objects.is_empty() {
+        return Err(LoadError::new(
+            loc,
+            Rule::BundleImage,
+            format!(
+                "package {pname:?} bundle {bname:?} has no image and no olm.bundle.object property"
+            ),
+        ));
+    }
+    let mut csv_json = objects
+        .iter()
+        .find(|o| is_csv(o))
+        .cloned()
+        .unwrap_or_default();
+    if csv_json.is_empty() && metas.len() == 1 {
+        let related: Vec<RelatedImage> = b
+            .related_images
+            .iter()
+            .map(|r| RelatedImage {
+                name: r.name.clone(),
+                image: r.image.clone(),
+            })
+            .collect();
+        csv_json = csv::stub_csv_json(
+            &metas[0],
+            StubInputs {
+                name: bname,
+                version: &semver.to_string(),
+                icon,
+                related_images: &related,
+                package_description,
+            },
+        );
+        if objects.is_empty() {
+            objects.push(csv_json.clone());
+        }
+    }
+    Ok(BundleData {
+        name: bname.clone(),
+        package: pname.to_string(),
+        image: b.image.clone(),
+        version: pkg_prop.version.clone(),
+        provided,
+        required,
+        dependencies,
+        properties,
+        csv_json,
+        objects,
+        deprecation: None,
+    })
+}
+
+fn is_csv(json: &str) -> bool {
+    #[derive(Deserialize)]
+    struct Kind {
+        #[serde(default)]
+        kind: String,
+    }
+    serde_json::from_str::<Kind>(json).is_ok_and(|k| k.kind == "ClusterServiceVersion")
+}
+
+/// Converts a manifest (JSON or YAML) to JSON text as sigs.k8s.io/yaml does.
+fn manifest_to_json(raw: &[u8]) -> Result<String, String> {
+    let text = std::str::from_utf8(raw).map_err(|e| e.to_string())?;
+    let v: Value = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
+    if !v.is_object() {
+        return Err("manifest is not an object".into());
+    }
+    Ok(gojson::encode(&v, true))
+}
+
+/// Checks a skipRange the way blang/semver `ParseRange` accepts it.
+fn check_range(s: &str) -> Result<(), String> {
+    for alt in s.split("||") {
+        let mut tokens: Vec<String> = Vec::new();
+        let mut pending = String::new();
+        for t in alt.split_whitespace() {
+            if t.chars().all(|c| "<>=!".contains(c)) {
+                pending.push_str(t);
+                continue;
+            }
+            tokens.push(format!("{pending}{t}"));
+            pending.clear();
+        }
+        if !pending.is_empty() || tokens.is_empty() {
+            return Err("empty or dangling comparison".into());
+        }
+        for t in tokens {
+            let v = t.trim_start_matches(['<', '>', '=', '!']);
+            let op = &t[..t.len() - v.len()];
+            if !matches!(op, "" | "<" | "<=" | ">" | ">=" | "=" | "==" | "!" | "!=") {
+                return Err(format!("unknown operator {op:?}"));
+            }
+            let wild = v.split('.').any(|p| matches!(p, "x" | "X" | "*"));
+            if wild {
+                let parts: Vec<&str> = v.split('.').collect();
+                if parts.len() > 3
+                    || parts
+                        .iter()
+                        .any(|p| !matches!(*p, "x" | "X" | "*") && p.parse::<u64>().is_err())
+                {
+                    return Err(format!("bad version {v:?}"));
+                }
+            } else {
+                semver::Version::parse(v).map_err(|e| format!("bad version {v:?}: {e}"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges() {
+        assert!(check_range(">=4.2.0 <4.17.1-rhodf").is_ok());
+        assert!(check_range(">= 1.0.0 < 2.0.0 || 3.x").is_ok());
+        assert!(check_range("<3.14.1").is_ok());
+        assert!(check_range(">=1.0").is_err());
+        assert!(check_range("~>1.0.0").is_err());
+        assert!(check_range("").is_err());
+    }
+}

@@ -1,0 +1,497 @@
+//! `api.Registry` and `grpc.health.v1.Health` over a loaded [`Catalog`],
+//! answering like `opm serve`.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use hcp_olm_proto::api::registry_server::{Registry, RegistryServer};
+use hcp_olm_proto::api::{self, Bundle, ChannelEntry};
+use hcp_olm_proto::health::health_check_response::ServingStatus;
+use hcp_olm_proto::health::health_server::{Health, HealthServer};
+use hcp_olm_proto::health::{
+    HealthCheckRequest, HealthCheckResponse, HealthListRequest, HealthListResponse,
+};
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use crate::model::{BundleData, Catalog, Entry, Gvk};
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+fn stream_of<T: Send + 'static>(items: Vec<T>) -> BoxStream<T> {
+    Box::pin(tokio_stream::iter(items.into_iter().map(Ok)))
+}
+
+/// The Registry service.
+#[derive(Debug, Clone)]
+pub struct RegistryService {
+    catalog: Arc<Catalog>,
+}
+
+impl RegistryService {
+    /// Serves `catalog`.
+    pub fn new(catalog: Arc<Catalog>) -> Self {
+        RegistryService { catalog }
+    }
+
+    fn bundle(&self, pkg: &str, channel: &str, name: &str) -> Result<Bundle, Status> {
+        let p = self
+            .catalog
+            .packages
+            .get(pkg)
+            .ok_or_else(|| Status::unknown(format!("package {pkg:?} not found")))?;
+        let c = p.channels.get(channel).ok_or_else(|| {
+            Status::unknown(format!("package {pkg:?}, channel {channel:?} not found"))
+        })?;
+        let e = c.entries.get(name).ok_or_else(|| {
+            Status::unknown(format!(
+                "package {pkg:?}, channel {channel:?}, bundle {name:?} not found"
+            ))
+        })?;
+        Ok(trimmed(to_api(&p.bundles[name], channel, e, true)))
+    }
+
+    fn entries_for(
+        &self,
+        pkg: &str,
+        channel: &str,
+        name: &str,
+        ignore_channel: bool,
+    ) -> Vec<ChannelEntry> {
+        let c = &self.catalog.packages[pkg].channels[channel];
+        let e = &c.entries[name];
+        let mk = |replaces: &str| ChannelEntry {
+            package_name: pkg.to_string(),
+            channel_name: channel.to_string(),
+            bundle_name: name.to_string(),
+            replaces: replaces.to_string(),
+        };
+        let mut out = vec![mk(&e.replaces)];
+        for s in &e.skips {
+            if *s != e.replaces && (ignore_channel || c.entries.contains_key(s)) {
+                out.push(mk(s));
+            }
+        }
+        out
+    }
+
+    fn latest_providing(&self, gvk: &Gvk) -> Vec<ChannelEntry> {
+        let mut out = Vec::new();
+        for (pkg, ch, b) in self
+            .catalog
+            .providers
+            .get(gvk)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+        {
+            if self.catalog.packages[pkg].channels[ch].head == *b {
+                out.extend(self.entries_for(pkg, ch, b, false));
+            }
+        }
+        out
+    }
+}
+
+/// Builds the full API bundle of `data` as listed in `channel`.
+pub fn to_api(data: &BundleData, channel: &str, e: &Entry, content: bool) -> Bundle {
+    let gvk = |g: &Gvk| api::GroupVersionKind {
+        group: g.group.clone(),
+        version: g.version.clone(),
+        kind: g.kind.clone(),
+        plural: String::new(),
+    };
+    Bundle {
+        csv_name: data.name.clone(),
+        package_name: data.package.clone(),
+        channel_name: channel.to_string(),
+        csv_json: if content {
+            data.csv_json.clone()
+        } else {
+            String::new()
+        },
+        object: if content {
+            data.objects.clone()
+        } else {
+            Vec::new()
+        },
+        bundle_path: data.image.clone(),
+        provided_apis: data.provided.iter().map(gvk).collect(),
+        required_apis: data.required.iter().map(gvk).collect(),
+        version: data.version.clone(),
+        skip_range: e.skip_range.clone(),
+        dependencies: data
+            .dependencies
+            .iter()
+            .map(|(t, v)| api::Dependency {
+                r#type: t.clone(),
+                value: v.clone(),
+            })
+            .collect(),
+        properties: data
+            .properties
+            .iter()
+            .map(|(t, v)| api::Property {
+                r#type: t.clone(),
+                value: v.clone(),
+            })
+            .collect(),
+        replaces: e.replaces.clone(),
+        skips: e.skips.clone(),
+        deprecation: data
+            .deprecation
+            .as_ref()
+            .map(|m| api::Deprecation { message: m.clone() }),
+    }
+}
+
+fn trimmed(mut b: Bundle) -> Bundle {
+    b.replaces.clear();
+    b.skips.clear();
+    b
+}
+
+fn deprecation(m: Option<&String>) -> Option<api::Deprecation> {
+    m.map(|m| api::Deprecation { message: m.clone() })
+}
+
+#[tonic::async_trait]
+impl Registry for RegistryService {
+    type ListPackagesStream = BoxStream<api::PackageName>;
+    type GetChannelEntriesThatReplaceStream = BoxStream<ChannelEntry>;
+    type GetChannelEntriesThatProvideStream = BoxStream<ChannelEntry>;
+    type GetLatestChannelEntriesThatProvideStream = BoxStream<ChannelEntry>;
+    type ListBundlesStream = BoxStream<Bundle>;
+
+    async fn list_packages(
+        &self,
+        _req: Request<api::ListPackageRequest>,
+    ) -> Result<Response<Self::ListPackagesStream>, Status> {
+        let names = self
+            .catalog
+            .packages
+            .keys()
+            .map(|n| api::PackageName { name: n.clone() })
+            .collect();
+        Ok(Response::new(stream_of(names)))
+    }
+
+    async fn get_package(
+        &self,
+        req: Request<api::GetPackageRequest>,
+    ) -> Result<Response<api::Package>, Status> {
+        let name = req.into_inner().name;
+        let p = self
+            .catalog
+            .packages
+            .get(&name)
+            .ok_or_else(|| Status::unknown(format!("package {name:?} not found")))?;
+        Ok(Response::new(api::Package {
+            name: p.name.clone(),
+            channels: p
+                .channels
+                .values()
+                .map(|c| api::Channel {
+                    name: c.name.clone(),
+                    csv_name: c.head.clone(),
+                    deprecation: deprecation(c.deprecation.as_ref()),
+                })
+                .collect(),
+            default_channel_name: p.default_channel.clone(),
+            deprecation: deprecation(p.deprecation.as_ref()),
+        }))
+    }
+
+    async fn get_bundle(
+        &self,
+        req: Request<api::GetBundleRequest>,
+    ) -> Result<Response<Bundle>, Status> {
+        let r = req.into_inner();
+        self.bundle(&r.pkg_name, &r.channel_name, &r.csv_name)
+            .map(Response::new)
+    }
+
+    async fn get_bundle_for_channel(
+        &self,
+        req: Request<api::GetBundleInChannelRequest>,
+    ) -> Result<Response<Bundle>, Status> {
+        let r = req.into_inner();
+        let p = self
+            .catalog
+            .packages
+            .get(&r.pkg_name)
+            .ok_or_else(|| Status::unknown(format!("package {:?} not found", r.pkg_name)))?;
+        let c = p.channels.get(&r.channel_name).ok_or_else(|| {
+            Status::unknown(format!(
+                "package {:?}, channel {:?} not found",
+                r.pkg_name, r.channel_name
+            ))
+        })?;
+        self.bundle(&r.pkg_name, &r.channel_name, &c.head)
+            .map(Response::new)
+    }
+
+    async fn get_channel_entries_that_replace(
+        &self,
+        req: Request<api::GetAllReplacementsRequest>,
+    ) -> Result<Response<Self::GetChannelEntriesThatReplaceStream>, Status> {
+        let name = req.into_inner().csv_name;
+        let mut out = Vec::new();
+        for p in self.catalog.packages.values() {
+            for c in p.channels.values() {
+                for e in c.entries.values() {
+                    let mk = || ChannelEntry {
+                        package_name: p.name.clone(),
+                        channel_name: c.name.clone(),
+                        bundle_name: e.name.clone(),
+                        replaces: e.replaces.clone(),
+                    };
+                    if e.replaces == name {
+                        out.push(mk());
+                    }
+                    for s in &e.skips {
+                        if *s == name && *s != e.replaces {
+                            out.push(mk());
+                        }
+                    }
+                }
+            }
+        }
+        if out.is_empty() {
+            return Err(Status::unknown(format!(
+                "no channel entries found that replace {name}"
+            )));
+        }
+        Ok(Response::new(stream_of(out)))
+    }
+
+    async fn get_bundle_that_replaces(
+        &self,
+        req: Request<api::GetReplacementRequest>,
+    ) -> Result<Response<Bundle>, Status> {
+        let r = req.into_inner();
+        let p = self
+            .catalog
+            .packages
+            .get(&r.pkg_name)
+            .ok_or_else(|| Status::unknown(format!("package {} not found", r.pkg_name)))?;
+        let c = p.channels.get(&r.channel_name).ok_or_else(|| {
+            Status::unknown(format!(
+                "package {:?}, channel {:?} not found",
+                r.pkg_name, r.channel_name
+            ))
+        })?;
+        let found = c
+            .entries
+            .values()
+            .find(|e| e.replaces == r.csv_name || e.skips.contains(&r.csv_name))
+            .ok_or_else(|| {
+                Status::unknown(format!(
+                    "no entry found for package {:?}, channel {:?}",
+                    r.pkg_name, r.channel_name
+                ))
+            })?;
+        self.bundle(&r.pkg_name, &r.channel_name, &found.name)
+            .map(Response::new)
+    }
+
+    async fn get_channel_entries_that_provide(
+        &self,
+        req: Request<api::GetAllProvidersRequest>,
+    ) -> Result<Response<Self::GetChannelEntriesThatProvideStream>, Status> {
+        let r = req.into_inner();
+        let gvk = Gvk {
+            group: r.group,
+            version: r.version,
+            kind: r.kind,
+        };
+        let mut out = Vec::new();
+        for (pkg, ch, b) in self
+            .catalog
+            .providers
+            .get(&gvk)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+        {
+            out.extend(self.entries_for(pkg, ch, b, true));
+        }
+        if out.is_empty() {
+            return Err(Status::unknown(format!(
+                "no channel entries found that provide group:{:?} version:{:?} kind:{:?}",
+                gvk.group, gvk.version, gvk.kind
+            )));
+        }
+        Ok(Response::new(stream_of(out)))
+    }
+
+    async fn get_latest_channel_entries_that_provide(
+        &self,
+        req: Request<api::GetLatestProvidersRequest>,
+    ) -> Result<Response<Self::GetLatestChannelEntriesThatProvideStream>, Status> {
+        let r = req.into_inner();
+        let gvk = Gvk {
+            group: r.group,
+            version: r.version,
+            kind: r.kind,
+        };
+        let out = self.latest_providing(&gvk);
+        if out.is_empty() {
+            return Err(Status::unknown(format!(
+                "no channel entries found that provide group:{:?} version:{:?} kind:{:?}",
+                gvk.group, gvk.version, gvk.kind
+            )));
+        }
+        Ok(Response::new(stream_of(out)))
+    }
+
+    async fn get_default_bundle_that_provides(
+        &self,
+        req: Request<api::GetDefaultProviderRequest>,
+    ) -> Result<Response<Bundle>, Status> {
+        let r = req.into_inner();
+        let gvk = Gvk {
+            group: r.group,
+            version: r.version,
+            kind: r.kind,
+        };
+        let mut latest = self.latest_providing(&gvk);
+        if latest.is_empty() {
+            return Err(Status::unknown(format!(
+                "no channel entries found that provide group:{:?} version:{:?} kind:{:?}",
+                gvk.group, gvk.version, gvk.kind
+            )));
+        }
+        latest.sort_by(|a, b| a.package_name.cmp(&b.package_name));
+        for e in latest {
+            if self.catalog.packages[&e.package_name].default_channel == e.channel_name {
+                return self
+                    .bundle(&e.package_name, &e.channel_name, &e.bundle_name)
+                    .map(Response::new);
+            }
+        }
+        Err(Status::unknown(format!(
+            "no entry found that provides group:{:?} version:{:?} kind:{:?}",
+            gvk.group, gvk.version, gvk.kind
+        )))
+    }
+
+    async fn list_bundles(
+        &self,
+        _req: Request<api::ListBundlesRequest>,
+    ) -> Result<Response<Self::ListBundlesStream>, Status> {
+        let catalog = Arc::clone(&self.catalog);
+        // Built lazily, one bundle at a time, so a full listing never holds
+        // a second copy of the catalog.
+        let iter = CatalogBundles::new(catalog).map(Ok);
+        Ok(Response::new(Box::pin(tokio_stream::iter(iter))))
+    }
+}
+
+/// Iterates every (package, channel, bundle) in name order, producing the
+/// `ListBundles` view: replaces/skips kept, csvJson/object blanked when the
+/// bundle has an image.
+struct CatalogBundles {
+    catalog: Arc<Catalog>,
+    refs: std::vec::IntoIter<(String, String, String)>,
+}
+
+impl CatalogBundles {
+    fn new(catalog: Arc<Catalog>) -> Self {
+        let mut refs = Vec::new();
+        for p in catalog.packages.values() {
+            for c in p.channels.values() {
+                for e in c.entries.keys() {
+                    refs.push((p.name.clone(), c.name.clone(), e.clone()));
+                }
+            }
+        }
+        CatalogBundles {
+            catalog,
+            refs: refs.into_iter(),
+        }
+    }
+}
+
+impl Iterator for CatalogBundles {
+    type Item = Bundle;
+    fn next(&mut self) -> Option<Bundle> {
+        let (p, c, b) = self.refs.next()?;
+        let pkg = &self.catalog.packages[&p];
+        let data = &pkg.bundles[&b];
+        let entry = &pkg.channels[&c].entries[&b];
+        // Bundles with an image come without csvJson and objects (never copied).
+        Some(to_api(data, &c, entry, data.image.is_empty()))
+    }
+}
+
+/// `grpc.health.v1.Health`: SERVING for any service name once the catalog is
+/// loaded (the server only starts then); Watch and List are unimplemented, as
+/// in opm.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HealthService;
+
+#[tonic::async_trait]
+impl Health for HealthService {
+    type WatchStream = BoxStream<HealthCheckResponse>;
+
+    async fn check(
+        &self,
+        _req: Request<HealthCheckRequest>,
+    ) -> Result<Response<HealthCheckResponse>, Status> {
+        Ok(Response::new(HealthCheckResponse {
+            status: ServingStatus::Serving as i32,
+        }))
+    }
+
+    async fn list(
+        &self,
+        _req: Request<HealthListRequest>,
+    ) -> Result<Response<HealthListResponse>, Status> {
+        Err(Status::unimplemented("method List not implemented"))
+    }
+
+    async fn watch(
+        &self,
+        _req: Request<HealthCheckRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        Err(Status::unimplemented("method Watch not implemented"))
+    }
+}
+
+/// Errors running the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// Reflection descriptors could not be registered.
+    #[error("reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    /// The transport failed.
+    #[error("transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Serves `catalog` on an already bound listener until `shutdown` resolves,
+/// then drains in-flight calls.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    catalog: Arc<Catalog>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(hcp_olm_proto::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(hcp_olm_proto::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    tonic::transport::Server::builder()
+        .add_service(
+            RegistryServer::new(RegistryService::new(catalog))
+                .max_encoding_message_size(usize::MAX),
+        )
+        .add_service(HealthServer::new(HealthService))
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await?;
+    Ok(())
+}
