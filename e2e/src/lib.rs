@@ -1,5 +1,16 @@
-//! Real test environments for hcp-olm.
+//! Real test environments for hcp-olm, built from pinned upstream binaries.
 //!
-//! - [`tools`]: the pinned upstream binaries (`make tools`).
+//! - [`tools`]: where the upstream binaries are (`make tools`).
+//! - [`cluster`]: etcd + kube-apiserver control planes ([`Cluster`], [`Environment`]).
+//! - [`netns`]: network namespaces joined by veth, with per-namespace `resolv.conf`.
+//! - [`process`]: processes that stand in for pods, killed by PID and waited for.
 
+pub mod cluster;
+pub mod kubeconfig;
+pub mod netns;
+pub mod pki;
+pub mod ports;
+pub mod process;
 pub mod tools;
+
+pub use cluster::{Cluster, ClusterError, ClusterOptions, Environment, Identity};

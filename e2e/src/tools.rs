@@ -38,3 +38,12 @@ pub fn bin(name: &str) -> Result<PathBuf, ToolError> {
         })
     }
 }
+
+/// The shared fixtures directory: `$HCP_OLM_SHARED/fixtures`, else `shared/fixtures` beside the
+/// repository checkout (CI clones the repository with `shared/` next to it).
+pub fn fixtures_dir() -> PathBuf {
+    let shared = std::env::var_os("HCP_OLM_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared"));
+    shared.join("fixtures")
+}

@@ -1,0 +1,29 @@
+# hcp-olm — entry points. `make help` lists them.
+SHELL := /bin/bash
+CARGO ?= cargo
+export HCP_OLM_CACHE ?= $(HOME)/.cache/hcp-olm
+
+.PHONY: help build lint fmt tools test test-unit test-e2e demo crds
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
+
+build: ## build every crate and test
+	$(CARGO) build --workspace --all-targets --locked
+
+lint: ## rustfmt check + clippy -D warnings
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+fmt: ## format the code
+	$(CARGO) fmt --all
+
+tools: ## build the pinned upstream binaries (kube-apiserver, etcd, OLM, opm) into $(HCP_OLM_CACHE)
+	@e2e/tools/build.sh
+
+test: lint tools ## everything CI runs: lint, unit tests, real API servers, network namespaces
+	@echo "== make test: cargo test (unit, real control planes, network namespaces)"
+	$(CARGO) test --workspace --locked --no-fail-fast
+
+demo: tools ## start the two-cluster environment and keep it up until Ctrl-C
+	$(CARGO) run --locked -p hcp-olm-e2e --bin hcp-olm-demo
