@@ -1,0 +1,271 @@
+//! Applies desired objects to one cluster with server-side apply under our field manager,
+//! and prunes objects we made that are no longer desired.
+//!
+//! - An object whose desired fields are already live is not written (reads only), so a
+//!   converged reconcile makes no API writes.
+//! - Errors are collected per object; one failing object does not stop the rest.
+//! - Pruning lists each given kind by label selector and deletes what is not desired.
+
+pub mod compare;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use serde_json::Value;
+
+/// How an object is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// Server-side apply whenever the live object differs.
+    Apply,
+    /// Create when absent; never touch it afterwards.
+    CreateOnly,
+}
+
+/// One object to apply.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Target {
+    /// The resource (group, version, kind, plural).
+    pub resource: ApiResource,
+    /// Namespace, for namespaced resources.
+    pub namespace: Option<String>,
+    /// Object name.
+    pub name: String,
+    /// How to write it.
+    pub policy: Policy,
+    /// The full object (apiVersion, kind, metadata, ...).
+    pub body: Value,
+}
+
+impl Target {
+    /// Builds a target from an apiVersion, kind and plural.
+    pub fn new(api_version: &str, kind: &str, plural: &str, policy: Policy, body: Value) -> Self {
+        let (group, version) = match api_version.split_once('/') {
+            Some((g, v)) => (g.to_string(), v.to_string()),
+            None => (String::new(), api_version.to_string()),
+        };
+        let s = |p: &str| body.pointer(p).and_then(Value::as_str).map(str::to_string);
+        Self {
+            resource: ApiResource {
+                group,
+                version,
+                api_version: api_version.to_string(),
+                kind: kind.to_string(),
+                plural: plural.to_string(),
+            },
+            namespace: s("/metadata/namespace"),
+            name: s("/metadata/name").unwrap_or_default(),
+            policy,
+            body,
+        }
+    }
+
+    /// `Kind/namespace/name`.
+    pub fn id(&self) -> String {
+        object_id(&self.resource.kind, self.namespace.as_deref(), &self.name)
+    }
+}
+
+fn object_id(kind: &str, namespace: Option<&str>, name: &str) -> String {
+    match namespace {
+        Some(ns) => format!("{kind}/{ns}/{name}"),
+        None => format!("{kind}/{name}"),
+    }
+}
+
+/// A failure on one object.
+#[derive(Debug, thiserror::Error)]
+#[error("{verb} {id}: {source}")]
+pub struct ObjectError {
+    /// What we tried (`get`, `apply`, `list`, `delete`).
+    pub verb: &'static str,
+    /// `Kind/namespace/name`.
+    pub id: String,
+    /// The API error.
+    #[source]
+    pub source: kube::Error,
+}
+
+impl ObjectError {
+    /// The HTTP status code, when the API server answered.
+    pub fn code(&self) -> Option<u16> {
+        match &self.source {
+            kube::Error::Api(s) => Some(s.code),
+            _ => None,
+        }
+    }
+}
+
+/// What a pass did.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// Objects created.
+    pub created: Vec<String>,
+    /// Objects changed.
+    pub updated: Vec<String>,
+    /// Objects already as desired (not written).
+    pub unchanged: usize,
+    /// Objects pruned.
+    pub deleted: Vec<String>,
+    /// Per-object failures.
+    pub errors: Vec<ObjectError>,
+}
+
+impl Report {
+    /// API writes made (creates, updates, deletes).
+    pub fn writes(&self) -> usize {
+        self.created.len() + self.updated.len() + self.deleted.len()
+    }
+
+    /// Merges another pass into this one.
+    pub fn merge(&mut self, other: Report) {
+        self.created.extend(other.created);
+        self.updated.extend(other.updated);
+        self.unchanged += other.unchanged;
+        self.deleted.extend(other.deleted);
+        self.errors.extend(other.errors);
+    }
+}
+
+/// Applies objects to one cluster.
+#[derive(Clone)]
+pub struct Applier {
+    client: kube::Client,
+    field_manager: String,
+}
+
+impl std::fmt::Debug for Applier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Applier")
+            .field("field_manager", &self.field_manager)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Applier {
+    /// An applier writing with `field_manager`.
+    pub fn new(client: kube::Client, field_manager: &str) -> Self {
+        Self {
+            client,
+            field_manager: field_manager.to_string(),
+        }
+    }
+
+    fn api(&self, resource: &ApiResource, namespace: Option<&str>) -> Api<DynamicObject> {
+        match namespace {
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, resource),
+            None => Api::all_with(self.client.clone(), resource),
+        }
+    }
+
+    /// Applies `targets` in order. An object already as desired is not written.
+    pub async fn apply(&self, targets: &[Target]) -> Report {
+        let mut report = Report::default();
+        for t in targets {
+            let api = self.api(&t.resource, t.namespace.as_deref());
+            let live = match api.get_opt(&t.name).await {
+                Ok(live) => live,
+                Err(source) => {
+                    report.errors.push(ObjectError {
+                        verb: "get",
+                        id: t.id(),
+                        source,
+                    });
+                    continue;
+                }
+            };
+            let exists = live.is_some();
+            match (&live, t.policy) {
+                (Some(_), Policy::CreateOnly) => {
+                    report.unchanged += 1;
+                    continue;
+                }
+                (Some(live), Policy::Apply) => {
+                    let live = serde_json::to_value(live).unwrap_or(Value::Null);
+                    if compare::contained(&t.body, &live) {
+                        report.unchanged += 1;
+                        continue;
+                    }
+                }
+                (None, _) => {}
+            }
+            let params = PatchParams::apply(&self.field_manager).force();
+            match api.patch(&t.name, &params, &Patch::Apply(&t.body)).await {
+                Ok(_) => {
+                    tracing::debug!(object = %t.id(), created = !exists, "applied");
+                    if exists {
+                        report.updated.push(t.id());
+                    } else {
+                        report.created.push(t.id());
+                    }
+                }
+                Err(source) => report.errors.push(ObjectError {
+                    verb: "apply",
+                    id: t.id(),
+                    source,
+                }),
+            }
+        }
+        report
+    }
+
+    /// Deletes every object of the given `kinds` that carries all `selector` labels (in
+    /// `namespace`, or in all namespaces when `None`) and is not among `keep`.
+    /// A kind the server does not serve (404) is skipped.
+    pub async fn prune(
+        &self,
+        kinds: &[(ApiResource, bool)],
+        namespace: Option<&str>,
+        selector: &BTreeMap<String, String>,
+        keep: &[Target],
+    ) -> Report {
+        let mut report = Report::default();
+        let keep: BTreeSet<String> = keep.iter().map(Target::id).collect();
+        let label_selector = selector
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let lp = ListParams::default().labels(&label_selector);
+        for (resource, namespaced) in kinds {
+            let api: Api<DynamicObject> = match (namespaced, namespace) {
+                (true, Some(ns)) => Api::namespaced_with(self.client.clone(), ns, resource),
+                _ => Api::all_with(self.client.clone(), resource),
+            };
+            let list = match api.list_metadata(&lp).await {
+                Ok(list) => list,
+                Err(kube::Error::Api(s)) if s.code == 404 => continue,
+                Err(source) => {
+                    report.errors.push(ObjectError {
+                        verb: "list",
+                        id: resource.kind.clone(),
+                        source,
+                    });
+                    continue;
+                }
+            };
+            for obj in list.items {
+                let name = obj.metadata.name.clone().unwrap_or_default();
+                let ns = obj.metadata.namespace.clone();
+                let id = object_id(&resource.kind, ns.as_deref(), &name);
+                if keep.contains(&id) || obj.metadata.deletion_timestamp.is_some() {
+                    continue;
+                }
+                let api = self.api(resource, ns.as_deref());
+                match api.delete(&name, &DeleteParams::background()).await {
+                    Ok(_) => {
+                        tracing::debug!(object = %id, "pruned");
+                        report.deleted.push(id);
+                    }
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(source) => report.errors.push(ObjectError {
+                        verb: "delete",
+                        id,
+                        source,
+                    }),
+                }
+            }
+        }
+        report
+    }
+}

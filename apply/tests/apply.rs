@@ -1,0 +1,229 @@
+//! The applier against a real kube-apiserver. Writes are counted from the API server's own
+//! `apiserver_request_total` metric, not from our report.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Result, ensure};
+use hcp_olm_apply::{Applier, Policy, Target};
+use hcp_olm_e2e::tools::fixtures_dir;
+use hcp_olm_e2e::{Cluster, ClusterOptions};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, ApiResource, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+const RESOURCES: &[&str] = &[
+    "configmaps",
+    "secrets",
+    "services",
+    "deployments",
+    "catalogsources",
+];
+
+/// Sum of write requests (POST/PUT/PATCH/APPLY/DELETE) the API server counted for our resources.
+async fn server_writes(client: &kube::Client) -> Result<u64> {
+    let req = http::Request::get("/metrics").body(Vec::new())?;
+    let text = client.request_text(req).await?;
+    let mut total = 0;
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+    {
+        let write = ["POST", "PUT", "PATCH", "APPLY", "DELETE"]
+            .iter()
+            .any(|v| line.contains(&format!("verb=\"{v}\"")));
+        let ours = RESOURCES
+            .iter()
+            .any(|r| line.contains(&format!("resource=\"{r}\"")));
+        if write && ours {
+            let n: f64 = line.rsplit(' ').next().unwrap_or("0").parse()?;
+            total += n as u64;
+        }
+    }
+    Ok(total)
+}
+
+fn labels() -> serde_json::Value {
+    json!({ "app.kubernetes.io/managed-by": "apply-test" })
+}
+
+fn targets(replicas: i32) -> Vec<Target> {
+    let ns = "apply-test";
+    vec![
+        Target::new(
+            "v1",
+            "ConfigMap",
+            "configmaps",
+            Policy::Apply,
+            json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": { "name": "cfg", "namespace": ns, "labels": labels() },
+            "data": { "a": "1" } }),
+        ),
+        Target::new(
+            "v1",
+            "Secret",
+            "secrets",
+            Policy::Apply,
+            json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": { "name": "sec", "namespace": ns, "labels": labels() },
+            "type": "Opaque", "stringData": { "kubeconfig": "not-a-real-one" } }),
+        ),
+        Target::new(
+            "v1",
+            "Service",
+            "services",
+            Policy::Apply,
+            json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": { "name": "svc", "namespace": ns, "labels": labels() },
+            "spec": { "selector": { "app": "x" },
+                      "ports": [{ "name": "grpc", "port": 50051, "targetPort": 50051 }] } }),
+        ),
+        Target::new(
+            "apps/v1",
+            "Deployment",
+            "deployments",
+            Policy::Apply,
+            json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": { "name": "dep", "namespace": ns, "labels": labels(),
+                          "annotations": { "hcp-olm.io/config-hash": "abc" } },
+            "spec": { "replicas": replicas, "selector": { "matchLabels": { "app": "x" } },
+                      "template": { "metadata": { "labels": { "app": "x" } },
+                        "spec": { "containers": [{ "name": "c", "image": "registry.example/x:1",
+                          "args": ["--port=50051"],
+                          "resources": { "requests": { "cpu": "10m", "memory": "80Mi" } } }] } } } }),
+        ),
+        Target::new(
+            "operators.coreos.com/v1alpha1",
+            "CatalogSource",
+            "catalogsources",
+            Policy::Apply,
+            json!({
+            "apiVersion": "operators.coreos.com/v1alpha1", "kind": "CatalogSource",
+            "metadata": { "name": "cat", "namespace": ns, "labels": labels() },
+            "spec": { "sourceType": "grpc", "address": "redhat-operators:50051",
+                      "displayName": "Red Hat Operators" } }),
+        ),
+    ]
+}
+
+fn kinds() -> Vec<(ApiResource, bool)> {
+    targets(1).into_iter().map(|t| (t.resource, true)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn converged_pass_writes_nothing_changes_write_once_prune_removes_only_ours() -> Result<()> {
+    let cluster = Cluster::start(ClusterOptions::new("apply")).await?;
+    cluster
+        .install_crds(&[fixtures_dir().join("crds/olm/operators.coreos.com_catalogsources.yaml")])
+        .await?;
+    cluster.ensure_namespace("apply-test").await?;
+    let client = cluster.client();
+    let applier = Applier::new(client.clone(), "hcp-olm-test");
+
+    let first = applier.apply(&targets(1)).await;
+    ensure!(first.errors.is_empty(), "{:?}", first.errors);
+    assert_eq!(first.created.len(), 5);
+
+    // Second pass: nothing to write, and the API server agrees.
+    let before = server_writes(&client).await?;
+    let second = applier.apply(&targets(1)).await;
+    ensure!(second.errors.is_empty(), "{:?}", second.errors);
+    assert_eq!((second.writes(), second.unchanged), (0, 5));
+    assert_eq!(
+        server_writes(&client).await? - before,
+        0,
+        "API writes on a converged pass"
+    );
+
+    // One changed field: one write.
+    let before = server_writes(&client).await?;
+    let third = applier.apply(&targets(3)).await;
+    assert_eq!(third.updated, ["Deployment/apply-test/dep"]);
+    assert_eq!(server_writes(&client).await? - before, 1);
+    let dep = Api::<Deployment>::namespaced(client.clone(), "apply-test")
+        .get("dep")
+        .await?;
+    assert_eq!(dep.spec.and_then(|s| s.replicas), Some(3));
+
+    // Someone else's field on our object survives our apply (server-side apply ownership).
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "apply-test");
+    cms.patch(
+        "cfg",
+        &PatchParams::apply("someone-else"),
+        &Patch::Apply(json!({ "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": { "name": "cfg" }, "data": { "theirs": "kept" } })),
+    )
+    .await?;
+    let again = applier.apply(&targets(3)).await;
+    assert_eq!(again.writes(), 0);
+    let cm = cms.get("cfg").await?.data.unwrap_or_default();
+    assert_eq!(cm.get("theirs").map(String::as_str), Some("kept"));
+
+    // An unlabelled ConfigMap is not ours; a dropped desired object is pruned.
+    let foreign: ConfigMap = serde_json::from_value(json!({ "metadata": { "name": "foreign" } }))?;
+    cms.create(&PostParams::default(), &foreign).await?;
+    let keep: Vec<Target> = targets(3).into_iter().filter(|t| t.name != "cfg").collect();
+    let selector = BTreeMap::from([(
+        "app.kubernetes.io/managed-by".to_string(),
+        "apply-test".to_string(),
+    )]);
+    let pruned = applier
+        .prune(&kinds(), Some("apply-test"), &selector, &keep)
+        .await;
+    ensure!(pruned.errors.is_empty(), "{:?}", pruned.errors);
+    assert_eq!(pruned.deleted, ["ConfigMap/apply-test/cfg"]);
+    ensure!(
+        cms.get_opt("foreign").await?.is_some(),
+        "foreign ConfigMap was pruned"
+    );
+    let pruned_again = applier
+        .prune(&kinds(), Some("apply-test"), &selector, &keep)
+        .await;
+    assert_eq!(pruned_again.writes(), 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_only_is_left_alone_and_one_bad_object_does_not_stop_the_rest() -> Result<()> {
+    let cluster = Cluster::start(ClusterOptions::new("apply2")).await?;
+    cluster.ensure_namespace("apply-test").await?;
+    let client = cluster.client();
+    let applier = Applier::new(client.clone(), "hcp-olm-test");
+    let cm = |value: &str| {
+        Target::new(
+            "v1",
+            "ConfigMap",
+            "configmaps",
+            Policy::CreateOnly,
+            json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": { "name": "once", "namespace": "apply-test" }, "data": { "v": value } }),
+        )
+    };
+    // CatalogSource is not served here (no CRD): that object fails, the ConfigMap is created.
+    let catalog = targets(1).pop().expect("a catalog target");
+    let report = applier.apply(&[catalog, cm("first")]).await;
+    assert_eq!(report.created, ["ConfigMap/apply-test/once"]);
+    assert_eq!(report.errors.len(), 1);
+    assert_eq!(report.errors[0].code(), Some(404));
+    assert!(
+        report.errors[0]
+            .to_string()
+            .contains("CatalogSource/apply-test/cat")
+    );
+
+    let report = applier.apply(&[cm("second")]).await;
+    assert_eq!((report.writes(), report.unchanged), (0, 1));
+    let live = Api::<ConfigMap>::namespaced(client, "apply-test")
+        .get("once")
+        .await?;
+    assert_eq!(
+        live.data.unwrap_or_default().get("v").map(String::as_str),
+        Some("first")
+    );
+    Ok(())
+}
