@@ -140,6 +140,51 @@ pub struct Engine {
     cache: Cache,
     health: Mutex<HashMap<SocketAddr, Health>>,
     synth_soa: Option<Record>,
+    memo: ReplyMemo,
+}
+
+/// Fast path for repeated cache hits: the exact reply bytes last built for identical query
+/// bytes (everything but the id), valid while the cache entry and its elapsed second are
+/// unchanged. Identical bytes take the identical path through the (immutable) table, so only
+/// the cache state needs re-checking.
+#[derive(Debug, Default)]
+struct ReplyMemo {
+    shards: Vec<Mutex<MemoShard>>,
+    per_shard: usize,
+    hasher: std::hash::RandomState,
+}
+
+#[derive(Debug, Default)]
+struct MemoShard {
+    udp: HashMap<Vec<u8>, Memo>,
+    tcp: HashMap<Vec<u8>, Memo>,
+}
+
+#[derive(Debug)]
+struct Memo {
+    key: CacheKey,
+    entry: std::sync::Arc<CachedAnswer>,
+    elapsed: u32,
+    reply: Vec<u8>,
+    outcome: Outcome,
+}
+
+const MEMO_SHARDS: usize = 16;
+
+impl ReplyMemo {
+    fn new(max_entries: usize) -> Self {
+        Self {
+            shards: (0..MEMO_SHARDS).map(|_| Mutex::default()).collect(),
+            per_shard: max_entries.div_ceil(MEMO_SHARDS).max(1),
+            hasher: std::hash::RandomState::new(),
+        }
+    }
+
+    fn shard(&self, body: &[u8]) -> std::sync::MutexGuard<'_, MemoShard> {
+        use std::hash::BuildHasher;
+        let i = (self.hasher.hash_one(body) as usize) % MEMO_SHARDS;
+        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 const MAX_TCP_REPLY: usize = u16::MAX as usize;
@@ -147,6 +192,7 @@ const MAX_TCP_REPLY: usize = u16::MAX as usize;
 impl Engine {
     pub fn new(config: EngineConfig) -> Self {
         let cache = Cache::new(config.cache.clone());
+        let config_max_entries = config.cache.max_entries;
         let synth_soa = config.cluster_domain.as_ref().map(|d| {
             let mname = Name::from_ascii("ns.dns")
                 .ok()
@@ -167,6 +213,7 @@ impl Engine {
             cache,
             health: Mutex::new(HashMap::new()),
             synth_soa,
+            memo: ReplyMemo::new(config_max_entries),
         }
     }
 
@@ -184,6 +231,9 @@ impl Engine {
         let Some(header) = bytes.get(..12) else {
             return Action::Drop;
         };
+        if let Some(r) = self.memo_hit(bytes, transport, now) {
+            return Action::Reply(r);
+        }
         let id = u16::from_be_bytes([header[0], header[1]]);
         if header[2] & 0x80 != 0 {
             // QR=1: a response sent to us; never answer (reflection loops).
@@ -255,7 +305,9 @@ impl Engine {
             ));
         }
         if let Some(hit) = self.cache.get_fresh(&pending.key, now) {
-            return Action::Reply(self.reply_from_cache(&pending, &hit.entry, Some(hit.elapsed)));
+            let reply = self.reply_from_cache(&pending, &hit.entry, Some(hit.elapsed));
+            self.memo_store(bytes, transport, &pending.key, hit, &reply);
+            return Action::Reply(reply);
         }
         if self.is_impossible_search_expansion(&pending.key.name) {
             let auth = self.synth_soa.iter().cloned().collect();
@@ -281,6 +333,59 @@ impl Engine {
             query: pending,
             upstreams,
         })
+    }
+
+    fn memo_hit(&self, bytes: &[u8], transport: Transport, now: Instant) -> Option<Reply> {
+        let body = bytes.get(2..)?;
+        let shard = self.memo.shard(body);
+        let map = match transport {
+            Transport::Udp => &shard.udp,
+            Transport::Tcp => &shard.tcp,
+        };
+        let m = map.get(body)?;
+        let hit = self.cache.get_fresh(&m.key, now)?;
+        if !std::sync::Arc::ptr_eq(&hit.entry, &m.entry) || hit.elapsed != m.elapsed {
+            return None;
+        }
+        let mut reply = m.reply.clone();
+        if let Some(id) = reply.get_mut(..2) {
+            id.copy_from_slice(&bytes[..2]);
+        }
+        Some(Reply {
+            bytes: reply,
+            outcome: m.outcome,
+        })
+    }
+
+    fn memo_store(
+        &self,
+        bytes: &[u8],
+        transport: Transport,
+        key: &CacheKey,
+        hit: super::cache::Hit,
+        reply: &Reply,
+    ) {
+        let Some(body) = bytes.get(2..) else {
+            return;
+        };
+        let mut shard = self.memo.shard(body);
+        let map = match transport {
+            Transport::Udp => &mut shard.udp,
+            Transport::Tcp => &mut shard.tcp,
+        };
+        if map.len() >= self.memo.per_shard && !map.contains_key(body) {
+            map.clear();
+        }
+        map.insert(
+            body.to_vec(),
+            Memo {
+                key: key.clone(),
+                entry: hit.entry,
+                elapsed: hit.elapsed,
+                reply: reply.bytes.clone(),
+                outcome: reply.outcome,
+            },
+        );
     }
 
     /// Kubernetes DNS schema check (only under the configured cluster domain): names that the

@@ -786,3 +786,88 @@ fn config_errors_name_the_field() {
     .unwrap();
     assert_eq!(spec.validate().unwrap().local_upstreams[0].port(), 53);
 }
+
+#[test]
+fn repeated_identical_queries_reuse_reply_but_patch_id_and_ttl() {
+    let e = engine();
+    let t0 = Instant::now();
+    let name = "memo.openshift-marketplace.svc.cluster.local.";
+    let f = forward(e.handle_query(
+        &query_bytes(1, name, RecordType::A, Some(1232)),
+        Transport::Udp,
+        t0,
+    ));
+    answer(
+        &e,
+        &f,
+        |q, id| {
+            upstream_answer(
+                q,
+                id,
+                ResponseCode::NoError,
+                vec![a_rec(name, 30, 1)],
+                vec![],
+            )
+        },
+        t0,
+    );
+    let at = |id: u16, secs: u64, millis: u64| {
+        let r = reply(e.handle_query(
+            &query_bytes(id, name, RecordType::A, Some(1232)),
+            Transport::Udp,
+            t0 + Duration::from_secs(secs) + Duration::from_millis(millis),
+        ));
+        assert_eq!(r.outcome.source, Source::Cache);
+        let m = parse(&r);
+        assert_eq!(m.metadata.id, id);
+        (m.answers[0].ttl, m.edns.is_some(), r.bytes)
+    };
+    let (ttl_a, edns_a, bytes_a) = at(10, 2, 0);
+    let (ttl_b, edns_b, bytes_b) = at(11, 2, 500);
+    assert_eq!((ttl_a, ttl_b), (28, 28));
+    assert!(edns_a && edns_b);
+    assert_eq!(bytes_a[2..], bytes_b[2..]);
+    let (ttl_c, _, _) = at(12, 3, 0);
+    assert_eq!(ttl_c, 27);
+    // Same bytes over TCP are a different memo (different size limit), and still correct.
+    let r = reply(e.handle_query(
+        &query_bytes(13, name, RecordType::A, Some(1232)),
+        Transport::Tcp,
+        t0 + Duration::from_secs(3),
+    ));
+    assert_eq!(parse(&r).metadata.id, 13);
+    // A newer entry replaces the memoized one: the new data is served, not the memo.
+    let f2 = Forward {
+        query: f.query.clone(),
+        upstreams: f.upstreams.clone(),
+    };
+    answer(
+        &e,
+        &f2,
+        |q, id| {
+            upstream_answer(
+                q,
+                id,
+                ResponseCode::NoError,
+                vec![a_rec(name, 30, 2)],
+                vec![],
+            )
+        },
+        t0 + Duration::from_secs(3),
+    );
+    let r = reply(e.handle_query(
+        &query_bytes(14, name, RecordType::A, Some(1232)),
+        Transport::Udp,
+        t0 + Duration::from_secs(3),
+    ));
+    match &parse(&r).answers[0].data {
+        RData::A(a) => assert_eq!(a.0, Ipv4Addr::new(198, 18, 0, 2)),
+        other => panic!("{other:?}"),
+    }
+    // Expired: not served from the memo.
+    forward(e.handle_query(
+        &query_bytes(15, name, RecordType::A, Some(1232)),
+        Transport::Udp,
+        t0 + Duration::from_secs(40),
+    ));
+}
