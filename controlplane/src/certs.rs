@@ -198,6 +198,44 @@ pub fn sans_fingerprint(sans: &[String]) -> String {
     hex(&h.finalize()[..8])
 }
 
+/// What the runtime knows about an existing certificate Secret, from the
+/// annotations render writes (`hcp-olm.io/not-before`, `hcp-olm.io/not-after`,
+/// `hcp-olm.io/sans-fingerprint`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredCertInfo {
+    pub not_before: OffsetDateTime,
+    pub not_after: OffsetDateTime,
+    pub sans_fingerprint: Option<String>,
+}
+
+impl StoredCertInfo {
+    /// Read the annotations of an existing Secret; None when any is missing or invalid
+    /// (which means: issue a new certificate).
+    pub fn from_annotations(a: &std::collections::BTreeMap<String, String>) -> Option<Self> {
+        use time::format_description::well_known::Rfc3339;
+        let t = |k: &str| OffsetDateTime::parse(a.get(k)?, &Rfc3339).ok();
+        Some(Self {
+            not_before: t(crate::render::labels::NOT_BEFORE_ANNOTATION)?,
+            not_after: t(crate::render::labels::NOT_AFTER_ANNOTATION)?,
+            sans_fingerprint: a.get(crate::render::labels::SANS_ANNOTATION).cloned(),
+        })
+    }
+}
+
+/// Whether a stored serving certificate must be re-issued: missing, due for rotation,
+/// issued for other SANs, or older than the CA that should have signed it.
+pub fn serving_cert_needs_reissue(
+    stored: Option<&StoredCertInfo>,
+    expected_sans: &[String],
+    ca: &CertMaterial,
+    now: OffsetDateTime,
+) -> bool {
+    let Some(s) = stored else { return true };
+    needs_rotation(s.not_before, s.not_after, now)
+        || s.sans_fingerprint.as_deref() != Some(sans_fingerprint(expected_sans).as_str())
+        || s.not_before < ca.not_before
+}
+
 pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -267,6 +305,119 @@ mod tests {
             srv2.not_after,
             late + Duration::days(9)
         ));
+    }
+
+    #[test]
+    fn serving_cert_chain_verifies_with_sans() {
+        use x509_parser::prelude::*;
+        let now = t(1_800_000_000);
+        let ca = issue_ca(
+            "clusters/example",
+            &generate_key_pem().unwrap(),
+            now,
+            CA_VALIDITY,
+        )
+        .unwrap();
+        let sans = packageserver_sans("clusters-example", "hcp-olm-packageserver");
+        let srv = issue_serving_cert(
+            "clusters/example",
+            &ca,
+            "packageserver",
+            &sans,
+            &generate_key_pem().unwrap(),
+            now,
+            SERVING_VALIDITY,
+        )
+        .unwrap();
+        let (_, ca_pem) = x509_parser::pem::parse_x509_pem(ca.cert_pem.as_bytes()).unwrap();
+        let (_, srv_pem) = x509_parser::pem::parse_x509_pem(srv.cert_pem.as_bytes()).unwrap();
+        let ca_x = ca_pem.parse_x509().unwrap();
+        let srv_x = srv_pem.parse_x509().unwrap();
+        assert!(ca_x.is_ca());
+        assert!(!srv_x.is_ca());
+        assert_eq!(srv_x.issuer(), ca_x.subject());
+        srv_x
+            .verify_signature(Some(ca_x.public_key()))
+            .expect("signed by the CA");
+        ca_x.verify_signature(None).expect("CA self-signed");
+        let san = srv_x.subject_alternative_name().unwrap().unwrap();
+        let names: Vec<String> = san
+            .value
+            .general_names
+            .iter()
+            .filter_map(|g| match g {
+                GeneralName::DNSName(d) => Some(d.to_string()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(names, sans);
+        assert_eq!(
+            srv_x.validity().not_after.timestamp(),
+            (now + SERVING_VALIDITY).unix_timestamp()
+        );
+        // A CA re-created from the same key and validity signs compatibly (same subject).
+        let ca2 = issue_ca("clusters/example", &ca.key_pem, now, CA_VALIDITY).unwrap();
+        let (_, ca2_pem) = x509_parser::pem::parse_x509_pem(ca2.cert_pem.as_bytes()).unwrap();
+        let ca2_x = ca2_pem.parse_x509().unwrap();
+        srv_x
+            .verify_signature(Some(ca2_x.public_key()))
+            .expect("same key");
+    }
+
+    #[test]
+    fn reissue_decision() {
+        let now = t(1_800_000_000);
+        let ca = CertMaterial {
+            cert_pem: String::new(),
+            key_pem: String::new(),
+            not_before: t(1_700_000_000),
+            not_after: t(2_000_000_000),
+        };
+        let sans = vec!["a".to_string()];
+        let good = StoredCertInfo {
+            not_before: t(1_790_000_000),
+            not_after: t(1_830_000_000),
+            sans_fingerprint: Some(sans_fingerprint(&sans)),
+        };
+        assert!(!serving_cert_needs_reissue(Some(&good), &sans, &ca, now));
+        assert!(serving_cert_needs_reissue(None, &sans, &ca, now));
+        assert!(serving_cert_needs_reissue(
+            Some(&good),
+            &["b".to_string()],
+            &ca,
+            now
+        ));
+        let newer_ca = CertMaterial {
+            not_before: t(1_795_000_000),
+            ..ca.clone()
+        };
+        assert!(serving_cert_needs_reissue(
+            Some(&good),
+            &sans,
+            &newer_ca,
+            now
+        ));
+        assert!(serving_cert_needs_reissue(
+            Some(&good),
+            &sans,
+            &ca,
+            t(1_820_000_000)
+        ));
+
+        let mut a = std::collections::BTreeMap::new();
+        a.insert(
+            "hcp-olm.io/not-before".to_string(),
+            "2027-01-15T08:00:00Z".to_string(),
+        );
+        a.insert(
+            "hcp-olm.io/not-after".to_string(),
+            "2028-01-15T08:00:00Z".to_string(),
+        );
+        let info = StoredCertInfo::from_annotations(&a).unwrap();
+        assert_eq!(info.sans_fingerprint, None);
+        assert!(info.not_after > info.not_before);
+        a.insert("hcp-olm.io/not-after".to_string(), "garbage".to_string());
+        assert!(StoredCertInfo::from_annotations(&a).is_none());
     }
 
     #[test]

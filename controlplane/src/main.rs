@@ -149,7 +149,7 @@ fn run(cli: Cli) -> anyhow::Result<Result<(), InputError>> {
             let input = offline_input(valid)?;
             let desired = render::desired(&input).context("rendering")?;
             for p in &desired.pending {
-                tracing::info!(component = %p.component, reason = p.reason, "{}", p.message);
+                eprintln!("pending: {} {}: {}", p.component, p.reason, p.message);
             }
             match output {
                 Format::Yaml => print!("{}", render::to_yaml(&desired)?),
