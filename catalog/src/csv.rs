@@ -201,8 +201,6 @@ struct Csv<'a> {
 #[derive(Serialize)]
 struct ObjectMeta<'a> {
     name: &'a str,
-    #[serde(rename = "creationTimestamp")]
-    creation_timestamp: Option<()>,
     #[serde(skip_serializing_if = "map_empty")]
     labels: &'a Option<BTreeMap<String, String>>,
     #[serde(skip_serializing_if = "map_empty")]
@@ -291,7 +289,6 @@ pub fn stub_csv_json(meta: &CsvMetadata, inputs: StubInputs<'_>) -> String {
         api_version: "operators.coreos.com/v1alpha1",
         metadata: ObjectMeta {
             name: inputs.name,
-            creation_timestamp: None,
             labels: &meta.labels,
             annotations: &meta.annotations,
         },

@@ -662,16 +662,35 @@ fn channel_head(entries: &BTreeMap<String, Entry>) -> Result<String, String> {
             ));
         }
     };
-    let mut seen = BTreeSet::new();
-    let mut cur = Some(&head);
+    // Walk the replaces chain from the head, stopping at a bundle some entry
+    // skips. Every entry must be on that walk or skipped by some entry of the
+    // channel (opm refuses "stranded" bundles).
+    let skipped: BTreeSet<&str> = entries
+        .values()
+        .flat_map(|e| e.skips.iter().map(String::as_str))
+        .collect();
+    let mut seen: BTreeSet<&str> = BTreeSet::new();
+    let mut cur = Some(head.as_str());
     while let Some(name) = cur {
-        if !seen.insert(name.clone()) {
+        if skipped.contains(name) {
+            break;
+        }
+        if !seen.insert(name) {
             return Err(format!("cycle in the replaces chain at {name:?}"));
         }
         cur = entries
             .get(name)
-            .map(|e| &e.replaces)
+            .map(|e| e.replaces.as_str())
             .filter(|r| entries.contains_key(*r));
+    }
+    let stranded: Vec<&String> = entries
+        .keys()
+        .filter(|k| !seen.contains(k.as_str()) && !skipped.contains(k.as_str()))
+        .collect();
+    if !stranded.is_empty() {
+        return Err(format!(
+            "stranded bundles (neither on the replaces chain from head {head:?} nor skipped): {stranded:?}"
+        ));
     }
     Ok(head)
 }
@@ -722,15 +741,33 @@ fn build_bundle(
                 if prop.kind == "olm.gvk" {
                     provided.push(gvk);
                 } else {
+                    let dep = format!(
+                        "{{\"group\":{},\"kind\":{},\"version\":{}}}",
+                        gojson::encode(&Value::String(gvk.group.clone()), false),
+                        gojson::encode(&Value::String(gvk.kind.clone()), false),
+                        gojson::encode(&Value::String(gvk.version.clone()), false)
+                    );
                     required.push(gvk);
-                    dependencies.push(("olm.gvk".to_string(), text.clone()));
+                    dependencies.push(("olm.gvk".to_string(), dep));
                 }
             }
             "olm.package.required" => {
-                if !prop.value.is_object() {
-                    return Err(perr(i, &prop.kind, "value is not an object".into()));
+                #[derive(Deserialize)]
+                struct Req {
+                    #[serde(default, rename = "packageName")]
+                    package_name: String,
+                    #[serde(default, rename = "versionRange")]
+                    version_range: String,
                 }
-                dependencies.push(("olm.package".to_string(), text.clone()));
+                let r = Req::deserialize(&prop.value)
+                    .map_err(|e| perr(i, &prop.kind, e.to_string()))?;
+                // Served in the legacy dependency shape {packageName, version}.
+                let dep = format!(
+                    "{{\"packageName\":{},\"version\":{}}}",
+                    gojson::encode(&Value::String(r.package_name), false),
+                    gojson::encode(&Value::String(r.version_range), false)
+                );
+                dependencies.push(("olm.package".to_string(), dep));
             }
             "olm.bundle.object" => {
                 let o = BundleObjectProp::deserialize(&prop.value)

@@ -1,0 +1,523 @@
+//! `hcp-olm catalog ...`: list packages, channels, bundles and upgrade paths
+//! of one or many catalogs, search by package name or provided API, and print
+//! tables, JSON or YAML.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use clap::{Args, Subcommand, ValueEnum};
+use hcp_olm_proto::api::registry_client::RegistryClient;
+use hcp_olm_proto::api::{self, Bundle};
+use serde::Serialize;
+use tonic::transport::Channel;
+
+use crate::connect;
+
+/// Browse operator catalogs over the registry gRPC API.
+#[derive(Debug, Args)]
+pub struct CatalogArgs {
+    /// Catalog address host:port (repeat for several catalogs).
+    #[arg(
+        long = "addr",
+        short = 'a',
+        required = true,
+        value_name = "HOST:PORT",
+        env = "HCP_OLM_CATALOG_ADDR",
+        value_delimiter = ','
+    )]
+    pub addrs: Vec<String>,
+    /// Give up on a catalog after this long (connect and each call), e.g. 5s, 500ms.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub timeout: Duration,
+    /// HTTP CONNECT proxy (host:port or http://host:port) to reach the catalogs through.
+    #[arg(long, env = "HCP_OLM_CATALOG_PROXY")]
+    pub proxy: Option<String>,
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+    #[command(subcommand)]
+    pub command: CatalogCommand,
+}
+
+/// Output formats.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum Output {
+    /// Aligned columns.
+    Table,
+    /// A JSON array.
+    Json,
+    /// A YAML sequence.
+    Yaml,
+}
+
+/// What to list.
+#[derive(Debug, Subcommand)]
+pub enum CatalogCommand {
+    /// List packages with their default channel and channels.
+    Packages,
+    /// List the channels of a package with their heads.
+    Channels {
+        /// Package name.
+        package: String,
+    },
+    /// List bundles (optionally of one package and channel).
+    Bundles {
+        /// Package name.
+        package: Option<String>,
+        /// Only this channel.
+        #[arg(long)]
+        channel: Option<String>,
+    },
+    /// Show the upgrade path of a channel: from --from (or the oldest entry on the replaces chain) up to the head.
+    UpgradePath {
+        /// Package name.
+        package: String,
+        /// Channel name.
+        channel: String,
+        /// Start from this bundle.
+        #[arg(long)]
+        from: Option<String>,
+    },
+    /// Search packages by name or bundles by provided API.
+    Search {
+        /// Substring of the package name.
+        #[arg(long)]
+        name: Option<String>,
+        /// Provided API: Kind, group/Kind or group/version/Kind.
+        #[arg(long)]
+        gvk: Option<String>,
+    },
+}
+
+/// Parses 10s, 500ms, 2m.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let i = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(i);
+    let n: u64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "" | "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        _ => Err(format!("invalid duration {s:?} (use ms, s or m)")),
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct PackageRow {
+    catalog: String,
+    name: String,
+    #[serde(rename = "defaultChannel")]
+    default_channel: String,
+    channels: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    deprecation: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct ChannelRow {
+    catalog: String,
+    package: String,
+    name: String,
+    head: String,
+    default: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    deprecation: Option<String>,
+}
+
+#[derive(Debug, Serialize, Clone)]
+struct BundleRow {
+    catalog: String,
+    package: String,
+    channel: String,
+    name: String,
+    version: String,
+    replaces: String,
+    skips: Vec<String>,
+    #[serde(rename = "skipRange")]
+    skip_range: String,
+    provides: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    deprecation: Option<String>,
+}
+
+fn bundle_row(catalog: &str, b: &Bundle) -> BundleRow {
+    BundleRow {
+        catalog: catalog.to_string(),
+        package: b.package_name.clone(),
+        channel: b.channel_name.clone(),
+        name: b.csv_name.clone(),
+        version: b.version.clone(),
+        replaces: b.replaces.clone(),
+        skips: b.skips.clone(),
+        skip_range: b.skip_range.clone(),
+        provides: b
+            .provided_apis
+            .iter()
+            .map(|g| format!("{}/{}/{}", g.group, g.version, g.kind))
+            .collect(),
+        deprecation: b.deprecation.as_ref().map(|d| d.message.clone()),
+    }
+}
+
+struct Client {
+    addr: String,
+    rpc: RegistryClient<Channel>,
+    timeout: Duration,
+}
+
+impl Client {
+    async fn list_packages(&mut self) -> anyhow::Result<Vec<api::Package>> {
+        let addr = self.addr.clone();
+        let mut names = Vec::new();
+        let mut s = self
+            .rpc
+            .list_packages(api::ListPackageRequest {})
+            .await
+            .with_context(|| format!("catalog {addr}: ListPackages"))?
+            .into_inner();
+        while let Some(p) = s
+            .message()
+            .await
+            .with_context(|| format!("catalog {addr}: ListPackages"))?
+        {
+            names.push(p.name);
+        }
+        names.sort();
+        let mut out = Vec::new();
+        for n in names {
+            out.push(self.package(&n).await?);
+        }
+        Ok(out)
+    }
+
+    async fn package(&mut self, name: &str) -> anyhow::Result<api::Package> {
+        let addr = &self.addr;
+        let mut p = self
+            .rpc
+            .get_package(api::GetPackageRequest {
+                name: name.to_string(),
+            })
+            .await
+            .map_err(|s| anyhow::anyhow!("catalog {addr}: package {name:?}: {}", s.message()))?
+            .into_inner();
+        p.channels.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(p)
+    }
+
+    async fn bundles(&mut self) -> anyhow::Result<Vec<Bundle>> {
+        let addr = self.addr.clone();
+        let fut = async {
+            let mut s = self
+                .rpc
+                .list_bundles(api::ListBundlesRequest {})
+                .await
+                .with_context(|| format!("catalog {addr}: ListBundles"))?
+                .into_inner();
+            let mut out = Vec::new();
+            while let Some(b) = s
+                .message()
+                .await
+                .with_context(|| format!("catalog {addr}: ListBundles"))?
+            {
+                out.push(b);
+            }
+            anyhow::Ok(out)
+        };
+        // The listing streams the whole catalog: allow a few timeouts' worth.
+        let mut out = tokio::time::timeout(self.timeout * 6, fut)
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "catalog {addr}: ListBundles did not finish within {:?}",
+                    self.timeout * 6
+                )
+            })??;
+        out.sort_by(|a, b| {
+            (&a.package_name, &a.channel_name, &a.csv_name).cmp(&(
+                &b.package_name,
+                &b.channel_name,
+                &b.csv_name,
+            ))
+        });
+        Ok(out)
+    }
+}
+
+fn gvk_matches(query: &str, g: &api::GroupVersionKind) -> bool {
+    let parts: Vec<&str> = query.split('/').collect();
+    match parts.as_slice() {
+        [k] => g.kind.eq_ignore_ascii_case(k),
+        [grp, k] => g.group == *grp && g.kind.eq_ignore_ascii_case(k),
+        [grp, v, k] => g.group == *grp && g.version == *v && g.kind.eq_ignore_ascii_case(k),
+        _ => false,
+    }
+}
+
+/// Runs the subcommand, writing to `out`.
+pub async fn run(args: &CatalogArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+    let mut clients = Vec::new();
+    for addr in &args.addrs {
+        let ch = connect::dial(addr, args.proxy.as_deref(), args.timeout).await?;
+        clients.push(Client {
+            addr: addr.clone(),
+            rpc: RegistryClient::new(ch).max_decoding_message_size(256 << 20),
+            timeout: args.timeout,
+        });
+    }
+    match &args.command {
+        CatalogCommand::Packages => {
+            let mut rows = Vec::new();
+            for c in &mut clients {
+                for p in c.list_packages().await? {
+                    rows.push(PackageRow {
+                        catalog: c.addr.clone(),
+                        name: p.name,
+                        default_channel: p.default_channel_name,
+                        channels: p.channels.into_iter().map(|c| c.name).collect(),
+                        deprecation: p.deprecation.map(|d| d.message),
+                    });
+                }
+            }
+            render(
+                out,
+                args.output,
+                &rows,
+                &["CATALOG", "PACKAGE", "DEFAULT CHANNEL", "CHANNELS"],
+                |r| {
+                    vec![
+                        r.catalog.clone(),
+                        r.name.clone(),
+                        r.default_channel.clone(),
+                        r.channels.join(","),
+                    ]
+                },
+            )
+        }
+        CatalogCommand::Channels { package } => {
+            let mut rows = Vec::new();
+            let mut found = false;
+            for c in &mut clients {
+                let Ok(p) = c.package(package).await else {
+                    continue;
+                };
+                found = true;
+                for ch in p.channels {
+                    rows.push(ChannelRow {
+                        catalog: c.addr.clone(),
+                        package: p.name.clone(),
+                        default: ch.name == p.default_channel_name,
+                        name: ch.name,
+                        head: ch.csv_name,
+                        deprecation: ch.deprecation.map(|d| d.message),
+                    });
+                }
+            }
+            if !found {
+                bail!("package {package:?} not found in {}", args.addrs.join(", "));
+            }
+            render(
+                out,
+                args.output,
+                &rows,
+                &["CATALOG", "PACKAGE", "CHANNEL", "HEAD", "DEFAULT"],
+                |r| {
+                    vec![
+                        r.catalog.clone(),
+                        r.package.clone(),
+                        r.name.clone(),
+                        r.head.clone(),
+                        r.default.to_string(),
+                    ]
+                },
+            )
+        }
+        CatalogCommand::Bundles { package, channel } => {
+            let mut rows = Vec::new();
+            for c in &mut clients {
+                for b in c.bundles().await? {
+                    if package.as_ref().is_some_and(|p| *p != b.package_name)
+                        || channel.as_ref().is_some_and(|ch| *ch != b.channel_name)
+                    {
+                        continue;
+                    }
+                    rows.push(bundle_row(&c.addr, &b));
+                }
+            }
+            render_bundles(out, args.output, &rows)
+        }
+        CatalogCommand::UpgradePath {
+            package,
+            channel,
+            from,
+        } => {
+            let mut rows = Vec::new();
+            for c in &mut clients {
+                let Ok(p) = c.package(package).await else {
+                    continue;
+                };
+                let Some(ch) = p.channels.iter().find(|x| x.name == *channel) else {
+                    continue;
+                };
+                let bundles: Vec<Bundle> = c
+                    .bundles()
+                    .await?
+                    .into_iter()
+                    .filter(|b| b.package_name == *package && b.channel_name == *channel)
+                    .collect();
+                let by_name: std::collections::HashMap<&str, &Bundle> =
+                    bundles.iter().map(|b| (b.csv_name.as_str(), b)).collect();
+                let mut chain = Vec::new();
+                let mut cur = by_name.get(ch.csv_name.as_str()).copied();
+                while let Some(b) = cur {
+                    if chain.len() > bundles.len() {
+                        break;
+                    }
+                    chain.push(bundle_row(&c.addr, b));
+                    if from.as_deref() == Some(b.csv_name.as_str()) {
+                        break;
+                    }
+                    cur = by_name.get(b.replaces.as_str()).copied();
+                }
+                if let Some(f) = from
+                    && !chain.iter().any(|r| r.name == *f)
+                {
+                    // Not on the replaces chain: the head may still skip it.
+                    let reachable = bundles.iter().any(|b| b.skips.contains(f));
+                    if !reachable {
+                        bail!(
+                            "catalog {}: {f:?} is not on the upgrade graph of {package}/{channel}",
+                            c.addr
+                        );
+                    }
+                }
+                chain.reverse();
+                rows.extend(chain);
+            }
+            if rows.is_empty() {
+                bail!(
+                    "channel {package}/{channel} not found in {}",
+                    args.addrs.join(", ")
+                );
+            }
+            render_bundles(out, args.output, &rows)
+        }
+        CatalogCommand::Search { name, gvk } => {
+            if name.is_none() && gvk.is_none() {
+                bail!("search needs --name or --gvk");
+            }
+            let mut rows = Vec::new();
+            for c in &mut clients {
+                let heads: std::collections::HashSet<(String, String)> = if gvk.is_some() {
+                    c.list_packages()
+                        .await?
+                        .into_iter()
+                        .flat_map(|p| {
+                            p.channels
+                                .into_iter()
+                                .map(move |ch| (p.name.clone(), ch.csv_name))
+                        })
+                        .collect()
+                } else {
+                    Default::default()
+                };
+                for b in c.bundles().await? {
+                    if name
+                        .as_ref()
+                        .is_some_and(|n| !b.package_name.contains(n.as_str()))
+                    {
+                        continue;
+                    }
+                    if let Some(q) = gvk {
+                        // Channel heads only: what a subscription would install.
+                        if !heads.contains(&(b.package_name.clone(), b.csv_name.clone()))
+                            || !b.provided_apis.iter().any(|g| gvk_matches(q, g))
+                        {
+                            continue;
+                        }
+                    }
+                    rows.push(bundle_row(&c.addr, &b));
+                }
+            }
+            render_bundles(out, args.output, &rows)
+        }
+    }
+}
+
+fn render_bundles(
+    out: &mut dyn std::io::Write,
+    fmt: Output,
+    rows: &[BundleRow],
+) -> anyhow::Result<()> {
+    render(
+        out,
+        fmt,
+        rows,
+        &[
+            "CATALOG",
+            "PACKAGE",
+            "CHANNEL",
+            "BUNDLE",
+            "VERSION",
+            "REPLACES",
+            "SKIPS",
+            "SKIP RANGE",
+        ],
+        |r| {
+            vec![
+                r.catalog.clone(),
+                r.package.clone(),
+                r.channel.clone(),
+                r.name.clone(),
+                r.version.clone(),
+                r.replaces.clone(),
+                r.skips.join(","),
+                r.skip_range.clone(),
+            ]
+        },
+    )
+}
+
+fn render<T: Serialize>(
+    out: &mut dyn std::io::Write,
+    fmt: Output,
+    rows: &[T],
+    header: &[&str],
+    cells: impl Fn(&T) -> Vec<String>,
+) -> anyhow::Result<()> {
+    match fmt {
+        Output::Json => {
+            serde_json::to_writer_pretty(&mut *out, rows)?;
+            writeln!(out)?;
+        }
+        Output::Yaml => write!(out, "{}", serde_yaml_ng::to_string(rows)?)?,
+        Output::Table => {
+            let body: Vec<Vec<String>> = rows.iter().map(cells).collect();
+            let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+            for r in &body {
+                for (w, c) in widths.iter_mut().zip(r) {
+                    *w = (*w).max(c.chars().count());
+                }
+            }
+            let line = |cols: Vec<String>| {
+                let mut s = String::new();
+                for (i, (c, w)) in cols.iter().zip(&widths).enumerate() {
+                    if i + 1 == cols.len() {
+                        s.push_str(c);
+                    } else {
+                        s.push_str(&format!("{c:<w$}   "));
+                    }
+                }
+                s.trim_end().to_string()
+            };
+            writeln!(
+                out,
+                "{}",
+                line(header.iter().map(|h| (*h).to_string()).collect())
+            )?;
+            for r in body {
+                writeln!(out, "{}", line(r))?;
+            }
+        }
+    }
+    Ok(())
+}
