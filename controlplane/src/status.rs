@@ -203,6 +203,81 @@ pub fn upgradeable(
     )
 }
 
+/// Per-catalog status: every default catalog (enabled or not), with the image and
+/// version chosen and the connection state read back from the guest CatalogSource
+/// (`guest_sources` maps a CatalogSource name to the object as JSON).
+pub fn catalog_statuses(
+    input: &crate::render::RenderInput,
+    desired: &crate::render::Desired,
+    guest_sources: &std::collections::BTreeMap<String, serde_json::Value>,
+) -> Vec<crate::hostedolm::CatalogStatus> {
+    use crate::catalogs::DefaultCatalog;
+    use crate::hostedolm::CatalogStatus;
+    DefaultCatalog::ALL
+        .into_iter()
+        .map(|c| {
+            let enabled = input.valid.enabled_catalogs.contains(&c);
+            let rendered = desired
+                .guest
+                .iter()
+                .find(|o| o.kind == "CatalogSource" && o.name == c.name());
+            let source = rendered.and_then(|o| {
+                o.body["spec"]["address"]
+                    .as_str()
+                    .or_else(|| o.body["spec"]["image"].as_str())
+                    .map(str::to_string)
+            });
+            let image = desired
+                .hcp
+                .iter()
+                .find(|o| o.kind == "Deployment" && o.name == crate::render::names::catalog(c))
+                .and_then(|o| o.body["spec"]["template"]["spec"]["containers"][0]["image"].as_str())
+                .map(str::to_string)
+                .or_else(|| {
+                    rendered.and_then(|o| o.body["spec"]["image"].as_str().map(str::to_string))
+                });
+            let live = guest_sources.get(c.name());
+            let state = live.map(|l| &l["status"]["connectionState"]);
+            let connection_state = state
+                .and_then(|s| s["lastObservedState"].as_str())
+                .map(str::to_string);
+            let last_connect = state
+                .and_then(|s| s["lastConnect"].as_str())
+                .map(str::to_string);
+            let message = if !enabled {
+                "disabled".to_string()
+            } else if rendered.is_none() {
+                desired
+                    .pending
+                    .iter()
+                    .find(|p| p.component == crate::render::names::catalog(c))
+                    .map(|p| p.message.clone())
+                    .unwrap_or_else(|| "not rendered".to_string())
+            } else if live.is_none() {
+                "CatalogSource not observed in the guest yet".to_string()
+            } else {
+                String::new()
+            };
+            let version = match input.catalog_images.get(&c) {
+                Some(Ok(img)) if enabled && rendered.is_some() && !img.version.is_empty() => {
+                    Some(img.version.clone())
+                }
+                _ => None,
+            };
+            CatalogStatus {
+                name: c.name().to_string(),
+                enabled,
+                image,
+                version,
+                source,
+                connection_state,
+                last_connect,
+                message,
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -425,3 +425,50 @@ fn tunnel_peer_config_is_typed_json() {
     assert_eq!(wg.body["spec"]["type"], "NodePort");
     assert_eq!(wg.body["spec"]["ports"][0]["protocol"], "UDP");
 }
+
+#[test]
+fn render_is_deterministic() {
+    for (what, input) in all_inputs() {
+        let a = render::to_yaml(&render::desired(&input).unwrap()).unwrap();
+        let b = render::to_yaml(&render::desired(&input).unwrap()).unwrap();
+        assert_eq!(a, b, "{what}");
+    }
+}
+
+#[test]
+fn catalog_status_reads_back_connection_state() {
+    use hcp_olm_controlplane::operatorhub::{HubSource, OperatorHubSpec};
+    use hcp_olm_controlplane::status::catalog_statuses;
+    let mut hc = common::load_hc("none-minimal.yaml");
+    hc.spec.configuration = Some(hcp_olm_controlplane::hostedcluster::ClusterConfiguration {
+        operatorhub: Some(OperatorHubSpec {
+            disable_all_default_sources: None,
+            sources: vec![HubSource {
+                name: "certified-operators".into(),
+                disabled: true,
+            }],
+        }),
+    });
+    let input = common::input(common::valid(&hc, None), true);
+    let d = render::desired(&input).unwrap();
+    let mut live = std::collections::BTreeMap::new();
+    live.insert(
+        "redhat-operators".to_string(),
+        serde_json::json!({"status": {"connectionState": {"lastObservedState": "READY", "lastConnect": "2026-11-22T06:00:00Z"}}}),
+    );
+    let st = catalog_statuses(&input, &d, &live);
+    assert_eq!(st.len(), 3);
+    assert_eq!(st[0].name, "redhat-operators");
+    assert_eq!(st[0].connection_state.as_deref(), Some("READY"));
+    assert_eq!(
+        st[0].source.as_deref(),
+        Some("hcp-olm-redhat-operators:50051")
+    );
+    assert!(st[0].image.as_deref().unwrap().contains("@sha256:"));
+    assert_eq!(st[0].version.as_deref(), Some("4.18"));
+    assert!(!st[1].enabled);
+    assert_eq!(st[1].message, "disabled");
+    assert_eq!(st[2].connection_state, None);
+    assert_eq!(st[2].version.as_deref(), Some("4.17"));
+    assert!(st[2].message.contains("not observed"));
+}
