@@ -125,6 +125,15 @@ impl HostedCluster {
         Some(format!("{ns}-{name}"))
     }
 
+    /// `(namespace, name)` of the guest admin kubeconfig Secret the controller itself
+    /// uses (`status.kubeconfig`, in the HostedCluster's namespace); None until
+    /// HyperShift has published it.
+    pub fn admin_kubeconfig_secret(&self) -> Option<(String, String)> {
+        let ns = self.metadata.namespace.clone()?;
+        let name = self.status.as_ref()?.kubeconfig.as_ref()?.name.clone();
+        (!name.is_empty()).then_some((ns, name))
+    }
+
     /// Parse the HostedCluster documents out of a multi-document YAML stream (other
     /// kinds, such as the Namespace, Secret and NodePool of `hypershift create cluster
     /// --render`, are skipped).

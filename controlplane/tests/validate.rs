@@ -209,3 +209,22 @@ fn valid_overrides_apply() {
     assert!(v.paused_until.is_paused(t("2029-12-31T23:59:59Z")));
     assert!(!v.paused_until.is_paused(t("2030-01-01T00:00:01Z")));
 }
+
+#[test]
+fn admin_kubeconfig_comes_from_status() {
+    let mut hc = common::load_hc("none-minimal.yaml");
+    assert_eq!(hc.admin_kubeconfig_secret(), None);
+    hc.status = Some(
+        serde_json::from_value(
+            serde_json::json!({"kubeconfig": {"name": "example-admin-kubeconfig"}}),
+        )
+        .unwrap(),
+    );
+    assert_eq!(
+        hc.admin_kubeconfig_secret(),
+        Some((
+            "clusters".to_string(),
+            "example-admin-kubeconfig".to_string()
+        ))
+    );
+}
