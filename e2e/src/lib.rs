@@ -3,6 +3,7 @@
 //! - [`tools`]: where the upstream binaries are (`make tools`).
 //! - [`cluster`]: etcd + kube-apiserver control planes ([`Cluster`], [`Environment`]).
 //! - [`netns`]: network namespaces joined by veth, with per-namespace `resolv.conf`.
+//! - [`registry`]: a real OCI registry on loopback.
 //! - [`process`]: processes that stand in for pods, killed by PID and waited for.
 
 pub mod cluster;
@@ -11,6 +12,7 @@ pub mod netns;
 pub mod pki;
 pub mod ports;
 pub mod process;
+pub mod registry;
 pub mod tools;
 
 pub use cluster::{Cluster, ClusterError, ClusterOptions, Environment, Identity};

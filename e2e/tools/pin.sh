@@ -48,8 +48,10 @@ write_simple olm github.com/operator-framework/operator-lifecycle-manager "$OLM_
   github.com/operator-framework/operator-lifecycle-manager/cmd/package-server
 write_simple opm github.com/operator-framework/operator-registry "$OPM_VERSION" \
   github.com/operator-framework/operator-registry/cmd/opm
+write_simple registry github.com/distribution/distribution/v3 "$REGISTRY_VERSION" \
+  github.com/distribution/distribution/v3/cmd/registry
 
-for d in kube etcd olm opm; do
+for d in kube etcd olm opm registry; do
   echo "pin: tidying $d" >&2
   (cd "$here/$d" && go mod tidy -e >/dev/null)
 done

@@ -1,0 +1,89 @@
+//! A real OCI registry (CNCF distribution) on loopback, for registry-lookup tests.
+
+use std::time::{Duration, Instant};
+
+use crate::process::{self, ManagedProcess, ProcessError};
+use crate::{ports, tools};
+
+/// Errors starting the registry.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error(transparent)]
+    Tool(#[from] tools::ToolError),
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("registry did not listen on {addr} within {bound:?}; last log lines:\n{log}")]
+    NotReady {
+        addr: String,
+        bound: Duration,
+        log: String,
+    },
+}
+
+/// A running registry; dropping it kills the process and removes its storage.
+pub struct Registry {
+    process: ManagedProcess,
+    addr: String,
+    _dir: tempfile::TempDir,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+impl Registry {
+    /// Starts a registry with filesystem storage on a free loopback port (plain HTTP).
+    pub fn start() -> Result<Self, RegistryError> {
+        let bin = tools::bin("registry")?;
+        let dir = tempfile::Builder::new()
+            .prefix("hcp-olm-registry-")
+            .tempdir()?;
+        let port = ports::free_port()?;
+        let addr = format!("127.0.0.1:{port}");
+        let config = format!(
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n",
+            dir.path().join("data").display()
+        );
+        let config_path = dir.path().join("config.yml");
+        std::fs::write(&config_path, config)?;
+        let mut cmd = process::command(bin);
+        cmd.arg("serve")
+            .arg(&config_path)
+            .env("OTEL_TRACES_EXPORTER", "none")
+            .env("OTEL_SDK_DISABLED", "true");
+        let process = ManagedProcess::spawn("registry", cmd, &dir.path().join("registry.log"))?;
+        let bound = Duration::from_secs(20);
+        let start = Instant::now();
+        while std::net::TcpStream::connect(&addr).is_err() {
+            if start.elapsed() > bound || process.exited().is_some() {
+                return Err(RegistryError::NotReady {
+                    addr,
+                    bound,
+                    log: process.log_tail(20),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(Self {
+            process,
+            addr,
+            _dir: dir,
+        })
+    }
+
+    /// `127.0.0.1:<port>`, usable as the registry part of image references.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// The registry's process id.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+}

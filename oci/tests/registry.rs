@@ -1,0 +1,141 @@
+//! Registry lookups against a real OCI registry (CNCF distribution) on loopback.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use hcp_olm_e2e::registry::Registry;
+use hcp_olm_oci::{Client, ClientOptions, Lookup, Mirror, OciError};
+
+fn client(reg: &Registry, mirrors: Vec<Mirror>) -> Result<Client> {
+    Ok(Client::new(ClientOptions {
+        plain_http: vec![reg.addr().to_string()],
+        mirrors,
+        timeout: Some(Duration::from_secs(5)),
+        ..Default::default()
+    })?)
+}
+
+#[tokio::test]
+async fn release_version_label_and_its_absence() -> Result<()> {
+    let reg = Registry::start()?;
+    let c = client(&reg, vec![])?;
+    let a = reg.addr();
+    let labels = BTreeMap::from([("io.openshift.release".to_string(), "4.18.3".to_string())]);
+    c.push_image(&format!("{a}/ocp/release:4.18.3-x86_64"), &labels)
+        .await?;
+    assert_eq!(
+        c.release_version(&format!("{a}/ocp/release:4.18.3-x86_64"))
+            .await?,
+        "4.18.3"
+    );
+
+    c.push_image(&format!("{a}/ocp/release:unlabelled"), &BTreeMap::new())
+        .await?;
+    match c
+        .release_version(&format!("{a}/ocp/release:unlabelled"))
+        .await
+    {
+        Err(e @ OciError::NoVersionLabel { .. }) => {
+            assert!(e.to_string().contains("io.openshift.release"), "{e}")
+        }
+        other => panic!("expected NoVersionLabel, got {other:?}"),
+    }
+    match c.release_version(&format!("{a}/ocp/release:absent")).await {
+        Err(OciError::NotFound { reason, .. }) => {
+            assert!(reason.contains("manifest unknown"), "{reason}")
+        }
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn tags_resolve_to_the_pushed_digest_and_missing_minors_are_missing() -> Result<()> {
+    let reg = Registry::start()?;
+    let c = client(&reg, vec![])?;
+    let a = reg.addr();
+    let repo = format!("{a}/redhat/redhat-operator-index");
+    let pushed = c
+        .push_image(&format!("{repo}:v4.16"), &BTreeMap::new())
+        .await?;
+    // The catalog-image fallback walks minors down until a tag exists.
+    let mut found = None;
+    let mut missing = Vec::new();
+    for minor in [18, 17, 16, 15] {
+        match c.resolve(&format!("{repo}:v4.{minor}")).await? {
+            Lookup::Found { digest, via } => {
+                found = Some((minor, digest, via));
+                break;
+            }
+            Lookup::Missing { reason } => missing.push((minor, reason)),
+        }
+    }
+    let (minor, digest, via) = found.expect("v4.16 exists");
+    assert_eq!(minor, 16);
+    assert_eq!(digest, pushed);
+    assert_eq!(via, format!("{repo}:v4.16"));
+    assert_eq!(missing.len(), 2);
+    assert!(missing[0].1.contains("manifest unknown"), "{missing:?}");
+    // A digest reference resolves to itself.
+    match c.resolve(&format!("{repo}@{pushed}")).await? {
+        Lookup::Found { digest, .. } => assert_eq!(digest, pushed),
+        other => panic!("{other:?}"),
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn mirrors_are_tried_before_the_source() -> Result<()> {
+    let reg = Registry::start()?;
+    let a = reg.addr();
+    let source = "registry.redhat.io/redhat/certified-operator-index";
+    let mirror = format!("{a}/mirror/certified-operator-index");
+    let plain = client(&reg, vec![])?;
+    let pushed = plain
+        .push_image(&format!("{mirror}:v4.18"), &BTreeMap::new())
+        .await?;
+
+    let mirrored = client(
+        &reg,
+        vec![Mirror {
+            source: "registry.redhat.io/redhat".into(),
+            mirrors: vec![format!("{a}/nothing-here"), format!("{a}/mirror")],
+        }],
+    )?;
+    match mirrored.resolve(&format!("{source}:v4.18")).await? {
+        Lookup::Found { digest, via } => {
+            assert_eq!(digest, pushed);
+            assert_eq!(via, format!("{mirror}:v4.18"));
+        }
+        other => panic!("expected the mirror to answer, got {other:?}"),
+    }
+    // A prefix that only matches part of a path component is not a mirror match.
+    let c = mirrored.candidates(&hcp_olm_oci::Reference::parse(
+        "registry.redhat.io/redhatx/y:1",
+    )?);
+    assert_eq!(c.len(), 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn unreachable_registry_fails_within_the_timeout_naming_the_url() -> Result<()> {
+    let port = hcp_olm_e2e::ports::free_port()?;
+    let addr = format!("127.0.0.1:{port}");
+    let c = Client::new(ClientOptions {
+        plain_http: vec![addr.clone()],
+        timeout: Some(Duration::from_secs(2)),
+        ..Default::default()
+    })?;
+    let start = Instant::now();
+    match c.resolve(&format!("{addr}/x/y:1")).await {
+        Err(e @ OciError::Transport { .. }) => assert!(e.to_string().contains(&addr), "{e}"),
+        other => panic!("expected a transport error, got {other:?}"),
+    }
+    assert!(start.elapsed() < Duration::from_secs(5));
+    match c.resolve("not a reference").await {
+        Err(OciError::Reference(e)) => assert!(e.to_string().contains("white space")),
+        other => panic!("{other:?}"),
+    }
+    Ok(())
+}
