@@ -529,14 +529,6 @@ pub fn validate(
     // operator-registry only matters for bundle unpack Jobs; fall back to the OLM image.
     let operator_registry = operator_registry.or_else(|| olm.clone());
 
-    if ov.catalog_server == Some(CatalogServerKind::HcpOlm) {
-        errs.push(ConditionReason::new(
-            InvalidOverride,
-            "HostedOLM.spec.catalogServer",
-            "HcpOlm is not available yet (its flags are not defined); use Opm",
-        ));
-    }
-
     match (cluster, release_version, olm, operator_registry) {
         (Some(cluster), Some(release_version), Some(olm), Some(operator_registry))
             if errs.is_empty() =>

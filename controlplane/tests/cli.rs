@@ -70,7 +70,7 @@ fn render_prints_both_clusters() {
 fn render_invalid_override_exits_64() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("ov.yaml");
-    std::fs::write(&p, "catalogServer: HcpOlm\n").unwrap();
+    std::fs::write(&p, "maxCatalogVersion: latest\n").unwrap();
     let out = bin()
         .args(["render", "--hosted-cluster"])
         .arg(common::examples_dir().join("none-minimal.yaml"))
@@ -85,7 +85,7 @@ fn render_invalid_override_exits_64() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(64));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("HostedOLM.spec.catalogServer"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("HostedOLM.spec.maxCatalogVersion"));
 }
 
 #[test]

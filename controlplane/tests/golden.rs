@@ -6,6 +6,7 @@ mod common;
 use std::path::PathBuf;
 
 use hcp_olm_controlplane::hostedcluster::{ClusterConfiguration, HostedCluster};
+use hcp_olm_controlplane::hostedolm::{CatalogServerKind, HostedOLMSpec};
 use hcp_olm_controlplane::operatorhub::{HubSource, OperatorHubSpec};
 use hcp_olm_controlplane::render::{self, RenderInput};
 
@@ -115,5 +116,18 @@ fn none_one_source_disabled() {
     golden(
         "none-one-disabled",
         &common::with_live_facts(common::input(common::valid(&hc, None), true)),
+    );
+}
+
+#[test]
+fn none_hcp_olm_catalog_server() {
+    let hc = common::load_hc("none-minimal.yaml");
+    let ov = HostedOLMSpec {
+        catalog_server: Some(CatalogServerKind::HcpOlm),
+        ..Default::default()
+    };
+    golden(
+        "none-hcp-olm-catalog-server",
+        &common::with_live_facts(common::input(common::valid(&hc, Some(&ov)), true)),
     );
 }

@@ -472,3 +472,30 @@ fn catalog_status_reads_back_connection_state() {
     assert_eq!(st[2].version.as_deref(), Some("4.17"));
     assert!(st[2].message.contains("not observed"));
 }
+
+#[test]
+fn catalog_server_choice_changes_only_the_server_container() {
+    use hcp_olm_controlplane::hostedolm::{CatalogServerKind, HostedOLMSpec};
+    let hc = common::load_hc("none-minimal.yaml");
+    let ov = HostedOLMSpec {
+        catalog_server: Some(CatalogServerKind::HcpOlm),
+        ..Default::default()
+    };
+    let input = common::input(common::valid(&hc, Some(&ov)), true);
+    let d = render::desired(&input).unwrap();
+    let c = container(&d, "hcp-olm-redhat-operators", "catalog-server");
+    assert_eq!(c["image"], "quay.io/hcp-olm/hcp-olm-catalog-server:test");
+    assert!(args(c).contains(&"--catalog=/extracted-catalog/catalog".to_string()));
+    assert!(args(c).contains(&"--listen=0.0.0.0:50051".to_string()));
+    let pod =
+        &find(&d.hcp, "Deployment", "hcp-olm-redhat-operators").body["spec"]["template"]["spec"];
+    let init = pod["initContainers"].as_array().unwrap();
+    assert!(
+        init[1]["image"]
+            .as_str()
+            .unwrap()
+            .starts_with("registry.redhat.io/redhat/redhat-operator-index@sha256:")
+    );
+    assert!(!args(&init[1]).iter().any(|a| a.starts_with("--cache")));
+    assert_eq!(pod["terminationGracePeriodSeconds"], 15);
+}

@@ -156,7 +156,6 @@ fn invalid_overrides_are_reported() {
         }),
         max_catalog_version: Some("latest".into()),
         catalog_fallback_minors: Some(99),
-        catalog_server: Some(CatalogServerKind::HcpOlm),
         ..Default::default()
     };
     let c = codes(validate::validate(
@@ -172,7 +171,6 @@ fn invalid_overrides_are_reported() {
         "HostedOLM.spec.images.catalogs[community-operators]",
         "HostedOLM.spec.maxCatalogVersion",
         "HostedOLM.spec.catalogFallbackMinors",
-        "HostedOLM.spec.catalogServer",
     ] {
         assert!(fields.contains(&f), "missing {f} in {fields:?}");
     }
@@ -193,10 +191,12 @@ fn valid_overrides_apply() {
             ..Default::default()
         }),
         max_catalog_version: Some("4.16".into()),
+        catalog_server: Some(CatalogServerKind::HcpOlm),
         ..Default::default()
     };
     let v = validate::validate(&hc, Some(&ov), &common::facts(), &common::defaults()).unwrap();
     assert_eq!(v.placement, CatalogPlacement::Guest);
+    assert_eq!(v.catalog_server, CatalogServerKind::HcpOlm);
     assert_eq!(
         v.enabled_catalogs,
         vec![hcp_olm_controlplane::catalogs::DefaultCatalog::CommunityOperators]

@@ -242,6 +242,7 @@ struct PodSpec<'a> {
     config_hash: String,
     image_pull_secrets: Vec<String>,
     strategy: Option<Value>,
+    termination_grace_seconds: Option<i64>,
 }
 
 fn deployment(input: &RenderInput, p: PodSpec<'_>) -> Value {
@@ -261,6 +262,9 @@ fn deployment(input: &RenderInput, p: PodSpec<'_>) -> Value {
     }
     if !v.node_selector.is_empty() {
         pod_spec["nodeSelector"] = json!(v.node_selector);
+    }
+    if let Some(g) = p.termination_grace_seconds {
+        pod_spec["terminationGracePeriodSeconds"] = json!(g);
     }
     if !p.image_pull_secrets.is_empty() {
         pod_spec["imagePullSecrets"] = Value::Array(
@@ -635,6 +639,7 @@ pub(super) fn render(
                 )])),
                 image_pull_secrets: vec![],
                 strategy: None,
+                termination_grace_seconds: None,
             },
         ),
         "deployments",
@@ -699,6 +704,7 @@ pub(super) fn render(
                 config_hash: operator_hash.clone(),
                 image_pull_secrets: vec![],
                 strategy: None,
+                termination_grace_seconds: None,
             },
         ),
         "deployments",
@@ -742,6 +748,7 @@ pub(super) fn render(
                 config_hash: operator_hash,
                 image_pull_secrets: vec![],
                 strategy: None,
+                termination_grace_seconds: None,
             },
         ),
         "deployments",
@@ -809,6 +816,7 @@ pub(super) fn render(
                 config_hash: config_hash(&ps_hash_parts),
                 image_pull_secrets: vec![],
                 strategy: ps_strategy,
+                termination_grace_seconds: None,
             },
         ),
         "deployments",
@@ -838,47 +846,51 @@ fn catalog_deployment(input: &RenderInput, c: &ResolvedCatalog) -> Result<Value,
     let v = &input.valid;
     let name = names::catalog(c.catalog);
     let image = c.image.image().to_string();
-    let grpc_probe = |initial: i32, timeout: i32, failure: i32| {
+    let grpc_probe = |initial: i32, timeout: i32, period: i32, failure: i32| {
         json!({
             "grpc": {"port": ports::CATALOG_GRPC},
             "initialDelaySeconds": initial,
             "timeoutSeconds": timeout,
-            "periodSeconds": 10,
+            "periodSeconds": period,
             "failureThreshold": failure,
         })
     };
-    let (init, server) = match v.catalog_server {
-        CatalogServerKind::Opm => (
-            vec![
-                json!({
-                    "name": "extract-utilities",
-                    "image": v.images.olm,
-                    "imagePullPolicy": "IfNotPresent",
-                    "command": ["cp"],
-                    "args": ["/bin/copy-content", "/utilities/copy-content"],
-                    "resources": resources("10m", "50Mi"),
-                    "securityContext": container_security(),
-                    "volumeMounts": [{"name": "utilities", "mountPath": "/utilities"}],
-                }),
-                json!({
-                    "name": "extract-content",
-                    "image": image,
-                    "imagePullPolicy": "IfNotPresent",
-                    "command": ["/utilities/copy-content"],
-                    "args": [
-                        "--catalog.from=/configs",
-                        "--catalog.to=/extracted-catalog/catalog",
-                        "--cache.from=/tmp/cache",
-                        "--cache.to=/extracted-catalog/cache",
-                    ],
-                    "resources": resources("10m", "50Mi"),
-                    "securityContext": container_security(),
-                    "volumeMounts": [
-                        {"name": "utilities", "mountPath": "/utilities"},
-                        {"name": "catalog-content", "mountPath": "/extracted-catalog"},
-                    ],
-                }),
+    let utilities = json!({
+        "name": "extract-utilities",
+        "image": v.images.olm,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["cp"],
+        "args": ["/bin/copy-content", "/utilities/copy-content"],
+        "resources": resources("10m", "50Mi"),
+        "securityContext": container_security(),
+        "volumeMounts": [{"name": "utilities", "mountPath": "/utilities"}],
+    });
+    let extract = |with_cache: bool| {
+        let mut args = vec![
+            "--catalog.from=/configs".to_string(),
+            "--catalog.to=/extracted-catalog/catalog".to_string(),
+        ];
+        if with_cache {
+            args.push("--cache.from=/tmp/cache".to_string());
+            args.push("--cache.to=/extracted-catalog/cache".to_string());
+        }
+        json!({
+            "name": "extract-content",
+            "image": image,
+            "imagePullPolicy": "IfNotPresent",
+            "command": ["/utilities/copy-content"],
+            "args": args,
+            "resources": resources("10m", "50Mi"),
+            "securityContext": container_security(),
+            "volumeMounts": [
+                {"name": "utilities", "mountPath": "/utilities"},
+                {"name": "catalog-content", "mountPath": "/extracted-catalog"},
             ],
+        })
+    };
+    let (init, server, grace, server_image) = match v.catalog_server {
+        CatalogServerKind::Opm => (
+            vec![utilities, extract(true)],
             json!({
                 "name": "registry",
                 "image": image,
@@ -890,21 +902,46 @@ fn catalog_deployment(input: &RenderInput, c: &ResolvedCatalog) -> Result<Value,
                     "--port", ports::CATALOG_GRPC.to_string(),
                 ],
                 "ports": [{"name": "grpc", "containerPort": ports::CATALOG_GRPC, "protocol": "TCP"}],
-                "readinessProbe": grpc_probe(5, 5, 3),
-                "livenessProbe": grpc_probe(10, 1, 3),
-                "startupProbe": grpc_probe(0, 1, 15),
+                "readinessProbe": grpc_probe(5, 5, 10, 3),
+                "livenessProbe": grpc_probe(10, 1, 10, 3),
+                "startupProbe": grpc_probe(0, 1, 10, 15),
                 "resources": resources("10m", c.catalog.memory_request()),
                 "securityContext": container_security(),
                 "volumeMounts": [{"name": "catalog-content", "mountPath": "/extracted-catalog"}],
             }),
+            None,
+            image.clone(),
         ),
-        CatalogServerKind::HcpOlm => {
-            return Err(RenderError::Input(
-                "catalog server HcpOlm has no documented flags yet (docs/catalog-server.md)".into(),
-            ));
-        }
+        // Flags and probes as documented in docs/catalog-server.md.
+        CatalogServerKind::HcpOlm => (
+            vec![utilities, extract(false)],
+            json!({
+                "name": "catalog-server",
+                "image": v.images.catalog_server,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["/usr/bin/hcp-olm-catalog-server"],
+                "args": [
+                    "--catalog=/extracted-catalog/catalog",
+                    format!("--listen=0.0.0.0:{}", ports::CATALOG_GRPC),
+                    "--log-format=json",
+                    "--shutdown-timeout=10s",
+                ],
+                "ports": [{"name": "grpc", "containerPort": ports::CATALOG_GRPC, "protocol": "TCP"}],
+                "readinessProbe": grpc_probe(0, 1, 5, 3),
+                "livenessProbe": grpc_probe(10, 1, 10, 3),
+                "startupProbe": grpc_probe(0, 1, 2, 60),
+                "resources": resources("10m", c.catalog.memory_request()),
+                "securityContext": container_security(),
+                "volumeMounts": [{"name": "catalog-content", "mountPath": "/extracted-catalog", "readOnly": true}],
+            }),
+            Some(15),
+            v.images.catalog_server.clone(),
+        ),
     };
-    let hash = config_hash(&BTreeMap::from([("image".to_string(), image.clone())]));
+    let hash = config_hash(&BTreeMap::from([
+        ("image".to_string(), image.clone()),
+        ("server".to_string(), server_image),
+    ]));
     Ok(deployment(
         input,
         PodSpec {
@@ -923,6 +960,7 @@ fn catalog_deployment(input: &RenderInput, c: &ResolvedCatalog) -> Result<Value,
             config_hash: hash,
             image_pull_secrets: vec![v.pull_secret.clone()],
             strategy: None,
+            termination_grace_seconds: grace,
         },
     ))
 }
