@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 export HCP_OLM_CACHE ?= $(HOME)/.cache/hcp-olm
 
-.PHONY: help build lint fmt tools test test-unit test-e2e demo crds
+.PHONY: help build lint fmt tools test fuzz demo
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -21,9 +21,16 @@ fmt: ## format the code
 tools: ## build the pinned upstream binaries (kube-apiserver, etcd, OLM, opm) into $(HCP_OLM_CACHE)
 	@e2e/tools/build.sh
 
-test: lint tools ## everything CI runs: lint, unit tests, real API servers, network namespaces
-	@echo "== make test: cargo test (unit, real control planes, network namespaces)"
+FUZZ_SECONDS ?= 20
+
+test: lint tools ## everything CI runs: lint, unit tests, real API servers, network namespaces, bounded fuzzing
+	@echo "== make test: cargo test (unit, real control planes, registries, network namespaces)"
 	$(CARGO) test --workspace --locked --no-fail-fast
+	@$(MAKE) --no-print-directory fuzz
+
+fuzz: ## run every cargo-fuzz target for FUZZ_SECONDS each (nightly + cargo-fuzz)
+	@echo "== make fuzz: $(FUZZ_SECONDS)s per target"
+	guest-agent/fuzz/run.sh $(FUZZ_SECONDS)
 
 demo: tools ## start the two-cluster environment and keep it up until Ctrl-C
 	$(CARGO) run --locked -p hcp-olm-e2e --bin hcp-olm-demo
