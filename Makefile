@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 export HCP_OLM_CACHE ?= $(HOME)/.cache/hcp-olm
 
-.PHONY: help build lint fmt tools test fuzz demo
+.PHONY: help build lint fmt tools tools-bench test fuzz demo
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -18,8 +18,11 @@ lint: ## rustfmt check + clippy -D warnings
 fmt: ## format the code
 	$(CARGO) fmt --all
 
-tools: ## build the pinned upstream binaries (kube-apiserver, etcd, OLM, opm) into $(HCP_OLM_CACHE)
+tools: ## build the pinned upstream binaries (kube-apiserver, etcd, OLM, opm, registry) into $(HCP_OLM_CACHE)
 	@e2e/tools/build.sh
+
+tools-bench: ## also build the benchmark-only peers (Konnectivity proxy-server/agent, CoreDNS)
+	@e2e/tools/build.sh --bench
 
 FUZZ_SECONDS ?= 20
 

@@ -11,6 +11,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 cache=${HCP_OLM_CACHE:-$HOME/.cache/hcp-olm}
 bin="$cache/bin"
 if [ "${1:-}" = "--bin-dir" ]; then echo "$bin"; exit 0; fi
+bench=0
+if [ "${1:-}" = "--bench" ]; then bench=1; fi
 
 need_go="1.26.3"
 if ! command -v go >/dev/null 2>&1; then
@@ -20,7 +22,7 @@ have_go=$(go env GOVERSION | sed 's/^go//')
 if [ "$(printf '%s\n%s\n' "$need_go" "$have_go" | sort -V | head -n1)" != "$need_go" ]; then
   echo "build-tools: Go $have_go is too old; OLM and opm need Go >= $need_go." >&2; exit 2
 fi
-export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
+export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0 GONOSUMDB=sigs.k8s.io/apiserver-network-proxy
 mkdir -p "$bin"
 
 probe_proxy() {
@@ -61,4 +63,9 @@ done
 build opm opm "$OPM_VERSION" github.com/operator-framework/operator-registry/cmd/opm -tags containers_image_openpgp \
   -ldflags "-s -w -X github.com/operator-framework/operator-registry/cmd/opm/version.gitCommit=${OPM_VERSION}"
 build registry registry "$REGISTRY_VERSION" github.com/distribution/distribution/v3/cmd/registry -ldflags "-s -w"
+if [ "$bench" = 1 ]; then
+  build konnectivity proxy-server "$KONNECTIVITY_VERSION" sigs.k8s.io/apiserver-network-proxy/cmd/server -ldflags "-s -w"
+  build konnectivity proxy-agent "$KONNECTIVITY_VERSION" sigs.k8s.io/apiserver-network-proxy/cmd/agent -ldflags "-s -w"
+  build coredns coredns "$COREDNS_VERSION" github.com/coredns/coredns -ldflags "-s -w"
+fi
 echo "build-tools: upstream binaries ready in $bin" >&2

@@ -51,7 +51,16 @@ write_simple opm github.com/operator-framework/operator-registry "$OPM_VERSION" 
 write_simple registry github.com/distribution/distribution/v3 "$REGISTRY_VERSION" \
   github.com/distribution/distribution/v3/cmd/registry
 
-for d in kube etcd olm opm registry; do
+# Konnectivity: the module replaces its own client with a local directory; use the published twin.
+# The checksum database has no entry for this module path, so its hashes are pinned in our go.sum.
+write_simple konnectivity sigs.k8s.io/apiserver-network-proxy "$KONNECTIVITY_VERSION" \
+  sigs.k8s.io/apiserver-network-proxy/cmd/server sigs.k8s.io/apiserver-network-proxy/cmd/agent
+printf '\nreplace sigs.k8s.io/apiserver-network-proxy/konnectivity-client => sigs.k8s.io/apiserver-network-proxy/konnectivity-client %s\n' \
+  "$KONNECTIVITY_VERSION" >> "$here/konnectivity/go.mod"
+write_simple coredns github.com/coredns/coredns "$COREDNS_VERSION" github.com/coredns/coredns
+
+export GONOSUMDB=sigs.k8s.io/apiserver-network-proxy
+for d in kube etcd olm opm registry konnectivity coredns; do
   echo "pin: tidying $d" >&2
   (cd "$here/$d" && go mod tidy -e >/dev/null)
 done
