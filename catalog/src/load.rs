@@ -19,10 +19,23 @@ pub struct Document {
 /// Reads every `.json`, `.yaml` and `.yml` file under `root` (recursively,
 /// skipping hidden entries) in path order and splits each into documents.
 pub fn read_dir(root: &Path) -> Result<Vec<Document>, LoadError> {
+    let mut docs = Vec::new();
+    for_each_doc(root, |d| {
+        docs.push(d);
+        Ok(())
+    })?;
+    Ok(docs)
+}
+
+/// Like [`read_dir`], handing each document to `f` as soon as its file is
+/// parsed, so only one file's documents are held at a time.
+pub fn for_each_doc(
+    root: &Path,
+    mut f: impl FnMut(Document) -> Result<(), LoadError>,
+) -> Result<(), LoadError> {
     let mut files = Vec::new();
     collect(root, root, &mut files)?;
     files.sort();
-    let mut docs = Vec::new();
     for rel in files {
         let full = root.join(&rel);
         let text = std::fs::read_to_string(&full).map_err(|e| {
@@ -35,9 +48,14 @@ pub fn read_dir(root: &Path) -> Result<Vec<Document>, LoadError> {
                 e.to_string(),
             )
         })?;
+        let mut docs = Vec::new();
         parse_file(&rel, &text, &mut docs)?;
+        drop(text);
+        for d in docs {
+            f(d)?;
+        }
     }
-    Ok(docs)
+    Ok(())
 }
 
 fn collect(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), LoadError> {

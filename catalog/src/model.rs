@@ -43,12 +43,34 @@ pub struct BundleData {
     pub dependencies: Vec<(String, String)>,
     /// (type, value) properties, without `olm.bundle.object` and `olm.csv.metadata`.
     pub properties: Vec<(String, String)>,
-    /// CSV JSON (from a CSV object or the metadata stub), may be empty.
-    pub csv_json: String,
+    /// CSV JSON (from a CSV object or the metadata stub), may be empty;
+    /// shared with the matching `objects` entry.
+    pub csv_json: Text,
     /// Manifests as JSON.
-    pub objects: Vec<String>,
+    pub objects: Vec<Text>,
     /// Deprecation message.
     pub deprecation: Option<String>,
+}
+
+/// JSON text kept as shared pieces (e.g. a stub CSV around its package's
+/// icon, which is stored once per package), joined when served.
+#[derive(Debug, Clone, Default)]
+pub struct Text(pub Vec<Arc<str>>);
+
+impl Text {
+    /// The whole text.
+    pub fn render(&self) -> String {
+        let mut s = String::with_capacity(self.0.iter().map(|p| p.len()).sum());
+        for p in &self.0 {
+            s.push_str(p);
+        }
+        s
+    }
+
+    /// True when there is no text.
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(|p| p.is_empty())
+    }
 }
 
 /// One bundle's place in one channel.
@@ -65,7 +87,7 @@ pub struct Entry {
 }
 
 /// A channel with its computed head.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Channel {
     /// Name.
     pub name: String,
@@ -117,8 +139,7 @@ impl Catalog {
                 "not a directory",
             ));
         }
-        let docs = load::read_dir(root)?;
-        build(docs)
+        build(root)
     }
 
     /// Number of distinct bundles over all packages.
@@ -246,14 +267,23 @@ struct BundleObjectProp {
     data: String,
 }
 
-fn typed<T: for<'de> Deserialize<'de>>(doc: &Document, what: &str) -> Result<T, LoadError> {
-    T::deserialize(&doc.value).map_err(|e| {
+fn typed<T: for<'de> Deserialize<'de>>(
+    doc: &Loc,
+    value: Value,
+    what: &str,
+) -> Result<T, LoadError> {
+    T::deserialize(value).map_err(|e| {
         LoadError::new(
             &doc.location,
             Rule::Shape,
             format!("not a valid {what} document: {e}"),
         )
     })
+}
+
+/// Where a document was found (kept after its content is consumed).
+struct Loc {
+    location: Location,
 }
 
 struct PkgBuild {
@@ -265,14 +295,17 @@ struct PkgBuild {
     deprecations: Option<(Location, DeprecationsDoc)>,
 }
 
-fn build(docs: Vec<Document>) -> Result<Catalog, LoadError> {
+fn build(root: &Path) -> Result<Catalog, LoadError> {
     let mut pkgs: BTreeMap<String, PkgBuild> = BTreeMap::new();
     let mut channels = Vec::new();
     let mut bundles = Vec::new();
     let mut deprecations = Vec::new();
-    for doc in &docs {
-        let schema = match doc.value.get("schema") {
-            Some(Value::String(s)) if !s.is_empty() => s.as_str(),
+    // Documents are consumed file by file: only one file's decoded
+    // documents exist at a time.
+    load::for_each_doc(root, |Document { location, value }| {
+        let doc = Loc { location };
+        let schema = match value.get("schema") {
+            Some(Value::String(s)) if !s.is_empty() => s.clone(),
             _ => {
                 return Err(LoadError::new(
                     &doc.location,
@@ -281,9 +314,9 @@ fn build(docs: Vec<Document>) -> Result<Catalog, LoadError> {
                 ));
             }
         };
-        match schema {
+        match schema.as_str() {
             "olm.package" => {
-                let p: PackageDoc = typed(doc, "olm.package")?;
+                let p: PackageDoc = typed(&doc, value, "olm.package")?;
                 if p.name.is_empty() {
                     return Err(LoadError::new(
                         &doc.location,
@@ -326,15 +359,23 @@ fn build(docs: Vec<Document>) -> Result<Catalog, LoadError> {
                     },
                 );
             }
-            "olm.channel" => channels.push((doc, typed::<ChannelDoc>(doc, "olm.channel")?)),
-            "olm.bundle" => bundles.push((doc, typed::<BundleDoc>(doc, "olm.bundle")?)),
+            "olm.channel" => {
+                let c: ChannelDoc = typed(&doc, value, "olm.channel")?;
+                channels.push((doc, c));
+            }
+            "olm.bundle" => {
+                let b: BundleDoc = typed(&doc, value, "olm.bundle")?;
+                bundles.push((doc, b));
+            }
             "olm.deprecations" => {
-                deprecations.push((doc, typed::<DeprecationsDoc>(doc, "olm.deprecations")?))
+                let d: DeprecationsDoc = typed(&doc, value, "olm.deprecations")?;
+                deprecations.push((doc, d));
             }
             // Other schemas are kept by opm for the experimental API only.
             _ => {}
         }
-    }
+        Ok(())
+    })?;
     for (doc, c) in channels {
         if c.name.is_empty() {
             return Err(LoadError::new(
@@ -545,7 +586,11 @@ fn build_package(p: PkgBuild) -> Result<Package, LoadError> {
             },
         );
     }
-    // Bundles.
+    // Bundles. The icon's base64 is held once and shared by every stub CSV.
+    let icon = p
+        .icon
+        .as_ref()
+        .map(|i| (Arc::<str>::from(i.base64data.as_str()), i.mediatype.clone()));
     let mut bundles = BTreeMap::new();
     for (bname, (loc, b)) in &p.bundles {
         if !in_channel.contains(bname.as_str()) {
@@ -555,7 +600,7 @@ fn build_package(p: PkgBuild) -> Result<Package, LoadError> {
                 format!("package {pname:?} bundle {bname:?} is not an entry of any channel"),
             ));
         }
-        let data = build_bundle(loc, &pname, b, p.icon.clone(), &p.doc.description)?;
+        let data = build_bundle(loc, &pname, b, icon.clone(), &p.doc.description)?;
         bundles.insert(bname.clone(), data);
     }
     let mut pkg = Package {
@@ -704,7 +749,7 @@ fn build_bundle(
     loc: &Location,
     pname: &str,
     b: &BundleDoc,
-    icon: Option<Icon>,
+    icon: Option<(Arc<str>, String)>,
     package_description: &str,
 ) -> Result<BundleData, LoadError> {
     let bname = &b.name;
@@ -786,7 +831,7 @@ fn build_bundle(
                         format!("package {pname:?} bundle {bname:?} property {i} (olm.bundle.object): data is not a JSON or YAML manifest: {e}"),
                     )
                 })?;
-                objects.push(json);
+                objects.push(Text(vec![Arc::<str>::from(json)]));
                 continue;
             }
             "olm.csv.metadata" => {
@@ -850,7 +895,7 @@ fn build_bundle(
     }
     let mut csv_json = objects
         .iter()
-        .find(|o| is_csv(o))
+        .find(|o| o.0.first().is_some_and(|t| is_csv(t)))
         .cloned()
         .unwrap_or_default();
     if csv_json.is_empty() && metas.len() == 1 {
@@ -862,16 +907,27 @@ fn build_bundle(
                 image: r.image.clone(),
             })
             .collect();
-        csv_json = csv::stub_csv_json(
+        const MARK: &str = "\u{1}hcp-olm-icon\u{1}";
+        const MARK_TEXT: &str = "\\u0001hcp-olm-icon\\u0001";
+        let text = csv::stub_csv_json(
             &metas[0],
             StubInputs {
                 name: bname,
                 version: &semver.to_string(),
-                icon,
+                icon: icon.as_ref().map(|(_, media)| Icon {
+                    base64data: MARK.to_string(),
+                    mediatype: media.clone(),
+                }),
                 related_images: &related,
                 package_description,
             },
         );
+        csv_json = match (text.split_once(MARK_TEXT), &icon) {
+            (Some((head, tail)), Some((data, _))) => {
+                Text(vec![Arc::from(head), Arc::clone(data), Arc::from(tail)])
+            }
+            _ => Text(vec![Arc::from(text)]),
+        };
         if objects.is_empty() {
             objects.push(csv_json.clone());
         }

@@ -106,12 +106,15 @@ pub fn to_api(data: &BundleData, channel: &str, e: &Entry, content: bool) -> Bun
         package_name: data.package.clone(),
         channel_name: channel.to_string(),
         csv_json: if content {
-            data.csv_json.clone()
+            data.csv_json.render()
         } else {
             String::new()
         },
         object: if content {
-            data.objects.clone()
+            data.objects
+                .iter()
+                .map(crate::model::Text::render)
+                .collect()
         } else {
             Vec::new()
         },
@@ -482,7 +485,16 @@ pub async fn serve(
     let reflection_v1alpha = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(hcp_olm_proto::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    // Small unary answers must not wait for Nagle + delayed ACK.
+    let incoming = tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::TcpListenerStream::new(listener),
+        |s| {
+            if let Ok(s) = &s {
+                let _ = s.set_nodelay(true);
+            }
+            s
+        },
+    );
     tonic::transport::Server::builder()
         .add_service(
             RegistryServer::new(RegistryService::new(catalog))

@@ -1,0 +1,248 @@
+//! Catalog benchmark: our server against `opm serve` on the same catalog, same
+//! run, same machine. Measures resident memory after load (peak and steady),
+//! start-up time to the first SERVING health answer, full ListBundles time and
+//! GetBundle p50/p99, then prints the ratio line. Run via
+//! `scripts/bench-catalog.sh` (`make bench-catalog`). Loopback only; every
+//! loop is bounded in count and time.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hcp_olm_proto::api::registry_client::RegistryClient;
+use hcp_olm_proto::api::{self, GetBundleRequest};
+use hcp_olm_proto::health::HealthCheckRequest;
+use hcp_olm_proto::health::health_client::HealthClient;
+
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[derive(Debug, Default)]
+struct Figures {
+    startup: Duration,
+    rss_steady_kb: u64,
+    rss_peak_kb: u64,
+    list_bundles: Duration,
+    get_p50: Duration,
+    get_p99: Duration,
+    bundles: usize,
+}
+
+fn status_kb(pid: u32, key: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    text.lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+async fn serving(port: u16) -> bool {
+    let Ok(ch) = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+        .expect("endpoint")
+        .connect_timeout(Duration::from_millis(200))
+        .timeout(Duration::from_secs(1))
+        .connect()
+        .await
+    else {
+        return false;
+    };
+    HealthClient::new(ch)
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .is_ok_and(|r| r.into_inner().status == 1)
+}
+
+async fn measure(name: &str, mut cmd: Command, port: u16, samples: usize) -> Figures {
+    let started = Instant::now();
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let guard = Guard(child);
+    let pid = guard.0.id();
+    let limit = Duration::from_secs(600);
+    while !serving(port).await {
+        assert!(
+            started.elapsed() < limit,
+            "{name} not serving within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut f = Figures {
+        startup: started.elapsed(),
+        ..Default::default()
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    f.rss_steady_kb = status_kb(pid, "VmRSS:");
+    f.rss_peak_kb = status_kb(pid, "VmHWM:");
+
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    let mut c = RegistryClient::new(ch).max_decoding_message_size(usize::MAX);
+    let mut refs = Vec::new();
+    let mut times = Vec::new();
+    for round in 0..3 {
+        let t = Instant::now();
+        let mut s = c
+            .list_bundles(api::ListBundlesRequest {})
+            .await
+            .expect("ListBundles")
+            .into_inner();
+        let mut n = Vec::new();
+        while let Some(b) = s.message().await.expect("stream") {
+            n.push((b.package_name, b.channel_name, b.csv_name));
+        }
+        times.push(t.elapsed());
+        if round == 0 {
+            refs = n;
+        }
+    }
+    times.sort();
+    f.list_bundles = times[1];
+    f.bundles = refs.len();
+    refs.sort();
+    let mut lat = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    for i in 0..samples {
+        if Instant::now() > deadline {
+            break;
+        }
+        // Spread over all bundles.
+        let (p, ch, b) = &refs[(i * 7919) % refs.len()];
+        let t = Instant::now();
+        c.get_bundle(GetBundleRequest {
+            pkg_name: p.clone(),
+            channel_name: ch.clone(),
+            csv_name: b.clone(),
+        })
+        .await
+        .expect("GetBundle");
+        lat.push(t.elapsed());
+    }
+    lat.sort();
+    f.get_p50 = lat[lat.len() / 2];
+    f.get_p99 = lat[(lat.len() * 99 / 100).min(lat.len() - 1)];
+    f.rss_peak_kb = f.rss_peak_kb.max(status_kb(pid, "VmHWM:"));
+    drop(guard);
+    eprintln!(
+        "{name}: startup {:?}, rss steady {} MiB, rss peak {} MiB, ListBundles {:?} ({} bundles), GetBundle p50 {:?} p99 {:?} ({} calls)",
+        f.startup,
+        f.rss_steady_kb / 1024,
+        f.rss_peak_kb / 1024,
+        f.list_bundles,
+        f.bundles,
+        f.get_p50,
+        f.get_p99,
+        lat.len()
+    );
+    f
+}
+
+/// Real directories of symlinked files for the packages that validate on
+/// their own (opm refuses the whole catalog otherwise).
+fn servable_subset(catalog: &Path, out: &Path) -> Vec<String> {
+    let mut left_out = Vec::new();
+    let mut entries: Vec<_> = std::fs::read_dir(catalog)
+        .expect("read catalog")
+        .flatten()
+        .collect();
+    entries.sort_by_key(std::fs::DirEntry::file_name);
+    for e in entries {
+        if !e.path().is_dir() {
+            continue;
+        }
+        if hcp_olm_catalog::Catalog::load_dir(&e.path()).is_ok() {
+            let to = out.join(e.file_name());
+            std::fs::create_dir_all(&to).expect("mkdir");
+            for f in std::fs::read_dir(e.path()).expect("read").flatten() {
+                std::os::unix::fs::symlink(f.path(), to.join(f.file_name())).expect("symlink");
+            }
+        } else {
+            left_out.push(e.file_name().to_string_lossy().into_owned());
+        }
+    }
+    left_out
+}
+
+fn ratio(a: f64, b: f64) -> String {
+    if b == 0.0 {
+        "inf".into()
+    } else {
+        format!("{:.3}", a / b)
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let mut args = std::env::args().skip(1);
+    let catalog = PathBuf::from(
+        args.next()
+            .expect("usage: bench CATALOG_DIR SERVER_BIN OPM_BIN [SAMPLES]"),
+    );
+    let server = PathBuf::from(args.next().expect("server binary"));
+    let opm = PathBuf::from(args.next().expect("opm binary"));
+    let samples: usize = args
+        .next()
+        .map(|s| s.parse().expect("samples"))
+        .unwrap_or(2000)
+        .min(100_000);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let left_out = servable_subset(&catalog, dir.path());
+    eprintln!(
+        "catalog-bench: {} (left out, refused by opm's rules: {left_out:?})",
+        catalog.display()
+    );
+
+    let port = free_port();
+    let mut cmd = Command::new(&opm);
+    cmd.arg("serve")
+        .arg(dir.path())
+        .arg("-p")
+        .arg(port.to_string())
+        .arg("--pprof-addr=")
+        .arg("-t")
+        .arg("/dev/null")
+        .env("GRPC_PROXY", "");
+    let o = measure("opm", cmd, port, samples).await;
+
+    let port = free_port();
+    let mut cmd = Command::new(&server);
+    cmd.arg("--catalog")
+        .arg(dir.path())
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"));
+    let s = measure("ours", cmd, port, samples).await;
+    assert_eq!(
+        o.bundles, s.bundles,
+        "both servers must list the same bundles"
+    );
+
+    println!(
+        "catalog-bench: rss_ratio={} startup_ratio={} listbundles_ratio={} getbundle_p99_ratio={}",
+        ratio(s.rss_steady_kb as f64, o.rss_steady_kb as f64),
+        ratio(s.startup.as_secs_f64(), o.startup.as_secs_f64()),
+        ratio(s.list_bundles.as_secs_f64(), o.list_bundles.as_secs_f64()),
+        ratio(s.get_p99.as_secs_f64(), o.get_p99.as_secs_f64()),
+    );
+}

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Catalog benchmark (not a test): our catalog server against `opm serve` on the
+# large real catalog, same run, same machine. Prints per-server figures on
+# stderr and, last, the line
+#   catalog-bench: rss_ratio=... startup_ratio=... listbundles_ratio=... getbundle_p99_ratio=...
+# Usage: scripts/bench-catalog.sh [CATALOG_DIR] [GETBUNDLE_SAMPLES]
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+catalog="${1:-$root/../shared/fixtures/catalogs/large}"
+samples="${2:-2000}"
+tools="${HCP_OLM_TOOLS_DIR:-${HCP_OLM_CACHE:-$HOME/.cache/hcp-olm}/bin}"
+opm="$tools/opm"
+if [[ ! -x "$opm" ]]; then
+  echo "bench-catalog: opm not found at $opm: run 'make tools' first" >&2
+  exit 1
+fi
+cd "$root"
+cargo build --release -q -p hcp-olm-catalog --bin hcp-olm-catalog-server --example bench
+target="${CARGO_TARGET_DIR:-$root/target}/release"
+exec "$target/examples/bench" "$catalog" "$target/hcp-olm-catalog-server" "$opm" "$samples"
