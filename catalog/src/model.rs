@@ -202,6 +202,10 @@ struct BundleDoc {
     properties: Vec<PropertyDoc>,
     #[serde(default, rename = "relatedImages")]
     related_images: Vec<RelatedImageDoc>,
+    /// `olm.csv.metadata` values decoded as soon as the document is read
+    /// (by property index), so the generic JSON trees are not kept.
+    #[serde(skip)]
+    metas: Vec<(usize, Result<CsvMetadata, String>)>,
 }
 
 #[derive(Deserialize)]
@@ -364,7 +368,14 @@ fn build(root: &Path) -> Result<Catalog, LoadError> {
                 channels.push((doc, c));
             }
             "olm.bundle" => {
-                let b: BundleDoc = typed(&doc, value, "olm.bundle")?;
+                let mut b: BundleDoc = typed(&doc, value, "olm.bundle")?;
+                for (i, p) in b.properties.iter_mut().enumerate() {
+                    if p.kind == "olm.csv.metadata" {
+                        let v = std::mem::take(&mut p.value);
+                        b.metas
+                            .push((i, CsvMetadata::deserialize(v).map_err(|e| e.to_string())));
+                    }
+                }
                 bundles.push((doc, b));
             }
             "olm.deprecations" => {
@@ -835,9 +846,11 @@ fn build_bundle(
                 continue;
             }
             "olm.csv.metadata" => {
-                let m = CsvMetadata::deserialize(&prop.value)
-                    .map_err(|e| perr(i, &prop.kind, e.to_string()))?;
-                metas.push(m);
+                match b.metas.iter().find(|(j, _)| *j == i) {
+                    Some((_, Ok(m))) => metas.push(m),
+                    Some((_, Err(e))) => return Err(perr(i, &prop.kind, e.clone())),
+                    None => return Err(perr(i, &prop.kind, "not decoded".into())),
+                }
                 continue;
             }
             _ => {}
@@ -910,7 +923,7 @@ fn build_bundle(
         const MARK: &str = "\u{1}hcp-olm-icon\u{1}";
         const MARK_TEXT: &str = "\\u0001hcp-olm-icon\\u0001";
         let text = csv::stub_csv_json(
-            &metas[0],
+            metas[0],
             StubInputs {
                 name: bname,
                 version: &semver.to_string(),
