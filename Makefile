@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 export HCP_OLM_CACHE ?= $(HOME)/.cache/hcp-olm
 
-.PHONY: help build lint fmt tools tools-bench test fuzz demo
+.PHONY: help build lint fmt tools tools-bench test fuzz demo bench-catalog
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -37,3 +37,6 @@ fuzz: ## run every cargo-fuzz target for FUZZ_SECONDS each (nightly + cargo-fuzz
 
 demo: tools ## start the two-cluster environment and keep it up until Ctrl-C
 	$(CARGO) run --locked -p hcp-olm-e2e --bin hcp-olm-demo
+
+bench-catalog: tools ## our catalog server vs opm serve on the large real catalog (prints catalog-bench: ...)
+	scripts/bench-catalog.sh
