@@ -7,7 +7,8 @@
 //! - [`catalogs`]: default catalogs and image selection with fallback;
 //! - [`certs`]: per-cluster CA, packageserver serving cert, rotation decision;
 //! - [`render`]: every desired object for the HCP namespace and the guest;
-//! - [`status`]: conditions from validation/render results.
+//! - [`status`]: conditions from validation/render results;
+//! - [`runtime`]: the controller runtime that reads and writes both clusters.
 
 pub mod catalogs;
 pub mod certs;
@@ -15,5 +16,6 @@ pub mod hostedcluster;
 pub mod hostedolm;
 pub mod operatorhub;
 pub mod render;
+pub mod runtime;
 pub mod status;
 pub mod validate;

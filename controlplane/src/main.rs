@@ -1,6 +1,7 @@
 //! `hcp-olm-controller`: wiring only. Subcommands:
 //! - `render`: print every object for both clusters from a HostedCluster YAML, offline;
-//! - `crd`: print the HostedOLM CRD.
+//! - `crd`: print the HostedOLM CRD;
+//! - `run`: the controller (see docs/controller.md).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -59,6 +60,41 @@ enum Command {
     },
     /// Print the HostedOLM CustomResourceDefinition.
     Crd,
+    /// Run the controller against the cluster of the ambient kubeconfig / in-cluster config.
+    Run(RunArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Address of /healthz, /readyz and /metrics.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    admin_addr: std::net::SocketAddr,
+    /// HostedClusters reconciled at once.
+    #[arg(long, default_value_t = 4)]
+    concurrency: u16,
+    /// OLM image (until release-payload lookup is wired, this is required unless every
+    /// HostedOLM overrides it).
+    #[arg(long, env = "HCP_OLM_OLM_IMAGE")]
+    olm_image: Option<String>,
+    /// operator-registry image (defaults to the OLM image).
+    #[arg(long, env = "HCP_OLM_OPERATOR_REGISTRY_IMAGE")]
+    operator_registry_image: Option<String>,
+    /// Look up release labels and catalog tags in registries; `false` assumes catalog
+    /// tags exist and takes the version from HostedCluster status.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    registry_lookups: bool,
+    /// dockerconfigjson file with registry credentials for lookups.
+    #[arg(long)]
+    pull_secret_file: Option<PathBuf>,
+    /// Registries (host:port) spoken to over plain HTTP.
+    #[arg(long)]
+    plain_http: Vec<String>,
+    #[arg(long)]
+    catalog_server_image: Option<String>,
+    #[arg(long)]
+    tunnel_gateway_image: Option<String>,
+    #[arg(long)]
+    guest_agent_image: Option<String>,
 }
 
 /// An input problem: printed and mapped to exit code 64.
@@ -87,6 +123,11 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<Result<(), InputError>> {
     match cli.command {
+        Command::Run(args) => {
+            let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+            rt.block_on(run_controller(args))?;
+            Ok(Ok(()))
+        }
         Command::Crd => {
             print!("{}", hostedolm::crd_yaml().context("serializing the CRD")?);
             Ok(Ok(()))
@@ -158,6 +199,91 @@ fn run(cli: Cli) -> anyhow::Result<Result<(), InputError>> {
             Ok(Ok(()))
         }
     }
+}
+
+async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
+    use hcp_olm_controlplane::runtime::{self, controller, metrics};
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the management cluster")?;
+    let mut defaults = ControllerDefaults::default();
+    if let Some(i) = args.catalog_server_image {
+        defaults.catalog_server_image = i;
+    }
+    if let Some(i) = args.tunnel_gateway_image {
+        defaults.tunnel_gateway_image = i;
+    }
+    if let Some(i) = args.guest_agent_image {
+        defaults.guest_agent_image = i;
+    }
+    let oci = if args.registry_lookups {
+        let pull_secret = match &args.pull_secret_file {
+            Some(p) => {
+                let bytes = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
+                hcp_olm_oci::PullSecret::parse(&bytes)
+                    .map_err(|e| anyhow::anyhow!("{}: {}", p.display(), e.0))?
+            }
+            None => hcp_olm_oci::PullSecret::default(),
+        };
+        Some(std::sync::Arc::new(
+            hcp_olm_oci::Client::new(hcp_olm_oci::ClientOptions {
+                pull_secret,
+                mirrors: Vec::new(),
+                plain_http: args.plain_http,
+                timeout: Some(std::time::Duration::from_secs(20)),
+            })
+            .context("registry client")?,
+        ))
+    } else {
+        None
+    };
+    let ctx = std::sync::Arc::new(runtime::Context::new(
+        client,
+        runtime::Config {
+            defaults,
+            olm_image: args.olm_image,
+            operator_registry_image: args.operator_registry_image,
+            oci,
+        },
+    ));
+    // One shutdown signal shared by the admin server and the controller.
+    let (tx, rx) = futures::channel::oneshot::channel::<()>();
+    let stop = futures::FutureExt::shared(futures::FutureExt::map(rx, |_| ()));
+    let admin = tokio::spawn(metrics::serve(
+        args.admin_addr,
+        ctx.metrics.clone(),
+        stop.clone(),
+    ));
+    tokio::spawn(async move {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot listen for SIGTERM");
+                    let _ = tokio::signal::ctrl_c().await;
+                    let _ = tx.send(());
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("interrupt: shutting down"),
+        }
+        let _ = tx.send(());
+    });
+    controller::run(
+        ctx,
+        controller::RunOptions {
+            concurrency: args.concurrency,
+        },
+        stop,
+    )
+    .await;
+    match admin.await {
+        Ok(r) => r.context("admin endpoints")?,
+        Err(e) => anyhow::bail!("admin endpoints task: {e}"),
+    }
+    Ok(())
 }
 
 fn read_overrides(path: &Path) -> Result<HostedOLMSpec, InputError> {

@@ -340,13 +340,24 @@ fn tmp_volume() -> Value {
 }
 
 fn http_probe(path: &str, port: u16, scheme: &str, initial: i32, failure: i32) -> Value {
-    json!({
+    without_zero_delay(json!({
         "httpGet": {"path": path, "port": port, "scheme": scheme},
         "initialDelaySeconds": initial,
         "periodSeconds": 10,
         "timeoutSeconds": 5,
         "failureThreshold": failure,
-    })
+    }))
+}
+
+/// The API server drops `initialDelaySeconds: 0` (its default), so rendering it would
+/// make every applied Deployment look changed on every reconcile.
+fn without_zero_delay(mut probe: Value) -> Value {
+    if probe["initialDelaySeconds"] == json!(0)
+        && let Some(o) = probe.as_object_mut()
+    {
+        o.remove("initialDelaySeconds");
+    }
+    probe
 }
 
 fn resources(cpu: &str, memory: &str) -> Value {
@@ -847,13 +858,13 @@ fn catalog_deployment(input: &RenderInput, c: &ResolvedCatalog) -> Result<Value,
     let name = names::catalog(c.catalog);
     let image = c.image.image().to_string();
     let grpc_probe = |initial: i32, timeout: i32, period: i32, failure: i32| {
-        json!({
+        without_zero_delay(json!({
             "grpc": {"port": ports::CATALOG_GRPC},
             "initialDelaySeconds": initial,
             "timeoutSeconds": timeout,
             "periodSeconds": period,
             "failureThreshold": failure,
-        })
+        }))
     };
     let utilities = json!({
         "name": "extract-utilities",

@@ -1,0 +1,122 @@
+//! The controller runtime: reads the clusters, composes the pure pieces of this crate
+//! and writes the result.
+//!
+//! - [`reconcile`]: [`reconcile::reconcile_one`] for one HostedCluster, and the
+//!   finalizer cleanup;
+//! - [`facts`]: release version and catalog images (registry lookups);
+//! - [`secrets`]: PKI and tunnel keys persisted in the HCP namespace;
+//! - [`controller`]: the kube-runtime `Controller` loop behind `hcp-olm-controller run`;
+//! - [`metrics`]: Prometheus metrics and the admin HTTP endpoints.
+
+pub mod controller;
+pub mod facts;
+pub mod metrics;
+pub mod reconcile;
+pub mod secrets;
+
+use std::sync::Arc;
+
+use crate::validate::ControllerDefaults;
+
+/// Field manager of every write (server-side apply and status).
+pub const FIELD_MANAGER: &str = "hcp-olm";
+/// Finalizer on HostedClusters: our objects in both clusters are removed first.
+pub const FINALIZER: &str = "hcp-olm.io/cleanup";
+/// Key of the kubeconfig in HyperShift's admin kubeconfig Secret (`status.kubeconfig`).
+pub const ADMIN_KUBECONFIG_KEY: &str = "kubeconfig";
+
+/// How the runtime is set up (flags of `run`).
+#[derive(Clone, Debug, Default)]
+pub struct Config {
+    pub defaults: ControllerDefaults,
+    /// OLM image to use when the HostedOLM does not override it (normally the release
+    /// payload's operator-lifecycle-manager image).
+    pub olm_image: Option<String>,
+    /// operator-registry image (falls back to the OLM image).
+    pub operator_registry_image: Option<String>,
+    /// Registry client for release labels and catalog tag lookups; None means the
+    /// release version comes from `status.version.desired.version` and catalog tags
+    /// are assumed to exist.
+    pub oci: Option<Arc<hcp_olm_oci::Client>>,
+}
+
+/// Shared state of reconciles.
+#[derive(Clone)]
+pub struct Context {
+    /// Management-cluster client.
+    pub client: kube::Client,
+    pub config: Config,
+    pub metrics: Arc<metrics::Metrics>,
+    /// Consecutive failures per HostedCluster (`namespace/name`), for backoff.
+    failures: Arc<std::sync::Mutex<std::collections::HashMap<String, u32>>>,
+}
+
+impl Context {
+    pub fn new(client: kube::Client, config: Config) -> Self {
+        Self {
+            client,
+            config,
+            metrics: Arc::new(metrics::Metrics::default()),
+            failures: Arc::default(),
+        }
+    }
+
+    /// Exponential backoff after a failure: 1s, 2s, 4s, ... capped at 5 minutes.
+    pub fn next_backoff(&self, key: &str) -> std::time::Duration {
+        let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let n = f.entry(key.to_string()).or_insert(0);
+        *n = n.saturating_add(1);
+        std::time::Duration::from_secs(1u64 << (*n - 1).min(8))
+            .min(std::time::Duration::from_secs(300))
+    }
+
+    /// Forget failures after a successful reconcile.
+    pub fn reset_backoff(&self, key: &str) {
+        let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        f.remove(key);
+    }
+}
+
+/// A reconcile failure (retried with backoff by the controller).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{what}: {source}")]
+    Kube {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("rendering: {0}")]
+    Render(#[from] crate::render::RenderError),
+    #[error("certificates: {0}")]
+    Cert(#[from] crate::certs::CertError),
+    #[error("{cluster} cluster: {count} object(s) failed: {first}")]
+    Apply {
+        cluster: &'static str,
+        count: usize,
+        first: String,
+    },
+    #[error("tunnel keys: {0}")]
+    Keys(String),
+    #[error("HostedCluster {0} has no namespace or name")]
+    Identity(String),
+}
+
+impl Error {
+    /// A short machine-readable reason (metrics label).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Kube { .. } => "KubeError",
+            Error::Render(_) => "RenderError",
+            Error::Cert(_) => "CertError",
+            Error::Apply { .. } => "ApplyFailed",
+            Error::Keys(_) => "TunnelKeysError",
+            Error::Identity(_) => "MissingClusterIdentity",
+        }
+    }
+}
+
+pub(crate) fn kube_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+    let what = what.into();
+    move |source| Error::Kube { what, source }
+}

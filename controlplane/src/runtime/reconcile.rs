@@ -1,0 +1,863 @@
+//! One reconcile of one HostedCluster, and the finalizer cleanup.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use hcp_olm_apply::{Applier, Policy, Report, Target};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use time::OffsetDateTime;
+
+use super::{
+    ADMIN_KUBECONFIG_KEY, Context, Error, FIELD_MANAGER, FINALIZER, facts, kube_err, secrets,
+};
+use crate::hostedcluster::HostedCluster;
+use crate::hostedolm::{
+    ComponentStatus, HostedClusterRef, HostedOLM, HostedOLMSpec, HostedOLMStatus,
+};
+use crate::render::{self, ApplyPolicy, Desired, Object, Owner, RenderInput, labels, names};
+use crate::status::{self, AVAILABLE, DEGRADED, InstalledOperator, PROGRESSING, UPGRADEABLE};
+use crate::validate;
+
+/// The guest CRD whose presence means "OLM CRDs are served".
+pub const GUEST_OLM_CRD: &str = "catalogsources.operators.coreos.com";
+
+/// What a reconcile ended with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum State {
+    /// Everything applied; nothing left to wait for on our side.
+    Applied,
+    /// Waiting for something outside our control (reason code).
+    Waiting(String),
+    /// Validation failed; status says why.
+    Invalid(String),
+    /// `pausedUntil` is in effect; nothing was written.
+    Paused,
+    /// The HostedCluster is being deleted and our objects are gone.
+    CleanedUp,
+}
+
+/// The result of [`reconcile_one`].
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub state: State,
+    /// Writes (creates, updates, deletes) in the management cluster's HCP namespace.
+    pub hcp_writes: usize,
+    /// Writes in the guest cluster.
+    pub guest_writes: usize,
+    pub status_written: bool,
+    /// `Kind/namespace/name` of every object created, updated or deleted.
+    pub changed: Vec<String>,
+    /// When to look again.
+    pub requeue: Duration,
+}
+
+impl Outcome {
+    fn new(state: State, requeue: Duration) -> Self {
+        Self {
+            state,
+            hcp_writes: 0,
+            guest_writes: 0,
+            status_written: false,
+            changed: Vec::new(),
+            requeue,
+        }
+    }
+}
+
+const RESYNC: Duration = Duration::from_secs(300);
+const SOON: Duration = Duration::from_secs(2);
+const WAIT: Duration = Duration::from_secs(30);
+
+/// The kinds we ever render into the HCP namespace (all namespaced).
+pub fn hcp_kinds() -> Vec<(ApiResource, bool)> {
+    [
+        ("apps/v1", "Deployment", "deployments"),
+        ("v1", "Service", "services"),
+        ("v1", "ServiceAccount", "serviceaccounts"),
+        ("v1", "Secret", "secrets"),
+        ("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
+        ("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
+    ]
+    .into_iter()
+    .map(|(a, k, p)| (api_resource(a, k, p), true))
+    .collect()
+}
+
+/// The kinds we ever render into the guest (namespaced flag).
+pub fn guest_kinds() -> Vec<(ApiResource, bool)> {
+    [
+        (
+            "operators.coreos.com/v1alpha1",
+            "CatalogSource",
+            "catalogsources",
+            true,
+        ),
+        (
+            "apiregistration.k8s.io/v1",
+            "APIService",
+            "apiservices",
+            false,
+        ),
+        ("v1", "Endpoints", "endpoints", true),
+        ("v1", "Service", "services", true),
+        ("apps/v1", "Deployment", "deployments", true),
+        ("v1", "Secret", "secrets", true),
+        ("v1", "ServiceAccount", "serviceaccounts", true),
+        (
+            "config.openshift.io/v1",
+            "OperatorHub",
+            "operatorhubs",
+            false,
+        ),
+        ("v1", "Namespace", "namespaces", false),
+    ]
+    .into_iter()
+    .map(|(a, k, p, n)| (api_resource(a, k, p), n))
+    .collect()
+}
+
+fn api_resource(api_version: &str, kind: &str, plural: &str) -> ApiResource {
+    let (group, version) = match api_version.split_once('/') {
+        Some((g, v)) => (g.to_string(), v.to_string()),
+        None => (String::new(), api_version.to_string()),
+    };
+    ApiResource {
+        group,
+        version,
+        api_version: api_version.to_string(),
+        kind: kind.to_string(),
+        plural: plural.to_string(),
+    }
+}
+
+/// The prune selector of a HostedCluster (identical to
+/// [`labels::prune_selector`], but available without a valid input).
+pub fn selector_for(namespace: &str, name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (
+            labels::MANAGED_BY_KEY.to_string(),
+            labels::MANAGED_BY.to_string(),
+        ),
+        (
+            labels::CLUSTER_NAMESPACE_KEY.to_string(),
+            namespace.to_string(),
+        ),
+        (labels::CLUSTER_NAME_KEY.to_string(), name.to_string()),
+    ])
+}
+
+/// A render object as an applier target.
+pub fn target(o: &Object) -> Target {
+    let policy = match o.policy {
+        ApplyPolicy::Apply => Policy::Apply,
+        ApplyPolicy::CreateOnly => Policy::CreateOnly,
+    };
+    Target::new(&o.api_version, &o.kind, &o.plural, policy, o.body.clone())
+}
+
+fn now_time(now: OffsetDateTime) -> Time {
+    Time(
+        k8s_openapi::jiff::Timestamp::from_second(now.unix_timestamp())
+            .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+    )
+}
+
+fn identity(hc: &HostedCluster) -> Result<(String, String, String), Error> {
+    match (
+        hc.metadata.namespace.clone(),
+        hc.metadata.name.clone(),
+        hc.hcp_namespace(),
+    ) {
+        (Some(ns), Some(name), Some(hcp)) => Ok((ns, name, hcp)),
+        _ => Err(Error::Identity(format!("{:?}", hc.metadata.name))),
+    }
+}
+
+/// Why there is no guest client.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GuestAccess {
+    /// `status.kubeconfig` is not set yet.
+    NotPublished,
+    /// The Secret it names does not exist.
+    SecretMissing(String),
+    /// The Secret exists but holds no usable kubeconfig.
+    Invalid(String),
+}
+
+impl GuestAccess {
+    fn conditions(&self, generation: Option<i64>, now: &Time) -> Vec<Condition> {
+        let c = |t: &str, ok: bool, reason: &str, msg: String| Condition {
+            type_: t.to_string(),
+            status: if ok { "True" } else { "False" }.to_string(),
+            reason: reason.to_string(),
+            message: msg,
+            observed_generation: generation,
+            last_transition_time: now.clone(),
+        };
+        let (p, d) = match self {
+            GuestAccess::NotPublished => (
+                c(
+                    PROGRESSING,
+                    true,
+                    "WaitingForGuestKubeconfig",
+                    "HostedCluster status.kubeconfig is not set yet".into(),
+                ),
+                c(DEGRADED, false, "AsExpected", String::new()),
+            ),
+            GuestAccess::SecretMissing(what) => (
+                c(
+                    PROGRESSING,
+                    true,
+                    "WaitingForGuestKubeconfig",
+                    format!("waiting for the guest admin kubeconfig Secret {what}"),
+                ),
+                c(
+                    DEGRADED,
+                    true,
+                    "GuestKubeconfigMissing",
+                    format!(
+                        "the guest admin kubeconfig Secret {what} (HostedCluster status.kubeconfig) does not exist"
+                    ),
+                ),
+            ),
+            GuestAccess::Invalid(msg) => (
+                c(PROGRESSING, false, "AsExpected", String::new()),
+                c(DEGRADED, true, "GuestKubeconfigInvalid", msg.clone()),
+            ),
+        };
+        vec![
+            c(
+                AVAILABLE,
+                false,
+                "GuestUnreachable",
+                "no usable guest admin kubeconfig".into(),
+            ),
+            p,
+            d,
+        ]
+    }
+
+    fn reason(&self) -> &'static str {
+        match self {
+            GuestAccess::NotPublished => "WaitingForGuestKubeconfig",
+            GuestAccess::SecretMissing(_) => "GuestKubeconfigMissing",
+            GuestAccess::Invalid(_) => "GuestKubeconfigInvalid",
+        }
+    }
+}
+
+/// A client for the guest from the HostedCluster's admin kubeconfig Secret.
+pub async fn guest_client(
+    ctx: &Context,
+    hc: &HostedCluster,
+) -> Result<Result<kube::Client, GuestAccess>, Error> {
+    let Some((ns, name)) = hc.admin_kubeconfig_secret() else {
+        return Ok(Err(GuestAccess::NotPublished));
+    };
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let Some(secret) = api
+        .get_opt(&name)
+        .await
+        .map_err(kube_err(format!("reading Secret {ns}/{name}")))?
+    else {
+        return Ok(Err(GuestAccess::SecretMissing(format!("{ns}/{name}"))));
+    };
+    let Some(bytes) = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(ADMIN_KUBECONFIG_KEY))
+    else {
+        return Ok(Err(GuestAccess::Invalid(format!(
+            "Secret {ns}/{name} has no key {ADMIN_KUBECONFIG_KEY:?}"
+        ))));
+    };
+    let invalid = |e: String| GuestAccess::Invalid(format!("Secret {ns}/{name}: {e}"));
+    let text = match std::str::from_utf8(&bytes.0) {
+        Ok(t) => t,
+        Err(e) => return Ok(Err(invalid(e.to_string()))),
+    };
+    let kc = match Kubeconfig::from_yaml(text) {
+        Ok(kc) => kc,
+        Err(e) => return Ok(Err(invalid(e.to_string()))),
+    };
+    let config = match kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await
+    {
+        Ok(c) => c,
+        Err(e) => return Ok(Err(invalid(e.to_string()))),
+    };
+    Ok(kube::Client::try_from(config).map_err(|e| invalid(e.to_string())))
+}
+
+async fn ensure_finalizer(ctx: &Context, hc: &HostedCluster, add: bool) -> Result<bool, Error> {
+    let (ns, name, _) = identity(hc)?;
+    let current = hc.metadata.finalizers.clone().unwrap_or_default();
+    let has = current.iter().any(|f| f == FINALIZER);
+    let next: Vec<String> = if add {
+        if has {
+            return Ok(false);
+        }
+        current.into_iter().chain([FINALIZER.to_string()]).collect()
+    } else {
+        if !has {
+            return Ok(false);
+        }
+        current.into_iter().filter(|f| f != FINALIZER).collect()
+    };
+    let api: Api<HostedCluster> = Api::namespaced(ctx.client.clone(), &ns);
+    let patch = json!({"metadata": {
+        "finalizers": next,
+        "resourceVersion": hc.metadata.resource_version,
+    }});
+    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(kube_err(format!(
+            "updating finalizers of HostedCluster {ns}/{name}"
+        )))?;
+    Ok(true)
+}
+
+async fn ensure_hosted_olm(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    hcp_ns: &str,
+) -> Result<Option<(HostedOLM, bool)>, Error> {
+    let api: Api<HostedOLM> = Api::namespaced(ctx.client.clone(), hcp_ns);
+    let what = || format!("HostedOLM {hcp_ns}/{name}");
+    if let Some(h) = api.get_opt(name).await.map_err(kube_err(what()))? {
+        return Ok(Some((h, false)));
+    }
+    let mut obj = HostedOLM::new(
+        name,
+        HostedOLMSpec {
+            hosted_cluster: Some(HostedClusterRef {
+                namespace: ns.to_string(),
+                name: name.to_string(),
+            }),
+            ..Default::default()
+        },
+    );
+    obj.metadata.namespace = Some(hcp_ns.to_string());
+    obj.metadata.labels = Some(selector_for(ns, name));
+    match api.create(&PostParams::default(), &obj).await {
+        Ok(h) => {
+            tracing::info!(namespace = %hcp_ns, %name, "created HostedOLM");
+            Ok(Some((h, true)))
+        }
+        // The HCP namespace does not exist (yet).
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(Some((
+            api.get(name).await.map_err(kube_err(what()))?,
+            false,
+        ))),
+        Err(e) => Err(kube_err(what())(e)),
+    }
+}
+
+/// Keep a condition's `lastTransitionTime` when its status did not change.
+fn keep_transition_times(old: &[Condition], new: &mut [Condition]) {
+    for c in new {
+        if let Some(o) = old.iter().find(|o| o.type_ == c.type_)
+            && o.status == c.status
+        {
+            c.last_transition_time = o.last_transition_time.clone();
+        }
+    }
+}
+
+/// Server-side apply of the status subresource, only when it differs from the live one.
+async fn write_status(
+    ctx: &Context,
+    holm: &HostedOLM,
+    mut new: HostedOLMStatus,
+) -> Result<bool, Error> {
+    let old = holm.status.clone().unwrap_or_default();
+    keep_transition_times(&old.conditions, &mut new.conditions);
+    if old == new {
+        return Ok(false);
+    }
+    let ns = holm.metadata.namespace.clone().unwrap_or_default();
+    let name = holm.metadata.name.clone().unwrap_or_default();
+    let api: Api<HostedOLM> = Api::namespaced(ctx.client.clone(), &ns);
+    let patch = json!({
+        "apiVersion": "olm.hcp-olm.io/v1alpha1",
+        "kind": "HostedOLM",
+        "status": new,
+    });
+    api.patch_status(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(kube_err(format!("writing status of HostedOLM {ns}/{name}")))?;
+    Ok(true)
+}
+
+fn report_error(cluster: &'static str, r: &Report) -> Option<Error> {
+    r.errors.first().map(|e| Error::Apply {
+        cluster,
+        count: r.errors.len(),
+        first: e.to_string(),
+    })
+}
+
+fn writes(r: &Report) -> usize {
+    r.created.len() + r.updated.len() + r.deleted.len()
+}
+
+/// Reconcile one HostedCluster: everything of ours in its HCP namespace and its guest.
+pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error> {
+    if hc.metadata.deletion_timestamp.is_some() {
+        return cleanup(ctx, hc).await;
+    }
+    let (ns, name, hcp_ns) = identity(hc)?;
+    let mut hcp_writes = usize::from(ensure_finalizer(ctx, hc, true).await?);
+
+    let Some((holm, created)) = ensure_hosted_olm(ctx, &ns, &name, &hcp_ns).await? else {
+        tracing::info!(cluster = %format!("{ns}/{name}"), namespace = %hcp_ns, "HCP namespace does not exist yet");
+        let mut o = Outcome::new(State::Waiting("WaitingForHCPNamespace".into()), WAIT);
+        o.hcp_writes = hcp_writes;
+        return Ok(o);
+    };
+    hcp_writes += usize::from(created);
+    let generation = holm.metadata.generation;
+    let now = OffsetDateTime::now_utc();
+    let now_t = now_time(now);
+
+    // Guest access first: without it nothing can be rendered usefully.
+    let guest = match guest_client(ctx, hc).await? {
+        Ok(c) => c,
+        Err(access) => {
+            tracing::info!(cluster = %format!("{ns}/{name}"), reason = access.reason(), "no guest access");
+            let st = HostedOLMStatus {
+                observed_generation: generation,
+                conditions: access.conditions(generation, &now_t),
+                ..holm.status.clone().unwrap_or_default()
+            };
+            let mut o = Outcome::new(State::Waiting(access.reason().into()), WAIT);
+            o.status_written = write_status(ctx, &holm, st).await?;
+            o.hcp_writes = hcp_writes;
+            return Ok(o);
+        }
+    };
+
+    let facts = facts::release_facts(hc, &ctx.config).await;
+    let valid = match validate::validate(hc, Some(&holm.spec), &facts, &ctx.config.defaults) {
+        Ok(v) => v,
+        Err(reasons) => {
+            let first = reasons
+                .first()
+                .map(|r| r.code.as_str().to_string())
+                .unwrap_or_default();
+            tracing::info!(cluster = %format!("{ns}/{name}"), problems = ?reasons.iter().map(|r| r.to_string()).collect::<Vec<_>>(), "invalid input");
+            let st = HostedOLMStatus {
+                observed_generation: generation,
+                conditions: status::conditions_from_validation(&reasons, generation, &now_t),
+                ..holm.status.clone().unwrap_or_default()
+            };
+            let mut o = Outcome::new(State::Invalid(first), RESYNC);
+            o.status_written = write_status(ctx, &holm, st).await?;
+            o.hcp_writes = hcp_writes;
+            return Ok(o);
+        }
+    };
+    if valid.paused_until.is_paused(now) {
+        tracing::info!(cluster = %valid.cluster.key(), "reconciliation paused");
+        let mut o = Outcome::new(State::Paused, RESYNC);
+        o.hcp_writes = hcp_writes;
+        return Ok(o);
+    }
+
+    let catalog_images = facts::catalog_images(&valid, &ctx.config).await;
+    let (pki, _issued) = secrets::pki(&ctx.client, &valid, now).await?;
+    let (tunnel, new_keys) = secrets::tunnel_keys(&ctx.client, &valid).await?;
+
+    let crds: Api<CustomResourceDefinition> = Api::all(guest.clone());
+    let guest_olm_crds_ready = crds
+        .get_opt(GUEST_OLM_CRD)
+        .await
+        .map_err(kube_err(format!("reading guest CRD {GUEST_OLM_CRD}")))?
+        .is_some();
+
+    let svcs: Api<Service> = Api::namespaced(ctx.client.clone(), &hcp_ns);
+    let packageserver_cluster_ip = svcs
+        .get_opt(names::PACKAGESERVER)
+        .await
+        .map_err(kube_err(format!(
+            "reading Service {hcp_ns}/{}",
+            names::PACKAGESERVER
+        )))?
+        .and_then(|s| s.spec?.cluster_ip)
+        .filter(|ip| !ip.is_empty() && ip != "None");
+
+    let secrets_api: Api<Secret> = Api::namespaced(ctx.client.clone(), &hcp_ns);
+    let mut external_secret_hashes = BTreeMap::new();
+    if let Some(s) = secrets_api
+        .get_opt(&valid.kubeconfig_secret)
+        .await
+        .map_err(kube_err(format!(
+            "reading Secret {hcp_ns}/{}",
+            valid.kubeconfig_secret
+        )))?
+    {
+        let mut h = Sha256::new();
+        for (k, v) in s.data.unwrap_or_default() {
+            h.update(k.as_bytes());
+            h.update(b"=");
+            h.update(&v.0);
+            h.update(b"\n");
+        }
+        let digest: String = h.finalize()[..16]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        external_secret_hashes.insert(valid.kubeconfig_secret.clone(), digest);
+    }
+
+    let owner = Owner {
+        api_version: "olm.hcp-olm.io/v1alpha1".into(),
+        kind: "HostedOLM".into(),
+        name: name.clone(),
+        uid: holm.metadata.uid.clone().unwrap_or_default(),
+    };
+    let input = RenderInput {
+        valid,
+        catalog_images,
+        pki,
+        tunnel,
+        packageserver_cluster_ip: packageserver_cluster_ip.clone(),
+        guest_olm_crds_ready,
+        external_secret_hashes,
+        owner: Some(owner),
+    };
+    let desired = render::desired(&input)?;
+
+    // Apply and prune, management then guest.
+    let selector = labels::prune_selector(&input.valid);
+    let mgmt = Applier::new(ctx.client.clone(), FIELD_MANAGER);
+    let mut hcp_targets: Vec<Target> = desired.hcp.iter().map(target).collect();
+    let keys_target = Target::new(
+        "v1",
+        "Secret",
+        "secrets",
+        Policy::CreateOnly,
+        new_keys.clone().unwrap_or_else(
+            || json!({"metadata": {"name": secrets::TUNNEL_KEYS_SECRET, "namespace": hcp_ns}}),
+        ),
+    );
+    if new_keys.is_some() {
+        hcp_targets.insert(0, keys_target.clone());
+    }
+    let mut hcp_report = mgmt.apply(&hcp_targets).await;
+    let mut keep = hcp_targets.clone();
+    if new_keys.is_none() {
+        keep.push(keys_target);
+    }
+    hcp_report.merge(
+        mgmt.prune(&hcp_kinds(), Some(&hcp_ns), &selector, &keep)
+            .await,
+    );
+
+    let guest_applier = Applier::new(guest.clone(), FIELD_MANAGER);
+    let guest_targets: Vec<Target> = desired.guest.iter().map(target).collect();
+    let mut guest_report = guest_applier.apply(&guest_targets).await;
+    guest_report.merge(
+        guest_applier
+            .prune(&guest_kinds(), None, &selector, &guest_targets)
+            .await,
+    );
+    hcp_writes += writes(&hcp_report);
+    let guest_writes = writes(&guest_report);
+    tracing::info!(
+        cluster = %input.valid.cluster.key(),
+        hcp_created = hcp_report.created.len(), hcp_updated = hcp_report.updated.len(),
+        hcp_deleted = hcp_report.deleted.len(), guest_created = guest_report.created.len(),
+        guest_updated = guest_report.updated.len(), guest_deleted = guest_report.deleted.len(),
+        errors = hcp_report.errors.len() + guest_report.errors.len(),
+        "applied"
+    );
+    let apply_error =
+        report_error("management", &hcp_report).or_else(|| report_error("guest", &guest_report));
+
+    // Read back what status reports.
+    let guest_sources = read_guest_catalog_sources(&guest, &selector).await;
+    let installed = read_installed_operators(&guest).await;
+    let components = read_components(&ctx.client, &hcp_ns, &desired).await?;
+    let st = build_status(
+        &input,
+        &desired,
+        &guest_sources,
+        &installed,
+        components,
+        apply_error.as_ref(),
+        generation,
+        &now_t,
+    );
+    let status_written = write_status(ctx, &holm, st).await?;
+    if let Some(e) = apply_error {
+        return Err(e);
+    }
+    let waiting = if packageserver_cluster_ip.is_none() {
+        Some("WaitingForPackageserverClusterIP")
+    } else if !guest_olm_crds_ready {
+        Some("WaitingForGuestOLMCRDs")
+    } else {
+        None
+    };
+    Ok(Outcome {
+        state: waiting.map_or(State::Applied, |w| State::Waiting(w.into())),
+        hcp_writes,
+        guest_writes,
+        status_written,
+        changed: [&hcp_report, &guest_report]
+            .iter()
+            .flat_map(|r| {
+                r.created
+                    .iter()
+                    .chain(&r.updated)
+                    .chain(&r.deleted)
+                    .cloned()
+            })
+            .collect(),
+        requeue: if packageserver_cluster_ip.is_none() {
+            SOON
+        } else if waiting.is_some() {
+            WAIT
+        } else {
+            RESYNC
+        },
+    })
+}
+
+async fn read_guest_catalog_sources(
+    guest: &kube::Client,
+    selector: &BTreeMap<String, String>,
+) -> BTreeMap<String, Value> {
+    let ar = api_resource(
+        "operators.coreos.com/v1alpha1",
+        "CatalogSource",
+        "catalogsources",
+    );
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(guest.clone(), names::MARKETPLACE_NAMESPACE, &ar);
+    let sel = selector
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    match api.list(&ListParams::default().labels(&sel)).await {
+        Ok(list) => list
+            .items
+            .into_iter()
+            .filter_map(|o| {
+                let name = o.metadata.name.clone()?;
+                Some((name, serde_json::to_value(o).ok()?))
+            })
+            .collect(),
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot list guest CatalogSources");
+            BTreeMap::new()
+        }
+    }
+}
+
+/// Installed CSVs and their `olm.maxOpenShiftVersion` property.
+async fn read_installed_operators(guest: &kube::Client) -> Vec<InstalledOperator> {
+    let ar = api_resource(
+        "operators.coreos.com/v1alpha1",
+        "ClusterServiceVersion",
+        "clusterserviceversions",
+    );
+    let api: Api<DynamicObject> = Api::all_with(guest.clone(), &ar);
+    let Ok(list) = api.list(&ListParams::default()).await else {
+        return Vec::new();
+    };
+    list.items
+        .into_iter()
+        .filter(|o| {
+            // Copied CSVs (olm.copiedFrom) are not separate installs.
+            !o.metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key("olm.copiedFrom"))
+        })
+        .map(|o| {
+            let max = o
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get("operatorframework.io/properties"))
+                .and_then(|p| serde_json::from_str::<Value>(p).ok())
+                .and_then(|p| {
+                    p["properties"].as_array()?.iter().find_map(|prop| {
+                        (prop["type"] == "olm.maxOpenShiftVersion").then(|| match &prop["value"] {
+                            Value::String(s) => s.clone(),
+                            other => other.to_string(),
+                        })
+                    })
+                });
+            InstalledOperator {
+                namespace: o.metadata.namespace.clone().unwrap_or_default(),
+                csv: o.metadata.name.clone().unwrap_or_default(),
+                max_openshift_version: max,
+            }
+        })
+        .collect()
+}
+
+async fn read_components(
+    client: &kube::Client,
+    hcp_ns: &str,
+    desired: &Desired,
+) -> Result<Vec<ComponentStatus>, Error> {
+    let api: Api<Deployment> = Api::namespaced(client.clone(), hcp_ns);
+    let mut out = Vec::new();
+    for o in desired.hcp.iter().filter(|o| o.kind == "Deployment") {
+        let live = api
+            .get_opt(&o.name)
+            .await
+            .map_err(kube_err(format!("reading Deployment {hcp_ns}/{}", o.name)))?;
+        let desired_replicas = o.body["spec"]["replicas"].as_i64().map(|r| r as i32);
+        let ready = live
+            .as_ref()
+            .and_then(|d| d.status.as_ref()?.ready_replicas)
+            .unwrap_or(0);
+        let (available, reason) = match desired_replicas {
+            Some(0) => (false, "ScaledToZero"),
+            Some(n) if ready >= n => (true, ""),
+            _ if live.is_none() => (false, "NotCreated"),
+            _ => (false, "PodsNotReady"),
+        };
+        out.push(ComponentStatus {
+            name: o.name.clone(),
+            available,
+            ready_replicas: Some(ready),
+            desired_replicas,
+            reason: reason.to_string(),
+            message: String::new(),
+        });
+    }
+    Ok(out)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build_status(
+    input: &RenderInput,
+    desired: &Desired,
+    guest_sources: &BTreeMap<String, Value>,
+    installed: &[InstalledOperator],
+    components: Vec<ComponentStatus>,
+    apply_error: Option<&Error>,
+    generation: Option<i64>,
+    now: &Time,
+) -> HostedOLMStatus {
+    let mut conditions = status::conditions_from_pending(&desired.pending, generation, now);
+    if let Some(e) = apply_error
+        && let Some(d) = conditions.iter_mut().find(|c| c.type_ == DEGRADED)
+    {
+        d.status = "True".into();
+        d.reason = "ApplyFailed".into();
+        d.message = e.to_string();
+    }
+    let degraded = conditions
+        .iter()
+        .any(|c| c.type_ == DEGRADED && c.status == "True");
+    let not_ready: Vec<&str> = components
+        .iter()
+        .filter(|c| !c.available)
+        .map(|c| c.name.as_str())
+        .collect();
+    let (ok, reason, message) = if degraded {
+        (false, "Degraded", "see the Degraded condition".to_string())
+    } else if !not_ready.is_empty() {
+        (
+            false,
+            "ComponentsNotReady",
+            format!("not ready: {}", not_ready.join(", ")),
+        )
+    } else {
+        (true, "AsExpected", String::new())
+    };
+    conditions.insert(
+        0,
+        Condition {
+            type_: AVAILABLE.into(),
+            status: if ok { "True" } else { "False" }.into(),
+            reason: reason.into(),
+            message,
+            observed_generation: generation,
+            last_transition_time: now.clone(),
+        },
+    );
+    conditions.push(status::upgradeable(
+        &input.valid.release_version,
+        installed,
+        generation,
+        now,
+    ));
+    debug_assert!(conditions.iter().any(|c| c.type_ == UPGRADEABLE));
+    HostedOLMStatus {
+        observed_generation: generation,
+        conditions,
+        placement: Some(input.valid.placement.as_str().to_string()),
+        release_version: Some(input.valid.release_version.to_string()),
+        components,
+        catalogs: status::catalog_statuses(input, desired, guest_sources),
+    }
+}
+
+/// Finalizer work: delete everything of ours in the guest (when reachable) and in the
+/// HCP namespace, the HostedOLM, then release the HostedCluster.
+pub async fn cleanup(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error> {
+    let (ns, name, hcp_ns) = identity(hc)?;
+    let mut out = Outcome::new(State::CleanedUp, RESYNC);
+    if !hc
+        .metadata
+        .finalizers
+        .as_ref()
+        .is_some_and(|f| f.iter().any(|f| f == FINALIZER))
+    {
+        return Ok(out);
+    }
+    let selector = selector_for(&ns, &name);
+    match guest_client(ctx, hc).await? {
+        Ok(guest) => {
+            let r = Applier::new(guest, FIELD_MANAGER)
+                .prune(&guest_kinds(), None, &selector, &[])
+                .await;
+            out.guest_writes = writes(&r);
+            if let Some(e) = report_error("guest", &r) {
+                return Err(e);
+            }
+        }
+        Err(access) => tracing::warn!(
+            cluster = %format!("{ns}/{name}"),
+            reason = access.reason(),
+            "guest unreachable during cleanup; leaving guest objects"
+        ),
+    }
+    let r = Applier::new(ctx.client.clone(), FIELD_MANAGER)
+        .prune(&hcp_kinds(), Some(&hcp_ns), &selector, &[])
+        .await;
+    out.hcp_writes = writes(&r);
+    if let Some(e) = report_error("management", &r) {
+        return Err(e);
+    }
+    let holms: Api<HostedOLM> = Api::namespaced(ctx.client.clone(), &hcp_ns);
+    match holms.delete(&name, &Default::default()).await {
+        Ok(_) => out.hcp_writes += 1,
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => return Err(kube_err(format!("deleting HostedOLM {hcp_ns}/{name}"))(e)),
+    }
+    out.hcp_writes += usize::from(ensure_finalizer(ctx, hc, false).await?);
+    tracing::info!(cluster = %format!("{ns}/{name}"), hcp = out.hcp_writes, guest = out.guest_writes, "cleaned up");
+    Ok(out)
+}
