@@ -484,3 +484,103 @@ async fn reconcile_converges_prunes_and_cleans_up() -> Result<()> {
     }
     Ok(())
 }
+
+fn http_get(port: u16, path: &str) -> Result<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}
+
+/// `hcp-olm-controller run` as a process: it reconciles a new HostedCluster on its own,
+/// serves the admin endpoints and exits cleanly on SIGTERM.
+#[tokio::test]
+async fn run_subcommand_reconciles_and_stops_on_sigterm() -> Result<()> {
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    put_kubeconfig_secret(&env, "example-admin-kubeconfig").await?;
+    create_hc(&env, "example", "example-admin-kubeconfig").await?;
+    let port = hcp_olm_e2e::ports::free_port()?;
+    let log = tempfile::NamedTempFile::new()?;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-olm-controller"))
+        .args([
+            "run",
+            "--admin-addr",
+            &format!("127.0.0.1:{port}"),
+            "--registry-lookups=false",
+            "--olm-image",
+            OLM_IMAGE,
+        ])
+        .env("KUBECONFIG", env.management.kubeconfig())
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(log.reopen()?)
+        .spawn()?;
+    let result = async {
+        let api = Api::<Service>::namespaced(env.guest.client(), "default");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        // The guest Endpoints exist only after the second pass (ClusterIP read back).
+        loop {
+            let eps = Api::<k8s_openapi::api::core::v1::Endpoints>::namespaced(
+                env.guest.client(),
+                "default",
+            )
+            .get_opt("packageserver")
+            .await?;
+            if eps.is_some() && api.get_opt("packageserver").await?.is_some() {
+                break;
+            }
+            ensure!(
+                std::time::Instant::now() < deadline,
+                "controller did not converge"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
+        let hc = get_hc(&env, "example").await?;
+        ensure!(
+            hc.metadata
+                .finalizers
+                .unwrap_or_default()
+                .contains(&FINALIZER.to_string())
+        );
+        ensure!(http_get(port, "/healthz")?.starts_with("HTTP/1.0 200"));
+        ensure!(http_get(port, "/readyz")?.starts_with("HTTP/1.0 200"));
+        let metrics = http_get(port, "/metrics")?;
+        ensure!(
+            metrics.contains("hcp_olm_reconciles_total{result=\"applied\"}")
+                || metrics.contains("hcp_olm_reconciles_total{result=\"waiting\"}"),
+            "{metrics}"
+        );
+        ensure!(
+            metrics.contains("hcp_olm_reconcile_duration_seconds"),
+            "{metrics}"
+        );
+        Ok(())
+    }
+    .await;
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()?;
+    ensure!(killed.success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break Some(st);
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill()?;
+            break None;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    let logs = std::fs::read_to_string(log.path())?;
+    if let Err(e) = result {
+        anyhow::bail!("{e:#}\ncontroller log:\n{logs}");
+    }
+    let status = status.context("controller did not stop on SIGTERM")?;
+    ensure!(status.success(), "exit {status:?}\n{logs}");
+    ensure!(!logs.contains("BEGIN PRIVATE KEY"), "key material in logs");
+    Ok(())
+}
