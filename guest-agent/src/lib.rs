@@ -2,6 +2,8 @@
 //!
 //! - [`dns`]: the split-DNS protocol engine (no I/O).
 //! - [`server`]: the tokio driver (UDP/TCP listeners, upstream forwarding, metrics).
+//! - [`tunnel`]: the WireGuard tunnel engine (no I/O) and its tokio UDP driver.
 
 pub mod dns;
 pub mod server;
+pub mod tunnel;

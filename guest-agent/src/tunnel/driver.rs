@@ -1,0 +1,109 @@
+//! The tokio driver: one UDP socket, one [`Peer`], a 250 ms timer tick, and channels to the
+//! local packet source/sink (a userspace stack, a TUN, or a test).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::net::UdpSocket;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::peer::{Output, Peer, PeerStatus};
+
+/// WireGuard's timer granularity; boringtun's own device uses the same.
+pub const TICK: Duration = Duration::from_millis(250);
+const CHANNEL_DEPTH: usize = 1024;
+
+/// The application side of a running tunnel.
+#[derive(Debug)]
+pub struct TunnelHandle {
+    /// IP packets to send through the tunnel.
+    pub to_peer: mpsc::Sender<Vec<u8>>,
+    /// IP packets that arrived through the tunnel.
+    pub from_peer: mpsc::Receiver<Vec<u8>>,
+    /// The latest peer status (updated after every event and tick).
+    pub status: watch::Receiver<PeerStatus>,
+}
+
+/// Runs `peer` over `socket` until `cancel` fires; returns the peer so that a caller can
+/// rebind to a new socket and keep the session (as a host does when its address changes).
+pub fn spawn(
+    socket: UdpSocket,
+    peer: Peer,
+    cancel: CancellationToken,
+) -> (TunnelHandle, tokio::task::JoinHandle<Peer>) {
+    let (to_peer, rx_app) = mpsc::channel(CHANNEL_DEPTH);
+    let (tx_app, from_peer) = mpsc::channel(CHANNEL_DEPTH);
+    let (status_tx, status) = watch::channel(peer.status());
+    let task = tokio::spawn(run(
+        Arc::new(socket),
+        peer,
+        rx_app,
+        tx_app,
+        status_tx,
+        cancel,
+    ));
+    (
+        TunnelHandle {
+            to_peer,
+            from_peer,
+            status,
+        },
+        task,
+    )
+}
+
+async fn run(
+    socket: Arc<UdpSocket>,
+    mut peer: Peer,
+    mut rx_app: mpsc::Receiver<Vec<u8>>,
+    tx_app: mpsc::Sender<Vec<u8>>,
+    status: watch::Sender<PeerStatus>,
+    cancel: CancellationToken,
+) -> Peer {
+    let mut ticker = tokio::time::interval(TICK);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut buf = vec![0u8; 65_536];
+    let mut out = Vec::new();
+    let mut app_open = true;
+    let mut delivery_drops: u64 = 0;
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            _ = ticker.tick() => peer.tick(Instant::now(), &mut out),
+            r = socket.recv_from(&mut buf) => match r {
+                Ok((n, from)) => {
+                    let _ = peer.handle_datagram(from, &buf[..n], Instant::now(), &mut out);
+                }
+                Err(e) => {
+                    // ICMP port unreachable surfaces here on Linux; not fatal.
+                    tracing::debug!(error = %e, "udp receive error");
+                }
+            },
+            p = rx_app.recv(), if app_open => match p {
+                Some(p) => { let _ = peer.send_packet(&p, &mut out); }
+                None => app_open = false,
+            },
+        }
+        for o in out.drain(..) {
+            match o {
+                Output::Send { to, datagram } => {
+                    if let Err(e) = socket.send_to(&datagram, to).await {
+                        tracing::debug!(%to, error = %e, "udp send failed");
+                    }
+                }
+                Output::Deliver(p) => {
+                    if tx_app.try_send(p).is_err() {
+                        delivery_drops += 1;
+                        tracing::debug!(
+                            delivery_drops,
+                            "local side not keeping up; packet dropped"
+                        );
+                    }
+                }
+            }
+        }
+        status.send_replace(peer.status());
+    }
+    peer
+}

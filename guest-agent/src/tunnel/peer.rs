@@ -1,0 +1,760 @@
+//! One WireGuard peer as a state machine around `boringtun::noise::Tunn`. No I/O: the caller
+//! feeds it datagrams, IP packets and timer ticks, and gets back [`Output`]s to carry out.
+//!
+//! On top of `Tunn` this adds what a point-to-point link needs:
+//! - the current remote endpoint, updated when an *authenticated* message (handshake or data)
+//!   arrives from a new address (roaming); cookie replies and garbage never move it;
+//! - for the dialing side, dead-peer detection: when nothing authenticated has arrived for
+//!   `dead_peer_timeout`, a fresh handshake starts (`Tunn` alone would give up after
+//!   REKEY_ATTEMPT_TIME or wait for outgoing data, so a restarted gateway would not be found);
+//! - an allowed-source check on decapsulated packets (cryptokey routing for one peer);
+//! - counters, with every dropped datagram counted by reason.
+
+use std::net::{IpAddr, SocketAddr};
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use boringtun::noise::errors::WireGuardError;
+use boringtun::noise::{Tunn, TunnResult};
+
+use super::key::{PresharedKey, PrivateKey, PublicKey};
+
+/// The largest IP packet accepted for encapsulation.
+pub const MAX_PACKET: usize = 65_535 - 32;
+const BUF_LEN: usize = 65_536 + 64;
+/// WireGuard's REKEY_TIMEOUT: the spacing of our own handshake restarts.
+const REKEY_TIMEOUT: Duration = Duration::from_secs(5);
+const COOKIE_REPLY: u8 = 3;
+
+/// An address prefix such as `198.18.0.0/15`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+/// A malformed CIDR.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("invalid CIDR {0:?} (want ADDRESS/PREFIX)")]
+pub struct CidrError(String);
+
+impl Cidr {
+    /// A prefix; `prefix` is clamped to the address family's width.
+    pub fn new(addr: IpAddr, prefix: u8) -> Self {
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        Self {
+            addr,
+            prefix: prefix.min(max),
+        }
+    }
+
+    /// Whether `ip` lies inside this prefix.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.addr, ip) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(n) & mask == u32::from(a) & mask
+            }
+            (IpAddr::V6(n), IpAddr::V6(a)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(n) & mask == u128::from(a) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+impl FromStr for Cidr {
+    type Err = CidrError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || CidrError(s.to_string());
+        let (a, p) = s.split_once('/').ok_or_else(err)?;
+        let addr: IpAddr = a.parse().map_err(|_| err())?;
+        let prefix: u8 = p.parse().map_err(|_| err())?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        if prefix > max {
+            return Err(err());
+        }
+        Ok(Self { addr, prefix })
+    }
+}
+
+/// Configuration of one peer.
+#[derive(Debug, Clone)]
+pub struct PeerConfig {
+    /// Our static key.
+    pub private_key: PrivateKey,
+    /// The peer's static public key.
+    pub peer_public_key: PublicKey,
+    /// Optional preshared key.
+    pub preshared_key: Option<PresharedKey>,
+    /// Where to send until the peer is heard from; `Some` on the dialing (guest) side.
+    pub endpoint: Option<SocketAddr>,
+    /// Persistent keepalive interval in seconds (keeps NAT mappings open).
+    pub persistent_keepalive: Option<u16>,
+    /// Dialing side: restart the handshake after this long without an authenticated message.
+    /// Should exceed the peer's keepalive interval.
+    pub dead_peer_timeout: Option<Duration>,
+    /// Source prefixes accepted in decapsulated packets; anything else is dropped.
+    pub allowed_ips: Vec<Cidr>,
+    /// Local session index (24 bits are used).
+    pub index: u32,
+}
+
+/// What the caller must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// Send this datagram to this address.
+    Send {
+        /// Destination.
+        to: SocketAddr,
+        /// Datagram bytes.
+        datagram: Vec<u8>,
+    },
+    /// Hand this decapsulated IP packet to the local stack.
+    Deliver(Vec<u8>),
+}
+
+/// Why a datagram or packet was dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DropReason {
+    /// Not a well-formed WireGuard message.
+    Malformed,
+    /// Failed authentication: unknown key, bad MAC/tag, unknown session index.
+    Unauthenticated,
+    /// A replayed or too-old counter or timestamp.
+    Replay,
+    /// Authentic, but the inner source address is not allowed for this peer.
+    SourceNotAllowed,
+    /// Decapsulated payload is not an IP packet of ours.
+    BadInnerPacket,
+    /// Nowhere to send: no endpoint known yet.
+    NoEndpoint,
+    /// An outgoing IP packet larger than [`MAX_PACKET`].
+    TooLarge,
+    /// Handshake rate limit hit (a cookie reply was sent instead).
+    UnderLoad,
+    /// Anything else `Tunn` rejected.
+    Other,
+}
+
+impl DropReason {
+    /// All reasons, in counter order.
+    pub const ALL: [DropReason; 9] = [
+        DropReason::Malformed,
+        DropReason::Unauthenticated,
+        DropReason::Replay,
+        DropReason::SourceNotAllowed,
+        DropReason::BadInnerPacket,
+        DropReason::NoEndpoint,
+        DropReason::TooLarge,
+        DropReason::UnderLoad,
+        DropReason::Other,
+    ];
+
+    /// A stable label for metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::Malformed => "malformed",
+            DropReason::Unauthenticated => "unauthenticated",
+            DropReason::Replay => "replay",
+            DropReason::SourceNotAllowed => "source_not_allowed",
+            DropReason::BadInnerPacket => "bad_inner_packet",
+            DropReason::NoEndpoint => "no_endpoint",
+            DropReason::TooLarge => "too_large",
+            DropReason::UnderLoad => "under_load",
+            DropReason::Other => "other",
+        }
+    }
+
+    fn from_wg(e: &WireGuardError) -> Self {
+        use WireGuardError as E;
+        match e {
+            E::IncorrectPacketLength
+            | E::InvalidPacket
+            | E::WrongPacketType
+            | E::UnexpectedPacket
+            | E::InvalidTai64nTimestamp => DropReason::Malformed,
+            E::WrongKey | E::InvalidMac | E::InvalidAeadTag | E::WrongIndex => {
+                DropReason::Unauthenticated
+            }
+            E::NoCurrentSession => DropReason::Unauthenticated,
+            E::InvalidCounter | E::DuplicateCounter | E::WrongTai64nTimestamp => DropReason::Replay,
+            E::UnderLoad => DropReason::UnderLoad,
+            _ => DropReason::Other,
+        }
+    }
+}
+
+/// Counters for one peer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Datagrams received (any content).
+    pub datagrams_in: u64,
+    /// Datagram bytes received.
+    pub bytes_in: u64,
+    /// Datagrams emitted for sending.
+    pub datagrams_out: u64,
+    /// Datagram bytes emitted for sending.
+    pub bytes_out: u64,
+    /// IP packets delivered to the local stack.
+    pub packets_delivered: u64,
+    /// IP packets accepted for encapsulation.
+    pub packets_sent: u64,
+    /// Endpoint changes caused by authenticated messages from a new address.
+    pub roams: u64,
+    /// Handshakes this side restarted because the peer went silent.
+    pub dead_peer_restarts: u64,
+    /// Drops, indexed like [`DropReason::ALL`].
+    pub dropped: [u64; 9],
+}
+
+impl Counters {
+    /// Drops for one reason.
+    pub fn dropped(&self, r: DropReason) -> u64 {
+        self.dropped[r as usize]
+    }
+}
+
+/// A point-in-time view of the peer, for health and metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PeerStatus {
+    /// Current endpoint.
+    pub endpoint: Option<SocketAddr>,
+    /// Time since the current session's handshake (`Tunn::stats`); `None` without a session.
+    pub handshake_age: Option<Duration>,
+    /// Payload bytes encapsulated (from `Tunn`).
+    pub tx_bytes: u64,
+    /// Payload bytes decapsulated (from `Tunn`).
+    pub rx_bytes: u64,
+    /// Our counters.
+    pub counters: Counters,
+}
+
+/// One WireGuard peer.
+pub struct Peer {
+    tunn: Tunn,
+    endpoint: Option<SocketAddr>,
+    dialer: bool,
+    dead_peer_timeout: Option<Duration>,
+    allowed_ips: Vec<Cidr>,
+    last_authenticated: Option<Instant>,
+    last_restart: Option<Instant>,
+    counters: Counters,
+    buf: Box<[u8]>,
+}
+
+impl std::fmt::Debug for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Peer")
+            .field("endpoint", &self.endpoint)
+            .field("dialer", &self.dialer)
+            .field("counters", &self.counters)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Peer {
+    /// A peer with no session yet.
+    pub fn new(cfg: PeerConfig) -> Self {
+        let tunn = Tunn::new(
+            cfg.private_key.secret(),
+            cfg.peer_public_key.inner(),
+            cfg.preshared_key.map(|k| k.0),
+            cfg.persistent_keepalive,
+            cfg.index & 0x00ff_ffff,
+            None,
+        );
+        Self {
+            tunn,
+            dialer: cfg.endpoint.is_some(),
+            endpoint: cfg.endpoint,
+            dead_peer_timeout: cfg.dead_peer_timeout,
+            allowed_ips: cfg.allowed_ips,
+            last_authenticated: None,
+            last_restart: None,
+            counters: Counters::default(),
+            buf: vec![0u8; BUF_LEN].into_boxed_slice(),
+        }
+    }
+
+    /// The current remote endpoint.
+    pub fn endpoint(&self) -> Option<SocketAddr> {
+        self.endpoint
+    }
+
+    /// Counters so far.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Time since the current session's handshake, `None` without a session.
+    pub fn handshake_age(&self) -> Option<Duration> {
+        self.tunn.time_since_last_handshake()
+    }
+
+    /// A snapshot for health and metrics.
+    pub fn status(&self) -> PeerStatus {
+        let (age, tx, rx, _loss, _rtt) = self.tunn.stats();
+        PeerStatus {
+            endpoint: self.endpoint,
+            handshake_age: age,
+            tx_bytes: tx as u64,
+            rx_bytes: rx as u64,
+            counters: self.counters.clone(),
+        }
+    }
+
+    fn drop_with(&mut self, r: DropReason) -> DropReason {
+        self.counters.dropped[r as usize] += 1;
+        r
+    }
+
+    fn emit(&mut self, to: Option<SocketAddr>, datagram: Vec<u8>, out: &mut Vec<Output>) {
+        match to {
+            Some(to) => {
+                self.counters.datagrams_out += 1;
+                self.counters.bytes_out += datagram.len() as u64;
+                out.push(Output::Send { to, datagram });
+            }
+            None => {
+                self.drop_with(DropReason::NoEndpoint);
+            }
+        }
+    }
+
+    /// Handles one UDP datagram received from `from`. Returns the drop reason if it was
+    /// rejected (already counted); never panics on any input.
+    pub fn handle_datagram(
+        &mut self,
+        from: SocketAddr,
+        datagram: &[u8],
+        now: Instant,
+        out: &mut Vec<Output>,
+    ) -> Result<(), DropReason> {
+        self.counters.datagrams_in += 1;
+        self.counters.bytes_in += datagram.len() as u64;
+        if datagram.is_empty() {
+            // An empty datagram means "flush the queue" to Tunn; from the network it is garbage.
+            return Err(self.drop_with(DropReason::Malformed));
+        }
+        let msg_type = datagram[0];
+        let mut reply = None;
+        let mut deliver = None;
+        let result = match self
+            .tunn
+            .decapsulate(Some(from.ip()), datagram, &mut self.buf)
+        {
+            TunnResult::Done => Ok(()),
+            TunnResult::Err(e) => Err(e),
+            TunnResult::WriteToNetwork(d) => {
+                reply = Some(d.to_vec());
+                Ok(())
+            }
+            TunnResult::WriteToTunnelV4(p, src) => {
+                deliver = Some((p.to_vec(), IpAddr::V4(src)));
+                Ok(())
+            }
+            TunnResult::WriteToTunnelV6(p, src) => {
+                deliver = Some((p.to_vec(), IpAddr::V6(src)));
+                Ok(())
+            }
+        };
+        if let Err(e) = result {
+            let r = DropReason::from_wg(&e);
+            tracing::debug!(%from, error = ?e, reason = r.as_str(), "dropped datagram");
+            return Err(self.drop_with(r));
+        }
+        let is_cookie_reply = reply
+            .as_ref()
+            .is_some_and(|r| r.first() == Some(&COOKIE_REPLY));
+        if is_cookie_reply {
+            // The rate limiter answered an unverified handshake: reply to the sender, trust
+            // nothing about it.
+            if let Some(r) = reply {
+                self.emit(Some(from), r, out);
+            }
+            return Err(self.drop_with(DropReason::UnderLoad));
+        }
+        if msg_type != COOKIE_REPLY {
+            // Handshake or data that authenticated: roam to the sender's address.
+            self.last_authenticated = Some(now);
+            if self.endpoint != Some(from) {
+                if self.endpoint.is_some() {
+                    self.counters.roams += 1;
+                }
+                tracing::info!(old = ?self.endpoint, new = %from, "peer endpoint changed");
+                self.endpoint = Some(from);
+            }
+        }
+        if let Some(r) = reply {
+            self.emit(self.endpoint, r, out);
+            self.flush_queue(out);
+        }
+        if let Some((p, src)) = deliver {
+            if !self.allowed_ips.iter().any(|c| c.contains(src)) {
+                tracing::debug!(%src, "decapsulated packet from a source not allowed");
+                return Err(self.drop_with(DropReason::SourceNotAllowed));
+            }
+            self.counters.packets_delivered += 1;
+            out.push(Output::Deliver(p));
+        }
+        Ok(())
+    }
+
+    /// After a handshake completes, `Tunn` releases the packets it queued meanwhile.
+    fn flush_queue(&mut self, out: &mut Vec<Output>) {
+        // Bounded: Tunn's queue holds at most 256 packets.
+        for _ in 0..=256 {
+            let d = match self.tunn.decapsulate(None, &[], &mut self.buf) {
+                TunnResult::WriteToNetwork(d) => d.to_vec(),
+                _ => break,
+            };
+            self.emit(self.endpoint, d, out);
+        }
+    }
+
+    /// Encapsulates one IP packet for the peer (starting a handshake and queueing it if there
+    /// is no session yet).
+    pub fn send_packet(&mut self, packet: &[u8], out: &mut Vec<Output>) -> Result<(), DropReason> {
+        if packet.len() > MAX_PACKET {
+            return Err(self.drop_with(DropReason::TooLarge));
+        }
+        if self.endpoint.is_none() {
+            return Err(self.drop_with(DropReason::NoEndpoint));
+        }
+        self.counters.packets_sent += 1;
+        match self.tunn.encapsulate(packet, &mut self.buf) {
+            TunnResult::WriteToNetwork(d) => {
+                let d = d.to_vec();
+                self.emit(self.endpoint, d, out);
+                Ok(())
+            }
+            TunnResult::Err(e) => {
+                tracing::debug!(error = ?e, "encapsulate failed");
+                Err(self.drop_with(DropReason::from_wg(&e)))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Runs WireGuard's timers; call every 250 ms.
+    pub fn tick(&mut self, now: Instant, out: &mut Vec<Output>) {
+        match self.tunn.update_timers(&mut self.buf) {
+            TunnResult::WriteToNetwork(d) => {
+                let d = d.to_vec();
+                self.emit(self.endpoint, d, out);
+            }
+            TunnResult::Err(WireGuardError::ConnectionExpired) => {
+                tracing::trace!("connection expired");
+            }
+            TunnResult::Err(e) => tracing::debug!(error = ?e, "timer error"),
+            _ => {}
+        }
+        if !self.dialer {
+            return;
+        }
+        let Some(timeout) = self.dead_peer_timeout else {
+            return;
+        };
+        let silent = self
+            .last_authenticated
+            .is_none_or(|t| now.saturating_duration_since(t) >= timeout);
+        let may_restart = self
+            .last_restart
+            .is_none_or(|t| now.saturating_duration_since(t) >= REKEY_TIMEOUT);
+        if silent && may_restart {
+            // Returns Done while a handshake is already in progress (Tunn retries those).
+            if let TunnResult::WriteToNetwork(d) =
+                self.tunn.format_handshake_initiation(&mut self.buf, false)
+            {
+                let d = d.to_vec();
+                self.last_restart = Some(now);
+                if self.last_authenticated.is_some() {
+                    self.counters.dead_peer_restarts += 1;
+                    tracing::info!(endpoint = ?self.endpoint, "peer silent, new handshake");
+                }
+                self.emit(self.endpoint, d, out);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tunnel::packet;
+    use std::net::Ipv4Addr;
+
+    const GW: &str = "198.18.40.1:51820";
+    const GUEST: &str = "198.18.40.2:40000";
+    const GUEST2: &str = "198.18.40.6:40001";
+    const GUEST_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 41, 2);
+    const GW_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 41, 1);
+
+    fn sa(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    struct Pair {
+        guest: Peer,
+        gw: Peer,
+        gw_key: PrivateKey,
+        guest_addr: SocketAddr,
+    }
+
+    fn pair() -> Pair {
+        let guest_key = PrivateKey::generate();
+        let gw_key = PrivateKey::generate();
+        let guest = Peer::new(PeerConfig {
+            private_key: guest_key.clone(),
+            peer_public_key: gw_key.public_key(),
+            preshared_key: None,
+            endpoint: Some(sa(GW)),
+            persistent_keepalive: Some(25),
+            dead_peer_timeout: Some(Duration::from_secs(60)),
+            allowed_ips: vec!["198.18.41.1/32".parse().unwrap()],
+            index: 1,
+        });
+        let gw = Peer::new(PeerConfig {
+            private_key: gw_key.clone(),
+            peer_public_key: guest_key.public_key(),
+            preshared_key: None,
+            endpoint: None,
+            persistent_keepalive: None,
+            dead_peer_timeout: None,
+            allowed_ips: vec!["198.18.41.2/32".parse().unwrap()],
+            index: 2,
+        });
+        Pair {
+            guest,
+            gw,
+            gw_key,
+            guest_addr: sa(GUEST),
+        }
+    }
+
+    /// Carries datagrams between the two peers until neither has anything to send; returns
+    /// the packets each side delivered (guest, gateway). Bounded to 32 rounds.
+    fn exchange(p: &mut Pair, mut to_gw: Vec<Output>) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+        let now = Instant::now();
+        let (mut at_guest, mut at_gw) = (Vec::new(), Vec::new());
+        for _ in 0..32 {
+            let mut to_guest = Vec::new();
+            for o in to_gw.drain(..) {
+                match o {
+                    Output::Send { to, datagram } => {
+                        assert_eq!(to, sa(GW));
+                        let _ =
+                            p.gw.handle_datagram(p.guest_addr, &datagram, now, &mut to_guest);
+                    }
+                    Output::Deliver(d) => at_guest.push(d),
+                }
+            }
+            for o in to_guest.drain(..) {
+                match o {
+                    Output::Send { to, datagram } => {
+                        assert_eq!(to, p.guest_addr);
+                        let _ = p.guest.handle_datagram(sa(GW), &datagram, now, &mut to_gw);
+                    }
+                    Output::Deliver(d) => at_gw.push(d),
+                }
+            }
+            if to_gw.is_empty() {
+                return (at_guest, at_gw);
+            }
+        }
+        panic!("exchange did not settle");
+    }
+
+    fn ping(seq: u16) -> Vec<u8> {
+        packet::icmp_echo_request(GUEST_IP, GW_IP, 7, seq, b"hello")
+    }
+
+    fn established() -> Pair {
+        let mut p = pair();
+        let mut out = Vec::new();
+        p.guest.send_packet(&ping(1), &mut out).unwrap();
+        let (_, at_gw) = exchange(&mut p, out);
+        assert_eq!(
+            at_gw,
+            vec![ping(1)],
+            "queued packet delivered after handshake"
+        );
+        p
+    }
+
+    #[test]
+    fn handshake_then_transport_both_ways() {
+        let mut p = established();
+        assert!(p.guest.handshake_age().is_some());
+        assert!(p.gw.handshake_age().is_some());
+        assert_eq!(
+            p.gw.endpoint(),
+            Some(sa(GUEST)),
+            "gateway learned the guest endpoint"
+        );
+        let reply = packet::ipv4(GW_IP, GUEST_IP, packet::PROTO_UDP, &[0; 8]);
+        let mut out = Vec::new();
+        p.gw.send_packet(&reply, &mut out).unwrap();
+        let mut to_gw = Vec::new();
+        for o in out {
+            if let Output::Send { datagram, .. } = o {
+                p.guest
+                    .handle_datagram(sa(GW), &datagram, Instant::now(), &mut to_gw)
+                    .unwrap();
+            }
+        }
+        assert_eq!(to_gw, vec![Output::Deliver(reply)]);
+        let s = p.guest.status();
+        assert!(s.tx_bytes > 0 && s.rx_bytes > 0, "{s:?}");
+        assert_eq!(s.counters.packets_delivered, 1);
+    }
+
+    #[test]
+    fn gateway_roams_only_on_authenticated_messages() {
+        let mut p = established();
+        let mut out = Vec::new();
+        p.guest.send_packet(&ping(2), &mut out).unwrap();
+        let Some(Output::Send { datagram, .. }) = out.pop() else {
+            panic!("no datagram")
+        };
+        // Garbage and a replay from other addresses do not move the endpoint.
+        let mut o = Vec::new();
+        let now = Instant::now();
+        assert_eq!(
+            p.gw.handle_datagram(sa("198.18.40.99:1"), b"\x04garbage", now, &mut o),
+            Err(DropReason::Malformed)
+        );
+        // The authentic packet from a new address moves it.
+        p.gw.handle_datagram(sa(GUEST2), &datagram, now, &mut o)
+            .unwrap();
+        assert_eq!(p.gw.endpoint(), Some(sa(GUEST2)));
+        assert_eq!(p.gw.counters().roams, 1);
+        // Its replay from yet another address is rejected and does not move it back.
+        assert_eq!(
+            p.gw.handle_datagram(sa(GUEST), &datagram, now, &mut o),
+            Err(DropReason::Replay)
+        );
+        assert_eq!(p.gw.endpoint(), Some(sa(GUEST2)));
+        assert_eq!(o, vec![Output::Deliver(ping(2))]);
+    }
+
+    #[test]
+    fn unknown_key_is_dropped_and_counted() {
+        let mut p = established();
+        // A stranger that knows the gateway's public key but is not its peer.
+        let mut stranger = Peer::new(PeerConfig {
+            private_key: PrivateKey::generate(),
+            peer_public_key: p.gw_key.public_key(),
+            preshared_key: None,
+            endpoint: Some(sa(GW)),
+            persistent_keepalive: None,
+            dead_peer_timeout: None,
+            allowed_ips: vec![],
+            index: 9,
+        });
+        let mut out = Vec::new();
+        stranger.send_packet(&ping(1), &mut out).unwrap();
+        let Some(Output::Send { datagram: init, .. }) = out.pop() else {
+            panic!("no handshake initiation")
+        };
+        assert_eq!(init.len(), 148);
+        let mut o = Vec::new();
+        let r =
+            p.gw.handle_datagram(sa("198.18.40.50:9"), &init, Instant::now(), &mut o);
+        assert_eq!(r, Err(DropReason::Unauthenticated));
+        assert!(o.is_empty(), "no reply to an unknown key: {o:?}");
+        assert_eq!(p.gw.endpoint(), Some(sa(GUEST)));
+        assert_eq!(p.gw.counters().dropped(DropReason::Unauthenticated), 1);
+        // The real session keeps working.
+        let mut out = Vec::new();
+        p.guest.send_packet(&ping(3), &mut out).unwrap();
+        let (_, at_gw) = exchange(&mut p, out);
+        assert_eq!(at_gw, vec![ping(3)]);
+    }
+
+    #[test]
+    fn disallowed_inner_source_is_dropped() {
+        let mut p = established();
+        let spoofed = packet::icmp_echo_request(Ipv4Addr::new(198, 18, 99, 9), GW_IP, 1, 1, b"");
+        let mut out = Vec::new();
+        p.guest.send_packet(&spoofed, &mut out).unwrap();
+        let (_, at_gw) = exchange(&mut p, out);
+        assert!(at_gw.is_empty());
+        assert_eq!(p.gw.counters().dropped(DropReason::SourceNotAllowed), 1);
+    }
+
+    #[test]
+    fn silent_peer_triggers_new_handshake_on_dialer_only() {
+        let mut p = established();
+        let later = Instant::now() + Duration::from_secs(61);
+        let mut out = Vec::new();
+        p.guest.tick(later, &mut out);
+        let inits: Vec<_> = out
+            .iter()
+            .filter(|o| matches!(o, Output::Send { datagram, .. } if datagram.len() == 148))
+            .collect();
+        assert_eq!(inits.len(), 1, "{out:?}");
+        assert_eq!(p.guest.counters().dead_peer_restarts, 1);
+        // Not again before REKEY_TIMEOUT.
+        let mut again = Vec::new();
+        p.guest.tick(later + Duration::from_secs(1), &mut again);
+        assert!(again.is_empty(), "{again:?}");
+        // The gateway (no endpoint configured) never dials.
+        let mut gw_out = Vec::new();
+        p.gw.tick(later, &mut gw_out);
+        assert!(gw_out.is_empty());
+        // The restarted handshake completes.
+        let (_, _) = exchange(&mut p, out);
+        assert!(p.guest.handshake_age().is_some());
+    }
+
+    #[test]
+    fn garbage_never_panics_and_is_counted() {
+        let mut p = established();
+        let mut o = Vec::new();
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut dropped = 0;
+        for len in 0..400usize {
+            let mut d = vec![0u8; len];
+            for b in &mut d {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                *b = seed as u8;
+            }
+            if len > 4 {
+                d[0] = (len % 5) as u8; // exercise every message type
+                d[1..4].fill(0);
+            }
+            if p.gw
+                .handle_datagram(sa("198.18.40.77:5"), &d, Instant::now(), &mut o)
+                .is_err()
+            {
+                dropped += 1;
+            }
+        }
+        assert_eq!(dropped, 400);
+        assert!(o.is_empty());
+        let total: u64 = p.gw.counters().dropped.iter().sum();
+        assert_eq!(total, 400);
+        assert_eq!(p.gw.endpoint(), Some(sa(GUEST)));
+    }
+
+    #[test]
+    fn cidr_contains() {
+        let c: Cidr = "198.18.0.0/15".parse().unwrap();
+        assert!(c.contains("198.19.255.255".parse().unwrap()));
+        assert!(!c.contains("198.20.0.0".parse().unwrap()));
+        assert!(!c.contains("::1".parse().unwrap()));
+        let all: Cidr = "0.0.0.0/0".parse().unwrap();
+        assert!(all.contains("1.2.3.4".parse().unwrap()));
+        assert!("1.2.3.4/33".parse::<Cidr>().is_err());
+        assert!("1.2.3.4".parse::<Cidr>().is_err());
+    }
+}
