@@ -18,13 +18,14 @@ pub const DNSMASQ: &str = "/usr/sbin/dnsmasq";
 
 /// A free loopback port (UDP and TCP both free at the time of the check).
 pub fn free_port() -> u16 {
-    loop {
+    for _ in 0..1000 {
         let u = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind udp");
         let port = u.local_addr().unwrap().port();
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return port;
         }
     }
+    panic!("no loopback port free for both UDP and TCP in 1000 tries")
 }
 
 /// A dnsmasq child process; killed by PID and reaped on drop.
@@ -142,9 +143,22 @@ pub async fn start_server(yaml: &str) -> TestServer {
     let spec: DnsConfigSpec = serde_yaml_ng::from_str(yaml).expect("yaml");
     let engine = Arc::new(Engine::new(spec.validate().expect("valid config")));
     let server = DnsServer::new(engine, DnsMetrics::default());
-    let udp = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    let addr = udp.local_addr().unwrap();
-    let tcp = tokio::net::TcpListener::bind(addr).await.unwrap();
+    // UDP and TCP must share a port number; the TCP side of a fresh UDP port can be taken by
+    // another socket, so try a bounded number of fresh ports.
+    let mut bound = None;
+    for _ in 0..50 {
+        let udp = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let addr = udp.local_addr().unwrap();
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(tcp) => {
+                bound = Some((udp, tcp, addr));
+                break;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => continue,
+            Err(e) => panic!("binding TCP {addr}: {e}"),
+        }
+    }
+    let (udp, tcp, addr) = bound.expect("a port free for both UDP and TCP within 50 tries");
     server.spawn_udp(udp);
     server.spawn_tcp(tcp);
     TestServer { server, addr }
