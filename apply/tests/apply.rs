@@ -20,29 +20,6 @@ const RESOURCES: &[&str] = &[
     "catalogsources",
 ];
 
-/// Sum of write requests (POST/PUT/PATCH/APPLY/DELETE) the API server counted for our resources.
-async fn server_writes(client: &kube::Client) -> Result<u64> {
-    let req = http::Request::get("/metrics").body(Vec::new())?;
-    let text = client.request_text(req).await?;
-    let mut total = 0;
-    for line in text
-        .lines()
-        .filter(|l| l.starts_with("apiserver_request_total{"))
-    {
-        let write = ["POST", "PUT", "PATCH", "APPLY", "DELETE"]
-            .iter()
-            .any(|v| line.contains(&format!("verb=\"{v}\"")));
-        let ours = RESOURCES
-            .iter()
-            .any(|r| line.contains(&format!("resource=\"{r}\"")));
-        if write && ours {
-            let n: f64 = line.rsplit(' ').next().unwrap_or("0").parse()?;
-            total += n as u64;
-        }
-    }
-    Ok(total)
-}
-
 fn labels() -> serde_json::Value {
     json!({ "app.kubernetes.io/managed-by": "apply-test" })
 }
@@ -129,21 +106,21 @@ async fn converged_pass_writes_nothing_changes_write_once_prune_removes_only_our
     assert_eq!(first.created.len(), 5);
 
     // Second pass: nothing to write, and the API server agrees.
-    let before = server_writes(&client).await?;
+    let before = cluster.api_writes(RESOURCES).await?;
     let second = applier.apply(&targets(1)).await;
     ensure!(second.errors.is_empty(), "{:?}", second.errors);
     assert_eq!((second.writes(), second.unchanged), (0, 5));
     assert_eq!(
-        server_writes(&client).await? - before,
+        cluster.api_writes(RESOURCES).await? - before,
         0,
         "API writes on a converged pass"
     );
 
     // One changed field: one write.
-    let before = server_writes(&client).await?;
+    let before = cluster.api_writes(RESOURCES).await?;
     let third = applier.apply(&targets(3)).await;
     assert_eq!(third.updated, ["Deployment/apply-test/dep"]);
-    assert_eq!(server_writes(&client).await? - before, 1);
+    assert_eq!(cluster.api_writes(RESOURCES).await? - before, 1);
     let dep = Api::<Deployment>::namespaced(client.clone(), "apply-test")
         .get("dep")
         .await?;

@@ -40,29 +40,6 @@ const RESOURCES: &[&str] = &[
     "namespaces",
 ];
 
-/// Writes the API server itself counted (`apiserver_request_total`).
-async fn server_writes(client: &kube::Client) -> Result<u64> {
-    let req = http::Request::get("/metrics").body(Vec::new())?;
-    let text = client.request_text(req).await?;
-    let mut total = 0;
-    for line in text
-        .lines()
-        .filter(|l| l.starts_with("apiserver_request_total{"))
-    {
-        let write = ["POST", "PUT", "PATCH", "APPLY", "DELETE"]
-            .iter()
-            .any(|v| line.contains(&format!("verb=\"{v}\"")));
-        let ours = RESOURCES
-            .iter()
-            .any(|r| line.contains(&format!("resource=\"{r}\"")));
-        if write && ours {
-            let n: f64 = line.rsplit(' ').next().unwrap_or("0").parse()?;
-            total += n as u64;
-        }
-    }
-    Ok(total)
-}
-
 fn repo_file(p: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(p)
 }
@@ -368,13 +345,13 @@ async fn reconcile_converges_prunes_and_cleans_up() -> Result<()> {
 
     // Converged: a third pass makes zero writes, as counted by both API servers.
     let (m0, g0) = (
-        server_writes(&env.management.client()).await?,
-        server_writes(&env.guest.client()).await?,
+        env.management.api_writes(RESOURCES).await?,
+        env.guest.api_writes(RESOURCES).await?,
     );
     let third = reconcile(&ctx, &env, name).await?;
     let (m1, g1) = (
-        server_writes(&env.management.client()).await?,
-        server_writes(&env.guest.client()).await?,
+        env.management.api_writes(RESOURCES).await?,
+        env.guest.api_writes(RESOURCES).await?,
     );
     eprintln!(
         "converged pass: management writes {}, guest writes {}",
@@ -420,14 +397,14 @@ async fn reconcile_converges_prunes_and_cleans_up() -> Result<()> {
     );
     // ...and that is converged too.
     let (m0, g0) = (
-        server_writes(&env.management.client()).await?,
-        server_writes(&env.guest.client()).await?,
+        env.management.api_writes(RESOURCES).await?,
+        env.guest.api_writes(RESOURCES).await?,
     );
     reconcile(&ctx, &env, name).await?;
     assert_eq!(
         (
-            server_writes(&env.management.client()).await? - m0,
-            server_writes(&env.guest.client()).await? - g0
+            env.management.api_writes(RESOURCES).await? - m0,
+            env.guest.api_writes(RESOURCES).await? - g0
         ),
         (0, 0)
     );

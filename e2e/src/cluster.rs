@@ -401,6 +401,21 @@ impl Cluster {
         }
     }
 
+    /// Write requests (POST, PUT, PATCH, server-side APPLY, DELETE) the API server itself has
+    /// counted so far for the given resources (plural names), from `apiserver_request_total`.
+    /// Take the difference of two calls to count the writes of a piece of work.
+    pub async fn api_writes(&self, resources: &[&str]) -> Result<u64, ClusterError> {
+        let req = http::Request::get("/metrics")
+            .body(Vec::new())
+            .expect("static request is valid");
+        let text = self
+            .client()
+            .request_text(req)
+            .await
+            .map_err(kube_err("reading /metrics"))?;
+        Ok(count_writes(&text, resources))
+    }
+
     /// Creates (or replaces) the CustomResourceDefinitions in the given YAML files and waits
     /// until each is Established. Returns the CRD names.
     pub async fn install_crds(&self, files: &[PathBuf]) -> Result<Vec<String>, ClusterError> {
@@ -474,6 +489,26 @@ impl Cluster {
     }
 }
 
+/// Sums `apiserver_request_total` samples of write verbs for the given resources.
+fn count_writes(metrics: &str, resources: &[&str]) -> u64 {
+    let label = |line: &str, name: &str| -> Option<String> {
+        let start = line.find(&format!("{name}=\""))? + name.len() + 2;
+        let end = line[start..].find('"')? + start;
+        Some(line[start..end].to_string())
+    };
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+        .filter(|l| {
+            label(l, "verb")
+                .is_some_and(|v| ["POST", "PUT", "PATCH", "APPLY", "DELETE"].contains(&v.as_str()))
+                && label(l, "resource").is_some_and(|r| resources.contains(&r.as_str()))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|n| n as u64)
+        .sum()
+}
+
 async fn wait_ready(
     opts: &ClusterOptions,
     client: &kube::Client,
@@ -512,6 +547,22 @@ async fn wait_ready(
             ));
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn counts_only_write_verbs_of_the_given_resources() {
+        let m = r#"# HELP apiserver_request_total x
+apiserver_request_total{code="201",resource="configmaps",verb="POST"} 2
+apiserver_request_total{code="200",resource="configmaps",verb="APPLY"} 3
+apiserver_request_total{code="200",resource="configmaps",verb="LIST"} 40
+apiserver_request_total{code="200",resource="leases",verb="PUT"} 9
+apiserver_request_total{code="200",resource="configmapsx",verb="PUT"} 7
+"#;
+        assert_eq!(super::count_writes(m, &["configmaps"]), 5);
+        assert_eq!(super::count_writes(m, &["secrets"]), 0);
     }
 }
 
