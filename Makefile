@@ -28,8 +28,9 @@ FUZZ_SECONDS ?= 20
 
 test: lint tools ## everything CI runs: lint, unit tests, real API servers, network namespaces, bounded fuzzing
 	@echo "== make test: cargo test (unit, real control planes, registries, network namespaces)"
-	$(CARGO) test --workspace --locked --no-fail-fast
+	@mkdir -p target && set -o pipefail && $(CARGO) test --workspace --locked --no-fail-fast 2>&1 | tee target/make-test.log
 	@$(MAKE) --no-print-directory fuzz
+	@awk '/^test result:/ {p+=$$4; f+=$$6} END {printf "tests: %d passed, %d failed\n", p, f}' target/make-test.log
 
 fuzz: ## run every cargo-fuzz target for FUZZ_SECONDS each (nightly + cargo-fuzz)
 	@echo "== make fuzz: $(FUZZ_SECONDS)s per target"
