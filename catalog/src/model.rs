@@ -7,11 +7,13 @@ use std::sync::Arc;
 use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::Value;
+use serde_json::value::RawValue;
 
+use crate::blob::{BlobReader, BlobRef, BlobWriter, Blobs};
 use crate::csv::{self, CsvMetadata, Icon, RelatedImage, StubInputs};
 use crate::error::{LoadError, Location, Rule};
 use crate::gojson;
-use crate::load::{self, Document};
+use crate::load::{self, Content};
 
 /// A group/version/kind.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -52,24 +54,47 @@ pub struct BundleData {
     pub deprecation: Option<String>,
 }
 
-/// JSON text kept as shared pieces (e.g. a stub CSV around its package's
-/// icon, which is stored once per package), joined when served.
+/// One piece of a served JSON text.
+#[derive(Debug, Clone)]
+pub enum Piece {
+    /// Compressed in the catalog's [`Blobs`].
+    Blob(BlobRef),
+    /// Held once and shared (a package's icon or description member, which
+    /// every stub CSV of the package repeats).
+    Shared(Arc<str>),
+}
+
+/// A JSON text kept as pieces, joined when served.
 #[derive(Debug, Clone, Default)]
-pub struct Text(pub Vec<Arc<str>>);
+pub struct Text(pub Box<[Piece]>);
 
 impl Text {
     /// The whole text.
-    pub fn render(&self) -> String {
-        let mut s = String::with_capacity(self.0.iter().map(|p| p.len()).sum());
+    pub fn render(&self, blobs: &mut BlobReader<'_>) -> String {
+        let mut s = String::with_capacity(self.len());
         for p in &self.0 {
-            s.push_str(p);
+            match p {
+                Piece::Blob(b) => blobs.append(*b, &mut s),
+                Piece::Shared(t) => s.push_str(t),
+            }
         }
         s
     }
 
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.0
+            .iter()
+            .map(|p| match p {
+                Piece::Blob(b) => b.len(),
+                Piece::Shared(t) => t.len(),
+            })
+            .sum()
+    }
+
     /// True when there is no text.
     pub fn is_empty(&self) -> bool {
-        self.0.iter().all(|p| p.is_empty())
+        self.len() == 0
     }
 }
 
@@ -124,6 +149,8 @@ pub struct Catalog {
     pub packages: BTreeMap<String, Package>,
     /// Bundle references by provided GVK.
     pub providers: HashMap<Gvk, Vec<BundleRef>>,
+    /// The compressed CSV and manifest texts the bundles' [`Text`]s point into.
+    pub blobs: Blobs,
 }
 
 impl Catalog {
@@ -202,10 +229,137 @@ struct BundleDoc {
     properties: Vec<PropertyDoc>,
     #[serde(default, rename = "relatedImages")]
     related_images: Vec<RelatedImageDoc>,
-    /// `olm.csv.metadata` values decoded as soon as the document is read
-    /// (by property index), so the generic JSON trees are not kept.
-    #[serde(skip)]
-    metas: Vec<(usize, Result<CsvMetadata, String>)>,
+}
+
+/// `olm.bundle` read straight from a JSON document's text: property values
+/// stay slices of the text until the property is interpreted.
+#[derive(Deserialize)]
+struct RawBundleDoc<'a> {
+    #[serde(default)]
+    package: String,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    image: String,
+    #[serde(default, borrow)]
+    properties: Vec<RawPropertyDoc<'a>>,
+    #[serde(default, rename = "relatedImages")]
+    related_images: Vec<RelatedImageDoc>,
+}
+
+#[derive(Deserialize)]
+struct RawPropertyDoc<'a> {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default, borrow)]
+    value: Option<&'a RawValue>,
+}
+
+/// Just the schema of a raw JSON document.
+#[derive(Deserialize)]
+struct Head<'a> {
+    #[serde(default, borrow)]
+    schema: Option<&'a RawValue>,
+}
+
+/// A property value: decoded (YAML, or the generic path) or raw JSON text.
+enum PropValue<'a> {
+    Value(Value),
+    Raw(&'a str),
+}
+
+impl PropValue<'_> {
+    fn value(&self) -> Result<std::borrow::Cow<'_, Value>, String> {
+        match self {
+            PropValue::Value(v) => Ok(std::borrow::Cow::Borrowed(v)),
+            PropValue::Raw(t) => serde_json::from_str(t)
+                .map(std::borrow::Cow::Owned)
+                .map_err(|e| e.to_string()),
+        }
+    }
+
+    /// Decodes into `T` as the generic path does (from the decoded value),
+    /// reading raw text directly when that succeeds.
+    fn typed<T: for<'de> Deserialize<'de>>(&self) -> Result<T, String> {
+        if let PropValue::Raw(t) = self
+            && let Ok(v) = serde_json::from_str::<T>(t)
+        {
+            return Ok(v);
+        }
+        let v = self.value()?;
+        T::deserialize(v.as_ref()).map_err(|e| e.to_string())
+    }
+}
+
+/// A bundle document ready to interpret.
+struct BundleIn<'a> {
+    package: String,
+    name: String,
+    image: String,
+    properties: Vec<(String, PropValue<'a>)>,
+    related_images: Vec<RelatedImageDoc>,
+}
+
+impl From<BundleDoc> for BundleIn<'_> {
+    fn from(b: BundleDoc) -> Self {
+        BundleIn {
+            package: b.package,
+            name: b.name,
+            image: b.image,
+            properties: b
+                .properties
+                .into_iter()
+                .map(|p| (p.kind, PropValue::Value(p.value)))
+                .collect(),
+            related_images: b.related_images,
+        }
+    }
+}
+
+impl<'a> From<RawBundleDoc<'a>> for BundleIn<'a> {
+    fn from(b: RawBundleDoc<'a>) -> Self {
+        BundleIn {
+            package: b.package,
+            name: b.name,
+            image: b.image,
+            properties: b
+                .properties
+                .into_iter()
+                .map(|p| {
+                    let v = match p.value {
+                        Some(r) => PropValue::Raw(r.get()),
+                        None => PropValue::Value(Value::Null),
+                    };
+                    (p.kind, v)
+                })
+                .collect(),
+            related_images: b.related_images,
+        }
+    }
+}
+
+/// A bundle as far as it can be built before its package is known: its stub
+/// CSV (if any) has places for the package's icon and description.
+struct PreBundle {
+    data: BundleData,
+    stub: Option<Vec<StubPart>>,
+    /// The stub CSV is also the bundle's only object.
+    stub_is_object: bool,
+}
+
+enum StubPart {
+    Blob(BlobRef),
+    Icon,
+    Description,
+}
+
+/// A bundle read from a document: its identity, and the built bundle or the
+/// error that building it gave (reported where the checks of its package
+/// reach it, so refusal order does not depend on file order).
+struct BundleRead {
+    package: String,
+    name: String,
+    built: Result<PreBundle, LoadError>,
 }
 
 #[derive(Deserialize)]
@@ -295,7 +449,7 @@ struct PkgBuild {
     doc: PackageDoc,
     icon: Option<Icon>,
     channels: BTreeMap<String, (Location, ChannelDoc)>,
-    bundles: BTreeMap<String, (Location, BundleDoc)>,
+    bundles: BTreeMap<String, (Location, Result<PreBundle, LoadError>)>,
     deprecations: Option<(Location, DeprecationsDoc)>,
 }
 
@@ -304,10 +458,25 @@ fn build(root: &Path) -> Result<Catalog, LoadError> {
     let mut channels = Vec::new();
     let mut bundles = Vec::new();
     let mut deprecations = Vec::new();
-    // Documents are consumed file by file: only one file's decoded
-    // documents exist at a time.
-    load::for_each_doc(root, |Document { location, value }| {
+    let mut blobs = BlobWriter::default();
+    // Documents are consumed one by one as their file is read: a bundle is
+    // built (its texts compressed) straight from its document's text, so
+    // neither decoded documents nor their uncompressed texts pile up.
+    load::for_each_doc(root, |location, content| {
         let doc = Loc { location };
+        let value = match content {
+            Content::Json(text) => {
+                if let Some(b) = raw_bundle(text) {
+                    let read = read_bundle(&doc.location, b.into(), &mut blobs);
+                    bundles.push((doc, read));
+                    return Ok(());
+                }
+                serde_json::from_str::<Value>(text).map_err(|e| {
+                    LoadError::new(&doc.location, Rule::Syntax, format!("invalid JSON: {e}"))
+                })?
+            }
+            Content::Value(v) => v,
+        };
         let schema = match value.get("schema") {
             Some(Value::String(s)) if !s.is_empty() => s.clone(),
             _ => {
@@ -368,15 +537,9 @@ fn build(root: &Path) -> Result<Catalog, LoadError> {
                 channels.push((doc, c));
             }
             "olm.bundle" => {
-                let mut b: BundleDoc = typed(&doc, value, "olm.bundle")?;
-                for (i, p) in b.properties.iter_mut().enumerate() {
-                    if p.kind == "olm.csv.metadata" {
-                        let v = std::mem::take(&mut p.value);
-                        b.metas
-                            .push((i, CsvMetadata::deserialize(v).map_err(|e| e.to_string())));
-                    }
-                }
-                bundles.push((doc, b));
+                let b: BundleDoc = typed(&doc, value, "olm.bundle")?;
+                let read = read_bundle(&doc.location, b.into(), &mut blobs);
+                bundles.push((doc, read));
             }
             "olm.deprecations" => {
                 let d: DeprecationsDoc = typed(&doc, value, "olm.deprecations")?;
@@ -418,34 +581,39 @@ fn build(root: &Path) -> Result<Catalog, LoadError> {
         p.channels.insert(c.name.clone(), (doc.location.clone(), c));
     }
     for (doc, b) in bundles {
-        if b.name.is_empty() {
+        let BundleRead {
+            package,
+            name,
+            built,
+        } = b;
+        if name.is_empty() {
             return Err(LoadError::new(
                 &doc.location,
                 Rule::RequiredField,
                 "olm.bundle has no name",
             ));
         }
-        let Some(p) = pkgs.get_mut(&b.package) else {
+        let Some(p) = pkgs.get_mut(&package) else {
             return Err(LoadError::new(
                 &doc.location,
                 Rule::UnknownPackage,
                 format!(
                     "bundle {:?} names package {:?}, which has no olm.package document",
-                    b.name, b.package
+                    name, package
                 ),
             ));
         };
-        if let Some((prev, _)) = p.bundles.get(&b.name) {
+        if let Some((prev, _)) = p.bundles.get(&name) {
             return Err(LoadError::new(
                 &doc.location,
                 Rule::DuplicateBundle,
                 format!(
                     "package {:?} bundle {:?} is already defined at {prev}",
-                    b.package, b.name
+                    package, name
                 ),
             ));
         }
-        p.bundles.insert(b.name.clone(), (doc.location.clone(), b));
+        p.bundles.insert(name, (doc.location.clone(), built));
     }
     for (doc, d) in deprecations {
         let Some(p) = pkgs.get_mut(&d.package) else {
@@ -480,7 +648,10 @@ fn build(root: &Path) -> Result<Catalog, LoadError> {
             "the catalog has no olm.package documents",
         ));
     }
-    let mut catalog = Catalog::default();
+    let mut catalog = Catalog {
+        blobs: blobs.finish(),
+        ..Catalog::default()
+    };
     for (name, p) in pkgs {
         let pkg = build_package(p)?;
         catalog.packages.insert(name, pkg);
@@ -597,22 +768,29 @@ fn build_package(p: PkgBuild) -> Result<Package, LoadError> {
             },
         );
     }
-    // Bundles. The icon's base64 is held once and shared by every stub CSV.
-    let icon = p
-        .icon
-        .as_ref()
-        .map(|i| (Arc::<str>::from(i.base64data.as_str()), i.mediatype.clone()));
+    // Bundles. The stub CSVs' icon and description members are held once
+    // per package and shared.
+    let icon: Option<Arc<str>> = p.icon.as_ref().map(|i| {
+        let member = serde_json::to_string(i).unwrap_or_default();
+        Arc::from(gojson::escape_html_text(&format!(",\"icon\":[{member}]")))
+    });
+    let description: Option<Arc<str>> = (!p.doc.description.is_empty()).then(|| {
+        let text = serde_json::to_string(&p.doc.description).unwrap_or_default();
+        Arc::from(gojson::escape_html_text(&format!(
+            ",\"description\":{text}"
+        )))
+    });
     let mut bundles = BTreeMap::new();
-    for (bname, (loc, b)) in &p.bundles {
+    for (bname, (loc, b)) in p.bundles {
         if !in_channel.contains(bname.as_str()) {
             return Err(LoadError::new(
-                loc,
+                &loc,
                 Rule::BundleNotInChannel,
                 format!("package {pname:?} bundle {bname:?} is not an entry of any channel"),
             ));
         }
-        let data = build_bundle(loc, &pname, b, icon.clone(), &p.doc.description)?;
-        bundles.insert(bname.clone(), data);
+        let data = finish_bundle(b?, icon.as_ref(), description.as_ref());
+        bundles.insert(bname, data);
     }
     let mut pkg = Package {
         name: pname.clone(),
@@ -756,13 +934,63 @@ fn decode_b64(s: &str) -> Result<Vec<u8>, base64::DecodeError> {
     base64::engine::general_purpose::STANDARD.decode(cleaned)
 }
 
+/// The bundle in a raw JSON document, if the document is an `olm.bundle`
+/// that decodes directly; anything else goes the generic way (which also
+/// words any error).
+fn raw_bundle(text: &str) -> Option<RawBundleDoc<'_>> {
+    let head: Head<'_> = serde_json::from_str(text).ok()?;
+    if head.schema?.get() != "\"olm.bundle\"" {
+        return None;
+    }
+    serde_json::from_str(text).ok()
+}
+
+fn read_bundle(loc: &Location, b: BundleIn<'_>, blobs: &mut BlobWriter) -> BundleRead {
+    let built = build_bundle(loc, &b, blobs);
+    BundleRead {
+        package: b.package,
+        name: b.name,
+        built,
+    }
+}
+
+/// Puts the package's shared members into a bundle's stub CSV.
+fn finish_bundle(
+    pre: PreBundle,
+    icon: Option<&Arc<str>>,
+    description: Option<&Arc<str>>,
+) -> BundleData {
+    let mut data = pre.data;
+    if let Some(parts) = pre.stub {
+        let text = Text(
+            parts
+                .into_iter()
+                .filter_map(|p| match p {
+                    StubPart::Blob(b) => Some(Piece::Blob(b)),
+                    StubPart::Icon => icon.cloned().map(Piece::Shared),
+                    StubPart::Description => description.cloned().map(Piece::Shared),
+                })
+                .collect(),
+        );
+        if pre.stub_is_object {
+            data.objects = vec![text.clone()];
+        }
+        data.csv_json = text;
+    }
+    data
+}
+
+/// Marker the stub CSV is first written with where the package's icon and
+/// description go (as it appears in the JSON text).
+const MARK: &str = "\u{1}hcp-olm\u{1}";
+const MARK_TEXT: &str = "\\u0001hcp-olm\\u0001";
+
 fn build_bundle(
     loc: &Location,
-    pname: &str,
-    b: &BundleDoc,
-    icon: Option<(Arc<str>, String)>,
-    package_description: &str,
-) -> Result<BundleData, LoadError> {
+    b: &BundleIn<'_>,
+    blobs: &mut BlobWriter,
+) -> Result<PreBundle, LoadError> {
+    let pname = &b.package;
     let bname = &b.name;
     let perr = |i: usize, t: &str, m: String| {
         LoadError::new(
@@ -777,24 +1005,22 @@ fn build_bundle(
     let mut dependencies = Vec::new();
     let mut properties = Vec::new();
     let mut objects = Vec::new();
+    let mut object_texts: Vec<(BlobRef, bool)> = Vec::new();
     let mut metas = Vec::new();
-    for (i, prop) in b.properties.iter().enumerate() {
-        let text = gojson::encode(&prop.value, false);
-        match prop.kind.as_str() {
+    for (i, (kind, value)) in b.properties.iter().enumerate() {
+        match kind.as_str() {
             "olm.package" => {
-                let v = PackageProp::deserialize(&prop.value)
-                    .map_err(|e| perr(i, &prop.kind, e.to_string()))?;
+                let v: PackageProp = value.typed().map_err(|e| perr(i, kind, e))?;
                 versions.push(v);
             }
             "olm.gvk" | "olm.gvk.required" => {
-                let g = GvkProp::deserialize(&prop.value)
-                    .map_err(|e| perr(i, &prop.kind, e.to_string()))?;
+                let g: GvkProp = value.typed().map_err(|e| perr(i, kind, e))?;
                 let gvk = Gvk {
                     group: g.group,
                     version: g.version,
                     kind: g.kind,
                 };
-                if prop.kind == "olm.gvk" {
+                if kind == "olm.gvk" {
                     provided.push(gvk);
                 } else {
                     let dep = format!(
@@ -815,8 +1041,7 @@ fn build_bundle(
                     #[serde(default, rename = "versionRange")]
                     version_range: String,
                 }
-                let r = Req::deserialize(&prop.value)
-                    .map_err(|e| perr(i, &prop.kind, e.to_string()))?;
+                let r: Req = value.typed().map_err(|e| perr(i, kind, e))?;
                 // Served in the legacy dependency shape {packageName, version}.
                 let dep = format!(
                     "{{\"packageName\":{},\"version\":{}}}",
@@ -824,10 +1049,13 @@ fn build_bundle(
                     gojson::encode(&Value::String(r.version_range), false)
                 );
                 dependencies.push(("olm.package".to_string(), dep));
+                let text =
+                    gojson::encode(value.value().map_err(|e| perr(i, kind, e))?.as_ref(), false);
+                properties.push((kind.clone(), text));
+                continue;
             }
             "olm.bundle.object" => {
-                let o = BundleObjectProp::deserialize(&prop.value)
-                    .map_err(|e| perr(i, &prop.kind, e.to_string()))?;
+                let o: BundleObjectProp = value.typed().map_err(|e| perr(i, kind, e))?;
                 let raw = decode_b64(&o.data).map_err(|e| {
                     LoadError::new(
                         loc,
@@ -842,20 +1070,21 @@ fn build_bundle(
                         format!("package {pname:?} bundle {bname:?} property {i} (olm.bundle.object): data is not a JSON or YAML manifest: {e}"),
                     )
                 })?;
-                objects.push(Text(vec![Arc::<str>::from(json)]));
+                object_texts.push((blobs.push(&json), is_csv(&json)));
                 continue;
             }
             "olm.csv.metadata" => {
-                match b.metas.iter().find(|(j, _)| *j == i) {
-                    Some((_, Ok(m))) => metas.push(m),
-                    Some((_, Err(e))) => return Err(perr(i, &prop.kind, e.clone())),
-                    None => return Err(perr(i, &prop.kind, "not decoded".into())),
-                }
+                let m: CsvMetadata = value.typed().map_err(|e| perr(i, kind, e))?;
+                metas.push(m);
                 continue;
             }
             _ => {}
         }
-        properties.push((prop.kind.clone(), text));
+        let text = gojson::encode(value.value().map_err(|e| perr(i, kind, e))?.as_ref(), false);
+        properties.push((kind.clone(), text));
+    }
+    for (r, _) in &object_texts {
+        objects.push(Text(Box::new([Piece::Blob(*r)])));
     }
     let pkg_prop = match versions.as_slice() {
         [one] => one,
@@ -877,7 +1106,7 @@ fn build_bundle(
             ));
         }
     };
-    if pkg_prop.package_name != pname {
+    if pkg_prop.package_name != *pname {
         return Err(LoadError::new(
             loc,
             Rule::PackageProperty,
@@ -906,12 +1135,17 @@ fn build_bundle(
             ),
         ));
     }
-    let mut csv_json = objects
+    let csv_json = object_texts
         .iter()
-        .find(|o| o.0.first().is_some_and(|t| is_csv(t)))
-        .cloned()
+        .zip(&objects)
+        .find(|((_, csv), _)| *csv)
+        .map(|(_, t)| t.clone())
         .unwrap_or_default();
-    if csv_json.is_empty() && metas.len() == 1 {
+    let mut stub = None;
+    let mut stub_is_object = false;
+    if csv_json.is_empty()
+        && let [meta] = metas.as_slice()
+    {
         let related: Vec<RelatedImage> = b
             .related_images
             .iter()
@@ -920,43 +1154,57 @@ fn build_bundle(
                 image: r.image.clone(),
             })
             .collect();
-        const MARK: &str = "\u{1}hcp-olm-icon\u{1}";
-        const MARK_TEXT: &str = "\\u0001hcp-olm-icon\\u0001";
+        // Written with markers where the package's description (when the
+        // metadata has none) and icon go; they are put in when the package
+        // is known.
         let text = csv::stub_csv_json(
-            metas[0],
+            meta,
             StubInputs {
                 name: bname,
                 version: &semver.to_string(),
-                icon: icon.as_ref().map(|(_, media)| Icon {
+                icon: Some(Icon {
                     base64data: MARK.to_string(),
-                    mediatype: media.clone(),
+                    mediatype: MARK.to_string(),
                 }),
                 related_images: &related,
-                package_description,
+                package_description: MARK,
             },
         );
-        csv_json = match (text.split_once(MARK_TEXT), &icon) {
-            (Some((head, tail)), Some((data, _))) => {
-                Text(vec![Arc::from(head), Arc::clone(data), Arc::from(tail)])
+        let desc_member = format!(",\"description\":\"{MARK_TEXT}\"");
+        let icon_member =
+            format!(",\"icon\":[{{\"base64data\":\"{MARK_TEXT}\",\"mediatype\":\"{MARK_TEXT}\"}}]");
+        let mut parts = Vec::with_capacity(5);
+        let mut rest = text.as_str();
+        for (member, part) in [
+            (desc_member.as_str(), StubPart::Description),
+            (icon_member.as_str(), StubPart::Icon),
+        ] {
+            if let Some((head, tail)) = rest.split_once(member) {
+                parts.push(StubPart::Blob(blobs.push(head)));
+                parts.push(part);
+                rest = tail;
             }
-            _ => Text(vec![Arc::from(text)]),
-        };
-        if objects.is_empty() {
-            objects.push(csv_json.clone());
         }
+        parts.push(StubPart::Blob(blobs.push(rest)));
+        stub = Some(parts);
+        stub_is_object = objects.is_empty();
     }
-    Ok(BundleData {
-        name: bname.clone(),
-        package: pname.to_string(),
-        image: b.image.clone(),
-        version: pkg_prop.version.clone(),
-        provided,
-        required,
-        dependencies,
-        properties,
-        csv_json,
-        objects,
-        deprecation: None,
+    Ok(PreBundle {
+        data: BundleData {
+            name: bname.clone(),
+            package: pname.clone(),
+            image: b.image.clone(),
+            version: pkg_prop.version.clone(),
+            provided,
+            required,
+            dependencies,
+            properties,
+            csv_json,
+            objects,
+            deprecation: None,
+        },
+        stub,
+        stub_is_object,
     })
 }
 
