@@ -9,18 +9,20 @@
 
 use std::fmt;
 
-use miniz_oxide::deflate::compress_to_vec;
-use miniz_oxide::inflate::decompress_to_vec_with_limit;
+use miniz_oxide::deflate::core::{
+    CompressorOxide, TDEFLFlush, TDEFLStatus, compress, create_comp_flags_from_zip_params,
+};
+use miniz_oxide::inflate::core::{DecompressorOxide, decompress, inflate_flags};
 
 /// Uncompressed size a block is closed at (a larger single text gets a block
 /// of its own).
-pub const BLOCK: usize = 128 * 1024;
+pub const BLOCK: usize = 64 * 1024;
 
 /// Deflate level: 6 is zlib's default; higher levels gain little here.
 const LEVEL: u8 = 6;
 
 /// Where a text is: its block and its byte range in the inflated block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BlobRef {
     block: u32,
     start: u32,
@@ -55,11 +57,22 @@ impl fmt::Debug for Block {
     }
 }
 
-/// Collects texts while a catalog loads.
-#[derive(Debug, Default)]
+/// Collects texts while a catalog loads. Its working buffers (the open
+/// block, the compressor and its output) are made once and reused for every
+/// block, so loading does not leave large freed chunks between long-lived
+/// data.
+#[derive(Default)]
 pub struct BlobWriter {
     blocks: Vec<Block>,
     open: String,
+    compressor: Option<Box<CompressorOxide>>,
+    out: Vec<u8>,
+}
+
+impl fmt::Debug for BlobWriter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BlobWriter({} blocks)", self.blocks.len())
+    }
 }
 
 impl BlobWriter {
@@ -84,7 +97,40 @@ impl BlobWriter {
         if self.open.is_empty() {
             return;
         }
-        let deflated = compress_to_vec(self.open.as_bytes(), LEVEL).into_boxed_slice();
+        let compressor = self.compressor.get_or_insert_with(|| {
+            Box::new(CompressorOxide::new(create_comp_flags_from_zip_params(
+                LEVEL.into(),
+                0,
+                0,
+            )))
+        });
+        compressor.reset();
+        if self.out.len() < BLOCK {
+            self.out.resize(BLOCK, 0);
+        }
+        let mut input = self.open.as_bytes();
+        let mut written = 0;
+        loop {
+            let (status, read, wrote) = compress(
+                compressor,
+                input,
+                &mut self.out[written..],
+                TDEFLFlush::Finish,
+            );
+            written += wrote;
+            input = input.get(read..).unwrap_or_default();
+            match status {
+                TDEFLStatus::Done => break,
+                TDEFLStatus::Okay => {
+                    if self.out.len() - written < 64 {
+                        self.out.resize(self.out.len() * 2, 0);
+                    }
+                }
+                // Only for bad parameters or a bug in the compressor.
+                other => panic!("deflate failed: {other:?}"),
+            }
+        }
+        let deflated = Box::<[u8]>::from(self.out.get(..written).unwrap_or_default());
         self.blocks.push(Block {
             deflated,
             raw_len: u32::try_from(self.open.len()).unwrap_or(u32::MAX),
@@ -129,7 +175,23 @@ impl Blobs {
     }
 }
 
-/// Reads texts, inflating each block once while it is the current one.
+/// Inflates the first `end` bytes of a block (no further: a text near the
+/// start of its block costs little to read).
+fn inflate_prefix(deflated: &[u8], end: usize) -> Vec<u8> {
+    let mut out = vec![0u8; end];
+    let mut state = Box::<DecompressorOxide>::default();
+    let (_, _, written) = decompress(
+        &mut state,
+        deflated,
+        &mut out,
+        0,
+        inflate_flags::TINFL_FLAG_USING_NON_WRAPPING_OUTPUT_BUF,
+    );
+    out.truncate(written);
+    out
+}
+
+/// Reads texts, keeping the last inflated block prefix for the next text.
 pub struct BlobReader<'a> {
     blobs: &'a Blobs,
     last: Option<(u32, Vec<u8>)>,
@@ -141,16 +203,19 @@ impl BlobReader<'_> {
         if r.len == 0 {
             return;
         }
-        if self.last.as_ref().is_none_or(|(b, _)| *b != r.block) {
+        let (s, e) = (r.start as usize, r.start as usize + r.len as usize);
+        if self
+            .last
+            .as_ref()
+            .is_none_or(|(b, raw)| *b != r.block || raw.len() < e)
+        {
             let Some(block) = self.blobs.blocks.get(r.block as usize) else {
                 return;
             };
-            let raw = decompress_to_vec_with_limit(&block.deflated, block.raw_len as usize)
-                .unwrap_or_default();
+            let raw = inflate_prefix(&block.deflated, e.min(block.raw_len as usize));
             self.last = Some((r.block, raw));
         }
         if let Some((_, raw)) = &self.last {
-            let (s, e) = (r.start as usize, r.start as usize + r.len as usize);
             // Blocks hold whole texts pushed as &str, so the range is UTF-8.
             if let Some(text) = raw.get(s..e).and_then(|b| std::str::from_utf8(b).ok()) {
                 out.push_str(text);

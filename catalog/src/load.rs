@@ -67,7 +67,13 @@ pub fn for_each_doc(
         let full = root.join(&rel);
         text.clear();
         std::fs::File::open(&full)
-            .and_then(|mut file| std::io::Read::read_to_string(&mut file, &mut text))
+            .and_then(|mut file| {
+                // Exactly the file's size (growth by doubling would hold up
+                // to twice the largest file).
+                let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+                text.reserve_exact(usize::try_from(size).unwrap_or(0));
+                std::io::Read::read_to_string(&mut file, &mut text)
+            })
             .map_err(|e| {
                 LoadError::new(
                     &Location {

@@ -1,6 +1,6 @@
 //! The validated in-memory catalog, laid out for the Registry queries.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -54,42 +54,45 @@ pub struct BundleData {
     pub deprecation: Option<String>,
 }
 
-/// One piece of a served JSON text.
-#[derive(Debug, Clone)]
-pub enum Piece {
-    /// Compressed in the catalog's [`Blobs`].
-    Blob(BlobRef),
-    /// Held once and shared (a package's icon or description member, which
-    /// every stub CSV of the package repeats).
-    Shared(Arc<str>),
+/// A served JSON text: one range of the catalog's compressed [`Blobs`],
+/// with shared pieces put in at byte offsets of it (a package's icon or
+/// description member, which every stub CSV of the package repeats).
+#[derive(Debug, Clone, Default)]
+pub struct Text {
+    body: BlobRef,
+    inserts: Box<[(u32, Arc<str>)]>,
 }
 
-/// A JSON text kept as pieces, joined when served.
-#[derive(Debug, Clone, Default)]
-pub struct Text(pub Box<[Piece]>);
-
 impl Text {
+    fn blob(body: BlobRef) -> Self {
+        Text {
+            body,
+            inserts: Box::default(),
+        }
+    }
+
     /// The whole text.
     pub fn render(&self, blobs: &mut BlobReader<'_>) -> String {
-        let mut s = String::with_capacity(self.len());
-        for p in &self.0 {
-            match p {
-                Piece::Blob(b) => blobs.append(*b, &mut s),
-                Piece::Shared(t) => s.push_str(t),
-            }
+        let mut body = String::new();
+        blobs.append(self.body, &mut body);
+        if self.inserts.is_empty() {
+            return body;
         }
+        let mut s = String::with_capacity(self.len());
+        let mut at = 0;
+        for (offset, piece) in &self.inserts {
+            let offset = *offset as usize;
+            s.push_str(body.get(at..offset).unwrap_or_default());
+            s.push_str(piece);
+            at = offset;
+        }
+        s.push_str(body.get(at..).unwrap_or_default());
         s
     }
 
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.0
-            .iter()
-            .map(|p| match p {
-                Piece::Blob(b) => b.len(),
-                Piece::Shared(t) => t.len(),
-            })
-            .sum()
+        self.body.len() + self.inserts.iter().map(|(_, p)| p.len()).sum::<usize>()
     }
 
     /// True when there is no text.
@@ -139,16 +142,11 @@ pub struct Package {
     pub bundles: BTreeMap<String, Arc<BundleData>>,
 }
 
-/// Reference to a bundle in a channel: (package, channel, bundle).
-pub type BundleRef = (String, String, String);
-
 /// A loaded, validated catalog.
 #[derive(Debug, Default)]
 pub struct Catalog {
     /// Packages by name.
     pub packages: BTreeMap<String, Package>,
-    /// Bundle references by provided GVK.
-    pub providers: HashMap<Gvk, Vec<BundleRef>>,
     /// The compressed CSV and manifest texts the bundles' [`Text`]s point into.
     pub blobs: Blobs,
 }
@@ -167,6 +165,26 @@ impl Catalog {
             ));
         }
         build(root)
+    }
+
+    /// Every channel entry whose bundle provides `gvk`, in package, channel,
+    /// bundle name order. A scan (as opm's own query does) rather than an
+    /// index: an index by GVK would cost more memory than the bundles' GVK
+    /// lists themselves, for a query that is rare and cheap.
+    pub fn providers<'a>(
+        &'a self,
+        gvk: &'a Gvk,
+    ) -> impl Iterator<Item = (&'a Package, &'a Channel, &'a Entry)> + 'a {
+        self.packages.values().flat_map(move |p| {
+            p.channels.values().flat_map(move |c| {
+                c.entries.values().filter_map(move |e| {
+                    p.bundles
+                        .get(&e.name)
+                        .is_some_and(|b| b.provided.contains(gvk))
+                        .then_some((p, c, e))
+                })
+            })
+        })
     }
 
     /// Number of distinct bundles over all packages.
@@ -342,13 +360,14 @@ impl<'a> From<RawBundleDoc<'a>> for BundleIn<'a> {
 /// CSV (if any) has places for the package's icon and description.
 struct PreBundle {
     data: BundleData,
-    stub: Option<Vec<StubPart>>,
+    /// The stub without the package's members, and where they go.
+    stub: Option<(BlobRef, Vec<(u32, StubPart)>)>,
     /// The stub CSV is also the bundle's only object.
     stub_is_object: bool,
 }
 
+#[derive(Clone, Copy)]
 enum StubPart {
-    Blob(BlobRef),
     Icon,
     Description,
 }
@@ -447,7 +466,10 @@ struct Loc {
 struct PkgBuild {
     loc: Location,
     doc: PackageDoc,
-    icon: Option<Icon>,
+    /// The stub CSV `icon` member.
+    icon: Option<Arc<str>>,
+    /// The stub CSV `description` member (for metadata without one).
+    description: Option<Arc<str>>,
     channels: BTreeMap<String, (Location, ChannelDoc)>,
     bundles: BTreeMap<String, (Location, Result<PreBundle, LoadError>)>,
     deprecations: Option<(Location, DeprecationsDoc)>,
@@ -459,6 +481,7 @@ fn build(root: &Path) -> Result<Catalog, LoadError> {
     let mut bundles = Vec::new();
     let mut deprecations = Vec::new();
     let mut blobs = BlobWriter::default();
+    let mut scratch = Scratch::default();
     // Documents are consumed one by one as their file is read: a bundle is
     // built (its texts compressed) straight from its document's text, so
     // neither decoded documents nor their uncompressed texts pile up.
@@ -467,7 +490,7 @@ fn build(root: &Path) -> Result<Catalog, LoadError> {
         let value = match content {
             Content::Json(text) => {
                 if let Some(b) = raw_bundle(text) {
-                    let read = read_bundle(&doc.location, b.into(), &mut blobs);
+                    let read = read_bundle(&doc.location, b.into(), &mut blobs, &mut scratch);
                     bundles.push((doc, read));
                     return Ok(());
                 }
@@ -489,7 +512,7 @@ fn build(root: &Path) -> Result<Catalog, LoadError> {
         };
         match schema.as_str() {
             "olm.package" => {
-                let p: PackageDoc = typed(&doc, value, "olm.package")?;
+                let mut p: PackageDoc = typed(&doc, value, "olm.package")?;
                 if p.name.is_empty() {
                     return Err(LoadError::new(
                         &doc.location,
@@ -504,7 +527,9 @@ fn build(root: &Path) -> Result<Catalog, LoadError> {
                         format!("package {:?} is already defined at {}", p.name, prev.loc),
                     ));
                 }
-                let icon = match &p.icon {
+                // The stub CSV members are made now and the document's copies
+                // dropped (icons are large).
+                let icon = match p.icon.take() {
                     None => None,
                     Some(i) => {
                         let data = decode_b64(&i.base64data).map_err(|e| {
@@ -514,18 +539,20 @@ fn build(root: &Path) -> Result<Catalog, LoadError> {
                                 format!("package {:?} icon: bad base64: {e}", p.name),
                             )
                         })?;
-                        Some(Icon {
+                        Some(icon_member(&Icon {
                             base64data: base64::engine::general_purpose::STANDARD.encode(data),
-                            mediatype: i.mediatype.clone(),
-                        })
+                            mediatype: i.mediatype,
+                        }))
                     }
                 };
+                let description = description_member(&std::mem::take(&mut p.description));
                 pkgs.insert(
                     p.name.clone(),
                     PkgBuild {
                         loc: doc.location.clone(),
                         doc: p,
                         icon,
+                        description,
                         channels: BTreeMap::new(),
                         bundles: BTreeMap::new(),
                         deprecations: None,
@@ -538,7 +565,7 @@ fn build(root: &Path) -> Result<Catalog, LoadError> {
             }
             "olm.bundle" => {
                 let b: BundleDoc = typed(&doc, value, "olm.bundle")?;
-                let read = read_bundle(&doc.location, b.into(), &mut blobs);
+                let read = read_bundle(&doc.location, b.into(), &mut blobs, &mut scratch);
                 bundles.push((doc, read));
             }
             "olm.deprecations" => {
@@ -550,6 +577,10 @@ fn build(root: &Path) -> Result<Catalog, LoadError> {
         }
         Ok(())
     })?;
+    // The working buffers go before the catalog is assembled, so what it
+    // allocates next can reuse their space.
+    drop(scratch);
+    let blobs = blobs.finish();
     for (doc, c) in channels {
         if c.name.is_empty() {
             return Err(LoadError::new(
@@ -649,25 +680,12 @@ fn build(root: &Path) -> Result<Catalog, LoadError> {
         ));
     }
     let mut catalog = Catalog {
-        blobs: blobs.finish(),
+        blobs,
         ..Catalog::default()
     };
     for (name, p) in pkgs {
         let pkg = build_package(p)?;
         catalog.packages.insert(name, pkg);
-    }
-    for p in catalog.packages.values() {
-        for ch in p.channels.values() {
-            for e in ch.entries.values() {
-                for gvk in &p.bundles[&e.name].provided {
-                    catalog.providers.entry(gvk.clone()).or_default().push((
-                        p.name.clone(),
-                        ch.name.clone(),
-                        e.name.clone(),
-                    ));
-                }
-            }
-        }
     }
     Ok(catalog)
 }
@@ -692,9 +710,10 @@ fn build_package(p: PkgBuild) -> Result<Package, LoadError> {
         ));
     }
     // Channels and their graphs.
+    // (The documents are consumed: their strings move into the entries.)
     let mut channels = BTreeMap::new();
-    let mut in_channel: BTreeSet<&str> = BTreeSet::new();
-    for (cname, (loc, c)) in &p.channels {
+    for (cname, (loc, c)) in p.channels {
+        let loc = &loc;
         if c.entries.is_empty() {
             return Err(LoadError::new(
                 loc,
@@ -703,7 +722,7 @@ fn build_package(p: PkgBuild) -> Result<Package, LoadError> {
             ));
         }
         let mut entries = BTreeMap::new();
-        for e in &c.entries {
+        for e in c.entries {
             if e.name.is_empty() {
                 return Err(LoadError::new(
                     loc,
@@ -733,13 +752,7 @@ fn build_package(p: PkgBuild) -> Result<Package, LoadError> {
                     )
                 })?;
             }
-            let entry = Entry {
-                name: e.name.clone(),
-                replaces: e.replaces.clone(),
-                skips: e.skips.clone(),
-                skip_range: e.skip_range.clone(),
-            };
-            if entries.insert(e.name.clone(), entry).is_some() {
+            if entries.contains_key(&e.name) {
                 return Err(LoadError::new(
                     loc,
                     Rule::DuplicateEntry,
@@ -749,7 +762,15 @@ fn build_package(p: PkgBuild) -> Result<Package, LoadError> {
                     ),
                 ));
             }
-            in_channel.insert(e.name.as_str());
+            entries.insert(
+                e.name.clone(),
+                Entry {
+                    name: e.name,
+                    replaces: e.replaces,
+                    skips: e.skips,
+                    skip_range: e.skip_range,
+                },
+            );
         }
         let head = channel_head(&entries).map_err(|m| {
             LoadError::new(
@@ -761,25 +782,21 @@ fn build_package(p: PkgBuild) -> Result<Package, LoadError> {
         channels.insert(
             cname.clone(),
             Channel {
-                name: cname.clone(),
+                name: cname,
                 head,
                 deprecation: None,
                 entries,
             },
         );
     }
+    let in_channel: BTreeSet<&str> = channels
+        .values()
+        .flat_map(|c: &Channel| c.entries.keys().map(String::as_str))
+        .collect();
     // Bundles. The stub CSVs' icon and description members are held once
     // per package and shared.
-    let icon: Option<Arc<str>> = p.icon.as_ref().map(|i| {
-        let member = serde_json::to_string(i).unwrap_or_default();
-        Arc::from(gojson::escape_html_text(&format!(",\"icon\":[{member}]")))
-    });
-    let description: Option<Arc<str>> = (!p.doc.description.is_empty()).then(|| {
-        let text = serde_json::to_string(&p.doc.description).unwrap_or_default();
-        Arc::from(gojson::escape_html_text(&format!(
-            ",\"description\":{text}"
-        )))
-    });
+    let icon = p.icon;
+    let description = p.description;
     let mut bundles = BTreeMap::new();
     for (bname, (loc, b)) in p.bundles {
         if !in_channel.contains(bname.as_str()) {
@@ -945,13 +962,34 @@ fn raw_bundle(text: &str) -> Option<RawBundleDoc<'_>> {
     serde_json::from_str(text).ok()
 }
 
-fn read_bundle(loc: &Location, b: BundleIn<'_>, blobs: &mut BlobWriter) -> BundleRead {
-    let built = build_bundle(loc, &b, blobs);
+fn read_bundle(
+    loc: &Location,
+    b: BundleIn<'_>,
+    blobs: &mut BlobWriter,
+    scratch: &mut Scratch,
+) -> BundleRead {
+    let built = build_bundle(loc, &b, blobs, scratch);
     BundleRead {
         package: b.package,
         name: b.name,
         built,
     }
+}
+
+/// The stub CSV member for a package icon: `,"icon":[{...}]`.
+fn icon_member(icon: &Icon) -> Arc<str> {
+    let member = serde_json::to_string(icon).unwrap_or_default();
+    Arc::from(gojson::escape_html_text(&format!(",\"icon\":[{member}]")))
+}
+
+/// The stub CSV member for a package description, if it has one.
+fn description_member(description: &str) -> Option<Arc<str>> {
+    (!description.is_empty()).then(|| {
+        let text = serde_json::to_string(description).unwrap_or_default();
+        Arc::from(gojson::escape_html_text(&format!(
+            ",\"description\":{text}"
+        )))
+    })
 }
 
 /// Puts the package's shared members into a bundle's stub CSV.
@@ -961,17 +999,20 @@ fn finish_bundle(
     description: Option<&Arc<str>>,
 ) -> BundleData {
     let mut data = pre.data;
-    if let Some(parts) = pre.stub {
-        let text = Text(
-            parts
+    if let Some((body, slots)) = pre.stub {
+        let text = Text {
+            body,
+            inserts: slots
                 .into_iter()
-                .filter_map(|p| match p {
-                    StubPart::Blob(b) => Some(Piece::Blob(b)),
-                    StubPart::Icon => icon.cloned().map(Piece::Shared),
-                    StubPart::Description => description.cloned().map(Piece::Shared),
+                .filter_map(|(at, slot)| {
+                    let piece = match slot {
+                        StubPart::Icon => icon,
+                        StubPart::Description => description,
+                    };
+                    piece.map(|p| (at, Arc::clone(p)))
                 })
                 .collect(),
-        );
+        };
         if pre.stub_is_object {
             data.objects = vec![text.clone()];
         }
@@ -985,10 +1026,20 @@ fn finish_bundle(
 const MARK: &str = "\u{1}hcp-olm\u{1}";
 const MARK_TEXT: &str = "\\u0001hcp-olm\\u0001";
 
+/// Working buffers reused from bundle to bundle (no large chunk is freed and
+/// allocated again per bundle, which would leave holes in the heap).
+#[derive(Default)]
+struct Scratch {
+    json: Vec<u8>,
+    text: String,
+    body: String,
+}
+
 fn build_bundle(
     loc: &Location,
     b: &BundleIn<'_>,
     blobs: &mut BlobWriter,
+    scratch: &mut Scratch,
 ) -> Result<PreBundle, LoadError> {
     let pname = &b.package;
     let bname = &b.name;
@@ -1084,7 +1135,7 @@ fn build_bundle(
         properties.push((kind.clone(), text));
     }
     for (r, _) in &object_texts {
-        objects.push(Text(Box::new([Piece::Blob(*r)])));
+        objects.push(Text::blob(*r));
     }
     let pkg_prop = match versions.as_slice() {
         [one] => one,
@@ -1157,7 +1208,8 @@ fn build_bundle(
         // Written with markers where the package's description (when the
         // metadata has none) and icon go; they are put in when the package
         // is known.
-        let text = csv::stub_csv_json(
+        let Scratch { json, text, body } = scratch;
+        csv::write_stub_csv_json(
             meta,
             StubInputs {
                 name: bname,
@@ -1169,24 +1221,27 @@ fn build_bundle(
                 related_images: &related,
                 package_description: MARK,
             },
+            json,
+            text,
         );
         let desc_member = format!(",\"description\":\"{MARK_TEXT}\"");
         let icon_member =
             format!(",\"icon\":[{{\"base64data\":\"{MARK_TEXT}\",\"mediatype\":\"{MARK_TEXT}\"}}]");
-        let mut parts = Vec::with_capacity(5);
+        body.clear();
+        let mut slots = Vec::with_capacity(2);
         let mut rest = text.as_str();
-        for (member, part) in [
+        for (member, slot) in [
             (desc_member.as_str(), StubPart::Description),
             (icon_member.as_str(), StubPart::Icon),
         ] {
             if let Some((head, tail)) = rest.split_once(member) {
-                parts.push(StubPart::Blob(blobs.push(head)));
-                parts.push(part);
+                body.push_str(head);
+                slots.push((u32::try_from(body.len()).unwrap_or(u32::MAX), slot));
                 rest = tail;
             }
         }
-        parts.push(StubPart::Blob(blobs.push(rest)));
-        stub = Some(parts);
+        body.push_str(rest);
+        stub = Some((blobs.push(body.as_str()), slots));
         stub_is_object = objects.is_empty();
     }
     Ok(PreBundle {

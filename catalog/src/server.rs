@@ -85,15 +85,9 @@ impl RegistryService {
 
     fn latest_providing(&self, gvk: &Gvk) -> Vec<ChannelEntry> {
         let mut out = Vec::new();
-        for (pkg, ch, b) in self
-            .catalog
-            .providers
-            .get(gvk)
-            .map(Vec::as_slice)
-            .unwrap_or_default()
-        {
-            if self.catalog.packages[pkg].channels[ch].head == *b {
-                out.extend(self.entries_for(pkg, ch, b, false));
+        for (p, c, e) in self.catalog.providers(gvk) {
+            if c.head == e.name {
+                out.extend(self.entries_for(&p.name, &c.name, &e.name, false));
             }
         }
         out
@@ -315,14 +309,8 @@ impl Registry for RegistryService {
             kind: r.kind,
         };
         let mut out = Vec::new();
-        for (pkg, ch, b) in self
-            .catalog
-            .providers
-            .get(&gvk)
-            .map(Vec::as_slice)
-            .unwrap_or_default()
-        {
-            out.extend(self.entries_for(pkg, ch, b, true));
+        for (p, c, e) in self.catalog.providers(&gvk) {
+            out.extend(self.entries_for(&p.name, &c.name, &e.name, true));
         }
         if out.is_empty() {
             return Err(Status::unknown(format!(
