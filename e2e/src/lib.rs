@@ -4,10 +4,12 @@
 //! - [`cluster`]: etcd + kube-apiserver control planes ([`Cluster`], [`Environment`]).
 //! - [`netns`]: network namespaces joined by veth, with per-namespace `resolv.conf`.
 //! - [`registry`]: a real OCI registry on loopback.
+//! - [`kubelet`]: a kubelet stand-in that runs rendered pods as processes.
 //! - [`process`]: processes that stand in for pods, killed by PID and waited for.
 
 pub mod cluster;
 pub mod kubeconfig;
+pub mod kubelet;
 pub mod netns;
 pub mod pki;
 pub mod ports;
