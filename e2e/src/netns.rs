@@ -241,3 +241,28 @@ mod tests {
         assert!(a.len() <= 15, "{a}");
     }
 }
+
+/// Opens a TCP connection from inside the network namespace `netns` (by name), bounded by
+/// `timeout`. The socket is created on a short-lived thread that has joined the namespace, so
+/// no other thread of the caller changes namespace; the returned socket stays in `netns`.
+pub async fn connect_tcp_in(
+    netns: &str,
+    addr: std::net::SocketAddr,
+    timeout: std::time::Duration,
+) -> std::io::Result<std::net::TcpStream> {
+    let path = PathBuf::from("/var/run/netns").join(netns);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(format!("netns-{netns}"))
+        .spawn(move || {
+            let result = (|| {
+                let f = std::fs::File::open(&path)?;
+                nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET)
+                    .map_err(std::io::Error::from)?;
+                std::net::TcpStream::connect_timeout(&addr, timeout)
+            })();
+            let _ = tx.send(result);
+        })?;
+    rx.await
+        .map_err(|_| std::io::Error::other("netns connect thread vanished"))?
+}

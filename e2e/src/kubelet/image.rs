@@ -118,8 +118,11 @@ impl Image {
             }
             match entry {
                 ImageEntry::File { source } => {
-                    if std::fs::hard_link(source, &dest).is_err() {
-                        std::fs::copy(source, &dest)?;
+                    // links (the tools directory holds symlinks) are resolved: the root must
+                    // not point outside itself
+                    let source = std::fs::canonicalize(source)?;
+                    if std::fs::hard_link(&source, &dest).is_err() {
+                        std::fs::copy(&source, &dest)?;
                     }
                 }
                 ImageEntry::Tree { source } => copy_tree(source, &dest)?,

@@ -2,8 +2,13 @@
 //!
 //! - [`image`]: image references → small root filesystems assembled from host files.
 //! - [`plan`]: pod spec → argv, env, volumes, mounts and probes (pure; strict).
+//! - [`run`]: a planned pod started under `bwrap` in its network namespace; init containers
+//!   run to completion first; [`probe`] runs its probes as the kubelet would.
 pub mod image;
 pub mod plan;
+pub mod probe;
+pub mod run;
 
 pub use image::{Image, ImageStore};
 pub use plan::{NodeFacts, Objects, PlanError, PodInput, PodPlan, ServiceAccountFiles};
+pub use run::{PodSite, RunError, RunningPod, start};
