@@ -229,19 +229,6 @@ pub fn route(ns: &Netns, cidr: &str, gateway: &str) -> Result<(), NetnsError> {
 /// A process started in a namespace; re-exported for convenience.
 pub type NsProcess = ManagedProcess;
 
-#[cfg(test)]
-mod tests {
-    use super::unique_name;
-
-    #[test]
-    fn unique_names_fit_interface_limit_and_differ() {
-        let a = unique_name("veth-");
-        let b = unique_name("veth-");
-        assert_ne!(a, b);
-        assert!(a.len() <= 15, "{a}");
-    }
-}
-
 /// Opens a TCP connection from inside the network namespace `netns` (by name), bounded by
 /// `timeout`. The socket is created on a short-lived thread that has joined the namespace, so
 /// no other thread of the caller changes namespace; the returned socket stays in `netns`.
@@ -265,4 +252,17 @@ pub async fn connect_tcp_in(
         })?;
     rx.await
         .map_err(|_| std::io::Error::other("netns connect thread vanished"))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unique_name;
+
+    #[test]
+    fn unique_names_fit_interface_limit_and_differ() {
+        let a = unique_name("veth-");
+        let b = unique_name("veth-");
+        assert_ne!(a, b);
+        assert!(a.len() <= 15, "{a}");
+    }
 }

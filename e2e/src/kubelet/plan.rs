@@ -730,15 +730,13 @@ pub fn expand(input: &str, env: &[(String, String)]) -> String {
                 i += 2;
                 continue;
             }
-            if bytes[i + 1] == b'(' {
-                if let Some(close) = input[i + 2..].find(')') {
-                    let name = &input[i + 2..i + 2 + close];
-                    if let Some((_, v)) = env.iter().find(|(k, _)| k == name) {
-                        out.push_str(v);
-                        i += close + 3;
-                        continue;
-                    }
-                }
+            if bytes[i + 1] == b'('
+                && let Some(close) = input[i + 2..].find(')')
+                && let Some((_, v)) = env.iter().find(|(k, _)| *k == input[i + 2..i + 2 + close])
+            {
+                out.push_str(v);
+                i += close + 3;
+                continue;
             }
         }
         let ch = input[i..].chars().next().unwrap_or('\u{fffd}');

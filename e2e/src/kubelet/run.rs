@@ -104,10 +104,10 @@ impl RunningPod {
     pub async fn ready(&self) -> Result<bool, RunError> {
         for (c, p) in &self.containers {
             self.check_alive(c, p)?;
-            if let Some(probe) = &c.readiness {
-                if probe::run(&self.dialer, probe).await != ProbeResult::Success {
-                    return Ok(false);
-                }
+            if let Some(probe) = &c.readiness
+                && probe::run(&self.dialer, probe).await != ProbeResult::Success
+            {
+                return Ok(false);
             }
         }
         Ok(true)
