@@ -3,6 +3,7 @@
 //! - [`tools`]: where the upstream binaries are (`make tools`).
 //! - [`cluster`]: etcd + kube-apiserver control planes ([`Cluster`], [`Environment`]).
 //! - [`netns`]: network namespaces joined by veth, with per-namespace `resolv.conf`.
+//! - [`podnet`]: a cluster's pod network: router namespace, pod namespaces, Services, DNS.
 //! - [`registry`]: a real OCI registry on loopback.
 //! - [`kubelet`]: a kubelet stand-in that runs rendered pods as processes.
 //! - [`process`]: processes that stand in for pods, killed by PID and waited for.
@@ -12,6 +13,7 @@ pub mod kubeconfig;
 pub mod kubelet;
 pub mod netns;
 pub mod pki;
+pub mod podnet;
 pub mod ports;
 pub mod process;
 pub mod registry;
