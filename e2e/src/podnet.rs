@@ -119,6 +119,9 @@ impl PodNetwork {
         sh(&router, "sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
         let gw = format!("{}.{}.{}.1", prefix[0], prefix[1], prefix[2]);
         router.ip(&["addr", "add", &format!("{gw}/32"), "dev", "lo"])?;
+        // the router's own connections to Service IPs need a route for the lookup that comes
+        // before DNAT; after DNAT they are re-routed to the pod
+        router.ip(&["route", "add", "default", "dev", "lo"])?;
         let dir = tempfile::Builder::new()
             .prefix(&format!("hcp-olm-podnet-{name}-"))
             .tempdir()

@@ -109,8 +109,17 @@ impl Image {
             .find(|p| self.has_path(p))
     }
 
-    /// Writes the image's root filesystem into `root` (which must exist).
+    /// Writes the image's root filesystem into `root` (which must exist): the directories
+    /// every base image has (`/tmp` and `/var/tmp` world-writable, sticky), then the entries.
     pub fn materialize(&self, root: &Path) -> std::io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        for dir in ["tmp", "var/tmp", "etc", "root", "proc", "dev"] {
+            let d = root.join(dir);
+            std::fs::create_dir_all(&d)?;
+            if dir.ends_with("tmp") {
+                std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o1777))?;
+            }
+        }
         for (path, entry) in &self.entries {
             let dest = root.join(path.trim_start_matches('/'));
             if let Some(parent) = dest.parent() {
