@@ -503,3 +503,81 @@ mod tests {
         );
     }
 }
+
+/// Service routing for processes of the caller's own network namespace that belong to the
+/// management network (the hosted kube-apiserver, whose aggregator dials the packageserver
+/// Service): connections to `ip:port` are DNAT-ed to a loopback forwarder into `net`, which
+/// dials the target there (a ClusterIP the router maps to its pods). The rules live in their
+/// own nftables table and /32 routes on `lo`, removed on drop.
+#[derive(Debug)]
+pub struct HostNat {
+    table: String,
+    routes: Vec<Ipv4Addr>,
+}
+
+impl HostNat {
+    /// Installs the rules: each `(ip, port, target)` sends `ip:port` to `target` inside `net`.
+    pub async fn create(
+        net: &PodNetwork,
+        rules: &[(Ipv4Addr, u16, SocketAddr)],
+    ) -> Result<Self, PodNetError> {
+        let table = unique_name("hcpolm_host");
+        let mut lines = Vec::new();
+        let mut routes = Vec::new();
+        for (ip, port, target) in rules {
+            let local = net.forward_from_host(*target).await?;
+            lines.push(format!(
+                "    ip daddr {ip} tcp dport {port} dnat to {}:{}",
+                local.ip(),
+                local.port()
+            ));
+            if !routes.contains(ip) {
+                routes.push(*ip);
+            }
+        }
+        let text = format!(
+            "table ip {table} {{\n  chain out {{\n    type nat hook output priority -100; policy accept;\n{}\n  }}\n}}\n",
+            lines.join("\n")
+        );
+        let path = net.dir.path().join(format!("{table}.nft"));
+        std::fs::write(&path, text).map_err(io("writing the host NAT ruleset"))?;
+        let nat = Self {
+            table,
+            routes: Vec::new(),
+        };
+        run_host("nft", &["-f", path.to_str().unwrap_or_default()])?;
+        let mut nat = nat;
+        for ip in routes {
+            run_host(
+                "ip",
+                &["route", "replace", &format!("{ip}/32"), "dev", "lo"],
+            )?;
+            nat.routes.push(ip);
+        }
+        Ok(nat)
+    }
+}
+
+impl Drop for HostNat {
+    fn drop(&mut self) {
+        for ip in &self.routes {
+            let _ = run_host("ip", &["route", "del", &format!("{ip}/32"), "dev", "lo"]);
+        }
+        let _ = run_host("nft", &["delete", "table", "ip", &self.table]);
+    }
+}
+
+fn run_host(program: &str, args: &[&str]) -> Result<(), PodNetError> {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .map_err(io(format!("running {program}")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(PodNetError::Command {
+            command: format!("{program} {}", args.join(" ")),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
+    }
+}

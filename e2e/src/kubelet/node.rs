@@ -81,6 +81,20 @@ pub struct NodeView {
     pub ready: BTreeMap<(String, String), usize>,
     /// Container restarts by (namespace, deployment).
     pub restarts: BTreeMap<(String, String), u32>,
+    /// The last lines of each container's log, by (namespace, deployment), for diagnosis.
+    pub logs: BTreeMap<(String, String), String>,
+}
+
+impl NodeView {
+    /// The log tails of the Deployments not ready, for error messages.
+    pub fn not_ready_logs(&self) -> String {
+        self.logs
+            .iter()
+            .filter(|(k, _)| self.ready.get(*k).copied().unwrap_or(0) == 0)
+            .map(|((ns, d), log)| format!("--- {ns}/{d}:\n{log}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
 }
 
 /// A running node. Dropping it stops the loop and every pod.
@@ -174,6 +188,22 @@ async fn run_loop(cfg: NodeConfig, view: Arc<Mutex<NodeView>>) {
                 .map(|(k, s)| (k.clone(), s.pods.iter().filter(|p| p.ready).count()))
                 .collect();
             v.restarts = slots.iter().map(|(k, s)| (k.clone(), s.restarts)).collect();
+            v.logs = slots
+                .iter()
+                .map(|(k, s)| {
+                    let text = s
+                        .pods
+                        .iter()
+                        .flat_map(|p| {
+                            p.pod
+                                .processes()
+                                .map(|(c, pr)| format!("[{c}]\n{}", pr.log_tail(15)))
+                        })
+                        .collect::<Vec<_>>()
+                        .join("\n");
+                    (k.clone(), text)
+                })
+                .collect();
         }
         tokio::time::sleep(cfg.interval).await;
     }
