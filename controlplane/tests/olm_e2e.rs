@@ -410,9 +410,23 @@ async fn hosted_cluster_gets_olm_from_rendered_deployments() -> Result<()> {
             if missing.is_empty() {
                 Ok(())
             } else {
+                let v = node.view();
+                let logs: Vec<String> = missing
+                    .iter()
+                    .map(|m| {
+                        let k = (HCP_NS.to_string(), m.to_string());
+                        format!(
+                            "--- {m} (node ready {:?}, restarts {:?}):\n{}",
+                            v.ready.get(&k),
+                            v.restarts.get(&k),
+                            v.logs.get(&k).cloned().unwrap_or_default()
+                        )
+                    })
+                    .collect();
                 Err(format!(
-                    "not ready: {missing:?}; node errors: {:#?}",
-                    node.view().errors
+                    "not ready: {missing:?}; node errors: {:#?}\n{}",
+                    v.errors,
+                    logs.join("\n")
                 ))
             }
         })

@@ -483,6 +483,11 @@ fn container_plan(
     // each able to refer to the ones before it with $(VAR).
     let mut env: Vec<(String, String)> = image.env.clone();
     set(&mut env, "HOSTNAME", pod.name);
+    // container runtimes always set HOME (from /etc/passwd, else "/"); Go's os/user and
+    // controller-runtime's config loading fail without it
+    if !env.iter().any(|(k, _)| k == "HOME") {
+        set(&mut env, "HOME", "/");
+    }
     if !node.api_host.is_empty() {
         set(&mut env, "KUBERNETES_SERVICE_HOST", &node.api_host);
         set(

@@ -106,6 +106,7 @@ fn command_args_env_and_mounts_follow_kubernetes_rules() {
     assert_eq!(env["KUBERNETES_SERVICE_HOST"], "198.18.0.1");
     assert_eq!(env["KUBERNETES_SERVICE_PORT"], "6443");
     assert_eq!(env["HOSTNAME"], "olm-0");
+    assert_eq!(env["HOME"], "/", "runtimes set HOME");
     assert!(env["PATH"].contains("/bin"));
     assert!(c.read_only_root);
     assert_eq!(
