@@ -38,6 +38,7 @@ const RESOURCES: &[&str] = &[
     "endpoints",
     "operatorhubs",
     "namespaces",
+    "events",
 ];
 
 fn repo_file(p: &str) -> PathBuf {
@@ -69,6 +70,11 @@ async fn setup(env: &Environment) -> Result<()> {
 /// Create a HostedCluster from the `none-minimal` fixture, named `name`, whose
 /// status.kubeconfig names `kubeconfig_secret`.
 async fn create_hc(env: &Environment, name: &str, kubeconfig_secret: &str) -> Result<()> {
+    create_hc_in(&env.management, name, kubeconfig_secret).await
+}
+
+/// [`create_hc`] in one cluster.
+async fn create_hc_in(management: &Cluster, name: &str, kubeconfig_secret: &str) -> Result<()> {
     let text =
         std::fs::read_to_string(fixtures_dir().join("hypershift/examples/none-minimal.yaml"))?;
     let mut value = None;
@@ -93,8 +99,7 @@ async fn create_hc(env: &Environment, name: &str, kubeconfig_secret: &str) -> Re
     v["spec"]["release"]["image"] =
         "quay.io/openshift-release-dev/ocp-release:4.18.3-x86_64".into();
     let obj: DynamicObject = serde_json::from_value(v)?;
-    let api: Api<DynamicObject> =
-        Api::namespaced_with(env.management.client(), HC_NS, &hc_resource());
+    let api: Api<DynamicObject> = Api::namespaced_with(management.client(), HC_NS, &hc_resource());
     api.create(&PostParams::default(), &obj).await?;
     api.patch_status(
         name,
@@ -109,7 +114,7 @@ async fn create_hc(env: &Environment, name: &str, kubeconfig_secret: &str) -> Re
         }})),
     )
     .await?;
-    env.management
+    management
         .ensure_namespace(&format!("{HC_NS}-{name}"))
         .await?;
     Ok(())
@@ -191,16 +196,21 @@ fn condition<'a>(
 /// The controller's identity: the ServiceAccount of manifests/controller bound to the
 /// ClusterRole there, so a missing permission fails this test.
 async fn controller_client(env: &Environment) -> Result<kube::Client> {
-    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-    let sa = env
-        .management
+    Ok(controller_identity(&env.management).await?.client)
+}
+
+/// [`controller_client`] for one cluster, with its kubeconfig; the leader-election
+/// Role and RoleBinding of manifests/controller are installed too.
+async fn controller_identity(cluster: &Cluster) -> Result<hcp_olm_e2e::cluster::Identity> {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+    let sa = cluster
         .service_account(
             "hcp-olm-system",
             "hcp-olm-controller",
             std::time::Duration::from_secs(3600),
         )
         .await?;
-    let admin = env.management.client();
+    let admin = cluster.client();
     let role: ClusterRole = serde_yaml_ng::from_str(&std::fs::read_to_string(repo_file(
         "manifests/controller/clusterrole.yaml",
     ))?)?;
@@ -210,10 +220,30 @@ async fn controller_client(env: &Environment) -> Result<kube::Client> {
     let binding: ClusterRoleBinding = serde_yaml_ng::from_str(&std::fs::read_to_string(
         repo_file("manifests/controller/clusterrolebinding.yaml"),
     )?)?;
-    Api::<ClusterRoleBinding>::all(admin)
+    Api::<ClusterRoleBinding>::all(admin.clone())
         .create(&PostParams::default(), &binding)
         .await?;
-    Ok(sa.client)
+    let text =
+        std::fs::read_to_string(repo_file("manifests/controller/leader-election-role.yaml"))?;
+    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+        let v: serde_json::Value = serde::Deserialize::deserialize(doc)?;
+        match v["kind"].as_str() {
+            Some("Role") => {
+                let r: Role = serde_json::from_value(v)?;
+                Api::<Role>::namespaced(admin.clone(), "hcp-olm-system")
+                    .create(&PostParams::default(), &r)
+                    .await?;
+            }
+            Some("RoleBinding") => {
+                let r: RoleBinding = serde_json::from_value(v)?;
+                Api::<RoleBinding>::namespaced(admin.clone(), "hcp-olm-system")
+                    .create(&PostParams::default(), &r)
+                    .await?;
+            }
+            other => anyhow::bail!("unexpected kind {other:?} in leader-election-role.yaml"),
+        }
+    }
+    Ok(sa)
 }
 
 fn ctx(client: kube::Client) -> Context {
@@ -559,5 +589,559 @@ async fn run_subcommand_reconciles_and_stops_on_sigterm() -> Result<()> {
     let status = status.context("controller did not stop on SIGTERM")?;
     ensure!(status.success(), "exit {status:?}\n{logs}");
     ensure!(!logs.contains("BEGIN PRIVATE KEY"), "key material in logs");
+    Ok(())
+}
+
+/// Poll `check` every 250 ms until it returns Some, for at most `bound`.
+async fn eventually<T, F, Fut>(bound: std::time::Duration, what: &str, mut check: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>>>,
+{
+    let deadline = std::time::Instant::now() + bound;
+    loop {
+        if let Some(t) = check().await? {
+            return Ok(t);
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "{what}: not within {bound:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}
+
+async fn holm_condition(
+    env: &Environment,
+    name: &str,
+    t: &str,
+) -> Result<Option<(String, String)>> {
+    let holm = Api::<HostedOLM>::namespaced(env.management.client(), &format!("{HC_NS}-{name}"))
+        .get_opt(name)
+        .await?;
+    Ok(holm
+        .as_ref()
+        .and_then(|h| condition(h, t))
+        .map(|c| (c.status.clone(), c.reason.clone())))
+}
+
+fn config_hash(d: &Deployment) -> Option<String> {
+    d.spec
+        .as_ref()?
+        .template
+        .metadata
+        .as_ref()?
+        .annotations
+        .as_ref()?
+        .get("hcp-olm.io/config-hash")
+        .cloned()
+}
+
+/// The `run` loop (in process, as the controller's ServiceAccount) reacts to the
+/// Secrets it reads: a HostedCluster whose admin kubeconfig Secret is missing is
+/// Degraded; creating the Secret converges it without touching the HostedCluster
+/// (the waiting requeue is an hour, so only the Secret watch can have woken it), and
+/// a new HCP-namespace kubeconfig Secret rolls the OLM pods (config hash).
+#[tokio::test]
+async fn secret_changes_trigger_reconciles() -> Result<()> {
+    use futures::FutureExt;
+    use hcp_olm_controlplane::runtime::Schedule;
+    use hcp_olm_controlplane::runtime::controller::{RunOptions, run};
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    let client = controller_client(&env).await?;
+    let name = "late";
+    let hcp_ns = format!("{HC_NS}-{name}");
+    create_hc(&env, name, "late-admin-kubeconfig").await?;
+    let hour = std::time::Duration::from_secs(3600);
+    let ctx = std::sync::Arc::new(ctx(client).with_schedule(Schedule {
+        resync: hour,
+        waiting: hour,
+        catalog_refresh: hour,
+    }));
+    let (stop_tx, stop_rx) = futures::channel::oneshot::channel::<()>();
+    let runner = tokio::spawn(run(ctx.clone(), RunOptions::default(), stop_rx.map(|_| ())));
+    let result = async {
+        let bound = std::time::Duration::from_secs(60);
+        eventually(bound, "Degraded GuestKubeconfigMissing", || async {
+            Ok(holm_condition(&env, name, "Degraded")
+                .await?
+                .filter(|c| c == &("True".into(), "GuestKubeconfigMissing".into())))
+        })
+        .await?;
+        let rv = get_hc(&env, name).await?.metadata.resource_version;
+
+        put_kubeconfig_secret(&env, "late-admin-kubeconfig").await?;
+        let started = std::time::Instant::now();
+        eventually(bound, "converged after the Secret appeared", || async {
+            let eps = Api::<k8s_openapi::api::core::v1::Endpoints>::namespaced(
+                env.guest.client(),
+                "default",
+            )
+            .get_opt("packageserver")
+            .await?;
+            let degraded = holm_condition(&env, name, "Degraded").await?;
+            Ok((eps.is_some() && degraded.as_ref().is_some_and(|d| d.0 == "False")).then_some(()))
+        })
+        .await?;
+        eprintln!(
+            "converged {:?} after the kubeconfig Secret was created",
+            started.elapsed()
+        );
+        assert_eq!(
+            get_hc(&env, name).await?.metadata.resource_version,
+            rv,
+            "the HostedCluster was not touched"
+        );
+
+        // HyperShift's kubeconfig Secret for OLM pods appears in the HCP namespace:
+        // the operators' config hash changes (pods roll).
+        let deps = Api::<Deployment>::namespaced(env.management.client(), &hcp_ns);
+        let before = config_hash(&deps.get("hcp-olm-olm-operator").await?);
+        let s = Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some("service-network-admin-kubeconfig".into()),
+                namespace: Some(hcp_ns.clone()),
+                ..Default::default()
+            },
+            data: Some(BTreeMap::from([(
+                "kubeconfig".to_string(),
+                ByteString(std::fs::read(env.guest.kubeconfig())?),
+            )])),
+            ..Default::default()
+        };
+        Api::<Secret>::namespaced(env.management.client(), &hcp_ns)
+            .create(&PostParams::default(), &s)
+            .await?;
+        let after = eventually(
+            bound,
+            "config hash follows the HCP kubeconfig Secret",
+            || async {
+                let now = config_hash(&deps.get("hcp-olm-olm-operator").await?);
+                Ok((now != before).then_some(now))
+            },
+        )
+        .await?;
+        eprintln!("config hash {before:?} -> {after:?}");
+        // Events: the Available/Degraded transitions were recorded on the HostedOLM.
+        let evs = Api::<k8s_openapi::api::events::v1::Event>::namespaced(
+            env.management.client(),
+            &hcp_ns,
+        )
+        .list(&ListParams::default())
+        .await?;
+        let reasons: Vec<String> = evs
+            .items
+            .iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("HostedOLM"))
+            .filter_map(|e| e.reason.clone())
+            .collect();
+        eprintln!("events: {reasons:?}");
+        ensure!(
+            reasons.iter().any(|r| r == "GuestKubeconfigMissing")
+                && reasons.iter().any(|r| r == "NotDegraded"),
+            "events {reasons:?}"
+        );
+        Ok(())
+    }
+    .await;
+    let _ = stop_tx.send(());
+    tokio::time::timeout(std::time::Duration::from_secs(30), runner).await??;
+    result
+}
+
+fn spawn_controller(
+    kubeconfig: &std::path::Path,
+    identity: &str,
+    port: u16,
+    log: &std::path::Path,
+) -> Result<std::process::Child> {
+    Ok(
+        std::process::Command::new(env!("CARGO_BIN_EXE_hcp-olm-controller"))
+            .args([
+                "run",
+                "--admin-addr",
+                &format!("127.0.0.1:{port}"),
+                "--registry-lookups=false",
+                "--olm-image",
+                OLM_IMAGE,
+                "--leader-elect=true",
+                "--leader-elect-lease-namespace",
+                "hcp-olm-system",
+                "--leader-elect-identity",
+                identity,
+                "--leader-elect-lease-duration",
+                "4s",
+                "--leader-elect-renew-deadline",
+                "3s",
+                "--leader-elect-retry-period",
+                "1s",
+            ])
+            .env("KUBECONFIG", kubeconfig)
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(log)?)
+            .spawn()?,
+    )
+}
+
+/// `None` when the admin endpoint does not answer.
+fn role_of(port: u16) -> Option<String> {
+    let r = http_get(port, "/readyz").ok()?;
+    Some(r.lines().last().unwrap_or_default().trim().to_string())
+}
+
+fn reconciles_of(port: u16) -> u64 {
+    http_get(port, "/metrics")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("hcp_olm_reconciles_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+async fn lease_holder(cluster: &Cluster) -> Result<(Option<String>, i32)> {
+    let l = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+        cluster.client(),
+        "hcp-olm-system",
+    )
+    .get_opt("hcp-olm-controller")
+    .await?;
+    let spec = l.and_then(|l| l.spec).unwrap_or_default();
+    Ok((
+        spec.holder_identity.filter(|h| !h.is_empty()),
+        spec.lease_transitions.unwrap_or(0),
+    ))
+}
+
+/// Two `run --leader-elect` processes as the controller's ServiceAccount (RBAC from
+/// manifests/): exactly one leads and only it reconciles; SIGKILL of the leader →
+/// the other takes over once the lease has expired (not before); SIGTERM of a
+/// leader releases the Lease.
+#[tokio::test]
+async fn leader_election_one_leader_and_takeover() -> Result<()> {
+    use hcp_olm_e2e::cluster::ClusterOptions;
+    let mgmt = Cluster::start(ClusterOptions::new("management")).await?;
+    mgmt.install_crds(&[
+        fixtures_dir().join("hypershift/crds/hostedclusters-Hypershift-Default.crd.yaml"),
+        repo_file("manifests/crds/hostedolm.yaml"),
+    ])
+    .await?;
+    mgmt.ensure_namespace(HC_NS).await?;
+    let sa = controller_identity(&mgmt).await?;
+    let dir = tempfile::tempdir()?;
+    let ids = ["replica-a", "replica-b"];
+    let ports = [
+        hcp_olm_e2e::ports::free_port()?,
+        hcp_olm_e2e::ports::free_port()?,
+    ];
+    let logs = [dir.path().join("a.log"), dir.path().join("b.log")];
+    let mut children = vec![
+        spawn_controller(&sa.kubeconfig, ids[0], ports[0], &logs[0])?,
+        spawn_controller(&sa.kubeconfig, ids[1], ports[1], &logs[1])?,
+    ];
+    let lease = std::time::Duration::from_secs(4);
+    let retry = std::time::Duration::from_secs(1);
+    let result = async {
+        let bound = std::time::Duration::from_secs(60);
+        let leader = eventually(bound, "one leader, one standby", || async {
+            let roles = [role_of(ports[0]), role_of(ports[1])];
+            let (holder, _) = lease_holder(&mgmt).await?;
+            Ok(match (roles[0].as_deref(), roles[1].as_deref()) {
+                (Some("ok: leader"), Some("ok: standby")) if holder.as_deref() == Some(ids[0]) => {
+                    Some(0)
+                }
+                (Some("ok: standby"), Some("ok: leader")) if holder.as_deref() == Some(ids[1]) => {
+                    Some(1)
+                }
+                _ => None,
+            })
+        })
+        .await?;
+        let other = 1 - leader;
+        // It stays that way over several renewals.
+        for _ in 0..4 {
+            tokio::time::sleep(retry).await;
+            assert_eq!(role_of(ports[leader]).as_deref(), Some("ok: leader"));
+            assert_eq!(role_of(ports[other]).as_deref(), Some("ok: standby"));
+        }
+        // Only the leader reconciles.
+        create_hc_in(&mgmt, "elected", "elected-admin-kubeconfig").await?;
+        eventually(bound, "the leader reconciles", || async {
+            let hc = Api::<HostedCluster>::namespaced(mgmt.client(), HC_NS)
+                .get("elected")
+                .await?;
+            Ok(hc
+                .metadata
+                .finalizers
+                .unwrap_or_default()
+                .contains(&FINALIZER.to_string())
+                .then_some(()))
+        })
+        .await?;
+        // (The finalizer is added early in a reconcile; its metric follows at the end.)
+        eventually(bound, "leader metrics count the reconcile", || async {
+            Ok((reconciles_of(ports[leader]) > 0).then_some(()))
+        })
+        .await?;
+        assert_eq!(reconciles_of(ports[other]), 0, "the standby reconciled");
+        let (_, transitions0) = lease_holder(&mgmt).await?;
+
+        // SIGKILL the leader: no release, the standby waits for expiry.
+        children[leader].kill()?;
+        children[leader].wait()?;
+        let killed = std::time::Instant::now();
+        eventually(bound, "takeover", || async {
+            Ok((role_of(ports[other]).as_deref() == Some("ok: leader")).then_some(()))
+        })
+        .await?;
+        let took = killed.elapsed();
+        let (holder, transitions1) = lease_holder(&mgmt).await?;
+        eprintln!("takeover after {took:?} (lease {lease:?}, retry {retry:?})");
+        assert_eq!(holder.as_deref(), Some(ids[other]));
+        assert_eq!(transitions1, transitions0 + 1);
+        ensure!(
+            took + retry >= lease,
+            "took over after {took:?}, before the {lease:?} lease could expire"
+        );
+        // Lease duration + one retry period, plus polling slack on a loaded machine.
+        ensure!(
+            took <= lease + retry * 3 + std::time::Duration::from_secs(4),
+            "takeover took {took:?}"
+        );
+        // The new leader reconciles: a new HostedCluster gets the finalizer.
+        create_hc_in(&mgmt, "after", "after-admin-kubeconfig").await?;
+        eventually(bound, "the new leader reconciles", || async {
+            let hc = Api::<HostedCluster>::namespaced(mgmt.client(), HC_NS)
+                .get("after")
+                .await?;
+            Ok(hc
+                .metadata
+                .finalizers
+                .unwrap_or_default()
+                .contains(&FINALIZER.to_string())
+                .then_some(()))
+        })
+        .await?;
+
+        // SIGTERM: stops and releases the Lease.
+        let pid = children[other].id().to_string();
+        ensure!(
+            std::process::Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()?
+                .success()
+        );
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let status = loop {
+            if let Some(st) = children[other].try_wait()? {
+                break st;
+            }
+            ensure!(std::time::Instant::now() < deadline, "no exit on SIGTERM");
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        };
+        ensure!(status.success(), "exit {status:?}");
+        let (holder, _) = lease_holder(&mgmt).await?;
+        assert_eq!(holder, None, "the Lease was released");
+        Ok(())
+    }
+    .await;
+    for c in &mut children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    if let Err(e) = result {
+        let a = std::fs::read_to_string(&logs[0]).unwrap_or_default();
+        let b = std::fs::read_to_string(&logs[1]).unwrap_or_default();
+        anyhow::bail!("{e:#}\nlog a:\n{a}\nlog b:\n{b}");
+    }
+    Ok(())
+}
+
+/// Catalog and release lookups against a real registry (CNCF distribution): the
+/// release version comes from the image label (not status), a catalog missing its
+/// tag for two minors falls back, one with no tag at all is Degraded while the rest
+/// of OLM is applied; registry answers are reused for `catalog_refresh`, after which
+/// a moved tag rolls only its catalog Deployment and an unchanged one writes
+/// nothing. A second HostedCluster whose release image has no version label is
+/// Degraded without disturbing the first.
+#[tokio::test]
+async fn catalog_digests_refresh_from_a_real_registry() -> Result<()> {
+    use hcp_olm_controlplane::runtime::Schedule;
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    let reg = hcp_olm_e2e::registry::Registry::start()?;
+    let a = reg.addr().to_string();
+    let oci = std::sync::Arc::new(hcp_olm_oci::Client::new(hcp_olm_oci::ClientOptions {
+        plain_http: vec![a.clone()],
+        timeout: Some(std::time::Duration::from_secs(5)),
+        ..Default::default()
+    })?);
+    let label = |k: &str, v: &str| BTreeMap::from([(k.to_string(), v.to_string())]);
+    let release = format!("{a}/ocp/release:4.18.3-x86_64");
+    oci.push_image(&release, &label("io.openshift.release", "4.18.3"))
+        .await?;
+    let unlabelled = format!("{a}/ocp/release:unlabelled");
+    oci.push_image(&unlabelled, &BTreeMap::new()).await?;
+    let redhat = format!("{a}/redhat/redhat-operator-index");
+    let d1 = oci
+        .push_image(&format!("{redhat}:v4.18"), &label("rev", "1"))
+        .await?;
+    let community = format!("{a}/redhat/community-operator-index");
+    let dc = oci
+        .push_image(&format!("{community}:v4.16"), &BTreeMap::new())
+        .await?;
+    // certified-operator-index: no tag at all.
+
+    put_kubeconfig_secret(&env, "reg-admin-kubeconfig").await?;
+    let hcs = Api::<DynamicObject>::namespaced_with(env.management.client(), HC_NS, &hc_resource());
+    for (name, image) in [("reg", &release), ("nolabel", &unlabelled)] {
+        create_hc(&env, name, "reg-admin-kubeconfig").await?;
+        hcs.patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({
+                "metadata": {"annotations": {
+                    "hypershift.openshift.io/olm-catalogs-is-registry-overrides":
+                        format!("registry.redhat.io/redhat={a}/redhat"),
+                }},
+                "spec": {"release": {"image": image}},
+            })),
+        )
+        .await?;
+        // Status names another version: the label must win (or, absent, nothing).
+        let version = if name == "reg" { "4.17.0" } else { "" };
+        hcs.patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"status": {"version": {"desired": {"version": version}}}}),
+            ),
+        )
+        .await?;
+    }
+    let hour = std::time::Duration::from_secs(3600);
+    let ctx = Context::new(
+        controller_client(&env).await?,
+        Config {
+            olm_image: Some(OLM_IMAGE.into()),
+            oci: Some(oci.clone()),
+            ..Default::default()
+        },
+    )
+    .with_schedule(Schedule {
+        catalog_refresh: hour,
+        ..Default::default()
+    });
+    reconcile(&ctx, &env, "reg").await?;
+    let o = reconcile(&ctx, &env, "reg").await?;
+    ensure!(
+        o.hcp_writes + o.guest_writes > 0 || o.state == State::Applied,
+        "{o:?}"
+    );
+    let holm = Api::<HostedOLM>::namespaced(env.management.client(), "clusters-reg")
+        .get("reg")
+        .await?;
+    let st = holm.status.clone().context("status")?;
+    eprintln!("status: {}", serde_json::to_string_pretty(&st)?);
+    assert_eq!(st.release_version.as_deref(), Some("4.18.3"));
+    let cat = |n: &str| {
+        st.catalogs
+            .iter()
+            .find(|c| c.name == n)
+            .cloned()
+            .context(n.to_string())
+    };
+    let rh = cat("redhat-operators")?;
+    assert_eq!(rh.image.as_deref(), Some(format!("{redhat}@{d1}").as_str()));
+    let co = cat("community-operators")?;
+    assert_eq!(
+        co.image.as_deref(),
+        Some(format!("{community}@{dc}").as_str())
+    );
+    assert_eq!(co.version.as_deref(), Some("4.16"));
+    let ce = cat("certified-operators")?;
+    ensure!(ce.image.is_none(), "{ce:?}");
+    let d = condition(&holm, "Degraded").context("Degraded")?;
+    assert_eq!(
+        (d.status.as_str(), d.reason.as_str()),
+        ("True", "CatalogImageUnavailable")
+    );
+    ensure!(d.message.contains("certified"), "{}", d.message);
+    let deps = Api::<Deployment>::namespaced(env.management.client(), "clusters-reg");
+    for want in [
+        "hcp-olm-olm-operator",
+        "hcp-olm-catalog-operator",
+        "hcp-olm-packageserver",
+        "hcp-olm-redhat-operators",
+        "hcp-olm-community-operators",
+    ] {
+        ensure!(deps.get_opt(want).await?.is_some(), "{want} missing");
+    }
+    ensure!(deps.get_opt("hcp-olm-certified-operators").await?.is_none());
+
+    // The other HostedCluster: no version label, no status version → Degraded.
+    let o = reconcile(&ctx, &env, "nolabel").await?;
+    assert_eq!(o.state, State::Invalid("MissingReleaseVersion".into()));
+    assert_eq!(
+        holm_condition(&env, "nolabel", "Degraded").await?,
+        Some(("True".into(), "MissingReleaseVersion".into()))
+    );
+
+    // The tag moves. Within catalog_refresh nothing is looked up again: 0 writes.
+    let d2 = oci
+        .push_image(&format!("{redhat}:v4.18"), &label("rev", "2"))
+        .await?;
+    ensure!(d2 != d1);
+    let writes = || async {
+        Ok::<_, anyhow::Error>(
+            env.management.api_writes(RESOURCES).await? + env.guest.api_writes(RESOURCES).await?,
+        )
+    };
+    let w0 = writes().await?;
+    let o = reconcile(&ctx, &env, "reg").await?;
+    assert_eq!(writes().await? - w0, 0, "{o:?}");
+    // After the refresh interval (same cache, shorter lifetime) the new digest rolls
+    // exactly the redhat catalog Deployment.
+    let refreshed = ctx.clone().with_schedule(Schedule {
+        catalog_refresh: std::time::Duration::from_millis(1),
+        ..Default::default()
+    });
+    let o = reconcile(&refreshed, &env, "reg").await?;
+    assert_eq!(
+        o.changed
+            .iter()
+            .filter(|c| !c.starts_with("HostedOLM"))
+            .cloned()
+            .collect::<Vec<_>>(),
+        ["Deployment/clusters-reg/hcp-olm-redhat-operators"],
+        "{o:?}"
+    );
+    let image = deps
+        .get("hcp-olm-redhat-operators")
+        .await?
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .init_containers
+        .unwrap_or_default()
+        .iter()
+        .chain([].iter())
+        .map(|c| c.image.clone().unwrap_or_default())
+        .collect::<Vec<_>>();
+    ensure!(
+        image.iter().any(|i| i == &format!("{redhat}@{d2}")),
+        "{image:?}"
+    );
+    // Looked up again, unchanged: nothing written.
+    let w0 = writes().await?;
+    let o = reconcile(&refreshed, &env, "reg").await?;
+    assert_eq!(writes().await? - w0, 0, "{o:?}");
+    assert_eq!(
+        (o.hcp_writes, o.guest_writes, o.status_written),
+        (0, 0, false)
+    );
     Ok(())
 }
