@@ -57,13 +57,20 @@ async fn setup(env: &Environment) -> Result<()> {
             repo_file("manifests/crds/hostedolm.yaml"),
         ])
         .await?;
+    setup_guest(&env.guest).await?;
+    env.management.ensure_namespace(HC_NS).await?;
+    Ok(())
+}
+
+/// A guest cluster serving the OLM and OperatorHub CRDs.
+async fn setup_guest(guest: &Cluster) -> Result<()> {
+    let fx = fixtures_dir();
     let mut guest_crds: Vec<PathBuf> = std::fs::read_dir(fx.join("crds/olm"))?
         .map(|e| e.map(|e| e.path()))
         .collect::<std::io::Result<_>>()?;
     guest_crds.push(fx.join("crds/openshift/0000_03_marketplace_01_operatorhubs.crd.yaml"));
-    env.guest.install_crds(&guest_crds).await?;
-    env.guest.ensure_namespace("openshift-marketplace").await?;
-    env.management.ensure_namespace(HC_NS).await?;
+    guest.install_crds(&guest_crds).await?;
+    guest.ensure_namespace("openshift-marketplace").await?;
     Ok(())
 }
 
@@ -75,6 +82,16 @@ async fn create_hc(env: &Environment, name: &str, kubeconfig_secret: &str) -> Re
 
 /// [`create_hc`] in one cluster.
 async fn create_hc_in(management: &Cluster, name: &str, kubeconfig_secret: &str) -> Result<()> {
+    create_hc_with(management, name, kubeconfig_secret, serde_json::json!({})).await
+}
+
+/// [`create_hc_in`] with extra (immutable) spec fields set at creation.
+async fn create_hc_with(
+    management: &Cluster,
+    name: &str,
+    kubeconfig_secret: &str,
+    spec: serde_json::Value,
+) -> Result<()> {
     let text =
         std::fs::read_to_string(fixtures_dir().join("hypershift/examples/none-minimal.yaml"))?;
     let mut value = None;
@@ -87,6 +104,11 @@ async fn create_hc_in(management: &Cluster, name: &str, kubeconfig_secret: &str)
     let mut v = value.context("fixture has a HostedCluster")?;
     v["metadata"]["name"] = name.into();
     v["metadata"]["namespace"] = HC_NS.into();
+    if let (Some(dst), Some(src)) = (v["spec"].as_object_mut(), spec.as_object()) {
+        for (k, val) in src {
+            dst.insert(k.clone(), val.clone());
+        }
+    }
     // The fixture (`hypershift create cluster none --render`) carries the placeholder
     // `fakeAddress`, which the real CRD's validation rejects.
     if let Some(services) = v["spec"]["services"].as_array_mut() {
@@ -121,21 +143,44 @@ async fn create_hc_in(management: &Cluster, name: &str, kubeconfig_secret: &str)
 }
 
 async fn put_kubeconfig_secret(env: &Environment, name: &str) -> Result<()> {
-    let yaml = std::fs::read(env.guest.kubeconfig())?;
+    put_secret(
+        &env.management,
+        HC_NS,
+        name,
+        "kubeconfig",
+        std::fs::read(env.guest.kubeconfig())?,
+    )
+    .await
+}
+
+/// Create or replace Secret `ns/name` with one key.
+async fn put_secret(
+    management: &Cluster,
+    ns: &str,
+    name: &str,
+    key: &str,
+    value: Vec<u8>,
+) -> Result<()> {
     let s = Secret {
         metadata: kube::api::ObjectMeta {
             name: Some(name.into()),
-            namespace: Some(HC_NS.into()),
+            namespace: Some(ns.into()),
             ..Default::default()
         },
-        data: Some(BTreeMap::from([(
-            "kubeconfig".to_string(),
-            ByteString(yaml),
-        )])),
+        data: Some(BTreeMap::from([(key.to_string(), ByteString(value))])),
         ..Default::default()
     };
-    Api::<Secret>::namespaced(env.management.client(), HC_NS)
-        .create(&PostParams::default(), &s)
+    Api::<Secret>::namespaced(management.client(), ns)
+        .patch(
+            name,
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": s.metadata,
+                "data": s.data,
+            })),
+        )
         .await?;
     Ok(())
 }
@@ -1143,5 +1188,394 @@ async fn catalog_digests_refresh_from_a_real_registry() -> Result<()> {
         (o.hcp_writes, o.guest_writes, o.status_written),
         (0, 0, false)
     );
+    Ok(())
+}
+
+/// Reconcile until a pass writes nothing in any of `clusters` (at most 4 passes);
+/// the last outcome.
+async fn converge(
+    ctx: &Context,
+    env: &Environment,
+    name: &str,
+    clusters: &[&Cluster],
+) -> Result<Outcome> {
+    let mut last = None;
+    for _ in 0..4 {
+        let mut w0 = 0;
+        for c in clusters {
+            w0 += c.api_writes(RESOURCES).await?;
+        }
+        let o = reconcile(ctx, env, name).await?;
+        let mut w1 = 0;
+        for c in clusters {
+            w1 += c.api_writes(RESOURCES).await?;
+        }
+        if w1 == w0 {
+            return Ok(o);
+        }
+        last = Some(o);
+    }
+    anyhow::bail!("{name} did not converge in 4 passes: {last:?}")
+}
+
+async fn patch_hc(env: &Environment, name: &str, patch: serde_json::Value) -> Result<()> {
+    Api::<DynamicObject>::namespaced_with(env.management.client(), HC_NS, &hc_resource())
+        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    Ok(())
+}
+
+async fn snapshot(env: &Environment, name: &str) -> Result<(Vec<String>, Vec<String>)> {
+    let mut m = ours(&env.management, &hcp_kinds(), name).await?;
+    let mut g = ours(&env.guest, &guest_kinds(), name).await?;
+    m.sort();
+    g.sort();
+    Ok((m, g))
+}
+
+fn catalog_source_ar() -> ApiResource {
+    ApiResource {
+        group: "operators.coreos.com".into(),
+        version: "v1alpha1".into(),
+        api_version: "operators.coreos.com/v1alpha1".into(),
+        kind: "CatalogSource".into(),
+        plural: "catalogsources".into(),
+    }
+}
+
+/// Spec changes converge with nothing stale (compared by our labels in both
+/// clusters), and bad input (unreachable guest, invalid HostedOLM override) is
+/// reported without losing objects, while a second HostedCluster with its own guest
+/// stays converged (0 writes) and not Degraded throughout.
+#[tokio::test]
+async fn spec_changes_converge_and_bad_input_is_contained() -> Result<()> {
+    use hcp_olm_e2e::cluster::ClusterOptions;
+    let env = Environment::start().await?;
+    let guest2 = Cluster::start(ClusterOptions::new("guest2")).await?;
+    setup(&env).await?;
+    setup_guest(&guest2).await?;
+    let ctx = ctx(controller_client(&env).await?);
+    let (name, other) = ("chg", "other");
+    let hcp_ns = format!("{HC_NS}-{name}");
+    put_kubeconfig_secret(&env, "chg-admin-kubeconfig").await?;
+    put_secret(
+        &env.management,
+        HC_NS,
+        "other-admin-kubeconfig",
+        "kubeconfig",
+        std::fs::read(guest2.kubeconfig())?,
+    )
+    .await?;
+    create_hc(&env, name, "chg-admin-kubeconfig").await?;
+    create_hc(&env, other, "other-admin-kubeconfig").await?;
+    put_secret(
+        &env.management,
+        &hcp_ns,
+        "pull-secret",
+        ".dockerconfigjson",
+        br#"{"auths":{"a.example":{"auth":"eDp5"}}}"#.to_vec(),
+    )
+    .await?;
+    converge(&ctx, &env, name, &[&env.management, &env.guest]).await?;
+    converge(&ctx, &env, other, &[&env.management, &guest2]).await?;
+    let initial = snapshot(&env, name).await?;
+    eprintln!("initial: {initial:?}");
+    ensure!(
+        initial
+            .0
+            .contains(&format!("Deployment/{hcp_ns}/hcp-olm-community-operators"))
+    );
+
+    // The bystander: converged and not Degraded after every step.
+    let bystander = || async {
+        let w0 = env.management.api_writes(RESOURCES).await? + guest2.api_writes(RESOURCES).await?;
+        let o = reconcile(&ctx, &env, other).await?;
+        let w1 = env.management.api_writes(RESOURCES).await? + guest2.api_writes(RESOURCES).await?;
+        ensure!(w1 == w0, "bystander wrote {} times: {o:?}", w1 - w0);
+        let d = holm_condition(&env, other, "Degraded").await?;
+        ensure!(
+            d.as_ref().is_some_and(|d| d.0 == "False"),
+            "bystander Degraded: {d:?}"
+        );
+        Ok::<_, anyhow::Error>(())
+    };
+    let sources = Api::<DynamicObject>::namespaced_with(
+        env.guest.client(),
+        "openshift-marketplace",
+        &catalog_source_ar(),
+    );
+    let deps = Api::<Deployment>::namespaced(env.management.client(), &hcp_ns);
+
+    // 1. Placement management → guest → management (HyperShift's
+    // spec.olmCatalogPlacement is immutable; the HostedOLM override is how it moves).
+    let holms = Api::<HostedOLM>::namespaced(env.management.client(), &hcp_ns);
+    holms
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"catalogPlacement": "guest"}})),
+        )
+        .await?;
+    converge(&ctx, &env, name, &[&env.management, &env.guest]).await?;
+    let (m, _) = snapshot(&env, name).await?;
+    ensure!(
+        !m.iter().any(|o| o.contains("-operators")),
+        "catalog objects left in the HCP: {m:?}"
+    );
+    let rh = sources.get("redhat-operators").await?;
+    ensure!(
+        rh.data["spec"]["image"]
+            .as_str()
+            .is_some_and(|i| i.contains("redhat-operator-index"))
+            && rh.data["spec"]["address"].is_null(),
+        "{:?}",
+        rh.data["spec"]
+    );
+    bystander().await?;
+    holms
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"catalogPlacement": "management"}})),
+        )
+        .await?;
+    converge(&ctx, &env, name, &[&env.management, &env.guest]).await?;
+    assert_eq!(
+        snapshot(&env, name).await?,
+        initial,
+        "after management → guest → management"
+    );
+    let rh = sources.get("redhat-operators").await?;
+    ensure!(
+        rh.data["spec"]["address"].as_str().is_some() && rh.data["spec"]["image"].is_null(),
+        "{:?}",
+        rh.data["spec"]
+    );
+
+    // 2. Disable one default source, then enable it again.
+    patch_hc(&env, name, serde_json::json!({"spec": {"configuration": {"operatorhub": {"sources": [{"name": "community-operators", "disabled": true}]}}}})).await?;
+    converge(&ctx, &env, name, &[&env.management, &env.guest]).await?;
+    let (m, g) = snapshot(&env, name).await?;
+    ensure!(
+        !m.iter()
+            .chain(&g)
+            .any(|o| o.contains("community-operators")),
+        "community left: {m:?} {g:?}"
+    );
+    ensure!(
+        g.iter().any(|o| o.ends_with("/redhat-operators"))
+            && g.iter().any(|o| o.ends_with("/certified-operators")),
+        "{g:?}"
+    );
+    bystander().await?;
+    patch_hc(
+        &env,
+        name,
+        serde_json::json!({"spec": {"configuration": {"operatorhub": {"sources": null}}}}),
+    )
+    .await?;
+    converge(&ctx, &env, name, &[&env.management, &env.guest]).await?;
+    assert_eq!(
+        snapshot(&env, name).await?,
+        initial,
+        "after disabling and enabling community-operators"
+    );
+
+    // 4. Rotate the pull secret: the catalog pods roll, the operators do not.
+    let hash = |d: Deployment| config_hash(&d);
+    let cat0 = hash(deps.get("hcp-olm-redhat-operators").await?);
+    let op0 = hash(deps.get("hcp-olm-olm-operator").await?);
+    put_secret(
+        &env.management,
+        &hcp_ns,
+        "pull-secret",
+        ".dockerconfigjson",
+        br#"{"auths":{"a.example":{"auth":"eDp6"}}}"#.to_vec(),
+    )
+    .await?;
+    converge(&ctx, &env, name, &[&env.management, &env.guest]).await?;
+    let cat1 = hash(deps.get("hcp-olm-redhat-operators").await?);
+    ensure!(cat1 != cat0, "catalog config hash unchanged: {cat0:?}");
+    assert_eq!(hash(deps.get("hcp-olm-olm-operator").await?), op0);
+    assert_eq!(snapshot(&env, name).await?, initial);
+
+    // 5. Release version 4.18 → 4.17: catalog tags follow.
+    let image_of = |d: Deployment| {
+        d.spec
+            .and_then(|s| s.template.spec)
+            .map(|p| {
+                p.init_containers
+                    .unwrap_or_default()
+                    .into_iter()
+                    .chain(p.containers)
+                    .filter_map(|c| c.image)
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    };
+    ensure!(
+        image_of(deps.get("hcp-olm-redhat-operators").await?)
+            .iter()
+            .any(|i| i.ends_with(":v4.18"))
+    );
+    Api::<DynamicObject>::namespaced_with(env.management.client(), HC_NS, &hc_resource())
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"status": {"version": {"desired": {"version": "4.17.5"}}}}),
+            ),
+        )
+        .await?;
+    converge(&ctx, &env, name, &[&env.management, &env.guest]).await?;
+    for c in ["redhat", "certified", "community"] {
+        let imgs = image_of(deps.get(&format!("hcp-olm-{c}-operators")).await?);
+        ensure!(
+            imgs.iter().any(|i| i.ends_with(":v4.17"))
+                && !imgs.iter().any(|i| i.ends_with(":v4.18")),
+            "{c}: {imgs:?}"
+        );
+    }
+    let st = Api::<HostedOLM>::namespaced(env.management.client(), &hcp_ns)
+        .get(name)
+        .await?
+        .status
+        .unwrap_or_default();
+    assert_eq!(st.release_version.as_deref(), Some("4.17.5"));
+    assert_eq!(snapshot(&env, name).await?, initial);
+    bystander().await?;
+
+    // 6. Invalid HostedOLM override: Degraded InvalidOverride, nothing lost.
+    holms.patch(name, &PatchParams::default(), &Patch::Merge(serde_json::json!({"spec": {"registryOverrides": [{"source": "", "mirror": "mirror.example.com"}]}}))).await?;
+    let o = reconcile(&ctx, &env, name).await?;
+    assert_eq!(o.state, State::Invalid("InvalidOverride".into()));
+    assert_eq!(
+        holm_condition(&env, name, "Degraded").await?,
+        Some(("True".into(), "InvalidOverride".into()))
+    );
+    let d = holms.get(name).await?;
+    ensure!(
+        condition(&d, "Degraded")
+            .unwrap()
+            .message
+            .contains("registryOverrides"),
+        "{:?}",
+        condition(&d, "Degraded")
+    );
+    assert_eq!(
+        snapshot(&env, name).await?,
+        initial,
+        "nothing lost while invalid"
+    );
+    bystander().await?;
+    holms
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"registryOverrides": null}})),
+        )
+        .await?;
+    converge(&ctx, &env, name, &[&env.management, &env.guest]).await?;
+    assert_eq!(
+        holm_condition(&env, name, "Degraded").await?.map(|d| d.0),
+        Some("False".into())
+    );
+
+    // 7. Unreachable guest API server: Degraded GuestUnreachable, nothing lost.
+    let port = hcp_olm_e2e::ports::free_port()?;
+    let dead = std::fs::read_to_string(env.guest.kubeconfig())?
+        .replace(env.guest.url(), &format!("https://127.0.0.1:{port}"));
+    ensure!(!dead.contains(env.guest.url()));
+    put_secret(
+        &env.management,
+        HC_NS,
+        "chg-admin-kubeconfig",
+        "kubeconfig",
+        dead.into_bytes(),
+    )
+    .await?;
+    let o = reconcile(&ctx, &env, name).await?;
+    assert_eq!(o.state, State::Waiting("GuestUnreachable".into()));
+    assert_eq!(
+        holm_condition(&env, name, "Degraded").await?,
+        Some(("True".into(), "GuestUnreachable".into()))
+    );
+    assert_eq!(
+        snapshot(&env, name).await?,
+        initial,
+        "nothing lost while the guest is unreachable"
+    );
+    bystander().await?;
+    put_kubeconfig_secret(&env, "chg-admin-kubeconfig").await?;
+    converge(&ctx, &env, name, &[&env.management, &env.guest]).await?;
+    assert_eq!(
+        holm_condition(&env, name, "Degraded").await?.map(|d| d.0),
+        Some("False".into())
+    );
+    assert_eq!(snapshot(&env, name).await?, initial);
+    bystander().await?;
+
+    // 8. Availability policy: immutable in HyperShift's API (a live switch is
+    // rejected by the CRD), so delete this HostedCluster (everything of ours goes)
+    // and create one that is HighlyAvailable from the start, on a fresh guest (this
+    // environment has no namespace controller, so the deleted guest namespace stays
+    // Terminating).
+    let replicas = |d: &Deployment| d.spec.as_ref().and_then(|s| s.replicas);
+    assert_eq!(replicas(&deps.get("hcp-olm-packageserver").await?), Some(1));
+    Api::<HostedCluster>::namespaced(env.management.client(), HC_NS)
+        .delete(name, &Default::default())
+        .await?;
+    let o = reconcile(&ctx, &env, name).await?;
+    assert_eq!(o.state, State::CleanedUp);
+    assert_eq!(
+        snapshot(&env, name).await?,
+        (vec![], vec![]),
+        "left after delete"
+    );
+    let ha = "chg-ha";
+    let ha_ns = format!("{HC_NS}-{ha}");
+    let guest3 = Cluster::start(ClusterOptions::new("guest3")).await?;
+    setup_guest(&guest3).await?;
+    put_secret(
+        &env.management,
+        HC_NS,
+        "ha-admin-kubeconfig",
+        "kubeconfig",
+        std::fs::read(guest3.kubeconfig())?,
+    )
+    .await?;
+    create_hc_with(
+        &env.management,
+        ha,
+        "ha-admin-kubeconfig",
+        serde_json::json!({"controllerAvailabilityPolicy": "HighlyAvailable"}),
+    )
+    .await?;
+    converge(&ctx, &env, ha, &[&env.management, &guest3]).await?;
+    let ha_deps = Api::<Deployment>::namespaced(env.management.client(), &ha_ns);
+    assert_eq!(
+        replicas(&ha_deps.get("hcp-olm-packageserver").await?),
+        Some(3)
+    );
+    let p = Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::namespaced(
+        env.management.client(),
+        &ha_ns,
+    )
+    .get("hcp-olm-packageserver")
+    .await?
+    .spec
+    .unwrap_or_default();
+    ensure!(
+        p.max_unavailable.is_some() && p.min_available.is_none(),
+        "{p:?}"
+    );
+    let m = ours(&env.management, &hcp_kinds(), ha).await?;
+    let g = ours(&guest3, &guest_kinds(), ha).await?;
+    assert_eq!(
+        (m.len(), g.len()),
+        (initial.0.len(), initial.1.len()),
+        "{m:?} {g:?}"
+    );
+    bystander().await?;
     Ok(())
 }

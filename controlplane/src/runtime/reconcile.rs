@@ -72,6 +72,8 @@ impl Outcome {
 }
 
 const SOON: Duration = Duration::from_secs(2);
+const GUEST_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const GUEST_READ_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The kinds we ever render into the HCP namespace (all namespaced).
 pub fn hcp_kinds() -> Vec<(ApiResource, bool)> {
@@ -187,6 +189,8 @@ pub enum GuestAccess {
     SecretMissing(String),
     /// The Secret exists but holds no usable kubeconfig.
     Invalid(String),
+    /// The guest API server did not answer (connection refused, timeout, TLS).
+    Unreachable(String),
 }
 
 impl GuestAccess {
@@ -229,13 +233,20 @@ impl GuestAccess {
                 c(PROGRESSING, false, "AsExpected", String::new()),
                 c(DEGRADED, true, "GuestKubeconfigInvalid", msg.clone()),
             ),
+            GuestAccess::Unreachable(msg) => (
+                c(PROGRESSING, false, "AsExpected", String::new()),
+                c(DEGRADED, true, "GuestUnreachable", msg.clone()),
+            ),
         };
         vec![
             c(
                 AVAILABLE,
                 false,
                 "GuestUnreachable",
-                "no usable guest admin kubeconfig".into(),
+                match self {
+                    GuestAccess::Unreachable(_) => "the guest API server does not answer".into(),
+                    _ => "no usable guest admin kubeconfig".into(),
+                },
             ),
             p,
             d,
@@ -247,6 +258,7 @@ impl GuestAccess {
             GuestAccess::NotPublished => "WaitingForGuestKubeconfig",
             GuestAccess::SecretMissing(_) => "GuestKubeconfigMissing",
             GuestAccess::Invalid(_) => "GuestKubeconfigInvalid",
+            GuestAccess::Unreachable(_) => "GuestUnreachable",
         }
     }
 }
@@ -285,11 +297,16 @@ pub async fn guest_client(
         Ok(kc) => kc,
         Err(e) => return Ok(Err(invalid(e.to_string()))),
     };
-    let config = match kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await
-    {
-        Ok(c) => c,
-        Err(e) => return Ok(Err(invalid(e.to_string()))),
-    };
+    let mut config =
+        match kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await {
+            Ok(c) => c,
+            Err(e) => return Ok(Err(invalid(e.to_string()))),
+        };
+    // A guest API server that does not answer must not hold a reconcile slot for
+    // minutes.
+    config.connect_timeout = Some(GUEST_CONNECT_TIMEOUT);
+    config.read_timeout = Some(GUEST_READ_TIMEOUT);
+    config.write_timeout = Some(GUEST_READ_TIMEOUT);
     Ok(kube::Client::try_from(config).map_err(|e| invalid(e.to_string())))
 }
 
@@ -495,12 +512,31 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
     let (pki, _issued) = secrets::pki(&ctx.client, &valid, now).await?;
     let (tunnel, new_keys) = secrets::tunnel_keys(&ctx.client, &valid).await?;
 
+    // The first request to the guest: when it does not answer, say so in status and
+    // leave everything as it is.
     let crds: Api<CustomResourceDefinition> = Api::all(guest.clone());
-    let guest_olm_crds_ready = crds
-        .get_opt(GUEST_OLM_CRD)
-        .await
-        .map_err(kube_err(format!("reading guest CRD {GUEST_OLM_CRD}")))?
-        .is_some();
+    let guest_olm_crds_ready = match crds.get_opt(GUEST_OLM_CRD).await {
+        Ok(c) => c.is_some(),
+        Err(kube::Error::Api(s)) => {
+            return Err(kube_err(format!("reading guest CRD {GUEST_OLM_CRD}"))(
+                kube::Error::Api(s),
+            ));
+        }
+        Err(e) => {
+            let access =
+                GuestAccess::Unreachable(format!("the guest API server does not answer: {e}"));
+            tracing::info!(cluster = %valid.cluster.key(), error = %e, "guest unreachable");
+            let st = HostedOLMStatus {
+                observed_generation: generation,
+                conditions: access.conditions(generation, &now_t),
+                ..holm.status.clone().unwrap_or_default()
+            };
+            let mut o = Outcome::new(State::Waiting(access.reason().into()), ctx.schedule.waiting);
+            o.status_written = write_status(ctx, &holm, st).await?;
+            o.hcp_writes = hcp_writes;
+            return Ok(o);
+        }
+    };
 
     let svcs: Api<Service> = Api::namespaced(ctx.client.clone(), &hcp_ns);
     let packageserver_cluster_ip = svcs
