@@ -96,9 +96,7 @@ pub async fn release_facts_cached(
         }
         Err(e) => {
             tracing::warn!(%image, error = %e, "cannot read the release version label");
-            let mut f = release_facts_without_lookup(hc, config);
-            f.version = f.version.filter(|v| !v.is_empty());
-            f
+            release_facts_without_lookup(hc, config)
         }
     }
 }
