@@ -1579,3 +1579,65 @@ async fn spec_changes_converge_and_bad_input_is_contained() -> Result<()> {
     bystander().await?;
     Ok(())
 }
+
+/// A leader that cannot renew (its Lease permission is revoked) stops leading by its
+/// renew deadline, before the lease duration after its last renewal could let
+/// another replica in; with the permission back, it leads again.
+#[tokio::test]
+async fn leader_steps_down_when_it_cannot_renew() -> Result<()> {
+    use hcp_olm_e2e::cluster::ClusterOptions;
+    use k8s_openapi::api::rbac::v1::RoleBinding;
+    let mgmt = Cluster::start(ClusterOptions::new("management")).await?;
+    mgmt.install_crds(&[
+        fixtures_dir().join("hypershift/crds/hostedclusters-Hypershift-Default.crd.yaml"),
+        repo_file("manifests/crds/hostedolm.yaml"),
+    ])
+    .await?;
+    let sa = controller_identity(&mgmt).await?;
+    let dir = tempfile::tempdir()?;
+    let port = hcp_olm_e2e::ports::free_port()?;
+    let log = dir.path().join("a.log");
+    let mut child = spawn_controller(&sa.kubeconfig, "solo", port, &log)?;
+    let lease = std::time::Duration::from_secs(4);
+    let result = async {
+        let bound = std::time::Duration::from_secs(60);
+        eventually(bound, "leading", || async {
+            Ok((role_of(port).as_deref() == Some("ok: leader")).then_some(()))
+        })
+        .await?;
+        let bindings = Api::<RoleBinding>::namespaced(mgmt.client(), "hcp-olm-system");
+        let binding = bindings.get("hcp-olm-controller-leader-election").await?;
+        bindings
+            .delete("hcp-olm-controller-leader-election", &Default::default())
+            .await?;
+        let revoked = std::time::Instant::now();
+        eventually(bound, "stepped down", || async {
+            Ok((role_of(port).as_deref() != Some("ok: leader")).then_some(()))
+        })
+        .await?;
+        let took = revoked.elapsed();
+        eprintln!("stepped down {took:?} after the Lease permission was revoked");
+        // Renew deadline 3 s after the last renewal (≤ revocation), plus polling.
+        ensure!(
+            took < lease + std::time::Duration::from_millis(500),
+            "still leading {took:?} after losing the Lease permission"
+        );
+        let mut b = binding.clone();
+        b.metadata.resource_version = None;
+        b.metadata.uid = None;
+        bindings.create(&PostParams::default(), &b).await?;
+        eventually(bound, "leading again", || async {
+            Ok((role_of(port).as_deref() == Some("ok: leader")).then_some(()))
+        })
+        .await?;
+        Ok(())
+    }
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    if let Err(e) = result {
+        let l = std::fs::read_to_string(&log).unwrap_or_default();
+        anyhow::bail!("{e:#}\nlog:\n{l}");
+    }
+    Ok(())
+}

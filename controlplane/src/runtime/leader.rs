@@ -176,6 +176,19 @@ pub fn decide(me: &str, lease: Option<&Observation>, now: Instant) -> Decision {
     }
 }
 
+/// How long a leader may still act without a successful renewal (zero: step down).
+/// Pure.
+pub fn renew_time_left(
+    last_renew: Option<Instant>,
+    now: Instant,
+    renew_deadline: Duration,
+) -> Duration {
+    match last_renew {
+        Some(t) => renew_deadline.saturating_sub(now.saturating_duration_since(t)),
+        None => Duration::ZERO,
+    }
+}
+
 fn micro_now() -> MicroTime {
     MicroTime(k8s_openapi::jiff::Timestamp::now())
 }
@@ -293,7 +306,17 @@ pub async fn elect(
     let mut stop = std::pin::pin!(stop);
     loop {
         let was = *leading.borrow();
-        let r = tokio::time::timeout(bound, step(&api, &cfg, &mut obs)).await;
+        // A leader never waits past its renew deadline for an answer.
+        let limit = if was {
+            bound.min(renew_time_left(
+                last_renew,
+                Instant::now(),
+                cfg.renew_deadline,
+            ))
+        } else {
+            bound
+        };
+        let r = tokio::time::timeout(limit, step(&api, &cfg, &mut obs)).await;
         let now = Instant::now();
         let lead = match r {
             Ok(Ok(l)) => {
@@ -305,11 +328,11 @@ pub async fn elect(
             }
             Ok(Err(e)) => {
                 tracing::warn!(lease = %format!("{}/{}", cfg.namespace, cfg.name), error = %e, "leader election");
-                was && last_renew.is_some_and(|t| now.duration_since(t) < cfg.renew_deadline)
+                was && !renew_time_left(last_renew, now, cfg.renew_deadline).is_zero()
             }
             Err(_) => {
                 tracing::warn!(lease = %format!("{}/{}", cfg.namespace, cfg.name), "leader election request timed out");
-                was && last_renew.is_some_and(|t| now.duration_since(t) < cfg.renew_deadline)
+                was && !renew_time_left(last_renew, now, cfg.renew_deadline).is_zero()
             }
         };
         if lead != was {
@@ -324,7 +347,12 @@ pub async fn elect(
         metrics.set_ready(last_ok.is_some_and(|t| now.duration_since(t) < cfg.lease_duration));
         tokio::select! {
             _ = &mut stop => break,
-            _ = tokio::time::sleep(cfg.retry_period) => {}
+            _ = tokio::time::sleep(if lead {
+                // Wake up by the renew deadline at the latest.
+                cfg.retry_period.min(renew_time_left(last_renew, now, cfg.renew_deadline))
+            } else {
+                cfg.retry_period
+            }) => {}
         }
     }
     metrics.set_ready(false);
@@ -456,6 +484,21 @@ mod tests {
         l.spec.as_mut().unwrap().holder_identity = Some(String::new());
         let d = Observation::observe(Some(&c), &l, t1, Duration::from_secs(15));
         assert_eq!(decide("me", Some(&d), t1), Decision::Acquire);
+    }
+
+    #[test]
+    fn renew_deadline_bounds_leadership() {
+        let t0 = Instant::now();
+        let d = Duration::from_secs(10);
+        assert_eq!(renew_time_left(None, t0, d), Duration::ZERO);
+        assert_eq!(
+            renew_time_left(Some(t0), t0 + Duration::from_secs(4), d),
+            Duration::from_secs(6)
+        );
+        assert_eq!(
+            renew_time_left(Some(t0), t0 + Duration::from_secs(11), d),
+            Duration::ZERO
+        );
     }
 
     #[test]
