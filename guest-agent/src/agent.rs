@@ -286,9 +286,9 @@ pub async fn run(s: AgentSettings) -> anyhow::Result<()> {
         preshared_key: None,
         endpoint: Some(endpoint),
         persistent_keepalive: Some(keepalive),
-        // The gateway keeps alive at its own interval (default 25 s); silence for well over
-        // that means it restarted or moved: handshake again.
-        dead_peer_timeout: Some(Duration::from_secs(u64::from(keepalive).max(5) * 3 + 5)),
+        // The gateway keeps alive at its own interval (configure it like ours); silence for
+        // 3 intervals + 5 s means it restarted or moved: handshake again.
+        dead_peer_timeout: Some(Duration::from_secs(u64::from(keepalive) * 3 + 5)),
         allowed_ips: vec![Cidr::new(
             s.gateway_ip,
             if s.gateway_ip.is_ipv4() { 32 } else { 128 },

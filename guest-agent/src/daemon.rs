@@ -34,12 +34,20 @@ fn err(field: &str, reason: impl Into<String>) -> ConfigError {
     }
 }
 
-/// Reads and parses a JSON config document. Serde's message names the offending field for
-/// missing, unknown-variant and type errors.
+/// Reads and parses a JSON config document; the error names the offending field's path.
 pub fn load_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ConfigError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| err("--config", format!("cannot read {}: {e}", path.display())))?;
-    serde_json::from_str(&text).map_err(|e| err("<document>", e.to_string()))
+    let de = &mut serde_json::Deserializer::from_str(&text);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path.is_empty() || path == "." {
+            "<document>".to_string()
+        } else {
+            path
+        };
+        err(&field, e.into_inner().to_string())
+    })
 }
 
 /// The private key from exactly one of `inline` / `file`; errors never contain key bytes.
