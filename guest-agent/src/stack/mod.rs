@@ -525,6 +525,9 @@ impl Engine {
         e.to_app = Some(to_app);
         e.from_app = Some(from_app);
         e.phase = Phase::Open;
+        // Data that came with the handshake is moved on the next pass: make it happen now
+        // rather than at the next timer.
+        self.notify.notify_one();
         Some(TcpConn {
             local: to_sa(local),
             remote: to_sa(remote),
