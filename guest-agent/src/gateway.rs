@@ -739,3 +739,85 @@ pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
         anyhow::bail!("drain did not finish within {:?}", sh.s.drain_timeout)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hcp_olm_tunnel_api::GatewayDns;
+
+    fn config() -> GatewayConfig {
+        let k = PrivateKey::generate();
+        GatewayConfig {
+            listen_port: 51820,
+            listen_address: None,
+            private_key: Some(k.to_base64()),
+            private_key_file: None,
+            agent_public_key: k.public_key().to_string(),
+            tunnel_address: hcp_olm_tunnel_api::GATEWAY_TUNNEL_ADDRESS.into(),
+            agent_tunnel_address: hcp_olm_tunnel_api::AGENT_TUNNEL_ADDRESS.into(),
+            guest_cidrs: vec!["10.96.0.0/12".into()],
+            hcp_namespace: Some("clusters-a".into()),
+            cluster_domain: None,
+            socks_listen: None,
+            connect_listen: Some("127.0.0.1:3128".into()),
+            health_listen: "127.0.0.1:9090".into(),
+            allow_local_targets: None,
+            dns: GatewayDns {
+                local_upstreams: vec!["172.30.0.10".into()],
+                rules: vec![],
+                listen: None,
+            },
+            allowed_services: vec![],
+            exposed_services: vec![],
+            persistent_keepalive_seconds: None,
+            mtu: None,
+            drain_timeout_seconds: None,
+        }
+    }
+
+    fn owner(s: &GatewaySettings, name: &str) -> Owner {
+        let cfg = s.dns.validate().unwrap();
+        let mut n = Name::from_ascii(name).unwrap();
+        n.set_fqdn(true);
+        cfg.table.lookup(&n).owner
+    }
+
+    #[test]
+    fn default_split_guest_svc_but_hcp_namespace_and_rest_local() {
+        let s = GatewaySettings::from_config(&config()).unwrap();
+        assert_eq!(owner(&s, "cat.team-a.svc.cluster.local"), Owner::Guest);
+        assert_eq!(owner(&s, "cat.clusters-a.svc.cluster.local"), Owner::Local);
+        assert_eq!(owner(&s, "quay.io"), Owner::Local);
+        assert_eq!(s.mtu, 1420);
+        assert!(
+            s.allowed_sources
+                .iter()
+                .any(|c| c.contains("100.127.255.2".parse().unwrap()))
+        );
+    }
+
+    #[test]
+    fn errors_name_fields() {
+        let mut c = config();
+        c.private_key_file = Some("/nonexistent".into());
+        assert_eq!(
+            GatewaySettings::from_config(&c).unwrap_err().field,
+            "private_key"
+        );
+        let mut c = config();
+        c.connect_listen = None;
+        assert_eq!(
+            GatewaySettings::from_config(&c).unwrap_err().field,
+            "connect_listen"
+        );
+        let mut c = config();
+        c.dns.local_upstreams = vec!["nope".into()];
+        assert_eq!(
+            GatewaySettings::from_config(&c).unwrap_err().field,
+            "dns.local_upstreams[0]"
+        );
+        let mut c = config();
+        c.mtu = Some(100);
+        assert_eq!(GatewaySettings::from_config(&c).unwrap_err().field, "mtu");
+    }
+}
