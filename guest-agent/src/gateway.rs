@@ -27,6 +27,8 @@ use crate::tunnel::{Cidr, Peer, PeerConfig, PrivateKey, PublicKey, driver};
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Retransmission interval of DNS queries to the agent.
+const DNS_RETRANSMIT: Duration = Duration::from_millis(400);
 
 /// Validated gateway settings.
 #[derive(Debug)]
@@ -231,12 +233,22 @@ impl GuestExchange for StackExchange {
         let stack = self.0.clone();
         Box::pin(async move {
             let mut s = stack.bind_udp(None).await?;
-            s.send_to(addr, Bytes::from(query)).await?;
+            let query = Bytes::from(query);
+            // Like a stub resolver, retransmit while waiting: one lost datagram on the
+            // tunnel must not fail the lookup (the caller's deadline bounds this loop).
             loop {
-                match s.recv().await {
-                    Some((from, d)) if from == addr => return Ok(d.to_vec()),
-                    Some(_) => continue,
-                    None => return Err(std::io::ErrorKind::BrokenPipe.into()),
+                s.send_to(addr, query.clone()).await?;
+                let wait = tokio::time::sleep(DNS_RETRANSMIT);
+                tokio::pin!(wait);
+                loop {
+                    tokio::select! {
+                        _ = &mut wait => break,
+                        r = s.recv() => match r {
+                            Some((from, d)) if from == addr => return Ok(d.to_vec()),
+                            Some(_) => continue,
+                            None => return Err(std::io::ErrorKind::BrokenPipe.into()),
+                        },
+                    }
                 }
             }
         })

@@ -139,13 +139,24 @@ fn packages_within(
     }
 }
 
+/// A plain HTTP/1.0 GET inside `ns` (bash's /dev/tcp; no curl needed): (status, body).
 fn http_get(ns: &Netns, url: &str) -> (u16, String) {
-    let out = ns
-        .output("curl", &["-s", "-m", "3", "-w", "\n%{http_code}", url])
-        .unwrap();
-    let s = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = s.rsplit_once('\n').unwrap_or(("", "0"));
-    (code.trim().parse().unwrap_or(0), body.to_string())
+    let rest = url.strip_prefix("http://").unwrap();
+    let (hostport, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let req = format!("GET {path} HTTP/1.0\r\nHost: {hostport}\r\n\r\n");
+    let r = raw_exchange(ns, hostport, req.as_bytes());
+    let r = String::from_utf8_lossy(&r).into_owned();
+    let code = r
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = r
+        .split_once("\r\n\r\n")
+        .map(|x| x.1)
+        .unwrap_or("")
+        .to_string();
+    (code, body)
 }
 
 fn metric(ns: &Netns, health: &str, prefix: &str) -> u64 {
@@ -157,8 +168,8 @@ fn metric(ns: &Netns, health: &str, prefix: &str) -> u64 {
         .sum()
 }
 
-/// A raw TCP exchange inside `ns` (python is not assumed: curl's telnet mode is not either),
-/// so use a tiny inline client via bash's /dev/tcp.
+/// A raw TCP exchange inside `ns` (only bash and coreutils are assumed),
+/// through a tiny inline client on /dev/tcp.
 fn raw_exchange(ns: &Netns, addr: &str, input: &[u8]) -> Vec<u8> {
     let (host, port) = addr.rsplit_once(':').unwrap();
     let dir = tempfile::tempdir().unwrap();
