@@ -949,10 +949,15 @@ fn catalog_deployment(input: &RenderInput, c: &ResolvedCatalog) -> Result<Value,
             v.images.catalog_server.clone(),
         ),
     };
-    let hash = config_hash(&BTreeMap::from([
+    let mut hash_parts = BTreeMap::from([
         ("image".to_string(), image.clone()),
         ("server".to_string(), server_image),
-    ]));
+    ]);
+    // A rotated pull secret rolls the catalog pods (only known with a cluster).
+    if let Some(h) = input.external_secret_hashes.get(&v.pull_secret) {
+        hash_parts.insert(format!("secret/{}", v.pull_secret), h.clone());
+    }
+    let hash = config_hash(&hash_parts);
     Ok(deployment(
         input,
         PodSpec {

@@ -71,9 +71,9 @@ impl Outcome {
     }
 }
 
-const RESYNC: Duration = Duration::from_secs(300);
 const SOON: Duration = Duration::from_secs(2);
-const WAIT: Duration = Duration::from_secs(30);
+const GUEST_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const GUEST_READ_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The kinds we ever render into the HCP namespace (all namespaced).
 pub fn hcp_kinds() -> Vec<(ApiResource, bool)> {
@@ -189,6 +189,8 @@ pub enum GuestAccess {
     SecretMissing(String),
     /// The Secret exists but holds no usable kubeconfig.
     Invalid(String),
+    /// The guest API server did not answer (connection refused, timeout, TLS).
+    Unreachable(String),
 }
 
 impl GuestAccess {
@@ -231,13 +233,20 @@ impl GuestAccess {
                 c(PROGRESSING, false, "AsExpected", String::new()),
                 c(DEGRADED, true, "GuestKubeconfigInvalid", msg.clone()),
             ),
+            GuestAccess::Unreachable(msg) => (
+                c(PROGRESSING, false, "AsExpected", String::new()),
+                c(DEGRADED, true, "GuestUnreachable", msg.clone()),
+            ),
         };
         vec![
             c(
                 AVAILABLE,
                 false,
                 "GuestUnreachable",
-                "no usable guest admin kubeconfig".into(),
+                match self {
+                    GuestAccess::Unreachable(_) => "the guest API server does not answer".into(),
+                    _ => "no usable guest admin kubeconfig".into(),
+                },
             ),
             p,
             d,
@@ -249,6 +258,7 @@ impl GuestAccess {
             GuestAccess::NotPublished => "WaitingForGuestKubeconfig",
             GuestAccess::SecretMissing(_) => "GuestKubeconfigMissing",
             GuestAccess::Invalid(_) => "GuestKubeconfigInvalid",
+            GuestAccess::Unreachable(_) => "GuestUnreachable",
         }
     }
 }
@@ -287,11 +297,16 @@ pub async fn guest_client(
         Ok(kc) => kc,
         Err(e) => return Ok(Err(invalid(e.to_string()))),
     };
-    let config = match kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await
-    {
-        Ok(c) => c,
-        Err(e) => return Ok(Err(invalid(e.to_string()))),
-    };
+    let mut config =
+        match kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await {
+            Ok(c) => c,
+            Err(e) => return Ok(Err(invalid(e.to_string()))),
+        };
+    // A guest API server that does not answer must not hold a reconcile slot for
+    // minutes.
+    config.connect_timeout = Some(GUEST_CONNECT_TIMEOUT);
+    config.read_timeout = Some(GUEST_READ_TIMEOUT);
+    config.write_timeout = Some(GUEST_READ_TIMEOUT);
     Ok(kube::Client::try_from(config).map_err(|e| invalid(e.to_string())))
 }
 
@@ -398,6 +413,12 @@ async fn write_status(
     )
     .await
     .map_err(kube_err(format!("writing status of HostedOLM {ns}/{name}")))?;
+    if let Some(events) = &ctx.events {
+        let t = super::events::transitions(&old.conditions, &new.conditions);
+        if !t.is_empty() {
+            events.publish(holm, &t).await;
+        }
+    }
     Ok(true)
 }
 
@@ -423,7 +444,10 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
 
     let Some((holm, created)) = ensure_hosted_olm(ctx, &ns, &name, &hcp_ns).await? else {
         tracing::info!(cluster = %format!("{ns}/{name}"), namespace = %hcp_ns, "HCP namespace does not exist yet");
-        let mut o = Outcome::new(State::Waiting("WaitingForHCPNamespace".into()), WAIT);
+        let mut o = Outcome::new(
+            State::Waiting("WaitingForHCPNamespace".into()),
+            ctx.schedule.waiting,
+        );
         o.hcp_writes = hcp_writes;
         return Ok(o);
     };
@@ -442,14 +466,16 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
                 conditions: access.conditions(generation, &now_t),
                 ..holm.status.clone().unwrap_or_default()
             };
-            let mut o = Outcome::new(State::Waiting(access.reason().into()), WAIT);
+            let mut o = Outcome::new(State::Waiting(access.reason().into()), ctx.schedule.waiting);
             o.status_written = write_status(ctx, &holm, st).await?;
             o.hcp_writes = hcp_writes;
             return Ok(o);
         }
     };
 
-    let facts = facts::release_facts(hc, &ctx.config).await;
+    let facts =
+        facts::release_facts_cached(hc, &ctx.config, &ctx.lookups, ctx.schedule.catalog_refresh)
+            .await;
     let valid = match validate::validate(hc, Some(&holm.spec), &facts, &ctx.config.defaults) {
         Ok(v) => v,
         Err(reasons) => {
@@ -463,7 +489,7 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
                 conditions: status::conditions_from_validation(&reasons, generation, &now_t),
                 ..holm.status.clone().unwrap_or_default()
             };
-            let mut o = Outcome::new(State::Invalid(first), RESYNC);
+            let mut o = Outcome::new(State::Invalid(first), ctx.schedule.resync);
             o.status_written = write_status(ctx, &holm, st).await?;
             o.hcp_writes = hcp_writes;
             return Ok(o);
@@ -471,21 +497,46 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
     };
     if valid.paused_until.is_paused(now) {
         tracing::info!(cluster = %valid.cluster.key(), "reconciliation paused");
-        let mut o = Outcome::new(State::Paused, RESYNC);
+        let mut o = Outcome::new(State::Paused, ctx.schedule.resync);
         o.hcp_writes = hcp_writes;
         return Ok(o);
     }
 
-    let catalog_images = facts::catalog_images(&valid, &ctx.config).await;
+    let catalog_images = facts::catalog_images_cached(
+        &valid,
+        &ctx.config,
+        &ctx.lookups,
+        ctx.schedule.catalog_refresh,
+    )
+    .await;
     let (pki, _issued) = secrets::pki(&ctx.client, &valid, now).await?;
     let (tunnel, new_keys) = secrets::tunnel_keys(&ctx.client, &valid).await?;
 
+    // The first request to the guest: when it does not answer, say so in status and
+    // leave everything as it is.
     let crds: Api<CustomResourceDefinition> = Api::all(guest.clone());
-    let guest_olm_crds_ready = crds
-        .get_opt(GUEST_OLM_CRD)
-        .await
-        .map_err(kube_err(format!("reading guest CRD {GUEST_OLM_CRD}")))?
-        .is_some();
+    let guest_olm_crds_ready = match crds.get_opt(GUEST_OLM_CRD).await {
+        Ok(c) => c.is_some(),
+        Err(kube::Error::Api(s)) => {
+            return Err(kube_err(format!("reading guest CRD {GUEST_OLM_CRD}"))(
+                kube::Error::Api(s),
+            ));
+        }
+        Err(e) => {
+            let access =
+                GuestAccess::Unreachable(format!("the guest API server does not answer: {e}"));
+            tracing::info!(cluster = %valid.cluster.key(), error = %e, "guest unreachable");
+            let st = HostedOLMStatus {
+                observed_generation: generation,
+                conditions: access.conditions(generation, &now_t),
+                ..holm.status.clone().unwrap_or_default()
+            };
+            let mut o = Outcome::new(State::Waiting(access.reason().into()), ctx.schedule.waiting);
+            o.status_written = write_status(ctx, &holm, st).await?;
+            o.hcp_writes = hcp_writes;
+            return Ok(o);
+        }
+    };
 
     let svcs: Api<Service> = Api::namespaced(ctx.client.clone(), &hcp_ns);
     let packageserver_cluster_ip = svcs
@@ -498,28 +549,18 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
         .and_then(|s| s.spec?.cluster_ip)
         .filter(|ip| !ip.is_empty() && ip != "None");
 
+    // Hashes of the Secrets our pods mount or pull with (HyperShift's, in the HCP
+    // namespace): a changed Secret changes the config-hash annotation and rolls pods.
     let secrets_api: Api<Secret> = Api::namespaced(ctx.client.clone(), &hcp_ns);
     let mut external_secret_hashes = BTreeMap::new();
-    if let Some(s) = secrets_api
-        .get_opt(&valid.kubeconfig_secret)
-        .await
-        .map_err(kube_err(format!(
-            "reading Secret {hcp_ns}/{}",
-            valid.kubeconfig_secret
-        )))?
-    {
-        let mut h = Sha256::new();
-        for (k, v) in s.data.unwrap_or_default() {
-            h.update(k.as_bytes());
-            h.update(b"=");
-            h.update(&v.0);
-            h.update(b"\n");
+    for secret_name in [&valid.kubeconfig_secret, &valid.pull_secret] {
+        if let Some(s) = secrets_api
+            .get_opt(secret_name)
+            .await
+            .map_err(kube_err(format!("reading Secret {hcp_ns}/{secret_name}")))?
+        {
+            external_secret_hashes.insert(secret_name.clone(), secret_hash(&s));
         }
-        let digest: String = h.finalize()[..16]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        external_secret_hashes.insert(valid.kubeconfig_secret.clone(), digest);
     }
 
     let owner = Owner {
@@ -630,11 +671,28 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
         requeue: if packageserver_cluster_ip.is_none() {
             SOON
         } else if waiting.is_some() {
-            WAIT
+            ctx.schedule.waiting
         } else {
-            RESYNC
+            // Registry answers expire after catalog_refresh; look again by then so a
+            // moved tag rolls the catalog.
+            ctx.schedule.resync.min(ctx.schedule.catalog_refresh)
         },
     })
+}
+
+/// A short hash of a Secret's data (keys and values).
+fn secret_hash(s: &Secret) -> String {
+    let mut h = Sha256::new();
+    for (k, v) in s.data.iter().flatten() {
+        h.update(k.as_bytes());
+        h.update(b"=");
+        h.update(&v.0);
+        h.update(b"\n");
+    }
+    h.finalize()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 async fn read_guest_catalog_sources(
@@ -818,7 +876,7 @@ fn build_status(
 /// HCP namespace, the HostedOLM, then release the HostedCluster.
 pub async fn cleanup(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error> {
     let (ns, name, hcp_ns) = identity(hc)?;
-    let mut out = Outcome::new(State::CleanedUp, RESYNC);
+    let mut out = Outcome::new(State::CleanedUp, ctx.schedule.resync);
     if !hc
         .metadata
         .finalizers
