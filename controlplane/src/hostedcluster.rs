@@ -51,6 +51,25 @@ pub struct HostedClusterSpec {
     /// RFC3339 timestamp or the literal `"true"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused_until: Option<String>,
+    /// The guest's Service and pod networks (what the tunnel may carry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub networking: Option<ClusterNetworking>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterNetworking {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub service_network: Vec<NetworkEntry>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cluster_network: Vec<NetworkEntry>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkEntry {
+    #[serde(default)]
+    pub cidr: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]

@@ -78,6 +78,7 @@ pub enum ReasonCode {
     InvalidOverride,
     InvalidRegistryOverrides,
     InvalidCatalogPin,
+    InvalidNetworking,
 }
 
 impl ReasonCode {
@@ -93,6 +94,7 @@ impl ReasonCode {
             ReasonCode::InvalidOverride => "InvalidOverride",
             ReasonCode::InvalidRegistryOverrides => "InvalidRegistryOverrides",
             ReasonCode::InvalidCatalogPin => "InvalidCatalogPin",
+            ReasonCode::InvalidNetworking => "InvalidNetworking",
         }
     }
 
@@ -202,6 +204,29 @@ pub struct ValidInput {
     pub subscription_defaults: SubscriptionDefaults,
     /// Mirror sources from `spec.imageContentSources` (guest nodes use them).
     pub image_content_sources: Vec<(String, Vec<String>)>,
+    /// The guest's IPv4 Service CIDRs (first one holds the cluster DNS at `.10`).
+    pub guest_service_cidrs: Vec<String>,
+    /// The guest's IPv4 pod CIDRs.
+    pub guest_pod_cidrs: Vec<String>,
+}
+
+/// OpenShift's defaults when `spec.networking` leaves them out.
+pub const DEFAULT_SERVICE_CIDR: &str = "172.30.0.0/16";
+pub const DEFAULT_POD_CIDR: &str = "10.128.0.0/14";
+
+/// Parses an IPv4 CIDR `a.b.c.d/n` (the tunnel carries IPv4 only).
+pub fn parse_cidr(s: &str) -> Option<(std::net::Ipv4Addr, u8)> {
+    let (ip, len) = s.split_once('/')?;
+    let ip: std::net::Ipv4Addr = ip.parse().ok()?;
+    let len: u8 = len.parse().ok()?;
+    (len <= 32).then_some((ip, len))
+}
+
+/// The guest cluster DNS Service address: the 10th address of the first Service CIDR.
+pub fn guest_dns_address(service_cidrs: &[String]) -> Option<std::net::Ipv4Addr> {
+    let (ip, len) = parse_cidr(service_cidrs.first()?)?;
+    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+    Some(std::net::Ipv4Addr::from((u32::from(ip) & mask) + 10))
 }
 
 impl ValidInput {
@@ -351,6 +376,44 @@ pub fn validate(
             AvailabilityPolicy::SingleReplica
         }
     };
+
+    let mut cidrs =
+        |field: &str, entries: Option<&Vec<crate::hostedcluster::NetworkEntry>>, default: &str| {
+            let list: Vec<String> = entries
+                .into_iter()
+                .flatten()
+                .enumerate()
+                .filter_map(|(i, e)| {
+                    if parse_cidr(&e.cidr).is_some() {
+                        Some(e.cidr.clone())
+                    } else if e.cidr.contains(':') {
+                        None // IPv6: not carried by the tunnel
+                    } else {
+                        errs.push(ConditionReason::new(
+                            InvalidNetworking,
+                            &format!("HostedCluster.spec.networking.{field}[{i}].cidr"),
+                            format!("{:?} is not an IPv4 CIDR", e.cidr),
+                        ));
+                        None
+                    }
+                })
+                .collect();
+            if list.is_empty() {
+                vec![default.to_string()]
+            } else {
+                list
+            }
+        };
+    let guest_service_cidrs = cidrs(
+        "serviceNetwork",
+        spec.networking.as_ref().map(|n| &n.service_network),
+        DEFAULT_SERVICE_CIDR,
+    );
+    let guest_pod_cidrs = cidrs(
+        "clusterNetwork",
+        spec.networking.as_ref().map(|n| &n.cluster_network),
+        DEFAULT_POD_CIDR,
+    );
 
     let paused_until = match spec.paused_until.as_deref() {
         None | Some("") => PausedUntil::NotPaused,
@@ -571,6 +634,8 @@ pub fn validate(
                     .flatten()
                     .map(|s| (s.source.clone(), s.mirrors.clone()))
                     .collect(),
+                guest_service_cidrs,
+                guest_pod_cidrs,
             })
         }
         _ => {

@@ -121,7 +121,7 @@ impl GatewaySettings {
         if c.dns.local_upstreams.is_empty() {
             return Err(err(
                 "dns.local_upstreams",
-                "at least one resolver is required",
+                "at least one resolver is required (none given and none in /etc/resolv.conf)",
             ));
         }
         for (i, u) in c.dns.local_upstreams.iter().enumerate() {
@@ -750,6 +750,16 @@ pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
     } else {
         anyhow::bail!("drain did not finish within {:?}", sh.s.drain_timeout)
     }
+}
+
+/// The `nameserver` addresses of a `resolv.conf` text, in order.
+pub fn resolv_conf_nameservers(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            (w.next() == Some("nameserver")).then(|| w.next().map(str::to_string))?
+        })
+        .collect()
 }
 
 #[cfg(test)]

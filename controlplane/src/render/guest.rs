@@ -6,7 +6,10 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::labels::{self, metadata, selector};
-use super::tunnel::{agent_catalog_port, agent_peer_config, exposed_services};
+use super::tunnel::{
+    PRIVATE_KEY_KEY, agent_catalog_port, agent_peer_config, exposed_services,
+    network as tunnel_network,
+};
 use super::{
     ApplyPolicy, Desired, Object, Pending, RenderError, RenderInput, ResolvedCatalog, names, ports,
 };
@@ -63,7 +66,7 @@ pub(super) fn render(
     } else {
         Vec::new()
     };
-    let peer = agent_peer_config(&input.tunnel, exposed);
+    let peer = agent_peer_config(&input.tunnel, &tunnel_network(input), exposed);
     let peer_json =
         serde_json::to_string_pretty(&peer).map_err(|source| RenderError::Serialize {
             what: "agent peer config",
@@ -82,7 +85,7 @@ pub(super) fn render(
             "type": "Opaque",
             "data": {
                 "peer.json": B64.encode(&peer_json),
-                "private-key": B64.encode(&input.tunnel.agent_private_key),
+                PRIVATE_KEY_KEY: B64.encode(&input.tunnel.agent_private_key),
             },
         }),
         "secrets",

@@ -1,8 +1,6 @@
 //! The two ends of the WireGuard tunnel: their configuration documents (typed, so the
 //! tunnel engineer can change them in one place) and the keys the runtime passes in.
 
-use serde::{Deserialize, Serialize};
-
 use super::{names, ports};
 use crate::catalogs::DefaultCatalog;
 
@@ -21,63 +19,26 @@ pub struct TunnelKeys {
 pub const GATEWAY_TUNNEL_ADDRESS: &str = "100.127.255.1/30";
 pub const AGENT_TUNNEL_ADDRESS: &str = "100.127.255.2/30";
 
-/// Reference to a key inside a Secret.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SecretKeyRef {
-    pub name: String,
-    pub key: String,
-}
+pub use hcp_olm_tunnel_api::{
+    AgentPeerConfig, AllowedService, ExposedService, GatewayConfig, GatewayDns, SecretKeyRef,
+};
 
-/// A guest Service the control plane may reach through the tunnel. `*` matches any
-/// namespace or name.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AllowedService {
-    pub namespace: String,
-    pub name: String,
-    pub port: u16,
-}
+/// Where the tunnel ends read their keys: the Secrets are mounted at these directories.
+pub const GATEWAY_CONFIG_DIR: &str = "/etc/hcp-olm/tunnel";
+pub const AGENT_CONFIG_DIR: &str = "/etc/hcp-olm/peer";
+/// Key of the private key in the gateway and agent Secrets.
+pub const PRIVATE_KEY_KEY: &str = "private-key";
 
-/// A control-plane service the agent exposes inside the guest: it listens on
-/// `listen_port` and forwards through the tunnel to `target` (`host:port` as the
-/// gateway resolves it in the HCP namespace).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ExposedService {
-    pub name: String,
-    pub listen_port: u16,
-    pub target: String,
-}
-
-/// The guest agent's peer configuration (JSON in the `peer.json` key of
-/// `hcp-olm/hcp-olm-guest-agent-peer`). PROVISIONAL: owned by the tunnel design.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AgentPeerConfig {
-    /// `host:port` of the gateway's WireGuard UDP endpoint; None until known.
-    pub gateway_endpoint: Option<String>,
-    pub gateway_public_key: String,
-    pub agent_private_key_secret_ref: SecretKeyRef,
-    pub tunnel_address: String,
-    pub gateway_tunnel_address: String,
-    pub persistent_keepalive_seconds: u16,
-    /// Guest Services the gateway may ask the agent to dial.
-    pub allowed_services: Vec<AllowedService>,
-    /// Control-plane services the agent re-exposes in the guest.
-    pub exposed_services: Vec<ExposedService>,
-}
-
-/// The gateway's configuration (JSON in `config.json` of the HCP Secret
-/// `hcp-olm-tunnel-gateway`). PROVISIONAL: owned by the tunnel design.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GatewayConfig {
-    pub listen_port: u16,
-    pub private_key: String,
-    pub agent_public_key: String,
-    pub tunnel_address: String,
-    pub agent_tunnel_address: String,
-    /// SOCKS5 listener OLM pods use as `GRPC_PROXY`.
-    pub socks_listen: String,
-    pub health_listen: String,
-    pub allowed_services: Vec<AllowedService>,
-    pub exposed_services: Vec<ExposedService>,
+/// What the two ends need to know about the guest's networks and the HCP namespace.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TunnelNetwork {
+    pub hcp_namespace: String,
+    /// Guest Service and pod CIDRs: the only addresses the agent relays to.
+    pub guest_cidrs: Vec<String>,
+    /// The guest cluster DNS (`<ip>:53`), which the agent forwards tunnel DNS to.
+    pub guest_dns: Option<String>,
+    /// Resolvers for management-owned names (the HCP pods' cluster DNS).
+    pub management_dns: Vec<String>,
 }
 
 /// Port the agent listens on for a management-side catalog (fixed per catalog so a
@@ -110,32 +71,82 @@ pub fn exposed_services(catalogs: &[DefaultCatalog]) -> Vec<ExposedService> {
         .collect()
 }
 
-pub fn agent_peer_config(keys: &TunnelKeys, exposed: Vec<ExposedService>) -> AgentPeerConfig {
+pub fn agent_peer_config(
+    keys: &TunnelKeys,
+    net: &TunnelNetwork,
+    exposed: Vec<ExposedService>,
+) -> AgentPeerConfig {
     AgentPeerConfig {
         gateway_endpoint: keys.gateway_endpoint.clone(),
         gateway_public_key: keys.gateway_public_key.clone(),
-        agent_private_key_secret_ref: SecretKeyRef {
+        agent_private_key_secret_ref: Some(SecretKeyRef {
             name: names::GUEST_AGENT_PEER.into(),
-            key: "private-key".into(),
-        },
+            key: PRIVATE_KEY_KEY.into(),
+        }),
+        private_key_file: Some(format!("{AGENT_CONFIG_DIR}/{PRIVATE_KEY_KEY}")),
+        private_key: None,
         tunnel_address: AGENT_TUNNEL_ADDRESS.into(),
         gateway_tunnel_address: GATEWAY_TUNNEL_ADDRESS.into(),
         persistent_keepalive_seconds: 25,
         allowed_services: default_allowed_services(),
+        allowed_cidrs: net.guest_cidrs.clone(),
+        allowed_ports: Vec::new(),
+        guest_dns: net.guest_dns.iter().cloned().collect(),
         exposed_services: exposed,
+        exposed_listen_address: Some("0.0.0.0".into()),
+        health_listen: Some(format!("0.0.0.0:{}", ports::TUNNEL_HEALTH)),
+        mtu: None,
+        drain_timeout_seconds: None,
     }
 }
 
-pub fn gateway_config(keys: &TunnelKeys, exposed: Vec<ExposedService>) -> GatewayConfig {
+pub fn gateway_config(
+    keys: &TunnelKeys,
+    net: &TunnelNetwork,
+    exposed: Vec<ExposedService>,
+) -> GatewayConfig {
     GatewayConfig {
         listen_port: ports::WIREGUARD,
-        private_key: keys.gateway_private_key.clone(),
+        listen_address: None,
+        private_key: None,
+        private_key_file: Some(format!("{GATEWAY_CONFIG_DIR}/{PRIVATE_KEY_KEY}")),
         agent_public_key: keys.agent_public_key.clone(),
         tunnel_address: GATEWAY_TUNNEL_ADDRESS.into(),
         agent_tunnel_address: AGENT_TUNNEL_ADDRESS.into(),
-        socks_listen: format!("0.0.0.0:{}", ports::SOCKS),
+        guest_cidrs: net.guest_cidrs.clone(),
+        hcp_namespace: Some(net.hcp_namespace.clone()),
+        cluster_domain: None,
+        socks_listen: Some(format!("0.0.0.0:{}", ports::SOCKS)),
+        connect_listen: None,
         health_listen: format!("0.0.0.0:{}", ports::TUNNEL_HEALTH),
+        allow_local_targets: None,
+        dns: GatewayDns {
+            local_upstreams: net.management_dns.clone(),
+            rules: Vec::new(),
+            listen: None,
+        },
         allowed_services: default_allowed_services(),
         exposed_services: exposed,
+        persistent_keepalive_seconds: None,
+        mtu: None,
+        drain_timeout_seconds: None,
+    }
+}
+
+/// The networks of one hosted cluster as the tunnel ends see them.
+pub fn network(input: &super::RenderInput) -> TunnelNetwork {
+    let v = &input.valid;
+    TunnelNetwork {
+        hcp_namespace: v.cluster.hcp_namespace.clone(),
+        guest_cidrs: v
+            .guest_service_cidrs
+            .iter()
+            .chain(v.guest_pod_cidrs.iter())
+            .cloned()
+            .collect(),
+        guest_dns: crate::validate::guest_dns_address(&v.guest_service_cidrs)
+            .map(|ip| format!("{ip}:53")),
+        // the gateway falls back to its pod's resolv.conf (the management cluster DNS)
+        management_dns: Vec::new(),
     }
 }

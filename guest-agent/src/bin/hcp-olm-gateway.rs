@@ -25,6 +25,15 @@ fn main() -> ExitCode {
     daemon::init_logging();
     let args = Args::parse();
     let settings = match daemon::load_json::<GatewayConfig>(&args.config)
+        .map(|mut c| {
+            // no resolvers given: the pod's own (its cluster DNS), as any process would
+            if c.dns.local_upstreams.is_empty() {
+                c.dns.local_upstreams = std::fs::read_to_string("/etc/resolv.conf")
+                    .map(|t| gateway::resolv_conf_nameservers(&t))
+                    .unwrap_or_default();
+            }
+            c
+        })
         .and_then(|c| gateway::GatewaySettings::from_config(&c))
     {
         Ok(s) => s,
