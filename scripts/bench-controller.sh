@@ -10,8 +10,9 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 export BENCH_N="${BENCH_N:-100}" IDLE_SECONDS="${IDLE_SECONDS:-300}"
-cargo build --release --locked -q -p hcp-olm-controlplane --bin hcp-olm-controller
-cargo build --release --locked -q -p hcp-olm-e2e --bin hcp-olm-bench-controller
+# One invocation, so both binaries share one feature resolution (no second build of kube).
+cargo build --release --locked -q -p hcp-olm-controlplane --bin hcp-olm-controller \
+  -p hcp-olm-e2e --bin hcp-olm-bench-controller
 target="${CARGO_TARGET_DIR:-$root/target}/release"
 export HCP_OLM_CONTROLLER_BIN="${HCP_OLM_CONTROLLER_BIN:-$target/hcp-olm-controller}"
 exec "$target/hcp-olm-bench-controller"

@@ -133,12 +133,18 @@ async fn metrics_text(c: &Cluster) -> Result<String> {
     Ok(c.client().request_text(req).await?)
 }
 
-/// Requests served and their summed server-side duration (all verbs), per the API server.
+/// Requests served and their summed server-side duration, per the API server. Long-running
+/// requests (WATCH, CONNECT) are left out: a watch counts its whole lifetime.
 async fn served(c: &Cluster) -> Result<(f64, f64)> {
     let t = metrics_text(c).await?;
+    let short: String = t
+        .lines()
+        .filter(|l| !l.contains("verb=\"WATCH\"") && !l.contains("verb=\"CONNECT\""))
+        .map(|l| format!("{l}\n"))
+        .collect();
     Ok((
-        metric_sum(&t, "apiserver_request_total{"),
-        metric_sum(&t, "apiserver_request_duration_seconds_sum{"),
+        metric_sum(&short, "apiserver_request_total{"),
+        metric_sum(&short, "apiserver_request_duration_seconds_sum{"),
     ))
 }
 
@@ -219,6 +225,49 @@ impl Guests {
                 .is_some(),
             Guests::StandIn(s) => s.has(i, "", "endpoints", Some("default"), "packageserver"),
         }
+    }
+
+    /// For real guests: guest 0's write requests by resource, subresource and verb.
+    async fn breakdown(&self) -> Result<String> {
+        let Guests::Real(cs) = self else {
+            return Ok(String::new());
+        };
+        let text = metrics_text(&cs[0]).await?;
+        let label = |line: &str, name: &str| -> String {
+            line.split_once(&format!("{name}=\""))
+                .and_then(|(_, r)| r.split_once('"'))
+                .map(|(v, _)| v.to_string())
+                .unwrap_or_default()
+        };
+        let mut out = BTreeMap::<String, f64>::new();
+        for l in text
+            .lines()
+            .filter(|l| l.starts_with("apiserver_request_total{"))
+        {
+            let verb = label(l, "verb");
+            if !["POST", "PUT", "PATCH", "APPLY", "DELETE"].contains(&verb.as_str()) {
+                continue;
+            }
+            let v: f64 = l
+                .rsplit(' ')
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0);
+            let key = format!(
+                "{}{}/{verb}",
+                label(l, "resource"),
+                match label(l, "subresource").as_str() {
+                    "" => String::new(),
+                    s => format!("/{s}"),
+                }
+            );
+            *out.entry(key).or_default() += v;
+        }
+        Ok(out
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" "))
     }
 
     fn cpu_seconds(&self) -> f64 {
@@ -571,6 +620,10 @@ async fn main() -> Result<()> {
     drop(created);
 
     // Baselines, then the controller.
+    let before = guests.breakdown().await?;
+    if !before.is_empty() {
+        progress(format!("guest 0 writes before the controller: {before}"));
+    }
     let (m0, g0) = (mgmt.api_writes(RESOURCES).await?, guests.writes().await?);
     let (req0, dur0) = served(&mgmt).await?;
     let [mgmt_api_pid, mgmt_etcd_pid] = mgmt.pids();
@@ -727,6 +780,10 @@ async fn measure(
     let writes = (m1 - m0) + (g1 - g0);
     let writes_per_hc = writes as f64 / n as f64;
     let window = started.elapsed().as_secs_f64();
+    let after = guests.breakdown().await?;
+    if !after.is_empty() {
+        progress(format!("guest 0 writes after convergence: {after}"));
+    }
     let server_cpu = api_cpu + etcd_cpu + guests_cpu;
     progress(format!(
         "converged in {converge_s:.1}s: {} management + {} guest writes ({writes_per_hc:.1} per HostedCluster), {:.0} reconciles",
