@@ -806,6 +806,7 @@ async fn measure(
 
     // Idle window.
     let r0 = controller.reconciles();
+    let (ireq0, _) = served(mgmt).await?;
     let t = Instant::now();
     let idle = Duration::from_secs(idle_seconds);
     progress(format!("idle window: {idle_seconds}s"));
@@ -824,11 +825,16 @@ async fn measure(
     }
     let (m2, g2) = (mgmt.api_writes(RESOURCES).await?, guests.writes().await?);
     let idle_reconciles = controller.reconciles() - r0;
+    let (ireq1, _) = served(mgmt).await?;
     progress(format!(
-        "idle window done: {} management + {} guest writes during {:.0} reconciles (resyncs)",
+        "idle window done: {} management + {} guest writes during {:.0} reconciles (resyncs); the management \
+         API server served {:.0} non-watch requests meanwhile ({:.1}/s, {:.0} per reconcile, incl. the harness's polls)",
         m2 - m1,
         g2 - g1,
-        idle_reconciles
+        idle_reconciles,
+        ireq1 - ireq0,
+        (ireq1 - ireq0) / idle_seconds.max(1) as f64,
+        (ireq1 - ireq0) / idle_reconciles.max(1.0),
     ));
     Ok((converge_s, writes_per_hc, (m2 - m1) + (g2 - g1)))
 }
