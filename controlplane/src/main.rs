@@ -238,6 +238,7 @@ fn run(cli: Cli) -> anyhow::Result<Result<(), InputError>> {
                 version: release_version,
                 olm_image,
                 operator_registry_image,
+                payload_problem: None,
             };
             let valid =
                 match validate::validate(hc, spec.as_ref(), &facts, &ControllerDefaults::default())
@@ -440,6 +441,7 @@ fn offline_input(valid: validate::ValidInput) -> anyhow::Result<RenderInput> {
             agent_private_key: placeholder.clone(),
             agent_public_key: placeholder,
             gateway_endpoint: None,
+            gateway_endpoint_wait: None,
         },
         packageserver_cluster_ip: None,
         guest_olm_crds_ready: true,
