@@ -125,7 +125,11 @@ fn unreadable_payload_is_degraded_unless_overridden() {
         assert_eq!(errs.len(), 1, "{errs:?}");
         assert_eq!(errs[0].code, code);
         assert_eq!(errs[0].code.severity(), Severity::Degraded);
-        assert!(errs[0].message.contains("spec.images.olm"), "{}", errs[0].message);
+        assert!(
+            errs[0].message.contains("spec.images.olm"),
+            "{}",
+            errs[0].message
+        );
         // An override wins over the payload.
         let ov: hcp_olm_controlplane::hostedolm::HostedOLMSpec = serde_json::from_value(
             serde_json::json!({"images": {"olm": "quay.io/x/olm@sha256:".to_string() + &"c".repeat(64)}}),

@@ -135,6 +135,18 @@ impl Client {
         })
     }
 
+    /// This client with `extra` mirrors tried after its own (a HostedCluster's
+    /// `imageContentSources`); shares the connection pool.
+    pub fn with_mirrors(&self, extra: &[Mirror]) -> Self {
+        let mut c = self.clone();
+        for m in extra {
+            if !c.opts.mirrors.contains(m) {
+                c.opts.mirrors.push(m.clone());
+            }
+        }
+        c
+    }
+
     fn base(&self, registry: &str) -> String {
         let scheme = if self.opts.plain_http.iter().any(|r| r == registry) {
             "http"

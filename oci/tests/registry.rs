@@ -197,7 +197,7 @@ async fn release_image_references_from_the_payload_layers() -> Result<()> {
 
     // No file in any layer.
     let bare = format!("{a}/ocp/release:no-manifests");
-    c.push_image_with_layers(&bare, &labels, &[base_layer.clone()])
+    c.push_image_with_layers(&bare, &labels, std::slice::from_ref(&base_layer))
         .await?;
     match c.release_image_references(&bare).await {
         Err(e @ OciError::NoImageReferences { .. }) => {

@@ -83,7 +83,10 @@ pub fn gateway_endpoint(
     match spec.type_.as_deref() {
         Some("LoadBalancer") => {
             let Some(p) = port else {
-                return Err(wait("WaitingForTunnelPort", format!("the Service {name} has no port")));
+                return Err(wait(
+                    "WaitingForTunnelPort",
+                    format!("the Service {name} has no port"),
+                ));
             };
             if let Some(a) = address {
                 return Ok(host_port(a, p.port));
@@ -95,8 +98,7 @@ pub fn gateway_endpoint(
                 .and_then(|lb| lb.ingress.as_ref())
                 .and_then(|i| i.first())
                 .and_then(|i| {
-                    i.ip
-                        .clone()
+                    i.ip.clone()
                         .filter(|v| !v.is_empty())
                         .or_else(|| i.hostname.clone().filter(|v| !v.is_empty()))
                 });
@@ -104,7 +106,9 @@ pub fn gateway_endpoint(
                 Some(h) => Ok(host_port(&h, p.port)),
                 None => Err(wait(
                     "WaitingForLoadBalancer",
-                    format!("the LoadBalancer Service {name} has no status.loadBalancer.ingress yet"),
+                    format!(
+                        "the LoadBalancer Service {name} has no status.loadBalancer.ingress yet"
+                    ),
                 )),
             }
         }
@@ -274,7 +278,12 @@ mod tests {
             Ok("api.example.com:31234".into())
         );
         assert_eq!(
-            gateway_endpoint(Some(&np), "NodePort", Some("fd00::7"), Some("api.example.com")),
+            gateway_endpoint(
+                Some(&np),
+                "NodePort",
+                Some("fd00::7"),
+                Some("api.example.com")
+            ),
             Ok("[fd00::7]:31234".into())
         );
         let e = gateway_endpoint(Some(&np), "NodePort", None, None).unwrap_err();
@@ -284,8 +293,10 @@ mod tests {
         let e = gateway_endpoint(None, "NodePort", None, Some("a")).unwrap_err();
         assert_eq!((e.reason, e.blocking), ("WaitingForTunnelService", false));
 
-        let mut lb = svc(serde_json::json!({"spec": {"type": "LoadBalancer", "ports": [
-            {"port": 51820, "protocol": "UDP", "nodePort": 31234}]}}));
+        let mut lb = svc(
+            serde_json::json!({"spec": {"type": "LoadBalancer", "ports": [
+            {"port": 51820, "protocol": "UDP", "nodePort": 31234}]}}),
+        );
         let e = gateway_endpoint(Some(&lb), "LoadBalancer", None, Some("a")).unwrap_err();
         assert_eq!(e.reason, "WaitingForLoadBalancer");
         lb.status = Some(

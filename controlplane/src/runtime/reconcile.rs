@@ -473,11 +473,7 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
         }
     };
 
-    let olm_overridden = holm
-        .spec
-        .images
-        .as_ref()
-        .is_some_and(|i| i.olm.is_some());
+    let olm_overridden = holm.spec.images.as_ref().is_some_and(|i| i.olm.is_some());
     let facts = facts::release_facts_cached(
         hc,
         &ctx.config,
@@ -678,7 +674,11 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
     } else if !guest_olm_crds_ready {
         Some("WaitingForGuestOLMCRDs")
     } else {
-        input.tunnel.gateway_endpoint_wait.as_ref().map(|w| w.reason)
+        input
+            .tunnel
+            .gateway_endpoint_wait
+            .as_ref()
+            .map(|w| w.reason)
     };
     Ok(Outcome {
         state: waiting.map_or(State::Applied, |w| State::Waiting(w.into())),
@@ -904,7 +904,10 @@ fn build_status(
 /// none yet.
 fn tunnel_status(input: &RenderInput) -> crate::hostedolm::TunnelStatus {
     let service_type = tunnel_service_type(&input.valid).to_string();
-    match (&input.tunnel.gateway_endpoint, &input.tunnel.gateway_endpoint_wait) {
+    match (
+        &input.tunnel.gateway_endpoint,
+        &input.tunnel.gateway_endpoint_wait,
+    ) {
         (Some(e), _) => crate::hostedolm::TunnelStatus {
             service_type,
             endpoint: Some(e.clone()),
