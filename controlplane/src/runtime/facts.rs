@@ -35,12 +35,21 @@ impl LookupCache {
         let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         match m.get(key) {
             Some((at, v)) if now.duration_since(*at) < ttl => Some(v.clone()),
+            // Payload answers stay for [`LookupCache::get_stale`].
+            Some((_, Cached::Payload(_))) => None,
             Some(_) => {
                 m.remove(key);
                 None
             }
             None => None,
         }
+    }
+
+    /// An entry regardless of its age (a release payload that cannot be read right
+    /// now is served from the last good answer).
+    fn get_stale(&self, key: &str) -> Option<Cached> {
+        let m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(key).map(|(_, v)| v.clone())
     }
 
     fn put(&self, key: String, v: Cached, now: Instant) {
@@ -158,11 +167,17 @@ async fn payload_images(
                 }
                 m
             }
-            Err(e) => {
-                tracing::warn!(%image, error = %e, "cannot read the release payload's image references");
-                facts.payload_problem = Some(PayloadProblem::Unreadable(e.to_string()));
-                return;
-            }
+            Err(e) => match cache.get_stale(&key) {
+                Some(Cached::Payload(m)) => {
+                    tracing::warn!(%image, error = %e, "cannot read the release payload's image references; using the last answer");
+                    m
+                }
+                _ => {
+                    tracing::warn!(%image, error = %e, "cannot read the release payload's image references");
+                    facts.payload_problem = Some(PayloadProblem::Unreadable(e.to_string()));
+                    return;
+                }
+            },
         },
     };
     use hcp_olm_oci::payload::{OLM_COMPONENT, OPERATOR_REGISTRY_COMPONENT};
@@ -277,4 +292,31 @@ pub async fn catalog_images_cached(
             )
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expired_payload_answers_remain_as_a_fallback_only() {
+        let c = LookupCache::default();
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(60);
+        let m = BTreeMap::from([("operator-lifecycle-manager".to_string(), "x".to_string())]);
+        c.put("payload:r".into(), Cached::Payload(m.clone()), t0);
+        c.put("release:r".into(), Cached::Release("4.18.3".into()), t0);
+        assert!(matches!(
+            c.get("payload:r", ttl, t0),
+            Some(Cached::Payload(_))
+        ));
+        let later = t0 + Duration::from_secs(61);
+        assert!(c.get("payload:r", ttl, later).is_none());
+        assert!(c.get("release:r", ttl, later).is_none());
+        assert!(matches!(c.get_stale("payload:r"), Some(Cached::Payload(p)) if p == m));
+        assert!(
+            c.get_stale("release:r").is_none(),
+            "expired release labels are dropped"
+        );
+    }
 }
