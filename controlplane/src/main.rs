@@ -72,11 +72,13 @@ struct RunArgs {
     /// HostedClusters reconciled at once.
     #[arg(long, default_value_t = 4)]
     concurrency: u16,
-    /// OLM image (until release-payload lookup is wired, this is required unless every
-    /// HostedOLM overrides it).
+    /// OLM image for every hosted cluster; unset (the default) takes each release
+    /// payload's operator-lifecycle-manager image (needs --registry-lookups). A
+    /// HostedOLM spec.images.olm wins over both.
     #[arg(long, env = "HCP_OLM_OLM_IMAGE")]
     olm_image: Option<String>,
-    /// operator-registry image (defaults to the OLM image).
+    /// operator-registry image (default: the release payload's operator-registry,
+    /// else the OLM image).
     #[arg(long, env = "HCP_OLM_OPERATOR_REGISTRY_IMAGE")]
     operator_registry_image: Option<String>,
     /// Look up release labels and catalog tags in registries; `false` assumes catalog
@@ -238,6 +240,7 @@ fn run(cli: Cli) -> anyhow::Result<Result<(), InputError>> {
                 version: release_version,
                 olm_image,
                 operator_registry_image,
+                payload_problem: None,
             };
             let valid =
                 match validate::validate(hc, spec.as_ref(), &facts, &ControllerDefaults::default())
@@ -440,6 +443,7 @@ fn offline_input(valid: validate::ValidInput) -> anyhow::Result<RenderInput> {
             agent_private_key: placeholder.clone(),
             agent_public_key: placeholder,
             gateway_endpoint: None,
+            gateway_endpoint_wait: None,
         },
         packageserver_cluster_ip: None,
         guest_olm_crds_ready: true,

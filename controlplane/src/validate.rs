@@ -25,6 +25,18 @@ pub struct ReleaseFacts {
     pub olm_image: Option<String>,
     /// Release-payload image `operator-registry`.
     pub operator_registry_image: Option<String>,
+    /// Why the OLM image could not be taken from the release payload (reported when
+    /// neither a flag nor a HostedOLM override names one).
+    pub payload_problem: Option<PayloadProblem>,
+}
+
+/// A release payload whose component images could not be read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PayloadProblem {
+    /// The release image or its `release-manifests/image-references` is unreadable.
+    Unreadable(String),
+    /// The payload does not name an `operator-lifecycle-manager` image.
+    OLMImageMissing(String),
 }
 
 /// Settings of the controller installation (flags of the controller Deployment).
@@ -79,6 +91,8 @@ pub enum ReasonCode {
     InvalidRegistryOverrides,
     InvalidCatalogPin,
     InvalidNetworking,
+    ReleasePayloadUnreadable,
+    OLMImageNotInPayload,
 }
 
 impl ReasonCode {
@@ -95,6 +109,8 @@ impl ReasonCode {
             ReasonCode::InvalidRegistryOverrides => "InvalidRegistryOverrides",
             ReasonCode::InvalidCatalogPin => "InvalidCatalogPin",
             ReasonCode::InvalidNetworking => "InvalidNetworking",
+            ReasonCode::ReleasePayloadUnreadable => "ReleasePayloadUnreadable",
+            ReasonCode::OLMImageNotInPayload => "OLMImageNotInPayload",
         }
     }
 
@@ -201,6 +217,10 @@ pub struct ValidInput {
     pub kubeconfig_key: String,
     pub pull_secret: String,
     pub tunnel_service_type: TunnelServiceType,
+    /// HostedOLM `spec.tunnel.address`: where the guest reaches the gateway Service.
+    pub tunnel_address: Option<String>,
+    /// The HostedCluster's NodePort publishing address (`spec.services[]`).
+    pub node_port_address: Option<String>,
     pub subscription_defaults: SubscriptionDefaults,
     /// Mirror sources from `spec.imageContentSources` (guest nodes use them).
     pub image_content_sources: Vec<(String, Vec<String>)>,
@@ -583,10 +603,35 @@ pub fn validate(
         Some(defaults.guest_agent_image.as_str()),
     );
     if olm.is_none() && image_ov.olm.is_none() {
+        let field = "HostedCluster.spec.release.image";
+        errs.push(match &facts.payload_problem {
+            Some(PayloadProblem::Unreadable(msg)) => ConditionReason::new(
+                ReleasePayloadUnreadable,
+                field,
+                format!(
+                    "the OLM image cannot be taken from the release payload: {msg} (set HostedOLM spec.images.olm to override)"
+                ),
+            ),
+            Some(PayloadProblem::OLMImageMissing(msg)) => ConditionReason::new(
+                OLMImageNotInPayload,
+                field,
+                format!("{msg} (set HostedOLM spec.images.olm to override)"),
+            ),
+            None => ConditionReason::new(
+                WaitingForReleaseInfo,
+                field,
+                "the operator-lifecycle-manager image of the release payload is not known yet",
+            ),
+        });
+    }
+    let tunnel_address = ov.tunnel.as_ref().and_then(|t| t.address.clone());
+    if let Some(a) = &tunnel_address
+        && !valid_host(a)
+    {
         errs.push(ConditionReason::new(
-            WaitingForReleaseInfo,
-            "HostedCluster.spec.release.image",
-            "the operator-lifecycle-manager image of the release payload is not known yet",
+            InvalidOverride,
+            "HostedOLM.spec.tunnel.address",
+            format!("{a:?} is not a host name or IP address"),
         ));
     }
     // operator-registry only matters for bundle unpack Jobs; fall back to the OLM image.
@@ -627,6 +672,8 @@ pub fn validate(
                     .as_ref()
                     .and_then(|t| t.service_type)
                     .unwrap_or_default(),
+                tunnel_address,
+                node_port_address: hc.node_port_address(),
                 subscription_defaults: ov.subscription_defaults.clone().unwrap_or_default(),
                 image_content_sources: spec
                     .image_content_sources
@@ -645,4 +692,18 @@ pub fn validate(
             Err(errs)
         }
     }
+}
+
+/// A DNS name or an IP address (no port).
+fn valid_host(s: &str) -> bool {
+    s.parse::<std::net::IpAddr>().is_ok()
+        || (!s.is_empty()
+            && s.len() <= 253
+            && s.split('.').all(|l| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+                    && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            }))
 }

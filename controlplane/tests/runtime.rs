@@ -1641,3 +1641,314 @@ async fn leader_steps_down_when_it_cannot_renew() -> Result<()> {
     }
     Ok(())
 }
+
+/// The guest agent's peer config (`peer.json` of the guest Secret) as JSON.
+async fn guest_peer_config(env: &Environment) -> Result<serde_json::Value> {
+    let s = Api::<Secret>::namespaced(env.guest.client(), "hcp-olm")
+        .get("hcp-olm-guest-agent-peer")
+        .await?;
+    let data = s.data.context("peer Secret has data")?;
+    let peer = data.get("peer.json").context("peer.json")?;
+    Ok(serde_json::from_slice(&peer.0)?)
+}
+
+async fn holm_of(env: &Environment, name: &str) -> Result<HostedOLM> {
+    Ok(
+        Api::<HostedOLM>::namespaced(env.management.client(), &format!("{HC_NS}-{name}"))
+            .get(name)
+            .await?,
+    )
+}
+
+async fn patch_holm(env: &Environment, name: &str, patch: serde_json::Value) -> Result<()> {
+    Api::<HostedOLM>::namespaced(env.management.client(), &format!("{HC_NS}-{name}"))
+        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    Ok(())
+}
+
+/// Gap 1: the OLM image comes from the release payload (a release image with a real
+/// gzip tar layer carrying `release-manifests/image-references`, pushed to a real
+/// registry); unreadable payloads are Degraded with a clear reason while another
+/// HostedCluster stays converged, and a HostedOLM override wins.
+/// Gap 2: the tunnel gateway endpoint reaches the guest peer config from the live
+/// WireGuard Service: NodePort → HostedCluster NodePort address + allocated port;
+/// LoadBalancer → waiting until the Service has an ingress, then ingress:port; a
+/// second pass writes nothing.
+#[tokio::test]
+async fn release_payload_images_and_tunnel_endpoint() -> Result<()> {
+    use hcp_olm_oci::payload::{IMAGE_REFERENCES_PATH, tar_gz};
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    let reg = hcp_olm_e2e::registry::Registry::start()?;
+    let a = reg.addr().to_string();
+    let oci = std::sync::Arc::new(hcp_olm_oci::Client::new(hcp_olm_oci::ClientOptions {
+        plain_http: vec![a.clone()],
+        timeout: Some(std::time::Duration::from_secs(5)),
+        ..Default::default()
+    })?);
+    let labels = BTreeMap::from([("io.openshift.release".to_string(), "4.18.3".to_string())]);
+    let olm = format!("{a}/art/olm@sha256:{}", "1".repeat(64));
+    let opm = format!("{a}/art/opm@sha256:{}", "2".repeat(64));
+    let stream = |tags: serde_json::Value| {
+        serde_json::to_vec(&serde_json::json!({
+            "kind": "ImageStream", "apiVersion": "image.openshift.io/v1",
+            "spec": {"tags": tags},
+        }))
+        .unwrap()
+    };
+    let good_refs = stream(serde_json::json!([
+        {"name": "cluster-version-operator", "from": {"kind": "DockerImage", "name": format!("{a}/art/cvo:1")}},
+        {"name": "operator-lifecycle-manager", "from": {"kind": "DockerImage", "name": olm}},
+        {"name": "operator-registry", "from": {"kind": "DockerImage", "name": opm}},
+    ]));
+    let no_olm_refs = stream(serde_json::json!([
+        {"name": "cluster-version-operator", "from": {"kind": "DockerImage", "name": format!("{a}/art/cvo:1")}},
+    ]));
+    let base = tar_gz(&[("usr/bin/true", b"\x7fELF")]);
+    let images = [
+        (
+            "good",
+            vec![base.clone(), tar_gz(&[(IMAGE_REFERENCES_PATH, &good_refs)])],
+        ),
+        (
+            "noolm",
+            vec![tar_gz(&[(IMAGE_REFERENCES_PATH, &no_olm_refs)])],
+        ),
+        ("nofile", vec![base.clone()]),
+        (
+            "garbage",
+            vec![tar_gz(&[(IMAGE_REFERENCES_PATH, b"{\"spec\": [")])],
+        ),
+    ];
+    for (tag, layers) in &images {
+        oci.push_image_with_layers(&format!("{a}/ocp/release:{tag}"), &labels, layers)
+            .await?;
+    }
+    let ctx = Context::new(
+        controller_client(&env).await?,
+        Config {
+            olm_image: None,
+            oci: Some(oci.clone()),
+            ..Default::default()
+        },
+    )
+    .with_events(None);
+    put_kubeconfig_secret(&env, "p-admin-kubeconfig").await?;
+    // No default catalogs: catalog tag lookups would leave loopback.
+    let no_catalogs =
+        serde_json::json!({"configuration": {"operatorhub": {"disableAllDefaultSources": true}}});
+    for (tag, _) in &images {
+        create_hc_with(
+            &env.management,
+            tag,
+            "p-admin-kubeconfig",
+            no_catalogs.clone(),
+        )
+        .await?;
+        patch_hc(
+            &env,
+            tag,
+            serde_json::json!({"spec": {"release": {"image": format!("{a}/ocp/release:{tag}")}}}),
+        )
+        .await?;
+    }
+
+    // The payload names the OLM image: every OLM Deployment runs it.
+    let t0 = std::time::Instant::now();
+    let o = converge(&ctx, &env, "good", &[&env.management, &env.guest]).await?;
+    eprintln!("good converged in {:?}: {o:?}", t0.elapsed());
+    let deps = Api::<Deployment>::namespaced(env.management.client(), "clusters-good");
+    for d in [
+        "hcp-olm-olm-operator",
+        "hcp-olm-catalog-operator",
+        "hcp-olm-packageserver",
+    ] {
+        let dep = deps.get(d).await?;
+        let image = dep.spec.unwrap().template.spec.unwrap().containers[0]
+            .image
+            .clone()
+            .unwrap_or_default();
+        assert_eq!(image, olm, "{d}");
+    }
+    let holm = holm_of(&env, "good").await?;
+    let d = condition(&holm, "Degraded").context("Degraded")?;
+    assert_eq!(d.status, "False", "{d:?}");
+
+    // Unusable payloads: Degraded, clear reason, nothing rendered, no error.
+    for (name, reason, needle) in [
+        (
+            "noolm",
+            "OLMImageNotInPayload",
+            "operator-lifecycle-manager",
+        ),
+        (
+            "nofile",
+            "ReleasePayloadUnreadable",
+            "release-manifests/image-references",
+        ),
+        ("garbage", "ReleasePayloadUnreadable", "not JSON"),
+    ] {
+        let o = reconcile(&ctx, &env, name).await?;
+        assert_eq!(o.state, State::Invalid(reason.into()), "{name}");
+        let holm = holm_of(&env, name).await?;
+        let d = condition(&holm, "Degraded").context("Degraded")?;
+        assert_eq!(
+            (d.status.as_str(), d.reason.as_str()),
+            ("True", reason),
+            "{name}"
+        );
+        ensure!(d.message.contains(needle), "{name}: {}", d.message);
+        ensure!(d.message.contains("spec.images.olm"), "{}", d.message);
+        let (m, _) = snapshot(&env, name).await?;
+        ensure!(
+            m.iter().all(|o| !o.starts_with("Deployment/")),
+            "{name}: rendered without an OLM image: {m:?}"
+        );
+    }
+    // The healthy HostedCluster is unaffected: nothing to write.
+    let w0 = env.management.api_writes(RESOURCES).await? + env.guest.api_writes(RESOURCES).await?;
+    reconcile(&ctx, &env, "good").await?;
+    let w1 = env.management.api_writes(RESOURCES).await? + env.guest.api_writes(RESOURCES).await?;
+    assert_eq!(w1 - w0, 0, "good rewrote objects after others failed");
+    // Tunnel, NodePort: the first pass creates the Service, reads back its node port
+    // and gives the guest agent `<HostedCluster NodePort address>:<nodePort>`.
+    let svc_api = Api::<Service>::namespaced(env.management.client(), "clusters-good");
+    let svc = svc_api.get("hcp-olm-tunnel-gateway-wg").await?;
+    let spec = svc.spec.clone().context("spec")?;
+    assert_eq!(spec.type_.as_deref(), Some("NodePort"));
+    let node_port = spec.ports.unwrap_or_default()[0]
+        .node_port
+        .context("node port allocated")?;
+    let want = format!("api.example.com:{node_port}");
+    let peer = guest_peer_config(&env).await?;
+    assert_eq!(peer["gateway_endpoint"], serde_json::json!(want), "{peer}");
+    let holm = holm_of(&env, "good").await?;
+    let tunnel = holm
+        .status
+        .clone()
+        .and_then(|s| s.tunnel)
+        .context("status.tunnel")?;
+    assert_eq!(tunnel.endpoint.as_deref(), Some(want.as_str()));
+    assert_eq!(tunnel.reason, "EndpointKnown");
+    ensure!(tunnel.message.contains("handshake"), "{}", tunnel.message);
+    ensure!(
+        condition(&holm, "Progressing").map(|c| c.reason.as_str())
+            != Some("WaitingForTunnelEndpoint")
+    );
+
+    // An address override replaces the HostedCluster's NodePort address.
+    patch_holm(
+        &env,
+        "good",
+        serde_json::json!({"spec": {"tunnel": {"address": "198.18.0.9"}}}),
+    )
+    .await?;
+    converge(&ctx, &env, "good", &[&env.management, &env.guest]).await?;
+    let peer = guest_peer_config(&env).await?;
+    assert_eq!(
+        peer["gateway_endpoint"],
+        serde_json::json!(format!("198.18.0.9:{node_port}"))
+    );
+
+    // LoadBalancer without an ingress: waiting, with the reason, no endpoint.
+    patch_holm(
+        &env,
+        "good",
+        serde_json::json!({"spec": {"tunnel": {"serviceType": "LoadBalancer", "address": null}}}),
+    )
+    .await?;
+    let o = converge(&ctx, &env, "good", &[&env.management, &env.guest]).await?;
+    assert_eq!(
+        o.state,
+        State::Waiting("WaitingForLoadBalancer".into()),
+        "{o:?}"
+    );
+    let peer = guest_peer_config(&env).await?;
+    assert_eq!(peer["gateway_endpoint"], serde_json::Value::Null, "{peer}");
+    let holm = holm_of(&env, "good").await?;
+    let p = condition(&holm, "Progressing").context("Progressing")?;
+    assert_eq!(
+        (p.status.as_str(), p.reason.as_str()),
+        ("True", "WaitingForLoadBalancer")
+    );
+    ensure!(
+        p.message.contains("hcp-olm-tunnel-gateway-wg"),
+        "{}",
+        p.message
+    );
+    let tunnel = holm
+        .status
+        .clone()
+        .and_then(|s| s.tunnel)
+        .context("status.tunnel")?;
+    assert_eq!(
+        (tunnel.service_type.as_str(), tunnel.endpoint.as_deref()),
+        ("LoadBalancer", None)
+    );
+
+    // The load balancer gets an ingress: the endpoint appears in the peer config.
+    svc_api
+        .patch_status(
+            "hcp-olm-tunnel-gateway-wg",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"loadBalancer": {"ingress": [{"ip": "198.18.0.10"}]}}})),
+        )
+        .await?;
+    let o = reconcile(&ctx, &env, "good").await?;
+    assert_eq!(o.state, State::Applied, "{o:?}");
+    ensure!(
+        o.changed
+            .iter()
+            .any(|c| c == "Secret/hcp-olm/hcp-olm-guest-agent-peer"),
+        "{o:?}"
+    );
+    let peer = guest_peer_config(&env).await?;
+    assert_eq!(
+        peer["gateway_endpoint"],
+        serde_json::json!("198.18.0.10:51820")
+    );
+    let holm = holm_of(&env, "good").await?;
+    assert_eq!(
+        holm.status
+            .and_then(|s| s.tunnel)
+            .and_then(|t| t.endpoint)
+            .as_deref(),
+        Some("198.18.0.10:51820")
+    );
+    // Second pass: nothing written anywhere.
+    let w0 = env.management.api_writes(RESOURCES).await? + env.guest.api_writes(RESOURCES).await?;
+    let o = reconcile(&ctx, &env, "good").await?;
+    let w1 = env.management.api_writes(RESOURCES).await? + env.guest.api_writes(RESOURCES).await?;
+    assert_eq!(w1 - w0, 0, "{o:?}");
+    assert_eq!(
+        (o.hcp_writes, o.guest_writes, o.status_written),
+        (0, 0, false)
+    );
+    // An override wins over the unreadable payload (last: this HostedCluster shares
+    // the guest, so it takes over the guest-side objects).
+    let override_olm = format!("{a}/art/olm-override@sha256:{}", "3".repeat(64));
+    patch_holm(
+        &env,
+        "nofile",
+        serde_json::json!({"spec": {"images": {"olm": override_olm}}}),
+    )
+    .await?;
+    converge(&ctx, &env, "nofile", &[&env.management]).await?;
+    let dep = Api::<Deployment>::namespaced(env.management.client(), "clusters-nofile")
+        .get("hcp-olm-olm-operator")
+        .await?;
+    assert_eq!(
+        dep.spec.unwrap().template.spec.unwrap().containers[0]
+            .image
+            .as_deref(),
+        Some(override_olm.as_str())
+    );
+    let holm = holm_of(&env, "nofile").await?;
+    assert_eq!(
+        condition(&holm, "Degraded").map(|c| c.status.as_str()),
+        Some("False")
+    );
+
+    Ok(())
+}

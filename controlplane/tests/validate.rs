@@ -102,6 +102,46 @@ fn unknown_olm_image_is_progressing() {
 }
 
 #[test]
+fn unreadable_payload_is_degraded_unless_overridden() {
+    use hcp_olm_controlplane::validate::PayloadProblem;
+    let hc = common::load_hc("none-minimal.yaml");
+    for (problem, code) in [
+        (
+            PayloadProblem::Unreadable("no image-references".into()),
+            ReasonCode::ReleasePayloadUnreadable,
+        ),
+        (
+            PayloadProblem::OLMImageMissing("names no operator-lifecycle-manager".into()),
+            ReasonCode::OLMImageNotInPayload,
+        ),
+    ] {
+        let facts = ReleaseFacts {
+            olm_image: None,
+            operator_registry_image: None,
+            payload_problem: Some(problem),
+            ..common::facts()
+        };
+        let errs = validate::validate(&hc, None, &facts, &common::defaults()).unwrap_err();
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].code, code);
+        assert_eq!(errs[0].code.severity(), Severity::Degraded);
+        assert!(
+            errs[0].message.contains("spec.images.olm"),
+            "{}",
+            errs[0].message
+        );
+        // An override wins over the payload.
+        let ov: hcp_olm_controlplane::hostedolm::HostedOLMSpec = serde_json::from_value(
+            serde_json::json!({"images": {"olm": "quay.io/x/olm@sha256:".to_string() + &"c".repeat(64)}}),
+        )
+        .unwrap();
+        let v = validate::validate(&hc, Some(&ov), &facts, &common::defaults()).unwrap();
+        assert!(v.images.olm.starts_with("quay.io/x/olm@"));
+        assert_eq!(v.images.operator_registry, v.images.olm);
+    }
+}
+
+#[test]
 fn bad_hosted_cluster_fields_are_each_reported() {
     let mut hc = common::load_hc("none-minimal.yaml");
     hc.spec.olm_catalog_placement = Some("elsewhere".into());

@@ -604,14 +604,26 @@ pub(super) fn render(
         "services",
     );
     if input.tunnel.gateway_endpoint.is_none() {
-        out.pending.push(Pending {
-            component: "tunnel-gateway".into(),
-            reason: "WaitingForTunnelEndpoint",
-            severity: Severity::Progressing,
-            message: format!(
-                "the {wg_type} Service {} has no reachable address yet",
-                names::TUNNEL_GATEWAY_WG
-            ),
+        out.pending.push(match &input.tunnel.gateway_endpoint_wait {
+            Some(w) => Pending {
+                component: "tunnel-gateway".into(),
+                reason: w.reason,
+                severity: if w.blocking {
+                    Severity::Degraded
+                } else {
+                    Severity::Progressing
+                },
+                message: w.message.clone(),
+            },
+            None => Pending {
+                component: "tunnel-gateway".into(),
+                reason: "WaitingForTunnelEndpoint",
+                severity: Severity::Progressing,
+                message: format!(
+                    "the {wg_type} Service {} has no reachable address yet",
+                    names::TUNNEL_GATEWAY_WG
+                ),
+            },
         });
     }
 

@@ -13,6 +13,126 @@ pub struct TunnelKeys {
     pub agent_private_key: String,
     pub agent_public_key: String,
     pub gateway_endpoint: Option<String>,
+    /// Why `gateway_endpoint` is None, when the runtime looked (None in offline
+    /// renders: the Service has not been read).
+    pub gateway_endpoint_wait: Option<EndpointWait>,
+}
+
+/// Why the gateway's endpoint is not known.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointWait {
+    pub reason: &'static str,
+    pub message: String,
+    /// True when it cannot resolve without a configuration change (Degraded), false
+    /// while waiting for the cluster (Progressing).
+    pub blocking: bool,
+}
+
+/// The gateway's externally reachable `host:port`, from its WireGuard Service as read
+/// back from the management cluster (`service`: the live object, None when it does
+/// not exist yet).
+///
+/// - NodePort: `address` (HostedOLM `spec.tunnel.address`), else the HostedCluster's
+///   NodePort publishing address, with the allocated node port;
+/// - LoadBalancer: `address` if given, else `status.loadBalancer.ingress[0]` ip or
+///   hostname, with the Service port.
+pub fn gateway_endpoint(
+    service: Option<&k8s_openapi::api::core::v1::Service>,
+    expected_type: &str,
+    address: Option<&str>,
+    node_port_address: Option<&str>,
+) -> Result<String, EndpointWait> {
+    let name = names::TUNNEL_GATEWAY_WG;
+    let wait = |reason, message: String| EndpointWait {
+        reason,
+        message,
+        blocking: false,
+    };
+    let Some(svc) = service else {
+        return Err(wait(
+            "WaitingForTunnelService",
+            format!("the Service {name} does not exist yet"),
+        ));
+    };
+    let spec = svc.spec.clone().unwrap_or_default();
+    let port = spec
+        .ports
+        .iter()
+        .flatten()
+        .find(|p| p.protocol.as_deref() == Some("UDP") && p.port == i32::from(ports::WIREGUARD))
+        .or_else(|| spec.ports.iter().flatten().next())
+        .cloned();
+    let host_port = |host: &str, port: i32| {
+        if host.contains(':') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        }
+    };
+    if spec.type_.as_deref() != Some(expected_type) {
+        return Err(wait(
+            "WaitingForTunnelService",
+            format!(
+                "the Service {name} has type {:?}, not {expected_type} yet",
+                spec.type_
+            ),
+        ));
+    }
+    match spec.type_.as_deref() {
+        Some("LoadBalancer") => {
+            let Some(p) = port else {
+                return Err(wait(
+                    "WaitingForTunnelPort",
+                    format!("the Service {name} has no port"),
+                ));
+            };
+            if let Some(a) = address {
+                return Ok(host_port(a, p.port));
+            }
+            let ingress = svc
+                .status
+                .as_ref()
+                .and_then(|s| s.load_balancer.as_ref())
+                .and_then(|lb| lb.ingress.as_ref())
+                .and_then(|i| i.first())
+                .and_then(|i| {
+                    i.ip.clone()
+                        .filter(|v| !v.is_empty())
+                        .or_else(|| i.hostname.clone().filter(|v| !v.is_empty()))
+                });
+            match ingress {
+                Some(h) => Ok(host_port(&h, p.port)),
+                None => Err(wait(
+                    "WaitingForLoadBalancer",
+                    format!(
+                        "the LoadBalancer Service {name} has no status.loadBalancer.ingress yet"
+                    ),
+                )),
+            }
+        }
+        Some("NodePort") => {
+            let Some(node_port) = port.and_then(|p| p.node_port).filter(|p| *p > 0) else {
+                return Err(wait(
+                    "WaitingForNodePort",
+                    format!("the NodePort Service {name} has no node port allocated yet"),
+                ));
+            };
+            match address.or(node_port_address) {
+                Some(a) => Ok(host_port(a, node_port)),
+                None => Err(EndpointWait {
+                    reason: "TunnelAddressUnknown",
+                    message: format!(
+                        "the NodePort Service {name} has node port {node_port}, but no address is known: the HostedCluster publishes no service by NodePort (spec.services) and HostedOLM spec.tunnel.address is unset"
+                    ),
+                    blocking: true,
+                }),
+            }
+        }
+        other => Err(wait(
+            "WaitingForTunnelService",
+            format!("the Service {name} has type {other:?}, not the rendered one yet"),
+        )),
+    }
 }
 
 /// Tunnel-internal addresses (a /30 point-to-point link).
@@ -148,5 +268,56 @@ pub fn network(input: &super::RenderInput) -> TunnelNetwork {
             .map(|ip| format!("{ip}:53")),
         // the gateway falls back to its pod's resolv.conf (the management cluster DNS)
         management_dns: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Service;
+
+    fn svc(v: serde_json::Value) -> Service {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn endpoint_from_node_port_or_load_balancer() {
+        let np = svc(serde_json::json!({"spec": {"type": "NodePort", "ports": [
+            {"port": 51820, "protocol": "UDP", "nodePort": 31234}]}}));
+        assert_eq!(
+            gateway_endpoint(Some(&np), "NodePort", None, Some("api.example.com")),
+            Ok("api.example.com:31234".into())
+        );
+        assert_eq!(
+            gateway_endpoint(
+                Some(&np),
+                "NodePort",
+                Some("fd00::7"),
+                Some("api.example.com")
+            ),
+            Ok("[fd00::7]:31234".into())
+        );
+        let e = gateway_endpoint(Some(&np), "NodePort", None, None).unwrap_err();
+        assert_eq!((e.reason, e.blocking), ("TunnelAddressUnknown", true));
+        let e = gateway_endpoint(Some(&np), "LoadBalancer", None, None).unwrap_err();
+        assert_eq!(e.reason, "WaitingForTunnelService");
+        let e = gateway_endpoint(None, "NodePort", None, Some("a")).unwrap_err();
+        assert_eq!((e.reason, e.blocking), ("WaitingForTunnelService", false));
+
+        let mut lb = svc(
+            serde_json::json!({"spec": {"type": "LoadBalancer", "ports": [
+            {"port": 51820, "protocol": "UDP", "nodePort": 31234}]}}),
+        );
+        let e = gateway_endpoint(Some(&lb), "LoadBalancer", None, Some("a")).unwrap_err();
+        assert_eq!(e.reason, "WaitingForLoadBalancer");
+        lb.status = Some(
+            serde_json::from_value(serde_json::json!({"loadBalancer": {"ingress": [
+                {"hostname": "lb.example.com"}]}}))
+            .unwrap(),
+        );
+        assert_eq!(
+            gateway_endpoint(Some(&lb), "LoadBalancer", None, Some("a")),
+            Ok("lb.example.com:51820".into())
+        );
     }
 }

@@ -12,7 +12,7 @@ use std::time::Instant;
 use tracing::Instrument;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::core::PartialObjectMeta;
@@ -100,6 +100,22 @@ fn cluster_key(hc: &HostedCluster) -> String {
     )
 }
 
+/// The HostedCluster whose tunnel gateway WireGuard Service has `meta` (by our
+/// labels): its node port or load-balancer ingress is the guest agent's endpoint.
+pub fn service_triggers(meta: &ObjectMeta) -> Option<ObjectRef<HostedCluster>> {
+    if meta.name.as_deref() != Some(crate::render::names::TUNNEL_GATEWAY_WG) {
+        return None;
+    }
+    let l = meta.labels.as_ref()?;
+    if l.get(labels::MANAGED_BY_KEY).map(String::as_str) != Some(labels::MANAGED_BY) {
+        return None;
+    }
+    Some(
+        ObjectRef::new(l.get(labels::CLUSTER_NAME_KEY)?)
+            .within(l.get(labels::CLUSTER_NAMESPACE_KEY)?),
+    )
+}
+
 /// The HostedClusters a change of the Secret with `meta` must reconcile: the one
 /// named by our labels, and every HostedCluster that reads it (`status.kubeconfig`
 /// or `spec.pullSecret` in its namespace; the kubeconfig and pull Secrets of
@@ -173,7 +189,10 @@ pub(crate) async fn run_controller(
     let hcs: Api<HostedCluster> = Api::all(client.clone());
     // Metadata only: a change of data changes the resourceVersion, which is all a
     // trigger needs, and Secret contents never sit in this process's memory.
-    let secrets: Api<PartialObjectMeta<Secret>> = Api::all(client);
+    let secrets: Api<PartialObjectMeta<Secret>> = Api::all(client.clone());
+    // Our tunnel gateway Services (metadata: a status change, e.g. a load-balancer
+    // ingress, changes the resourceVersion).
+    let services: Api<PartialObjectMeta<Service>> = Api::all(client);
     let controller = Controller::new(hcs, watcher::Config::default());
     let store = controller.store();
     let defaults = ctx.config.defaults.clone();
@@ -183,6 +202,15 @@ pub(crate) async fn run_controller(
             let hcs = store.state();
             secret_triggers(&s.metadata, hcs.iter().map(|h| h.as_ref()), &defaults)
         })
+        .watches(
+            services,
+            watcher::Config::default().labels(&format!(
+                "{}={}",
+                labels::MANAGED_BY_KEY,
+                labels::MANAGED_BY
+            )),
+            |s| service_triggers(&s.metadata),
+        )
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx.clone())
         .for_each(|r| async move {
@@ -257,5 +285,18 @@ mod tests {
             names(secret_triggers(&ours, hcs.iter(), &d)),
             ["clusters/z"]
         );
+    }
+
+    #[test]
+    fn only_our_gateway_service_triggers() {
+        let mut m = meta("clusters-z", "hcp-olm-tunnel-gateway-wg");
+        assert!(service_triggers(&m).is_none());
+        m.labels = Some(crate::runtime::reconcile::selector_for("clusters", "z"));
+        assert_eq!(
+            names(service_triggers(&m).into_iter().collect()),
+            ["clusters/z"]
+        );
+        m.name = Some("hcp-olm-packageserver".into());
+        assert!(service_triggers(&m).is_none());
     }
 }

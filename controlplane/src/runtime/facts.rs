@@ -10,7 +10,7 @@ use crate::catalogs::{
     LookupResult, StaticLookup,
 };
 use crate::hostedcluster::HostedCluster;
-use crate::validate::{ReleaseFacts, ValidInput};
+use crate::validate::{PayloadProblem, ReleaseFacts, ValidInput};
 
 use super::Config;
 
@@ -26,6 +26,8 @@ pub struct LookupCache {
 enum Cached {
     Catalog(LookupResult),
     Release(String),
+    /// Component → image of a release payload (`image-references`).
+    Payload(BTreeMap<String, String>),
 }
 
 impl LookupCache {
@@ -33,12 +35,21 @@ impl LookupCache {
         let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         match m.get(key) {
             Some((at, v)) if now.duration_since(*at) < ttl => Some(v.clone()),
+            // Payload answers stay for [`LookupCache::get_stale`].
+            Some((_, Cached::Payload(_))) => None,
             Some(_) => {
                 m.remove(key);
                 None
             }
             None => None,
         }
+    }
+
+    /// An entry regardless of its age (a release payload that cannot be read right
+    /// now is served from the last good answer).
+    fn get_stale(&self, key: &str) -> Option<Cached> {
+        let m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(key).map(|(_, v)| v.clone())
     }
 
     fn put(&self, key: String, v: Cached, now: Instant) {
@@ -65,39 +76,122 @@ impl LookupCache {
     }
 }
 
-/// [`release_facts`] with the release version label reused from `cache` for `ttl`.
+/// The registry client for one HostedCluster: the controller's, with the
+/// HostedCluster's `imageContentSources` as extra mirrors.
+fn oci_for(hc: &HostedCluster, oci: &hcp_olm_oci::Client) -> hcp_olm_oci::Client {
+    let extra: Vec<hcp_olm_oci::Mirror> = hc
+        .spec
+        .image_content_sources
+        .iter()
+        .flatten()
+        .map(|s| hcp_olm_oci::Mirror {
+            source: s.source.clone(),
+            mirrors: s.mirrors.clone(),
+        })
+        .collect();
+    if extra.is_empty() {
+        oci.clone()
+    } else {
+        oci.with_mirrors(&extra)
+    }
+}
+
+/// The image whose payload holds the OLM images: `spec.controlPlaneRelease` when
+/// set, else `spec.release`.
+fn payload_image(hc: &HostedCluster) -> String {
+    hc.spec
+        .control_plane_release
+        .as_ref()
+        .map(|r| r.image.clone())
+        .filter(|i| !i.is_empty())
+        .unwrap_or_else(|| hc.spec.release.image.clone())
+}
+
+/// [`release_facts`] with registry answers (version label, payload component
+/// images) reused from `cache` for `ttl`. `olm_overridden`: the HostedOLM names an OLM
+/// image, so the payload is not read.
 pub async fn release_facts_cached(
     hc: &HostedCluster,
     config: &Config,
+    olm_overridden: bool,
     cache: &LookupCache,
     ttl: Duration,
 ) -> ReleaseFacts {
+    let mut facts = release_facts_without_lookup(hc, config);
+    let Some(oci) = config.oci.as_ref() else {
+        return facts;
+    };
+    let oci = oci_for(hc, oci);
     let image = hc.spec.release.image.clone();
-    if config.oci.is_none() || image.is_empty() {
-        return release_facts(hc, config).await;
-    }
-    let key = format!("release:{image}");
-    if let Some(Cached::Release(v)) = cache.get(&key, ttl, Instant::now()) {
-        return ReleaseFacts {
-            version: Some(v),
-            olm_image: config.olm_image.clone(),
-            operator_registry_image: config.operator_registry_image.clone(),
-        };
-    }
-    let oci = config.oci.as_ref().expect("checked above");
-    match oci.release_version(&image).await {
-        Ok(v) => {
-            cache.put(key, Cached::Release(v.clone()), Instant::now());
-            ReleaseFacts {
-                version: Some(v),
-                olm_image: config.olm_image.clone(),
-                operator_registry_image: config.operator_registry_image.clone(),
+    if !image.is_empty() {
+        let key = format!("release:{image}");
+        if let Some(Cached::Release(v)) = cache.get(&key, ttl, Instant::now()) {
+            facts.version = Some(v);
+        } else {
+            match oci.release_version(&image).await {
+                Ok(v) => {
+                    cache.put(key, Cached::Release(v.clone()), Instant::now());
+                    facts.version = Some(v);
+                }
+                Err(e) => {
+                    tracing::warn!(%image, error = %e, "cannot read the release version label")
+                }
             }
         }
-        Err(e) => {
-            tracing::warn!(%image, error = %e, "cannot read the release version label");
-            release_facts_without_lookup(hc, config)
+    }
+    if config.olm_image.is_none() && !olm_overridden {
+        payload_images(&mut facts, &oci, &payload_image(hc), cache, ttl).await;
+    }
+    facts
+}
+
+/// Fills the OLM and operator-registry images from the release payload, or says why
+/// not.
+async fn payload_images(
+    facts: &mut ReleaseFacts,
+    oci: &hcp_olm_oci::Client,
+    image: &str,
+    cache: &LookupCache,
+    ttl: Duration,
+) {
+    if image.is_empty() {
+        return;
+    }
+    let key = format!("payload:{image}");
+    let refs = match cache.get(&key, ttl, Instant::now()) {
+        Some(Cached::Payload(m)) => m,
+        _ => match oci.release_image_references(image).await {
+            Ok(m) => {
+                if !ttl.is_zero() {
+                    cache.put(key, Cached::Payload(m.clone()), Instant::now());
+                }
+                m
+            }
+            Err(e) => match cache.get_stale(&key) {
+                Some(Cached::Payload(m)) => {
+                    tracing::warn!(%image, error = %e, "cannot read the release payload's image references; using the last answer");
+                    m
+                }
+                _ => {
+                    tracing::warn!(%image, error = %e, "cannot read the release payload's image references");
+                    facts.payload_problem = Some(PayloadProblem::Unreadable(e.to_string()));
+                    return;
+                }
+            },
+        },
+    };
+    use hcp_olm_oci::payload::{OLM_COMPONENT, OPERATOR_REGISTRY_COMPONENT};
+    match refs.get(OLM_COMPONENT) {
+        Some(olm) => facts.olm_image = Some(olm.clone()),
+        None => {
+            facts.payload_problem = Some(PayloadProblem::OLMImageMissing(format!(
+                "the release payload {image} names no {OLM_COMPONENT} image ({} components)",
+                refs.len()
+            )))
         }
+    }
+    if facts.operator_registry_image.is_none() {
+        facts.operator_registry_image = refs.get(OPERATOR_REGISTRY_COMPONENT).cloned();
     }
 }
 
@@ -112,36 +206,16 @@ fn release_facts_without_lookup(hc: &HostedCluster, config: &Config) -> ReleaseF
             .filter(|v| !v.is_empty()),
         olm_image: config.olm_image.clone(),
         operator_registry_image: config.operator_registry_image.clone(),
+        payload_problem: None,
     }
 }
 
 /// Release facts: the version from the release image's `io.openshift.release` label
 /// when a registry client is configured (falling back to
-/// `status.version.desired.version` when the lookup fails), images from the config.
+/// `status.version.desired.version` when the lookup fails); the OLM and
+/// operator-registry images from the flags, else from the release payload.
 pub async fn release_facts(hc: &HostedCluster, config: &Config) -> ReleaseFacts {
-    let status_version = hc
-        .status
-        .as_ref()
-        .and_then(|s| s.version.as_ref())
-        .and_then(|v| v.desired.as_ref())
-        .map(|d| d.version.clone())
-        .filter(|v| !v.is_empty());
-    let image = Some(hc.spec.release.image.clone());
-    let version = match (&config.oci, image.filter(|i| !i.is_empty())) {
-        (Some(oci), Some(image)) => match oci.release_version(&image).await {
-            Ok(v) => Some(v),
-            Err(e) => {
-                tracing::warn!(%image, error = %e, "cannot read the release version label");
-                status_version
-            }
-        },
-        _ => status_version,
-    };
-    ReleaseFacts {
-        version,
-        olm_image: config.olm_image.clone(),
-        operator_registry_image: config.operator_registry_image.clone(),
-    }
+    release_facts_cached(hc, config, false, &LookupCache::default(), Duration::ZERO).await
 }
 
 /// Choose every enabled catalog's image. With a registry client the candidate tags
@@ -218,4 +292,31 @@ pub async fn catalog_images_cached(
             )
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expired_payload_answers_remain_as_a_fallback_only() {
+        let c = LookupCache::default();
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(60);
+        let m = BTreeMap::from([("operator-lifecycle-manager".to_string(), "x".to_string())]);
+        c.put("payload:r".into(), Cached::Payload(m.clone()), t0);
+        c.put("release:r".into(), Cached::Release("4.18.3".into()), t0);
+        assert!(matches!(
+            c.get("payload:r", ttl, t0),
+            Some(Cached::Payload(_))
+        ));
+        let later = t0 + Duration::from_secs(61);
+        assert!(c.get("payload:r", ttl, later).is_none());
+        assert!(c.get("release:r", ttl, later).is_none());
+        assert!(matches!(c.get_stale("payload:r"), Some(Cached::Payload(p)) if p == m));
+        assert!(
+            c.get_stale("release:r").is_none(),
+            "expired release labels are dropped"
+        );
+    }
 }

@@ -34,8 +34,8 @@ pub const ADMIN_KUBECONFIG_KEY: &str = "kubeconfig";
 #[derive(Clone, Debug, Default)]
 pub struct Config {
     pub defaults: ControllerDefaults,
-    /// OLM image to use when the HostedOLM does not override it (normally the release
-    /// payload's operator-lifecycle-manager image).
+    /// OLM image to use when the HostedOLM does not override it; None takes the
+    /// release payload's operator-lifecycle-manager image (needs `oci`).
     pub olm_image: Option<String>,
     /// operator-registry image (falls back to the OLM image).
     pub operator_registry_image: Option<String>,

@@ -473,9 +473,15 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
         }
     };
 
-    let facts =
-        facts::release_facts_cached(hc, &ctx.config, &ctx.lookups, ctx.schedule.catalog_refresh)
-            .await;
+    let olm_overridden = holm.spec.images.as_ref().is_some_and(|i| i.olm.is_some());
+    let facts = facts::release_facts_cached(
+        hc,
+        &ctx.config,
+        olm_overridden,
+        &ctx.lookups,
+        ctx.schedule.catalog_refresh,
+    )
+    .await;
     let valid = match validate::validate(hc, Some(&holm.spec), &facts, &ctx.config.defaults) {
         Ok(v) => v,
         Err(reasons) => {
@@ -510,7 +516,13 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
     )
     .await;
     let (pki, _issued) = secrets::pki(&ctx.client, &valid, now).await?;
-    let (tunnel, new_keys) = secrets::tunnel_keys(&ctx.client, &valid).await?;
+    let (mut tunnel, new_keys) = secrets::tunnel_keys(&ctx.client, &valid).await?;
+    // The gateway's endpoint as far as the live Service tells (checked again after the
+    // HCP objects are applied, so a new Service's node port reaches the guest at once).
+    set_endpoint(
+        &mut tunnel,
+        read_gateway_endpoint(&ctx.client, &hcp_ns, &valid).await?,
+    );
 
     // The first request to the guest: when it does not answer, say so in status and
     // leave everything as it is.
@@ -569,7 +581,7 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
         name: name.clone(),
         uid: holm.metadata.uid.clone().unwrap_or_default(),
     };
-    let input = RenderInput {
+    let mut input = RenderInput {
         valid,
         catalog_images,
         pki,
@@ -579,7 +591,7 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
         external_secret_hashes,
         owner: Some(owner),
     };
-    let desired = render::desired(&input)?;
+    let mut desired = render::desired(&input)?;
 
     // Apply and prune, management then guest.
     let selector = labels::prune_selector(&input.valid);
@@ -606,6 +618,17 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
         mgmt.prune(&hcp_kinds(), Some(&hcp_ns), &selector, &keep)
             .await,
     );
+
+    if input.tunnel.gateway_endpoint.is_none() {
+        let again = read_gateway_endpoint(&ctx.client, &hcp_ns, &input.valid).await?;
+        if again.as_ref().ok() != input.tunnel.gateway_endpoint.as_ref()
+            || again.as_ref().err() != input.tunnel.gateway_endpoint_wait.as_ref()
+        {
+            set_endpoint(&mut input.tunnel, again);
+            // Only the guest peer config and the pending notes depend on it.
+            desired = render::desired(&input)?;
+        }
+    }
 
     let guest_applier = Applier::new(guest.clone(), FIELD_MANAGER);
     let guest_targets: Vec<Target> = desired.guest.iter().map(target).collect();
@@ -651,7 +674,11 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
     } else if !guest_olm_crds_ready {
         Some("WaitingForGuestOLMCRDs")
     } else {
-        None
+        input
+            .tunnel
+            .gateway_endpoint_wait
+            .as_ref()
+            .map(|w| w.reason)
     };
     Ok(Outcome {
         state: waiting.map_or(State::Applied, |w| State::Waiting(w.into())),
@@ -869,6 +896,83 @@ fn build_status(
         release_version: Some(input.valid.release_version.to_string()),
         components,
         catalogs: status::catalog_statuses(input, desired, guest_sources),
+        tunnel: Some(tunnel_status(input)),
+    }
+}
+
+/// `status.tunnel`: the gateway endpoint the guest agent was given, or why there is
+/// none yet.
+fn tunnel_status(input: &RenderInput) -> crate::hostedolm::TunnelStatus {
+    let service_type = tunnel_service_type(&input.valid).to_string();
+    match (
+        &input.tunnel.gateway_endpoint,
+        &input.tunnel.gateway_endpoint_wait,
+    ) {
+        (Some(e), _) => crate::hostedolm::TunnelStatus {
+            service_type,
+            endpoint: Some(e.clone()),
+            reason: "EndpointKnown".into(),
+            message: format!(
+                "the guest agent's peer config names the gateway endpoint {e}; whether the WireGuard handshake succeeds is not observed here (the tunnel components report it)"
+            ),
+        },
+        (None, Some(w)) => crate::hostedolm::TunnelStatus {
+            service_type,
+            endpoint: None,
+            reason: w.reason.into(),
+            message: w.message.clone(),
+        },
+        (None, None) => crate::hostedolm::TunnelStatus {
+            service_type,
+            endpoint: None,
+            reason: "WaitingForTunnelEndpoint".into(),
+            message: String::new(),
+        },
+    }
+}
+
+fn tunnel_service_type(v: &validate::ValidInput) -> &'static str {
+    match v.tunnel_service_type {
+        crate::hostedolm::TunnelServiceType::NodePort => "NodePort",
+        crate::hostedolm::TunnelServiceType::LoadBalancer => "LoadBalancer",
+    }
+}
+
+/// The gateway endpoint from the live WireGuard Service (see
+/// [`render::tunnel::gateway_endpoint`]).
+async fn read_gateway_endpoint(
+    client: &kube::Client,
+    hcp_ns: &str,
+    valid: &validate::ValidInput,
+) -> Result<Result<String, render::tunnel::EndpointWait>, Error> {
+    let svc = Api::<Service>::namespaced(client.clone(), hcp_ns)
+        .get_opt(names::TUNNEL_GATEWAY_WG)
+        .await
+        .map_err(kube_err(format!(
+            "reading Service {hcp_ns}/{}",
+            names::TUNNEL_GATEWAY_WG
+        )))?;
+    Ok(render::tunnel::gateway_endpoint(
+        svc.as_ref(),
+        tunnel_service_type(valid),
+        valid.tunnel_address.as_deref(),
+        valid.node_port_address.as_deref(),
+    ))
+}
+
+fn set_endpoint(
+    keys: &mut render::tunnel::TunnelKeys,
+    e: Result<String, render::tunnel::EndpointWait>,
+) {
+    match e {
+        Ok(e) => {
+            keys.gateway_endpoint = Some(e);
+            keys.gateway_endpoint_wait = None;
+        }
+        Err(w) => {
+            keys.gateway_endpoint = None;
+            keys.gateway_endpoint_wait = Some(w);
+        }
     }
 }
 
