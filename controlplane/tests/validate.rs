@@ -268,3 +268,41 @@ fn admin_kubeconfig_comes_from_status() {
         ))
     );
 }
+
+#[test]
+fn guest_networks_come_from_spec_networking_and_bad_cidrs_are_named() {
+    let mut hc = common::load_hc("none-minimal.yaml");
+    let v = common::valid(&hc, None);
+    assert_eq!(v.guest_service_cidrs, ["172.31.0.0/16"]);
+    assert_eq!(v.guest_pod_cidrs, ["10.132.0.0/14"]);
+    assert_eq!(
+        validate::guest_dns_address(&v.guest_service_cidrs),
+        Some("172.31.0.10".parse().unwrap())
+    );
+    // absent: OpenShift's defaults
+    hc.spec.networking = None;
+    let v = common::valid(&hc, None);
+    assert_eq!(v.guest_service_cidrs, [validate::DEFAULT_SERVICE_CIDR]);
+    assert_eq!(v.guest_pod_cidrs, [validate::DEFAULT_POD_CIDR]);
+    // garbage is refused with the field; IPv6 entries are skipped (IPv4-only tunnel)
+    hc.spec.networking = Some(
+        serde_json::from_value(serde_json::json!({
+            "serviceNetwork": [{"cidr": "fd02::/112"}, {"cidr": "172.30.0.0/16"}],
+            "clusterNetwork": [{"cidr": "10.128.0.0/33"}]
+        }))
+        .unwrap(),
+    );
+    let got = codes(validate::validate(
+        &hc,
+        None,
+        &common::facts(),
+        &common::defaults(),
+    ));
+    assert_eq!(
+        got,
+        [(
+            ReasonCode::InvalidNetworking,
+            "HostedCluster.spec.networking.clusterNetwork[0].cidr".to_string()
+        )]
+    );
+}

@@ -764,6 +764,15 @@ pub fn resolv_conf_nameservers(text: &str) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn resolv_conf_nameservers_in_order() {
+        let text = "# comment\nsearch a.svc.cluster.local\nnameserver 198.18.16.1\nnameserver  10.0.0.10 \noptions ndots:5\nnameserver\n";
+        assert_eq!(
+            super::resolv_conf_nameservers(text),
+            ["198.18.16.1", "10.0.0.10"]
+        );
+    }
     use super::*;
     use hcp_olm_tunnel_api::GatewayDns;
 
