@@ -468,11 +468,47 @@ async fn hosted_cluster_gets_olm_from_rendered_deployments() -> Result<()> {
         };
         let api: Api<DynamicObject> =
             Api::namespaced_with(env.guest.client(), "openshift-marketplace", &pm);
-        until("packagemanifests listed in the guest", 180, || async {
-            let list = api
-                .list(&ListParams::default())
+        let apisvc_ar = ApiResource {
+            group: "apiregistration.k8s.io".into(),
+            version: "v1".into(),
+            api_version: "apiregistration.k8s.io/v1".into(),
+            kind: "APIService".into(),
+            plural: "apiservices".into(),
+        };
+        let apisvcs: Api<DynamicObject> = Api::all_with(env.guest.client(), &apisvc_ar);
+        let diagnose = || async {
+            let status = apisvcs
+                .get("v1.packages.operators.coreos.com")
                 .await
-                .map_err(|e| e.to_string())?;
+                .map(|o| o.data["status"].to_string())
+                .unwrap_or_else(|e| e.to_string());
+            let curl = std::process::Command::new("curl")
+                .args(["-sk", "--max-time", "3", "-o", "/dev/null", "-w", "%{http_code}"])
+                .arg(format!("https://{guest_ip}:443/healthz"))
+                .output()
+                .map(|o| {
+                    format!(
+                        "{} {}",
+                        String::from_utf8_lossy(&o.stdout),
+                        String::from_utf8_lossy(&o.stderr)
+                    )
+                })
+                .unwrap_or_else(|e| e.to_string());
+            let v = node.view();
+            let ps = v
+                .logs
+                .get(&(HCP_NS.to_string(), "hcp-olm-packageserver".to_string()))
+                .cloned()
+                .unwrap_or_default();
+            format!(
+                "APIService status: {status}; host curl https://{guest_ip}/healthz: {curl}; packageserver log:\n{ps}"
+            )
+        };
+        until("packagemanifests listed in the guest", 180, || async {
+            let list = match api.list(&ListParams::default()).await {
+                Ok(l) => l,
+                Err(e) => return Err(format!("{e}; {}", diagnose().await)),
+            };
             let mut names: Vec<String> = list
                 .items
                 .into_iter()

@@ -106,6 +106,7 @@ fn typed_objects_round_trip() {
                 "ServiceAccount" => roundtrip::<core::ServiceAccount>(o),
                 "Namespace" => roundtrip::<core::Namespace>(o),
                 "Endpoints" => roundtrip::<core::Endpoints>(o),
+                "EndpointSlice" => roundtrip::<k8s_openapi::api::discovery::v1::EndpointSlice>(o),
                 "NetworkPolicy" => roundtrip::<net::NetworkPolicy>(o),
                 "PodDisruptionBudget" => roundtrip::<policy::PodDisruptionBudget>(o),
                 "APIService" => roundtrip::<agg::APIService>(o),

@@ -36,6 +36,7 @@ const RESOURCES: &[&str] = &[
     "catalogsources",
     "apiservices",
     "endpoints",
+    "endpointslices",
     "operatorhubs",
     "namespaces",
     "events",

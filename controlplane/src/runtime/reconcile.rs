@@ -106,6 +106,12 @@ pub fn guest_kinds() -> Vec<(ApiResource, bool)> {
             false,
         ),
         ("v1", "Endpoints", "endpoints", true),
+        (
+            "discovery.k8s.io/v1",
+            "EndpointSlice",
+            "endpointslices",
+            true,
+        ),
         ("v1", "Service", "services", true),
         ("apps/v1", "Deployment", "deployments", true),
         ("v1", "Secret", "secrets", true),
