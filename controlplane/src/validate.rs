@@ -411,7 +411,7 @@ pub fn validate(
                     } else {
                         errs.push(ConditionReason::new(
                             InvalidNetworking,
-                            &format!("HostedCluster.spec.networking.{field}[{i}].cidr"),
+                            format!("HostedCluster.spec.networking.{field}[{i}].cidr"),
                             format!("{:?} is not an IPv4 CIDR", e.cidr),
                         ));
                         None

@@ -67,7 +67,7 @@ fn write_catalog(dir: &Path, pkg: &str) -> Result<()> {
                 "permissions": [], "clusterPermissions": []}}
         }
     });
-    let docs = vec![
+    let docs = [
         serde_json::json!({"schema": "olm.package", "name": pkg, "defaultChannel": "stable"}),
         serde_json::json!({"schema": "olm.channel", "package": pkg, "name": "stable", "entries": [{"name": csv_name}]}),
         serde_json::json!({"schema": "olm.bundle", "package": pkg, "name": csv_name, "image": "",
