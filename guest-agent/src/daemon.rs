@@ -27,6 +27,45 @@ use crate::tunnel::{Cidr, PeerStatus, PrivateKey, PublicKey};
 /// Exit code for configuration errors (EX_CONFIG).
 pub const EX_CONFIG: u8 = 64;
 
+/// What the tunnel binaries' `main` does after parsing flags: a configuration error exits
+/// 64 with the message, then `run` is driven on a multi-threaded tokio runtime; its error is
+/// logged and exits 1.
+pub fn run_daemon<S, F, Fut>(
+    name: &str,
+    settings: Result<S, ConfigError>,
+    run: F,
+) -> std::process::ExitCode
+where
+    F: FnOnce(S) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    use std::process::ExitCode;
+    let settings = match settings {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("{name}: invalid configuration: {e}");
+            return ExitCode::from(EX_CONFIG);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("{name}: cannot start runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(settings)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "exiting");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn err(field: &str, reason: impl Into<String>) -> ConfigError {
     ConfigError {
         field: field.to_string(),

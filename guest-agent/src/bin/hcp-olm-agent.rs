@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use hcp_olm_guest_agent::agent;
-use hcp_olm_guest_agent::daemon::{self, EX_CONFIG};
+use hcp_olm_guest_agent::daemon;
 use hcp_olm_tunnel_api::AgentPeerConfig;
 
 #[derive(Debug, Parser)]
@@ -24,30 +24,7 @@ struct Args {
 fn main() -> ExitCode {
     daemon::init_logging();
     let args = Args::parse();
-    let settings = match daemon::load_json::<AgentPeerConfig>(&args.config)
-        .and_then(|c| agent::AgentSettings::from_config(&c))
-    {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("hcp-olm-agent: invalid configuration: {e}");
-            return ExitCode::from(EX_CONFIG);
-        }
-    };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("hcp-olm-agent: cannot start runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match rt.block_on(agent::run(settings)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(error = format!("{e:#}"), "exiting");
-            ExitCode::FAILURE
-        }
-    }
+    let settings = daemon::load_json::<AgentPeerConfig>(&args.config)
+        .and_then(|c| agent::AgentSettings::from_config(&c));
+    daemon::run_daemon("hcp-olm-agent", settings, agent::run)
 }

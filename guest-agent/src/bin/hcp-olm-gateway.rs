@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use hcp_olm_guest_agent::daemon::{self, EX_CONFIG};
+use hcp_olm_guest_agent::daemon;
 use hcp_olm_guest_agent::gateway;
 use hcp_olm_tunnel_api::GatewayConfig;
 
@@ -24,7 +24,7 @@ struct Args {
 fn main() -> ExitCode {
     daemon::init_logging();
     let args = Args::parse();
-    let settings = match daemon::load_json::<GatewayConfig>(&args.config)
+    let settings = daemon::load_json::<GatewayConfig>(&args.config)
         .map(|mut c| {
             // no resolvers given: the pod's own (its cluster DNS), as any process would
             if c.dns.local_upstreams.is_empty() {
@@ -34,29 +34,6 @@ fn main() -> ExitCode {
             }
             c
         })
-        .and_then(|c| gateway::GatewaySettings::from_config(&c))
-    {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("hcp-olm-gateway: invalid configuration: {e}");
-            return ExitCode::from(EX_CONFIG);
-        }
-    };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("hcp-olm-gateway: cannot start runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match rt.block_on(gateway::run(settings)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(error = format!("{e:#}"), "exiting");
-            ExitCode::FAILURE
-        }
-    }
+        .and_then(|c| gateway::GatewaySettings::from_config(&c));
+    daemon::run_daemon("hcp-olm-gateway", settings, gateway::run)
 }
