@@ -19,6 +19,7 @@ pub mod podnet;
 pub mod ports;
 pub mod process;
 pub mod registry;
+pub mod scenario;
 pub mod tools;
 
 pub use cluster::{Cluster, ClusterError, ClusterOptions, Environment, Identity, SharedEtcd};

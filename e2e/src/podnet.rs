@@ -262,7 +262,31 @@ impl PodNetwork {
                 .args(["-HUP", &p.pid().to_string()])
                 .status();
         }
-        self.apply_nft(services)
+        self.apply_nft(services)?;
+        self.flush_udp_conntrack(services);
+        Ok(())
+    }
+
+    /// What kube-proxy does when UDP endpoints change: delete the conntrack entries of the
+    /// Services' UDP ports, so a client that kept sending (a WireGuard peer retrying its
+    /// handshake) is NAT-ed by the new rules instead of riding a stale entry — one created
+    /// before the Service had endpoints stays forever while packets keep coming.
+    fn flush_udp_conntrack(&self, services: &[ServiceEntry]) {
+        let mut ports: Vec<u16> = services
+            .iter()
+            .flat_map(|s| &s.ports)
+            .filter(|p| p.protocol == Protocol::Udp)
+            .flat_map(|p| std::iter::once(p.port).chain(p.node_port))
+            .collect();
+        ports.sort_unstable();
+        ports.dedup();
+        for port in ports {
+            // exit status 1 means "no entry matched"
+            let _ = self.router.output(
+                "conntrack",
+                &["-D", "-p", "udp", "--orig-port-dst", &port.to_string()],
+            );
+        }
     }
 
     fn apply_nft(&self, services: &[ServiceEntry]) -> Result<(), PodNetError> {

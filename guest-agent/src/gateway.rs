@@ -694,10 +694,14 @@ pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
         Arc::clone(&stack.counters),
         Arc::clone(&handshake_done),
     );
+    // Ready once bound, not on a handshake: the agent dials in through a Service, and a
+    // Service sends nothing to a pod that is not ready, so a handshake-gated readiness
+    // would never let the first handshake arrive. Tunnel state is in the metrics and in
+    // the agent's readiness.
     daemon::spawn_admin(
         admin,
         registry,
-        Arc::clone(&handshake_done),
+        Arc::new(AtomicBool::new(true)),
         Arc::clone(&draining),
     );
 

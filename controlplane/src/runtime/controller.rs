@@ -12,6 +12,7 @@ use std::time::Instant;
 use tracing::Instrument;
 
 use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
@@ -106,6 +107,11 @@ pub fn service_triggers(meta: &ObjectMeta) -> Option<ObjectRef<HostedCluster>> {
     if meta.name.as_deref() != Some(crate::render::names::TUNNEL_GATEWAY_WG) {
         return None;
     }
+    labelled_owner(meta)
+}
+
+/// The HostedCluster named by an object's cluster labels, for any object we labelled.
+pub fn labelled_owner(meta: &ObjectMeta) -> Option<ObjectRef<HostedCluster>> {
     let l = meta.labels.as_ref()?;
     if l.get(labels::MANAGED_BY_KEY).map(String::as_str) != Some(labels::MANAGED_BY) {
         return None;
@@ -192,7 +198,10 @@ pub(crate) async fn run_controller(
     let secrets: Api<PartialObjectMeta<Secret>> = Api::all(client.clone());
     // Our tunnel gateway Services (metadata: a status change, e.g. a load-balancer
     // ingress, changes the resourceVersion).
-    let services: Api<PartialObjectMeta<Service>> = Api::all(client);
+    let services: Api<PartialObjectMeta<Service>> = Api::all(client.clone());
+    // Our Deployments (metadata: a status change changes the resourceVersion), so
+    // component availability in status follows the pods.
+    let deployments: Api<PartialObjectMeta<Deployment>> = Api::all(client);
     let controller = Controller::new(hcs, watcher::Config::default());
     let store = controller.store();
     let defaults = ctx.config.defaults.clone();
@@ -210,6 +219,15 @@ pub(crate) async fn run_controller(
                 labels::MANAGED_BY
             )),
             |s| service_triggers(&s.metadata),
+        )
+        .watches(
+            deployments,
+            watcher::Config::default().labels(&format!(
+                "{}={}",
+                labels::MANAGED_BY_KEY,
+                labels::MANAGED_BY
+            )),
+            |d| labelled_owner(&d.metadata),
         )
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx.clone())

@@ -660,7 +660,8 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
     // Read back what status reports.
     let guest_sources = read_guest_catalog_sources(&guest, &selector).await;
     let installed = read_installed_operators(&guest).await;
-    let components = read_components(&ctx.client, &hcp_ns, &desired).await?;
+    let components = read_components(&ctx.client, &guest, &hcp_ns, &desired).await?;
+    let all_available = components.iter().all(|c| c.available);
     let st = build_status(
         &input,
         &desired,
@@ -703,7 +704,9 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
             .collect(),
         requeue: if packageserver_cluster_ip.is_none() {
             SOON
-        } else if waiting.is_some() {
+        } else if waiting.is_some() || !all_available {
+            // Pods coming up (or a guest agent away): look again soon, so status follows.
+            // Management Deployments also trigger through their watch; the guest's do not.
             ctx.schedule.waiting
         } else {
             // Registry answers expire after catalog_refresh; look again by then so a
@@ -804,8 +807,33 @@ async fn read_installed_operators(guest: &kube::Client) -> Vec<InstalledOperator
         .collect()
 }
 
+/// Availability of a rendered Deployment from its live status (pure).
+fn component_status(name: &str, body: &Value, live: Option<&Deployment>) -> ComponentStatus {
+    let desired_replicas = body["spec"]["replicas"].as_i64().map(|r| r as i32);
+    let ready = live
+        .and_then(|d| d.status.as_ref()?.ready_replicas)
+        .unwrap_or(0);
+    let (available, reason) = match desired_replicas {
+        Some(0) => (false, "ScaledToZero"),
+        Some(n) if ready >= n => (true, ""),
+        _ if live.is_none() => (false, "NotCreated"),
+        _ => (false, "PodsNotReady"),
+    };
+    ComponentStatus {
+        name: name.to_string(),
+        available,
+        ready_replicas: Some(ready),
+        desired_replicas,
+        reason: reason.to_string(),
+        message: String::new(),
+    }
+}
+
+/// Every rendered Deployment's availability: the HCP ones, then the guest ones (the guest
+/// agent). A guest that cannot be read leaves its components unavailable with the reason.
 async fn read_components(
     client: &kube::Client,
+    guest: &kube::Client,
     hcp_ns: &str,
     desired: &Desired,
 ) -> Result<Vec<ComponentStatus>, Error> {
@@ -816,25 +844,20 @@ async fn read_components(
             .get_opt(&o.name)
             .await
             .map_err(kube_err(format!("reading Deployment {hcp_ns}/{}", o.name)))?;
-        let desired_replicas = o.body["spec"]["replicas"].as_i64().map(|r| r as i32);
-        let ready = live
-            .as_ref()
-            .and_then(|d| d.status.as_ref()?.ready_replicas)
-            .unwrap_or(0);
-        let (available, reason) = match desired_replicas {
-            Some(0) => (false, "ScaledToZero"),
-            Some(n) if ready >= n => (true, ""),
-            _ if live.is_none() => (false, "NotCreated"),
-            _ => (false, "PodsNotReady"),
-        };
-        out.push(ComponentStatus {
-            name: o.name.clone(),
-            available,
-            ready_replicas: Some(ready),
-            desired_replicas,
-            reason: reason.to_string(),
-            message: String::new(),
-        });
+        out.push(component_status(&o.name, &o.body, live.as_ref()));
+    }
+    for o in desired.guest.iter().filter(|o| o.kind == "Deployment") {
+        let ns = o.namespace.as_deref().unwrap_or_default();
+        let api: Api<Deployment> = Api::namespaced(guest.clone(), ns);
+        match api.get_opt(&o.name).await {
+            Ok(live) => out.push(component_status(&o.name, &o.body, live.as_ref())),
+            Err(e) => {
+                let mut c = component_status(&o.name, &o.body, None);
+                c.reason = "GuestUnreadable".into();
+                c.message = format!("reading Deployment {ns}/{} in the guest: {e}", o.name);
+                out.push(c);
+            }
+        }
     }
     Ok(out)
 }

@@ -1,104 +1,90 @@
-//! `make demo`: the main job on a local embedded environment.
+//! `make demo`: the end-to-end scenario on a local embedded environment (see
+//! `hcp_olm_e2e::scenario`): two real control planes, our controller, the tunnel gateway and
+//! guest agent, the default catalogs in the management namespace, a user catalog in the guest,
+//! and the real OLM binaries, run from what the controller rendered.
 //!
-//! Today: starts the management and guest control planes from the pinned upstream binaries,
-//! installs the OLM and OperatorHub CRDs into the guest (as HyperShift's CVO would), prints how
-//! to reach both clusters, and keeps them up until Ctrl-C. Without a terminal on stdin it tears
-//! down after the summary; the last line is `demo: ok` or `demo: failed at <step>`.
+//! Each step prints progress and a summary. With a terminal on stdin the environment stays up
+//! (before the HostedCluster is deleted) until Ctrl-C, with the two kubeconfig paths printed;
+//! then the deletion step runs and everything is torn down. Without a terminal every step runs
+//! and it tears down at once. The last line is `demo: ok` or `demo: failed at <step>`; the
+//! exit status is 0 only if every step succeeded.
+//!
+//! Our binaries are taken from the directory of this executable (`make demo` builds them).
 
 use std::io::IsTerminal as _;
-use std::time::Instant;
+use std::sync::Arc;
 
-use anyhow::{Context as _, Result};
-use hcp_olm_e2e::Environment;
-use hcp_olm_e2e::tools::fixtures_dir;
+use hcp_olm_e2e::scenario::{self, Binaries, Finish};
 
-async fn step<T>(
-    name: &'static str,
-    failed: &mut Option<&'static str>,
-    fut: impl std::future::Future<Output = Result<T>>,
-) -> Option<T> {
-    println!("demo: {name} ...");
-    let start = Instant::now();
-    match fut.await {
-        Ok(v) => {
-            println!(
-                "demo: {name}: done in {:.1}s",
-                start.elapsed().as_secs_f64()
-            );
-            Some(v)
-        }
+#[tokio::main(flavor = "multi_thread", worker_threads = 4)]
+async fn main() {
+    let interactive = std::io::stdin().is_terminal();
+    let bins = match Binaries::next_to_current_exe() {
+        Ok(b) => b,
         Err(e) => {
-            eprintln!("demo: {name}: {e:#}");
-            *failed = Some(name);
-            None
+            println!("demo: cannot find our binaries: {e:#}");
+            println!("demo: failed at setup");
+            std::process::exit(1);
         }
-    }
-}
-
-async fn run(failed: &mut Option<&'static str>) -> Option<Environment> {
-    let env = step(
-        "start management and guest control planes (etcd + kube-apiserver)",
-        failed,
-        async { Environment::start().await.context("starting the clusters") },
-    )
-    .await?;
-    let crd_dir = fixtures_dir().join("crds");
-    let crds = step(
-        "install OLM and OperatorHub CRDs into the guest",
-        failed,
-        async {
-            let mut files = Vec::new();
-            for sub in ["olm", "openshift"] {
-                let dir = crd_dir.join(sub);
-                for entry in
-                    std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))?
-                {
-                    let path = entry?.path();
-                    if path.extension().is_some_and(|e| e == "yaml") {
-                        files.push(path);
+    };
+    let log: scenario::Log = Arc::new(|line: &str| println!("{line}"));
+    let finish = if interactive {
+        Finish::BeforeDelete
+    } else {
+        Finish::All
+    };
+    let outcome = scenario::run(&bins, log.clone(), finish).await;
+    let mut failed = outcome.failed.as_ref().map(|(step, e)| {
+        println!("demo: step \"{step}\" failed: {e:#}");
+        step.clone()
+    });
+    let mut steps = outcome.steps.clone();
+    if let Some(world) = outcome.world {
+        println!("\n== summary\n{}", scenario::summary(&world).await);
+        if failed.is_some() {
+            println!("{}", world.node_diagnosis());
+            println!(
+                "--- controller log (last 30 lines):\n{}",
+                world.controller_log_tail(30)
+            );
+        }
+        if interactive {
+            println!("The environment stays up until Ctrl-C. Explore it with:");
+            println!(
+                "  kubectl --kubeconfig {} get hostedclusters,hostedolms -A",
+                world.env.management.kubeconfig().display()
+            );
+            println!(
+                "  kubectl --kubeconfig {} get catalogsources,packagemanifests -n openshift-marketplace",
+                world.env.guest.kubeconfig().display()
+            );
+            let _ = tokio::signal::ctrl_c().await;
+            if failed.is_none() {
+                match scenario::delete_step(&world, &log).await {
+                    Ok(s) => steps.push(scenario::StepRecord {
+                        name: "delete the HostedCluster".into(),
+                        seconds: s,
+                        ok: true,
+                    }),
+                    Err(e) => {
+                        println!("demo: delete failed: {e:#}");
+                        failed = Some("delete the HostedCluster".into());
                     }
                 }
             }
-            files.sort();
-            Ok(env.guest.install_crds(&files).await?)
-        },
-    )
-    .await?;
-
-    println!();
-    println!("== environment");
-    for c in [&env.management, &env.guest] {
+        }
+        println!("demo: tearing down");
+        world.teardown().await;
+    }
+    println!("\n== steps");
+    for s in &steps {
         println!(
-            "  {:<10} {}  pids {:?}\n             kubectl --kubeconfig {} get namespaces",
-            c.name(),
-            c.url(),
-            c.pids(),
-            c.kubeconfig().display()
+            "  {:>6.1}s  {}  {}",
+            s.seconds,
+            if s.ok { "ok    " } else { "FAILED" },
+            s.name
         );
     }
-    println!("== guest CRDs ({}):", crds.len());
-    for name in &crds {
-        println!("  {name}");
-    }
-    Some(env)
-}
-
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
-    let mut failed = None;
-    let env = run(&mut failed).await;
-    if let Some(env) = &env
-        && std::io::stdin().is_terminal()
-    {
-        println!("\nThe environment stays up until Ctrl-C.");
-        let _ = tokio::signal::ctrl_c().await;
-        println!(
-            "demo: tearing down {} and {}",
-            env.management.name(),
-            env.guest.name()
-        );
-    }
-    drop(env);
     match failed {
         None => println!("demo: ok"),
         Some(step) => {

@@ -100,15 +100,37 @@ impl NodeView {
 /// A running node. Dropping it stops the loop and every pod.
 pub struct Node {
     view: Arc<Mutex<NodeView>>,
+    held: Held,
     task: tokio::task::JoinHandle<()>,
 }
+
+/// Deployments whose pods the node keeps stopped (a node that went away, for that workload).
+type Held = Arc<Mutex<std::collections::BTreeSet<(String, String)>>>;
 
 impl Node {
     /// Starts the loop.
     pub fn start(cfg: NodeConfig) -> Self {
         let view = Arc::new(Mutex::new(NodeView::default()));
-        let task = tokio::spawn(run_loop(cfg, view.clone()));
-        Self { view, task }
+        let held = Held::default();
+        let task = tokio::spawn(run_loop(cfg, view.clone(), held.clone()));
+        Self { view, held, task }
+    }
+
+    /// Kills the pods of Deployment `namespace/name` (SIGKILL, as a lost node would) and
+    /// starts none until [`Node::release`]; its status reports 0 ready meanwhile.
+    pub fn hold(&self, namespace: &str, name: &str) {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((namespace.to_string(), name.to_string()));
+    }
+
+    /// Lets the node run the Deployment's pods again.
+    pub fn release(&self, namespace: &str, name: &str) {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(namespace.to_string(), name.to_string()));
     }
 
     /// A snapshot of what the node sees.
@@ -142,14 +164,15 @@ struct DeploySlot {
     ports: BTreeMap<String, u16>,
 }
 
-async fn run_loop(cfg: NodeConfig, view: Arc<Mutex<NodeView>>) {
+async fn run_loop(cfg: NodeConfig, view: Arc<Mutex<NodeView>>, held: Held) {
     let mut slots: BTreeMap<(String, String), DeploySlot> = BTreeMap::new();
     let mut last_services: Vec<ServiceEntry> = Vec::new();
     let mut serial = 0u64;
     loop {
         let mut errors = Vec::new();
         for ns in &cfg.namespaces {
-            sync_namespace(&cfg, ns, &mut slots, &mut errors, &mut serial).await;
+            let held_now = held.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            sync_namespace(&cfg, ns, &mut slots, &mut errors, &mut serial, &held_now).await;
         }
         match services(&cfg, &slots).await {
             Ok(s) if s != last_services => match cfg.network.set_services(&s) {
@@ -230,6 +253,7 @@ async fn sync_namespace(
     slots: &mut BTreeMap<(String, String), DeploySlot>,
     errors: &mut Vec<NodeError>,
     serial: &mut u64,
+    held: &std::collections::BTreeSet<(String, String)>,
 ) {
     let api: Api<Deployment> = Api::namespaced(cfg.client.clone(), ns);
     let list = match api.list(&ListParams::default()).await {
@@ -252,7 +276,12 @@ async fn sync_namespace(
         let key = (ns.to_string(), name.clone());
         let hash = template_hash(d);
         let generation = d.metadata.generation.unwrap_or(0);
-        let replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1).max(0) as usize;
+        let spec_replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1).max(0) as usize;
+        let replicas = if held.contains(&key) {
+            0
+        } else {
+            spec_replicas
+        };
         let replace = match slots.get(&key) {
             None => true,
             Some(s) if s.hash != hash || s.pods.len() != replicas && s.failed_at.is_none() => true,
@@ -341,7 +370,7 @@ async fn sync_namespace(
             .rev()
             .find(|e| e.namespace == ns && e.deployment == name)
             .map(|e| e.message.clone());
-        let status = deployment_status(generation, replicas as i64, ready, failure.as_deref());
+        let status = deployment_status(generation, spec_replicas as i64, ready, failure.as_deref());
         if slot.last_status.as_ref() != Some(&status) {
             let patch = serde_json::json!({
                 "apiVersion": "apps/v1",

@@ -1,0 +1,114 @@
+//! Test catalogs: small file-based catalogs whose bundles carry their manifests inline
+//! (`olm.bundle.object`, `image: ""`), so OLM needs no unpack Job, and images (directories)
+//! serving them with the real `opm`.
+
+use std::path::Path;
+
+use anyhow::{Result, bail};
+
+use crate::kubelet::Image;
+use crate::tools;
+
+/// Writes package `<pkg>` (channel `stable`, one bundle `<pkg>.v0.1.0` owning a CRD
+/// `widgets.<pkg>.example.com` and installing Deployment `<pkg>-controller`) under `dir/<pkg>`.
+pub fn write_catalog(dir: &Path, pkg: &str) -> Result<()> {
+    use base64::Engine as _;
+    let b64 = |v: &serde_json::Value| -> Result<String> {
+        Ok(base64::engine::general_purpose::STANDARD.encode(serde_json::to_vec(v)?))
+    };
+    let group = format!("{pkg}.example.com");
+    let crd = serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("widgets.{group}")},
+        "spec": {"group": group, "scope": "Namespaced",
+                 "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
+                 "versions": [{"name": "v1", "served": true, "storage": true,
+                               "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
+    });
+    let csv_name = format!("{pkg}.v0.1.0");
+    let csv = serde_json::json!({
+        "apiVersion": "operators.coreos.com/v1alpha1", "kind": "ClusterServiceVersion",
+        "metadata": {"name": csv_name, "annotations": {"alm-examples": "[]", "capabilities": "Basic Install"}},
+        "spec": {
+            "displayName": pkg, "version": "0.1.0", "provider": {"name": "hcp-olm tests"},
+            "installModes": [
+                {"type": "OwnNamespace", "supported": true}, {"type": "SingleNamespace", "supported": true},
+                {"type": "MultiNamespace", "supported": false}, {"type": "AllNamespaces", "supported": true}],
+            "customresourcedefinitions": {"owned": [{"name": format!("widgets.{group}"), "version": "v1", "kind": "Widget", "displayName": "Widget", "description": "a widget"}]},
+            "install": {"strategy": "deployment", "spec": {"deployments": [{
+                "name": format!("{pkg}-controller"),
+                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": pkg}},
+                         "template": {"metadata": {"labels": {"app": pkg}},
+                                      "spec": {"containers": [{"name": "manager", "image": "registry.test/widget-operator:v0.1.0"}]}}}}],
+                "permissions": [], "clusterPermissions": []}}
+        }
+    });
+    let docs = [
+        serde_json::json!({"schema": "olm.package", "name": pkg, "defaultChannel": "stable"}),
+        serde_json::json!({"schema": "olm.channel", "package": pkg, "name": "stable", "entries": [{"name": csv_name}]}),
+        serde_json::json!({"schema": "olm.bundle", "package": pkg, "name": csv_name, "image": "",
+        "properties": [
+            {"type": "olm.package", "value": {"packageName": pkg, "version": "0.1.0"}},
+            {"type": "olm.gvk", "value": {"group": group, "kind": "Widget", "version": "v1"}},
+            {"type": "olm.bundle.object", "value": {"data": b64(&csv)?}},
+            {"type": "olm.bundle.object", "value": {"data": b64(&crd)?}}
+        ]}),
+    ];
+    let pdir = dir.join(pkg);
+    std::fs::create_dir_all(&pdir)?;
+    let text: Vec<String> = docs.iter().map(|d| d.to_string()).collect();
+    std::fs::write(pdir.join("catalog.json"), text.join("\n"))?;
+    Ok(())
+}
+
+/// An index image as a directory: opm, `/configs` with package `pkg`, and the cache opm
+/// built for it in `/tmp/cache`.
+pub fn index_image(work: &Path, name: &str, pkg: &str) -> Result<Image> {
+    let configs = work.join(format!("{name}-configs"));
+    write_catalog(&configs, pkg)?;
+    let cache = work.join(format!("{name}-cache"));
+    let opm = tools::bin("opm")?;
+    let out = std::process::Command::new(&opm)
+        .arg("serve")
+        .arg(&configs)
+        .args(["--cache-only", "--pprof-addr=127.0.0.1:0", "--cache-dir"])
+        .arg(&cache)
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "opm cache for {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(Image::new()
+        .file("/bin/opm", &opm)
+        .tree("/configs", configs)
+        .tree("/tmp/cache", cache)
+        .entrypoint(&["/bin/opm"]))
+}
+
+/// The OLM image: catalog-operator, olm-operator, package-server, copy-content and `cp`.
+pub fn olm_image() -> Result<Image> {
+    let mut img = Image::new().with_host_libraries();
+    for b in ["catalog", "olm", "package-server", "copy-content"] {
+        img = img.file(&format!("/bin/{b}"), tools::bin(b)?);
+    }
+    Ok(img.file("/bin/cp", "/usr/bin/cp"))
+}
+
+/// An image holding one of our binaries as its entrypoint.
+pub fn binary_image(path: &Path) -> Result<Image> {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| anyhow::anyhow!("binary path {} has no file name", path.display()))?;
+    if !path.is_file() {
+        bail!("binary {} not built (cargo build --bins)", path.display());
+    }
+    // (not under /usr: the host's /usr is mounted over the image's for its libraries)
+    let target = format!("/bin/{name}");
+    Ok(Image::new()
+        .with_host_libraries()
+        .file(&target, path)
+        .entrypoint(&[&target]))
+}
