@@ -36,7 +36,10 @@ fuzz: ## run every cargo-fuzz target for FUZZ_SECONDS each (nightly + cargo-fuzz
 	@echo "== make fuzz: $(FUZZ_SECONDS)s per target"
 	guest-agent/fuzz/run.sh $(FUZZ_SECONDS)
 
-demo: tools ## start the two-cluster environment and keep it up until Ctrl-C
+demo: tools ## the end-to-end scenario with real OLM on two local control planes (up until Ctrl-C on a terminal)
+	@echo "== make demo: building the controller, gateway, agent and demo (cargo, debug)"
+	$(CARGO) build --locked -p hcp-olm-controlplane -p hcp-olm-guest-agent -p hcp-olm-e2e --bins
+	@echo "== make demo: running the scenario"
 	$(CARGO) run --locked -p hcp-olm-e2e --bin hcp-olm-demo
 
 bench-catalog: tools ## our catalog server vs opm serve on the large real catalog (prints catalog-bench: ...)

@@ -23,7 +23,7 @@ use crate::dns::{ConfigError, DnsConfigSpec, Engine, Owner};
 use crate::proxy::{Host, Target, http, policy, socks};
 use crate::server::{DnsMetrics, DnsServer, GuestExchange};
 use crate::stack::{self, Stack, StackConfig, TcpConn};
-use crate::tunnel::{Cidr, Peer, PeerConfig, PrivateKey, PublicKey, driver};
+use crate::tunnel::{Cidr, Peer, PeerConfig, PeerStatus, PrivateKey, PublicKey, driver};
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -50,6 +50,8 @@ pub struct GatewaySettings {
     /// Tunnel port → HCP-namespace target.
     pub exposed: Vec<(u16, String)>,
     pub keepalive: u16,
+    /// Silence after which the agent counts as gone.
+    pub peer_timeout: Duration,
     pub mtu: usize,
     pub drain_timeout: Duration,
 }
@@ -214,6 +216,9 @@ impl GatewaySettings {
             allowed_services: c.allowed_services.clone(),
             exposed,
             keepalive: c.persistent_keepalive_seconds.unwrap_or(25),
+            peer_timeout: Duration::from_secs(c.peer_timeout_seconds.unwrap_or_else(|| {
+                2 * u64::from(c.persistent_keepalive_seconds.unwrap_or(25)) + 5
+            })),
             mtu: mtu("mtu", c.mtu)?,
             drain_timeout: Duration::from_secs(c.drain_timeout_seconds.unwrap_or(10)),
         })
@@ -303,6 +308,8 @@ struct Shared {
     metrics: TunnelMetrics,
     tracker: TaskTracker,
     cancel: CancellationToken,
+    /// Set while the agent is silent for longer than `peer_timeout`.
+    peer_gone: AtomicBool,
 }
 
 impl Shared {
@@ -365,6 +372,13 @@ enum Dialed {
 }
 
 async fn dial(sh: &Shared, r: Route) -> std::io::Result<Dialed> {
+    if matches!(r, Route::Tunnel(_)) && sh.peer_gone.load(Ordering::SeqCst) {
+        // fail fast: waiting out the connect timeout would only delay the client's retry
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotConnected,
+            "guest agent unreachable (no tunnel traffic within the peer timeout)",
+        ));
+    }
     match r {
         Route::Tunnel(a) => tokio::time::timeout(DIAL_TIMEOUT, sh.stack.connect(a))
             .await
@@ -604,6 +618,41 @@ where
     }
 }
 
+/// Whether the agent is gone: it was heard from once, and not for `timeout` since (pure).
+pub fn peer_gone(since_authenticated: Option<Duration>, timeout: Duration) -> bool {
+    since_authenticated.is_some_and(|d| d > timeout)
+}
+
+/// Watches the tunnel: when the agent goes silent past the peer timeout, every tunnel
+/// connection is reset (a client such as OLM's catalog-operator would otherwise hold a
+/// stalled stream for minutes and keep reporting READY) and new ones are refused until
+/// the agent is heard from again.
+async fn watch_peer(sh: Arc<Shared>, status: tokio::sync::watch::Receiver<PeerStatus>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = sh.cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let since = status.borrow().since_authenticated;
+        let gone = peer_gone(since, sh.s.peer_timeout);
+        if gone == sh.peer_gone.swap(gone, Ordering::SeqCst) {
+            continue;
+        }
+        if gone {
+            let reset = sh.stack.abort_all().await.unwrap_or(0);
+            tracing::warn!(
+                silent_seconds = since.map_or(0, |d| d.as_secs()),
+                reset_connections = reset,
+                "guest agent unreachable: tunnel connections reset, new ones refused"
+            );
+        } else {
+            tracing::info!("guest agent reachable again");
+        }
+    }
+}
+
 /// Binds everything, runs until SIGTERM/SIGINT, drains.
 pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
     use anyhow::Context;
@@ -713,7 +762,9 @@ pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
         metrics,
         tracker: TaskTracker::new(),
         cancel: listeners_cancel.clone(),
+        peer_gone: AtomicBool::new(false),
     });
+    tokio::spawn(watch_peer(Arc::clone(&sh), handle.status.clone()));
     if let Some(l) = connect {
         tracing::info!(addr = %l.local_addr()?, "HTTP CONNECT proxy listening");
         tokio::spawn(accept_loop(Arc::clone(&sh), l, handle_connect));
@@ -770,6 +821,37 @@ pub fn resolv_conf_nameservers(text: &str) -> Vec<String> {
 mod tests {
 
     #[test]
+    fn peer_gone_only_after_being_heard_and_then_silent() {
+        let t = Duration::from_secs(25);
+        assert!(
+            !peer_gone(None, t),
+            "never heard: not gone (still connecting)"
+        );
+        assert!(!peer_gone(Some(Duration::from_secs(3)), t));
+        assert!(!peer_gone(Some(t), t));
+        assert!(peer_gone(Some(Duration::from_secs(26)), t));
+    }
+
+    #[test]
+    fn peer_timeout_defaults_to_two_keepalives_and_five_seconds() {
+        let mut c = config();
+        assert_eq!(
+            GatewaySettings::from_config(&c).unwrap().peer_timeout,
+            Duration::from_secs(55)
+        );
+        c.persistent_keepalive_seconds = Some(10);
+        assert_eq!(
+            GatewaySettings::from_config(&c).unwrap().peer_timeout,
+            Duration::from_secs(25)
+        );
+        c.peer_timeout_seconds = Some(7);
+        assert_eq!(
+            GatewaySettings::from_config(&c).unwrap().peer_timeout,
+            Duration::from_secs(7)
+        );
+    }
+
+    #[test]
     fn resolv_conf_nameservers_in_order() {
         let text = "# comment\nsearch a.svc.cluster.local\nnameserver 198.18.16.1\nnameserver  10.0.0.10 \noptions ndots:5\nnameserver\n";
         assert_eq!(
@@ -805,6 +887,7 @@ mod tests {
             allowed_services: vec![],
             exposed_services: vec![],
             persistent_keepalive_seconds: None,
+            peer_timeout_seconds: None,
             mtu: None,
             drain_timeout_seconds: None,
         }

@@ -122,6 +122,12 @@ pub struct GatewayConfig {
     /// notice a restarted gateway.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub persistent_keepalive_seconds: Option<u16>,
+    /// The agent counts as gone when nothing authenticated came from it for this long
+    /// (default 2 × keepalive + 5): tunnel connections are then reset, so clients such as
+    /// OLM see the failure at once, and new ones are refused until the agent is back. Keep
+    /// it above the agent's `persistent_keepalive_seconds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_timeout_seconds: Option<u64>,
     /// Inner MTU (default 1420).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mtu: Option<u16>,
@@ -224,6 +230,7 @@ mod tests {
             allowed_services: vec![],
             exposed_services: vec![],
             persistent_keepalive_seconds: None,
+            peer_timeout_seconds: None,
             mtu: None,
             drain_timeout_seconds: None,
         };

@@ -171,6 +171,14 @@ pub fn agent_catalog_port(c: DefaultCatalog) -> u16 {
     }
 }
 
+/// Keepalive of both ends. WireGuard's usual 25 s is about NAT bindings; 10 s also lets the
+/// gateway tell within [`PEER_TIMEOUT_SECONDS`] that the agent is gone (32 bytes each way
+/// per 10 s per hosted cluster).
+pub const KEEPALIVE_SECONDS: u16 = 10;
+/// The gateway resets tunnel connections after this much silence from the agent, so OLM
+/// reports a guest catalog TRANSIENT_FAILURE instead of holding a stalled stream.
+pub const PEER_TIMEOUT_SECONDS: u64 = 25;
+
 /// Guest catalog pods that OLM creates listen on 50051 in any namespace.
 pub fn default_allowed_services() -> Vec<AllowedService> {
     vec![AllowedService {
@@ -207,7 +215,7 @@ pub fn agent_peer_config(
         private_key: None,
         tunnel_address: AGENT_TUNNEL_ADDRESS.into(),
         gateway_tunnel_address: GATEWAY_TUNNEL_ADDRESS.into(),
-        persistent_keepalive_seconds: 25,
+        persistent_keepalive_seconds: KEEPALIVE_SECONDS,
         allowed_services: default_allowed_services(),
         allowed_cidrs: net.guest_cidrs.clone(),
         allowed_ports: Vec::new(),
@@ -247,7 +255,8 @@ pub fn gateway_config(
         },
         allowed_services: default_allowed_services(),
         exposed_services: exposed,
-        persistent_keepalive_seconds: None,
+        persistent_keepalive_seconds: Some(KEEPALIVE_SECONDS),
+        peer_timeout_seconds: Some(PEER_TIMEOUT_SECONDS),
         mtu: None,
         drain_timeout_seconds: None,
     }

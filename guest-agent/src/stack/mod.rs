@@ -206,6 +206,8 @@ enum Command {
         local: Option<SocketAddr>,
         reply: oneshot::Sender<io::Result<UdpConn>>,
     },
+    /// Reset every TCP connection (the peer is gone).
+    AbortAll { reply: oneshot::Sender<usize> },
 }
 
 /// Handle to a running stack. Clone is cheap.
@@ -236,6 +238,18 @@ impl Stack {
             .map_err(|_| stopped())?;
         self.notify.notify_one();
         rx.await.map_err(|_| stopped())?
+    }
+
+    /// Resets every TCP connection of the stack (a RST to the peer, an error to the
+    /// application side); returns how many there were.
+    pub async fn abort_all(&self) -> io::Result<usize> {
+        let (reply, rx) = oneshot::channel();
+        self.cmd
+            .send(Command::AbortAll { reply })
+            .await
+            .map_err(|_| stopped())?;
+        self.notify.notify_one();
+        rx.await.map_err(|_| stopped())
     }
 
     /// Binds a UDP socket (`None`: our first address, ephemeral port).
@@ -465,6 +479,13 @@ impl Engine {
                         pending: None,
                     },
                 );
+            }
+            Command::AbortAll { reply } => {
+                let handles: Vec<SocketHandle> = self.tcp.keys().copied().collect();
+                for h in &handles {
+                    self.sockets.get_mut::<tcp::Socket<'_>>(*h).abort();
+                }
+                let _ = reply.send(handles.len());
             }
             Command::BindUdp { local, reply } => {
                 let mut s = udp::Socket::new(

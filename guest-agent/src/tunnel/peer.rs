@@ -227,6 +227,8 @@ pub struct PeerStatus {
     pub endpoint: Option<SocketAddr>,
     /// Time since the current session's handshake (`Tunn::stats`); `None` without a session.
     pub handshake_age: Option<Duration>,
+    /// Time since the last authenticated datagram from the peer; `None` before the first.
+    pub since_authenticated: Option<Duration>,
     /// Payload bytes encapsulated (from `Tunn`).
     pub tx_bytes: u64,
     /// Payload bytes decapsulated (from `Tunn`).
@@ -303,6 +305,7 @@ impl Peer {
         PeerStatus {
             endpoint: self.endpoint,
             handshake_age: age,
+            since_authenticated: self.last_authenticated.map(|t| t.elapsed()),
             tx_bytes: tx as u64,
             rx_bytes: rx as u64,
             counters: self.counters.clone(),
