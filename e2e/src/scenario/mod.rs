@@ -540,14 +540,12 @@ async fn catalog_states_of(guest: kube::Client) -> Result<BTreeMap<String, Strin
         .collect())
 }
 
+/// Changes of the guest catalog's state: (seconds since recording began, state).
+type StateLog = Arc<std::sync::Mutex<Vec<(f64, String)>>>;
+
 /// Records every change of the guest catalog's `lastObservedState` (seconds since start),
 /// polling twice a second, so the agent steps can show the whole sequence.
-fn record_states(
-    guest: kube::Client,
-) -> (
-    Arc<std::sync::Mutex<Vec<(f64, String)>>>,
-    tokio::task::JoinHandle<()>,
-) {
+fn record_states(guest: kube::Client) -> (StateLog, tokio::task::JoinHandle<()>) {
     let seen = Arc::new(std::sync::Mutex::new(Vec::<(f64, String)>::new()));
     let out = seen.clone();
     let start = Instant::now();
@@ -603,6 +601,13 @@ async fn hosted_olm(env: &Environment) -> Result<serde_json::Value> {
     Ok(api.get(NAME).await?.data)
 }
 
+fn is_not_found(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<kube::Error>()
+            .is_some_and(|k| matches!(k, kube::Error::Api(s) if s.code == 404))
+    })
+}
+
 /// A readable summary: components, catalogs and their state, packages seen in the guest.
 pub async fn summary(world: &World) -> String {
     let env = &world.env;
@@ -636,6 +641,9 @@ pub async fn summary(world: &World) -> String {
                 ));
             }
         }
+        Err(e) if is_not_found(&e) => {
+            out.push_str("  HostedOLM: none (the HostedCluster is gone)\n")
+        }
         Err(e) => out.push_str(&format!("  HostedOLM: {e}\n")),
     }
     match catalog_states(env).await {
@@ -648,7 +656,10 @@ pub async fn summary(world: &World) -> String {
     }
     match package_manifests(env).await {
         Ok(p) => out.push_str(&format!("  guest packagemanifests: {}\n", p.join(", "))),
-        Err(e) => out.push_str(&format!("  packagemanifests: {e}\n")),
+        Err(e) if is_not_found(&e) => {
+            out.push_str("  packagemanifests: not served (the packageserver APIService is gone)\n")
+        }
+        Err(e) => out.push_str(&format!("  packagemanifests: {e:#}\n")),
     }
     out
 }
