@@ -38,7 +38,7 @@ fuzz: ## run every cargo-fuzz target for FUZZ_SECONDS each (nightly + cargo-fuzz
 
 demo: tools ## the end-to-end scenario with real OLM on two local control planes (up until Ctrl-C on a terminal)
 	@echo "== make demo: building the controller, gateway, agent and demo (cargo, debug)"
-	$(CARGO) build --locked -p hcp-olm-controlplane -p hcp-olm-guest-agent -p hcp-olm-e2e --bins
+	$(CARGO) build --locked -p hcp-olm-controlplane -p hcp-olm-guest-agent -p hcp-olm-cli -p hcp-olm-e2e --bins
 	@echo "== make demo: running the scenario"
 	$(CARGO) run --locked -p hcp-olm-e2e --bin hcp-olm-demo
 

@@ -65,6 +65,8 @@ pub struct Binaries {
     pub controller: PathBuf,
     pub gateway: PathBuf,
     pub agent: PathBuf,
+    /// `hcp-olm`, the user CLI (a guest workload browsing a control-plane catalog).
+    pub cli: PathBuf,
 }
 
 impl Binaries {
@@ -74,6 +76,7 @@ impl Binaries {
             controller: dir.join("hcp-olm-controller"),
             gateway: dir.join("hcp-olm-gateway"),
             agent: dir.join("hcp-olm-agent"),
+            cli: dir.join("hcp-olm"),
         }
     }
 
@@ -967,6 +970,51 @@ async fn run_steps(
         .await?;
     }
     (log)(&summary(world).await);
+    steps.end();
+
+    steps.begin("a guest workload reads a control-plane catalog through the agent's guest Service");
+    {
+        ensure!(
+            bins.cli.is_file(),
+            "CLI binary {} not built",
+            bins.cli.display()
+        );
+        let pod = guest_net.add_pod("gwl", "default")?;
+        let addr = format!("hcp-olm-redhat-operators.{AGENT_NS}.svc:50051");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let out = pod
+                .netns
+                .command(&bins.cli)
+                .args([
+                    "catalog",
+                    "--addr",
+                    &addr,
+                    "--timeout",
+                    "5s",
+                    "-o",
+                    "json",
+                    "packages",
+                ])
+                .env_remove("HCP_OLM_CATALOG_PROXY")
+                .output()?;
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            if out.status.success() && text.contains("redhat-widget") {
+                (log)(&format!(
+                    "  guest pod {} -> {addr}: {}",
+                    pod.ip,
+                    text.trim()
+                ));
+                break;
+            }
+            let last = format!("{text}{}", String::from_utf8_lossy(&out.stderr));
+            ensure!(
+                Instant::now() < deadline,
+                "listing {addr} from a guest pod: {last}"
+            );
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
     steps.end();
 
     for (pkg, source, ns) in [
