@@ -97,6 +97,13 @@ impl GatewaySettings {
                 format!("`{domain}` is not a DNS name"),
             ));
         }
+        let keepalive = c.persistent_keepalive_seconds.unwrap_or(25);
+        let peer_timeout = c
+            .peer_timeout_seconds
+            .unwrap_or(2 * u64::from(keepalive) + 5);
+        if peer_timeout == 0 {
+            return Err(err("peer_timeout_seconds", "must be at least 1"));
+        }
         let connect_listen = c
             .connect_listen
             .as_deref()
@@ -215,10 +222,8 @@ impl GatewaySettings {
             dns,
             allowed_services: c.allowed_services.clone(),
             exposed,
-            keepalive: c.persistent_keepalive_seconds.unwrap_or(25),
-            peer_timeout: Duration::from_secs(c.peer_timeout_seconds.unwrap_or_else(|| {
-                2 * u64::from(c.persistent_keepalive_seconds.unwrap_or(25)) + 5
-            })),
+            keepalive,
+            peer_timeout: Duration::from_secs(peer_timeout),
             mtu: mtu("mtu", c.mtu)?,
             drain_timeout: Duration::from_secs(c.drain_timeout_seconds.unwrap_or(10)),
         })
@@ -849,6 +854,9 @@ mod tests {
             GatewaySettings::from_config(&c).unwrap().peer_timeout,
             Duration::from_secs(7)
         );
+        c.peer_timeout_seconds = Some(0);
+        let e = GatewaySettings::from_config(&c).unwrap_err().to_string();
+        assert!(e.contains("peer_timeout_seconds"), "{e}");
     }
 
     #[test]
