@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 export HCP_OLM_CACHE ?= $(HOME)/.cache/hcp-olm
 
-.PHONY: help build lint fmt tools tools-bench test fuzz demo bench-catalog
+.PHONY: help build lint fmt tools tools-bench test fuzz demo bench-catalog bench-controller
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -41,3 +41,9 @@ demo: tools ## start the two-cluster environment and keep it up until Ctrl-C
 
 bench-catalog: tools ## our catalog server vs opm serve on the large real catalog (prints catalog-bench: ...)
 	scripts/bench-catalog.sh
+
+BENCH_N ?= 100
+IDLE_SECONDS ?= 300
+
+bench-controller: tools ## N hosted clusters vs the controller process (BENCH_N=100, IDLE_SECONDS=300; prints controller-bench: ...)
+	BENCH_N=$(BENCH_N) IDLE_SECONDS=$(IDLE_SECONDS) scripts/bench-controller.sh

@@ -279,6 +279,19 @@ pub struct StubInputs<'a> {
 
 /// Builds the stub CSV JSON (Go `json.Marshal` layout, HTML-escaped).
 pub fn stub_csv_json(meta: &CsvMetadata, inputs: StubInputs<'_>) -> String {
+    let mut out = String::new();
+    write_stub_csv_json(meta, inputs, &mut Vec::new(), &mut out);
+    out
+}
+
+/// [`stub_csv_json`] into `out` (cleared first), with `scratch` as working
+/// space: both are reused from bundle to bundle while a catalog loads.
+pub fn write_stub_csv_json(
+    meta: &CsvMetadata,
+    inputs: StubInputs<'_>,
+    scratch: &mut Vec<u8>,
+    out: &mut String,
+) {
     let description = if meta.description.is_empty() {
         inputs.package_description
     } else {
@@ -320,6 +333,9 @@ pub fn stub_csv_json(meta: &CsvMetadata, inputs: StubInputs<'_>) -> String {
         },
         status: Status { cleanup: Empty {} },
     };
-    let text = serde_json::to_string(&csv).unwrap_or_default();
-    crate::gojson::escape_html_text(&text)
+    scratch.clear();
+    out.clear();
+    if serde_json::to_writer(&mut *scratch, &csv).is_ok() {
+        crate::gojson::escape_html_into(std::str::from_utf8(scratch).unwrap_or_default(), out);
+    }
 }

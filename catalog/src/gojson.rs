@@ -97,6 +97,12 @@ fn write_string(out: &mut String, s: &str, html: bool) {
 /// characters can only occur inside strings).
 pub fn escape_html_text(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
+    escape_html_into(s, &mut out);
+    out
+}
+
+/// [`escape_html_text`] appending to `out`.
+pub fn escape_html_into(s: &str, out: &mut String) {
     for c in s.chars() {
         match c {
             '<' => out.push_str("\\u003c"),
@@ -107,7 +113,6 @@ pub fn escape_html_text(s: &str) -> String {
             c => out.push(c),
         }
     }
-    out
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! validates it, lays it out in memory and serves it over the
 //! operator-registry `api.Registry` gRPC API with the semantics of `opm serve`.
 
+pub mod blob;
 pub mod csv;
 pub mod error;
 pub mod gojson;

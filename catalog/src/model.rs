@@ -1,17 +1,19 @@
 //! The validated in-memory catalog, laid out for the Registry queries.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
 use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::Value;
+use serde_json::value::RawValue;
 
+use crate::blob::{BlobReader, BlobRef, BlobWriter, Blobs};
 use crate::csv::{self, CsvMetadata, Icon, RelatedImage, StubInputs};
 use crate::error::{LoadError, Location, Rule};
 use crate::gojson;
-use crate::load::{self, Document};
+use crate::load::{self, Content};
 
 /// A group/version/kind.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -52,24 +54,50 @@ pub struct BundleData {
     pub deprecation: Option<String>,
 }
 
-/// JSON text kept as shared pieces (e.g. a stub CSV around its package's
-/// icon, which is stored once per package), joined when served.
+/// A served JSON text: one range of the catalog's compressed [`Blobs`],
+/// with shared pieces put in at byte offsets of it (a package's icon or
+/// description member, which every stub CSV of the package repeats).
 #[derive(Debug, Clone, Default)]
-pub struct Text(pub Vec<Arc<str>>);
+pub struct Text {
+    body: BlobRef,
+    inserts: Box<[(u32, Arc<str>)]>,
+}
 
 impl Text {
-    /// The whole text.
-    pub fn render(&self) -> String {
-        let mut s = String::with_capacity(self.0.iter().map(|p| p.len()).sum());
-        for p in &self.0 {
-            s.push_str(p);
+    fn blob(body: BlobRef) -> Self {
+        Text {
+            body,
+            inserts: Box::default(),
         }
+    }
+
+    /// The whole text.
+    pub fn render(&self, blobs: &mut BlobReader<'_>) -> String {
+        let mut body = String::new();
+        blobs.append(self.body, &mut body);
+        if self.inserts.is_empty() {
+            return body;
+        }
+        let mut s = String::with_capacity(self.len());
+        let mut at = 0;
+        for (offset, piece) in &self.inserts {
+            let offset = *offset as usize;
+            s.push_str(body.get(at..offset).unwrap_or_default());
+            s.push_str(piece);
+            at = offset;
+        }
+        s.push_str(body.get(at..).unwrap_or_default());
         s
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.body.len() + self.inserts.iter().map(|(_, p)| p.len()).sum::<usize>()
     }
 
     /// True when there is no text.
     pub fn is_empty(&self) -> bool {
-        self.0.iter().all(|p| p.is_empty())
+        self.len() == 0
     }
 }
 
@@ -114,16 +142,13 @@ pub struct Package {
     pub bundles: BTreeMap<String, Arc<BundleData>>,
 }
 
-/// Reference to a bundle in a channel: (package, channel, bundle).
-pub type BundleRef = (String, String, String);
-
 /// A loaded, validated catalog.
 #[derive(Debug, Default)]
 pub struct Catalog {
     /// Packages by name.
     pub packages: BTreeMap<String, Package>,
-    /// Bundle references by provided GVK.
-    pub providers: HashMap<Gvk, Vec<BundleRef>>,
+    /// The compressed CSV and manifest texts the bundles' [`Text`]s point into.
+    pub blobs: Blobs,
 }
 
 impl Catalog {
@@ -140,6 +165,26 @@ impl Catalog {
             ));
         }
         build(root)
+    }
+
+    /// Every channel entry whose bundle provides `gvk`, in package, channel,
+    /// bundle name order. A scan (as opm's own query does) rather than an
+    /// index: an index by GVK would cost more memory than the bundles' GVK
+    /// lists themselves, for a query that is rare and cheap.
+    pub fn providers<'a>(
+        &'a self,
+        gvk: &'a Gvk,
+    ) -> impl Iterator<Item = (&'a Package, &'a Channel, &'a Entry)> + 'a {
+        self.packages.values().flat_map(move |p| {
+            p.channels.values().flat_map(move |c| {
+                c.entries.values().filter_map(move |e| {
+                    p.bundles
+                        .get(&e.name)
+                        .is_some_and(|b| b.provided.contains(gvk))
+                        .then_some((p, c, e))
+                })
+            })
+        })
     }
 
     /// Number of distinct bundles over all packages.
@@ -202,10 +247,138 @@ struct BundleDoc {
     properties: Vec<PropertyDoc>,
     #[serde(default, rename = "relatedImages")]
     related_images: Vec<RelatedImageDoc>,
-    /// `olm.csv.metadata` values decoded as soon as the document is read
-    /// (by property index), so the generic JSON trees are not kept.
-    #[serde(skip)]
-    metas: Vec<(usize, Result<CsvMetadata, String>)>,
+}
+
+/// `olm.bundle` read straight from a JSON document's text: property values
+/// stay slices of the text until the property is interpreted.
+#[derive(Deserialize)]
+struct RawBundleDoc<'a> {
+    #[serde(default)]
+    package: String,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    image: String,
+    #[serde(default, borrow)]
+    properties: Vec<RawPropertyDoc<'a>>,
+    #[serde(default, rename = "relatedImages")]
+    related_images: Vec<RelatedImageDoc>,
+}
+
+#[derive(Deserialize)]
+struct RawPropertyDoc<'a> {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default, borrow)]
+    value: Option<&'a RawValue>,
+}
+
+/// Just the schema of a raw JSON document.
+#[derive(Deserialize)]
+struct Head<'a> {
+    #[serde(default, borrow)]
+    schema: Option<&'a RawValue>,
+}
+
+/// A property value: decoded (YAML, or the generic path) or raw JSON text.
+enum PropValue<'a> {
+    Value(Value),
+    Raw(&'a str),
+}
+
+impl PropValue<'_> {
+    fn value(&self) -> Result<std::borrow::Cow<'_, Value>, String> {
+        match self {
+            PropValue::Value(v) => Ok(std::borrow::Cow::Borrowed(v)),
+            PropValue::Raw(t) => serde_json::from_str(t)
+                .map(std::borrow::Cow::Owned)
+                .map_err(|e| e.to_string()),
+        }
+    }
+
+    /// Decodes into `T` as the generic path does (from the decoded value),
+    /// reading raw text directly when that succeeds.
+    fn typed<T: for<'de> Deserialize<'de>>(&self) -> Result<T, String> {
+        if let PropValue::Raw(t) = self
+            && let Ok(v) = serde_json::from_str::<T>(t)
+        {
+            return Ok(v);
+        }
+        let v = self.value()?;
+        T::deserialize(v.as_ref()).map_err(|e| e.to_string())
+    }
+}
+
+/// A bundle document ready to interpret.
+struct BundleIn<'a> {
+    package: String,
+    name: String,
+    image: String,
+    properties: Vec<(String, PropValue<'a>)>,
+    related_images: Vec<RelatedImageDoc>,
+}
+
+impl From<BundleDoc> for BundleIn<'_> {
+    fn from(b: BundleDoc) -> Self {
+        BundleIn {
+            package: b.package,
+            name: b.name,
+            image: b.image,
+            properties: b
+                .properties
+                .into_iter()
+                .map(|p| (p.kind, PropValue::Value(p.value)))
+                .collect(),
+            related_images: b.related_images,
+        }
+    }
+}
+
+impl<'a> From<RawBundleDoc<'a>> for BundleIn<'a> {
+    fn from(b: RawBundleDoc<'a>) -> Self {
+        BundleIn {
+            package: b.package,
+            name: b.name,
+            image: b.image,
+            properties: b
+                .properties
+                .into_iter()
+                .map(|p| {
+                    let v = match p.value {
+                        Some(r) => PropValue::Raw(r.get()),
+                        None => PropValue::Value(Value::Null),
+                    };
+                    (p.kind, v)
+                })
+                .collect(),
+            related_images: b.related_images,
+        }
+    }
+}
+
+/// A bundle as far as it can be built before its package is known: its stub
+/// CSV (if any) has places for the package's icon and description.
+struct PreBundle {
+    data: BundleData,
+    /// The stub without the package's members, and where they go.
+    stub: Option<(BlobRef, Vec<(u32, StubPart)>)>,
+    /// The stub CSV is also the bundle's only object.
+    stub_is_object: bool,
+}
+
+#[derive(Clone, Copy)]
+enum StubPart {
+    Icon,
+    Description,
+}
+
+/// A bundle read from a document: its identity, and the built bundle or the
+/// error that building it gave (reported where the checks of its package
+/// reach it, so refusal order does not depend on file order).
+struct BundleRead {
+    package: String,
+    name: String,
+    built: Result<PreBundle, LoadError>,
 }
 
 #[derive(Deserialize)]
@@ -293,9 +466,12 @@ struct Loc {
 struct PkgBuild {
     loc: Location,
     doc: PackageDoc,
-    icon: Option<Icon>,
+    /// The stub CSV `icon` member.
+    icon: Option<Arc<str>>,
+    /// The stub CSV `description` member (for metadata without one).
+    description: Option<Arc<str>>,
     channels: BTreeMap<String, (Location, ChannelDoc)>,
-    bundles: BTreeMap<String, (Location, BundleDoc)>,
+    bundles: BTreeMap<String, (Location, Result<PreBundle, LoadError>)>,
     deprecations: Option<(Location, DeprecationsDoc)>,
 }
 
@@ -304,10 +480,26 @@ fn build(root: &Path) -> Result<Catalog, LoadError> {
     let mut channels = Vec::new();
     let mut bundles = Vec::new();
     let mut deprecations = Vec::new();
-    // Documents are consumed file by file: only one file's decoded
-    // documents exist at a time.
-    load::for_each_doc(root, |Document { location, value }| {
+    let mut blobs = BlobWriter::default();
+    let mut scratch = Scratch::default();
+    // Documents are consumed one by one as their file is read: a bundle is
+    // built (its texts compressed) straight from its document's text, so
+    // neither decoded documents nor their uncompressed texts pile up.
+    load::for_each_doc(root, |location, content| {
         let doc = Loc { location };
+        let value = match content {
+            Content::Json(text) => {
+                if let Some(b) = raw_bundle(text) {
+                    let read = read_bundle(&doc.location, b.into(), &mut blobs, &mut scratch);
+                    bundles.push((doc, read));
+                    return Ok(());
+                }
+                serde_json::from_str::<Value>(text).map_err(|e| {
+                    LoadError::new(&doc.location, Rule::Syntax, format!("invalid JSON: {e}"))
+                })?
+            }
+            Content::Value(v) => v,
+        };
         let schema = match value.get("schema") {
             Some(Value::String(s)) if !s.is_empty() => s.clone(),
             _ => {
@@ -320,7 +512,7 @@ fn build(root: &Path) -> Result<Catalog, LoadError> {
         };
         match schema.as_str() {
             "olm.package" => {
-                let p: PackageDoc = typed(&doc, value, "olm.package")?;
+                let mut p: PackageDoc = typed(&doc, value, "olm.package")?;
                 if p.name.is_empty() {
                     return Err(LoadError::new(
                         &doc.location,
@@ -335,7 +527,9 @@ fn build(root: &Path) -> Result<Catalog, LoadError> {
                         format!("package {:?} is already defined at {}", p.name, prev.loc),
                     ));
                 }
-                let icon = match &p.icon {
+                // The stub CSV members are made now and the document's copies
+                // dropped (icons are large).
+                let icon = match p.icon.take() {
                     None => None,
                     Some(i) => {
                         let data = decode_b64(&i.base64data).map_err(|e| {
@@ -345,18 +539,20 @@ fn build(root: &Path) -> Result<Catalog, LoadError> {
                                 format!("package {:?} icon: bad base64: {e}", p.name),
                             )
                         })?;
-                        Some(Icon {
+                        Some(icon_member(&Icon {
                             base64data: base64::engine::general_purpose::STANDARD.encode(data),
-                            mediatype: i.mediatype.clone(),
-                        })
+                            mediatype: i.mediatype,
+                        }))
                     }
                 };
+                let description = description_member(&std::mem::take(&mut p.description));
                 pkgs.insert(
                     p.name.clone(),
                     PkgBuild {
                         loc: doc.location.clone(),
                         doc: p,
                         icon,
+                        description,
                         channels: BTreeMap::new(),
                         bundles: BTreeMap::new(),
                         deprecations: None,
@@ -368,15 +564,9 @@ fn build(root: &Path) -> Result<Catalog, LoadError> {
                 channels.push((doc, c));
             }
             "olm.bundle" => {
-                let mut b: BundleDoc = typed(&doc, value, "olm.bundle")?;
-                for (i, p) in b.properties.iter_mut().enumerate() {
-                    if p.kind == "olm.csv.metadata" {
-                        let v = std::mem::take(&mut p.value);
-                        b.metas
-                            .push((i, CsvMetadata::deserialize(v).map_err(|e| e.to_string())));
-                    }
-                }
-                bundles.push((doc, b));
+                let b: BundleDoc = typed(&doc, value, "olm.bundle")?;
+                let read = read_bundle(&doc.location, b.into(), &mut blobs, &mut scratch);
+                bundles.push((doc, read));
             }
             "olm.deprecations" => {
                 let d: DeprecationsDoc = typed(&doc, value, "olm.deprecations")?;
@@ -387,6 +577,10 @@ fn build(root: &Path) -> Result<Catalog, LoadError> {
         }
         Ok(())
     })?;
+    // The working buffers go before the catalog is assembled, so what it
+    // allocates next can reuse their space.
+    drop(scratch);
+    let blobs = blobs.finish();
     for (doc, c) in channels {
         if c.name.is_empty() {
             return Err(LoadError::new(
@@ -418,34 +612,39 @@ fn build(root: &Path) -> Result<Catalog, LoadError> {
         p.channels.insert(c.name.clone(), (doc.location.clone(), c));
     }
     for (doc, b) in bundles {
-        if b.name.is_empty() {
+        let BundleRead {
+            package,
+            name,
+            built,
+        } = b;
+        if name.is_empty() {
             return Err(LoadError::new(
                 &doc.location,
                 Rule::RequiredField,
                 "olm.bundle has no name",
             ));
         }
-        let Some(p) = pkgs.get_mut(&b.package) else {
+        let Some(p) = pkgs.get_mut(&package) else {
             return Err(LoadError::new(
                 &doc.location,
                 Rule::UnknownPackage,
                 format!(
                     "bundle {:?} names package {:?}, which has no olm.package document",
-                    b.name, b.package
+                    name, package
                 ),
             ));
         };
-        if let Some((prev, _)) = p.bundles.get(&b.name) {
+        if let Some((prev, _)) = p.bundles.get(&name) {
             return Err(LoadError::new(
                 &doc.location,
                 Rule::DuplicateBundle,
                 format!(
                     "package {:?} bundle {:?} is already defined at {prev}",
-                    b.package, b.name
+                    package, name
                 ),
             ));
         }
-        p.bundles.insert(b.name.clone(), (doc.location.clone(), b));
+        p.bundles.insert(name, (doc.location.clone(), built));
     }
     for (doc, d) in deprecations {
         let Some(p) = pkgs.get_mut(&d.package) else {
@@ -480,23 +679,13 @@ fn build(root: &Path) -> Result<Catalog, LoadError> {
             "the catalog has no olm.package documents",
         ));
     }
-    let mut catalog = Catalog::default();
+    let mut catalog = Catalog {
+        blobs,
+        ..Catalog::default()
+    };
     for (name, p) in pkgs {
         let pkg = build_package(p)?;
         catalog.packages.insert(name, pkg);
-    }
-    for p in catalog.packages.values() {
-        for ch in p.channels.values() {
-            for e in ch.entries.values() {
-                for gvk in &p.bundles[&e.name].provided {
-                    catalog.providers.entry(gvk.clone()).or_default().push((
-                        p.name.clone(),
-                        ch.name.clone(),
-                        e.name.clone(),
-                    ));
-                }
-            }
-        }
     }
     Ok(catalog)
 }
@@ -521,9 +710,10 @@ fn build_package(p: PkgBuild) -> Result<Package, LoadError> {
         ));
     }
     // Channels and their graphs.
+    // (The documents are consumed: their strings move into the entries.)
     let mut channels = BTreeMap::new();
-    let mut in_channel: BTreeSet<&str> = BTreeSet::new();
-    for (cname, (loc, c)) in &p.channels {
+    for (cname, (loc, c)) in p.channels {
+        let loc = &loc;
         if c.entries.is_empty() {
             return Err(LoadError::new(
                 loc,
@@ -532,7 +722,7 @@ fn build_package(p: PkgBuild) -> Result<Package, LoadError> {
             ));
         }
         let mut entries = BTreeMap::new();
-        for e in &c.entries {
+        for e in c.entries {
             if e.name.is_empty() {
                 return Err(LoadError::new(
                     loc,
@@ -562,13 +752,7 @@ fn build_package(p: PkgBuild) -> Result<Package, LoadError> {
                     )
                 })?;
             }
-            let entry = Entry {
-                name: e.name.clone(),
-                replaces: e.replaces.clone(),
-                skips: e.skips.clone(),
-                skip_range: e.skip_range.clone(),
-            };
-            if entries.insert(e.name.clone(), entry).is_some() {
+            if entries.contains_key(&e.name) {
                 return Err(LoadError::new(
                     loc,
                     Rule::DuplicateEntry,
@@ -578,7 +762,15 @@ fn build_package(p: PkgBuild) -> Result<Package, LoadError> {
                     ),
                 ));
             }
-            in_channel.insert(e.name.as_str());
+            entries.insert(
+                e.name.clone(),
+                Entry {
+                    name: e.name,
+                    replaces: e.replaces,
+                    skips: e.skips,
+                    skip_range: e.skip_range,
+                },
+            );
         }
         let head = channel_head(&entries).map_err(|m| {
             LoadError::new(
@@ -590,29 +782,32 @@ fn build_package(p: PkgBuild) -> Result<Package, LoadError> {
         channels.insert(
             cname.clone(),
             Channel {
-                name: cname.clone(),
+                name: cname,
                 head,
                 deprecation: None,
                 entries,
             },
         );
     }
-    // Bundles. The icon's base64 is held once and shared by every stub CSV.
-    let icon = p
-        .icon
-        .as_ref()
-        .map(|i| (Arc::<str>::from(i.base64data.as_str()), i.mediatype.clone()));
+    let in_channel: BTreeSet<&str> = channels
+        .values()
+        .flat_map(|c: &Channel| c.entries.keys().map(String::as_str))
+        .collect();
+    // Bundles. The stub CSVs' icon and description members are held once
+    // per package and shared.
+    let icon = p.icon;
+    let description = p.description;
     let mut bundles = BTreeMap::new();
-    for (bname, (loc, b)) in &p.bundles {
+    for (bname, (loc, b)) in p.bundles {
         if !in_channel.contains(bname.as_str()) {
             return Err(LoadError::new(
-                loc,
+                &loc,
                 Rule::BundleNotInChannel,
                 format!("package {pname:?} bundle {bname:?} is not an entry of any channel"),
             ));
         }
-        let data = build_bundle(loc, &pname, b, icon.clone(), &p.doc.description)?;
-        bundles.insert(bname.clone(), data);
+        let data = finish_bundle(b?, icon.as_ref(), description.as_ref());
+        bundles.insert(bname, data);
     }
     let mut pkg = Package {
         name: pname.clone(),
@@ -756,13 +951,97 @@ fn decode_b64(s: &str) -> Result<Vec<u8>, base64::DecodeError> {
     base64::engine::general_purpose::STANDARD.decode(cleaned)
 }
 
+/// The bundle in a raw JSON document, if the document is an `olm.bundle`
+/// that decodes directly; anything else goes the generic way (which also
+/// words any error).
+fn raw_bundle(text: &str) -> Option<RawBundleDoc<'_>> {
+    let head: Head<'_> = serde_json::from_str(text).ok()?;
+    if head.schema?.get() != "\"olm.bundle\"" {
+        return None;
+    }
+    serde_json::from_str(text).ok()
+}
+
+fn read_bundle(
+    loc: &Location,
+    b: BundleIn<'_>,
+    blobs: &mut BlobWriter,
+    scratch: &mut Scratch,
+) -> BundleRead {
+    let built = build_bundle(loc, &b, blobs, scratch);
+    BundleRead {
+        package: b.package,
+        name: b.name,
+        built,
+    }
+}
+
+/// The stub CSV member for a package icon: `,"icon":[{...}]`.
+fn icon_member(icon: &Icon) -> Arc<str> {
+    let member = serde_json::to_string(icon).unwrap_or_default();
+    Arc::from(gojson::escape_html_text(&format!(",\"icon\":[{member}]")))
+}
+
+/// The stub CSV member for a package description, if it has one.
+fn description_member(description: &str) -> Option<Arc<str>> {
+    (!description.is_empty()).then(|| {
+        let text = serde_json::to_string(description).unwrap_or_default();
+        Arc::from(gojson::escape_html_text(&format!(
+            ",\"description\":{text}"
+        )))
+    })
+}
+
+/// Puts the package's shared members into a bundle's stub CSV.
+fn finish_bundle(
+    pre: PreBundle,
+    icon: Option<&Arc<str>>,
+    description: Option<&Arc<str>>,
+) -> BundleData {
+    let mut data = pre.data;
+    if let Some((body, slots)) = pre.stub {
+        let text = Text {
+            body,
+            inserts: slots
+                .into_iter()
+                .filter_map(|(at, slot)| {
+                    let piece = match slot {
+                        StubPart::Icon => icon,
+                        StubPart::Description => description,
+                    };
+                    piece.map(|p| (at, Arc::clone(p)))
+                })
+                .collect(),
+        };
+        if pre.stub_is_object {
+            data.objects = vec![text.clone()];
+        }
+        data.csv_json = text;
+    }
+    data
+}
+
+/// Marker the stub CSV is first written with where the package's icon and
+/// description go (as it appears in the JSON text).
+const MARK: &str = "\u{1}hcp-olm\u{1}";
+const MARK_TEXT: &str = "\\u0001hcp-olm\\u0001";
+
+/// Working buffers reused from bundle to bundle (no large chunk is freed and
+/// allocated again per bundle, which would leave holes in the heap).
+#[derive(Default)]
+struct Scratch {
+    json: Vec<u8>,
+    text: String,
+    body: String,
+}
+
 fn build_bundle(
     loc: &Location,
-    pname: &str,
-    b: &BundleDoc,
-    icon: Option<(Arc<str>, String)>,
-    package_description: &str,
-) -> Result<BundleData, LoadError> {
+    b: &BundleIn<'_>,
+    blobs: &mut BlobWriter,
+    scratch: &mut Scratch,
+) -> Result<PreBundle, LoadError> {
+    let pname = &b.package;
     let bname = &b.name;
     let perr = |i: usize, t: &str, m: String| {
         LoadError::new(
@@ -777,24 +1056,22 @@ fn build_bundle(
     let mut dependencies = Vec::new();
     let mut properties = Vec::new();
     let mut objects = Vec::new();
+    let mut object_texts: Vec<(BlobRef, bool)> = Vec::new();
     let mut metas = Vec::new();
-    for (i, prop) in b.properties.iter().enumerate() {
-        let text = gojson::encode(&prop.value, false);
-        match prop.kind.as_str() {
+    for (i, (kind, value)) in b.properties.iter().enumerate() {
+        match kind.as_str() {
             "olm.package" => {
-                let v = PackageProp::deserialize(&prop.value)
-                    .map_err(|e| perr(i, &prop.kind, e.to_string()))?;
+                let v: PackageProp = value.typed().map_err(|e| perr(i, kind, e))?;
                 versions.push(v);
             }
             "olm.gvk" | "olm.gvk.required" => {
-                let g = GvkProp::deserialize(&prop.value)
-                    .map_err(|e| perr(i, &prop.kind, e.to_string()))?;
+                let g: GvkProp = value.typed().map_err(|e| perr(i, kind, e))?;
                 let gvk = Gvk {
                     group: g.group,
                     version: g.version,
                     kind: g.kind,
                 };
-                if prop.kind == "olm.gvk" {
+                if kind == "olm.gvk" {
                     provided.push(gvk);
                 } else {
                     let dep = format!(
@@ -815,8 +1092,7 @@ fn build_bundle(
                     #[serde(default, rename = "versionRange")]
                     version_range: String,
                 }
-                let r = Req::deserialize(&prop.value)
-                    .map_err(|e| perr(i, &prop.kind, e.to_string()))?;
+                let r: Req = value.typed().map_err(|e| perr(i, kind, e))?;
                 // Served in the legacy dependency shape {packageName, version}.
                 let dep = format!(
                     "{{\"packageName\":{},\"version\":{}}}",
@@ -824,10 +1100,13 @@ fn build_bundle(
                     gojson::encode(&Value::String(r.version_range), false)
                 );
                 dependencies.push(("olm.package".to_string(), dep));
+                let text =
+                    gojson::encode(value.value().map_err(|e| perr(i, kind, e))?.as_ref(), false);
+                properties.push((kind.clone(), text));
+                continue;
             }
             "olm.bundle.object" => {
-                let o = BundleObjectProp::deserialize(&prop.value)
-                    .map_err(|e| perr(i, &prop.kind, e.to_string()))?;
+                let o: BundleObjectProp = value.typed().map_err(|e| perr(i, kind, e))?;
                 let raw = decode_b64(&o.data).map_err(|e| {
                     LoadError::new(
                         loc,
@@ -842,20 +1121,21 @@ fn build_bundle(
                         format!("package {pname:?} bundle {bname:?} property {i} (olm.bundle.object): data is not a JSON or YAML manifest: {e}"),
                     )
                 })?;
-                objects.push(Text(vec![Arc::<str>::from(json)]));
+                object_texts.push((blobs.push(&json), is_csv(&json)));
                 continue;
             }
             "olm.csv.metadata" => {
-                match b.metas.iter().find(|(j, _)| *j == i) {
-                    Some((_, Ok(m))) => metas.push(m),
-                    Some((_, Err(e))) => return Err(perr(i, &prop.kind, e.clone())),
-                    None => return Err(perr(i, &prop.kind, "not decoded".into())),
-                }
+                let m: CsvMetadata = value.typed().map_err(|e| perr(i, kind, e))?;
+                metas.push(m);
                 continue;
             }
             _ => {}
         }
-        properties.push((prop.kind.clone(), text));
+        let text = gojson::encode(value.value().map_err(|e| perr(i, kind, e))?.as_ref(), false);
+        properties.push((kind.clone(), text));
+    }
+    for (r, _) in &object_texts {
+        objects.push(Text::blob(*r));
     }
     let pkg_prop = match versions.as_slice() {
         [one] => one,
@@ -877,7 +1157,7 @@ fn build_bundle(
             ));
         }
     };
-    if pkg_prop.package_name != pname {
+    if pkg_prop.package_name != *pname {
         return Err(LoadError::new(
             loc,
             Rule::PackageProperty,
@@ -906,12 +1186,17 @@ fn build_bundle(
             ),
         ));
     }
-    let mut csv_json = objects
+    let csv_json = object_texts
         .iter()
-        .find(|o| o.0.first().is_some_and(|t| is_csv(t)))
-        .cloned()
+        .zip(&objects)
+        .find(|((_, csv), _)| *csv)
+        .map(|(_, t)| t.clone())
         .unwrap_or_default();
-    if csv_json.is_empty() && metas.len() == 1 {
+    let mut stub = None;
+    let mut stub_is_object = false;
+    if csv_json.is_empty()
+        && let [meta] = metas.as_slice()
+    {
         let related: Vec<RelatedImage> = b
             .related_images
             .iter()
@@ -920,43 +1205,61 @@ fn build_bundle(
                 image: r.image.clone(),
             })
             .collect();
-        const MARK: &str = "\u{1}hcp-olm-icon\u{1}";
-        const MARK_TEXT: &str = "\\u0001hcp-olm-icon\\u0001";
-        let text = csv::stub_csv_json(
-            metas[0],
+        // Written with markers where the package's description (when the
+        // metadata has none) and icon go; they are put in when the package
+        // is known.
+        let Scratch { json, text, body } = scratch;
+        csv::write_stub_csv_json(
+            meta,
             StubInputs {
                 name: bname,
                 version: &semver.to_string(),
-                icon: icon.as_ref().map(|(_, media)| Icon {
+                icon: Some(Icon {
                     base64data: MARK.to_string(),
-                    mediatype: media.clone(),
+                    mediatype: MARK.to_string(),
                 }),
                 related_images: &related,
-                package_description,
+                package_description: MARK,
             },
+            json,
+            text,
         );
-        csv_json = match (text.split_once(MARK_TEXT), &icon) {
-            (Some((head, tail)), Some((data, _))) => {
-                Text(vec![Arc::from(head), Arc::clone(data), Arc::from(tail)])
+        let desc_member = format!(",\"description\":\"{MARK_TEXT}\"");
+        let icon_member =
+            format!(",\"icon\":[{{\"base64data\":\"{MARK_TEXT}\",\"mediatype\":\"{MARK_TEXT}\"}}]");
+        body.clear();
+        let mut slots = Vec::with_capacity(2);
+        let mut rest = text.as_str();
+        for (member, slot) in [
+            (desc_member.as_str(), StubPart::Description),
+            (icon_member.as_str(), StubPart::Icon),
+        ] {
+            if let Some((head, tail)) = rest.split_once(member) {
+                body.push_str(head);
+                slots.push((u32::try_from(body.len()).unwrap_or(u32::MAX), slot));
+                rest = tail;
             }
-            _ => Text(vec![Arc::from(text)]),
-        };
-        if objects.is_empty() {
-            objects.push(csv_json.clone());
         }
+        body.push_str(rest);
+        stub = Some((blobs.push(body.as_str()), slots));
+        stub_is_object = objects.is_empty();
     }
-    Ok(BundleData {
-        name: bname.clone(),
-        package: pname.to_string(),
-        image: b.image.clone(),
-        version: pkg_prop.version.clone(),
-        provided,
-        required,
-        dependencies,
-        properties,
-        csv_json,
-        objects,
-        deprecation: None,
+    Ok(PreBundle {
+        data: BundleData {
+            name: bname.clone(),
+            package: pname.clone(),
+            image: b.image.clone(),
+            version: pkg_prop.version.clone(),
+            provided,
+            required,
+            dependencies,
+            properties,
+            csv_json,
+            objects,
+            deprecation: None,
+        },
+        stub,
+        stub_is_object,
     })
 }
 

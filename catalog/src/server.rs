@@ -15,6 +15,7 @@ use hcp_olm_proto::health::{
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
+use crate::blob::Blobs;
 use crate::model::{BundleData, Catalog, Entry, Gvk};
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -49,7 +50,13 @@ impl RegistryService {
                 "package {pkg:?}, channel {channel:?}, bundle {name:?} not found"
             ))
         })?;
-        Ok(trimmed(to_api(&p.bundles[name], channel, e, true)))
+        Ok(trimmed(to_api(
+            &self.catalog.blobs,
+            &p.bundles[name],
+            channel,
+            e,
+            true,
+        )))
     }
 
     fn entries_for(
@@ -78,46 +85,39 @@ impl RegistryService {
 
     fn latest_providing(&self, gvk: &Gvk) -> Vec<ChannelEntry> {
         let mut out = Vec::new();
-        for (pkg, ch, b) in self
-            .catalog
-            .providers
-            .get(gvk)
-            .map(Vec::as_slice)
-            .unwrap_or_default()
-        {
-            if self.catalog.packages[pkg].channels[ch].head == *b {
-                out.extend(self.entries_for(pkg, ch, b, false));
+        for (p, c, e) in self.catalog.providers(gvk) {
+            if c.head == e.name {
+                out.extend(self.entries_for(&p.name, &c.name, &e.name, false));
             }
         }
         out
     }
 }
 
-/// Builds the full API bundle of `data` as listed in `channel`.
-pub fn to_api(data: &BundleData, channel: &str, e: &Entry, content: bool) -> Bundle {
+/// Builds the full API bundle of `data` as listed in `channel`; `content`
+/// says whether `csvJson` and `object` are filled in (from `blobs`).
+pub fn to_api(blobs: &Blobs, data: &BundleData, channel: &str, e: &Entry, content: bool) -> Bundle {
     let gvk = |g: &Gvk| api::GroupVersionKind {
         group: g.group.clone(),
         version: g.version.clone(),
         kind: g.kind.clone(),
         plural: String::new(),
     };
+    let (csv_json, object) = if content {
+        let mut reader = blobs.reader();
+        (
+            data.csv_json.render(&mut reader),
+            data.objects.iter().map(|t| t.render(&mut reader)).collect(),
+        )
+    } else {
+        (String::new(), Vec::new())
+    };
     Bundle {
         csv_name: data.name.clone(),
         package_name: data.package.clone(),
         channel_name: channel.to_string(),
-        csv_json: if content {
-            data.csv_json.render()
-        } else {
-            String::new()
-        },
-        object: if content {
-            data.objects
-                .iter()
-                .map(crate::model::Text::render)
-                .collect()
-        } else {
-            Vec::new()
-        },
+        csv_json,
+        object,
         bundle_path: data.image.clone(),
         provided_apis: data.provided.iter().map(gvk).collect(),
         required_apis: data.required.iter().map(gvk).collect(),
@@ -309,14 +309,8 @@ impl Registry for RegistryService {
             kind: r.kind,
         };
         let mut out = Vec::new();
-        for (pkg, ch, b) in self
-            .catalog
-            .providers
-            .get(&gvk)
-            .map(Vec::as_slice)
-            .unwrap_or_default()
-        {
-            out.extend(self.entries_for(pkg, ch, b, true));
+        for (p, c, e) in self.catalog.providers(&gvk) {
+            out.extend(self.entries_for(&p.name, &c.name, &e.name, true));
         }
         if out.is_empty() {
             return Err(Status::unknown(format!(
@@ -423,7 +417,13 @@ impl Iterator for CatalogBundles {
         let data = &pkg.bundles[&b];
         let entry = &pkg.channels[&c].entries[&b];
         // Bundles with an image come without csvJson and objects (never copied).
-        Some(to_api(data, &c, entry, data.image.is_empty()))
+        Some(to_api(
+            &self.catalog.blobs,
+            data,
+            &c,
+            entry,
+            data.image.is_empty(),
+        ))
     }
 }
 

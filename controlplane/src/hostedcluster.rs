@@ -51,6 +51,57 @@ pub struct HostedClusterSpec {
     /// RFC3339 timestamp or the literal `"true"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused_until: Option<String>,
+    /// How control-plane services are published; the NodePort address of these is
+    /// where the guest reaches the tunnel gateway's NodePort.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub services: Option<Vec<ServicePublishingStrategyMapping>>,
+    /// The guest's Service and pod networks (what the tunnel may carry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub networking: Option<ClusterNetworking>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterNetworking {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub service_network: Vec<NetworkEntry>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cluster_network: Vec<NetworkEntry>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkEntry {
+    #[serde(default)]
+    pub cidr: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ServicePublishingStrategyMapping {
+    /// `APIServer`, `OAuthServer`, `Konnectivity`, `Ignition`, ...
+    #[serde(default)]
+    pub service: String,
+    #[serde(default)]
+    pub service_publishing_strategy: ServicePublishingStrategy,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ServicePublishingStrategy {
+    /// `LoadBalancer`, `NodePort`, `Route`, `None`, `S3`.
+    #[serde(default, rename = "type")]
+    pub type_: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_port: Option<NodePortPublishingStrategy>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodePortPublishingStrategy {
+    /// Host or IP the NodePort services are reached on.
+    #[serde(default)]
+    pub address: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
@@ -118,6 +169,24 @@ pub const REGISTRY_OVERRIDES_ANNOTATION: &str =
     "hypershift.openshift.io/olm-catalogs-is-registry-overrides";
 
 impl HostedCluster {
+    /// The address HyperShift publishes node ports on: the APIServer's NodePort
+    /// strategy address, else that of any other NodePort-published service.
+    pub fn node_port_address(&self) -> Option<String> {
+        let services = self.spec.services.as_deref().unwrap_or_default();
+        let address = |s: &ServicePublishingStrategyMapping| {
+            let p = &s.service_publishing_strategy;
+            (p.type_ == "NodePort")
+                .then(|| p.node_port.as_ref().map(|n| n.address.clone()))
+                .flatten()
+                .filter(|a| !a.is_empty())
+        };
+        services
+            .iter()
+            .filter(|s| s.service == "APIServer")
+            .chain(services.iter().filter(|s| s.service != "APIServer"))
+            .find_map(address)
+    }
+
     /// The hosted control plane namespace: `<namespace>-<name>`.
     pub fn hcp_namespace(&self) -> Option<String> {
         let ns = self.metadata.namespace.as_deref()?;

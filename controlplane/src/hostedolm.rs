@@ -151,6 +151,25 @@ pub struct TunnelSpec {
     /// How the gateway's WireGuard UDP port is exposed to the guest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_type: Option<TunnelServiceType>,
+    /// Host or IP the guest reaches the gateway Service on. Default: for NodePort the
+    /// HostedCluster's NodePort publishing address (`spec.services[]`, APIServer
+    /// first); for LoadBalancer the Service's `status.loadBalancer.ingress[0]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+}
+
+/// Where the guest agent reaches the tunnel gateway, as far as the controller knows.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TunnelStatus {
+    /// `NodePort` or `LoadBalancer`.
+    pub service_type: String,
+    /// `host:port` of the gateway's WireGuard endpoint once known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
 }
 
 /// What the controller observed. Conditions: `Available`, `Progressing`, `Degraded`,
@@ -173,6 +192,9 @@ pub struct HostedOLMStatus {
     /// One entry per default catalog.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub catalogs: Vec<CatalogStatus>,
+    /// The tunnel gateway's endpoint as derived from its Service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tunnel: Option<TunnelStatus>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]

@@ -61,7 +61,7 @@ enum Command {
     /// Print the HostedOLM CustomResourceDefinition.
     Crd,
     /// Run the controller against the cluster of the ambient kubeconfig / in-cluster config.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
 }
 
 #[derive(clap::Args)]
@@ -72,11 +72,13 @@ struct RunArgs {
     /// HostedClusters reconciled at once.
     #[arg(long, default_value_t = 4)]
     concurrency: u16,
-    /// OLM image (until release-payload lookup is wired, this is required unless every
-    /// HostedOLM overrides it).
+    /// OLM image for every hosted cluster; unset (the default) takes each release
+    /// payload's operator-lifecycle-manager image (needs --registry-lookups). A
+    /// HostedOLM spec.images.olm wins over both.
     #[arg(long, env = "HCP_OLM_OLM_IMAGE")]
     olm_image: Option<String>,
-    /// operator-registry image (defaults to the OLM image).
+    /// operator-registry image (default: the release payload's operator-registry,
+    /// else the OLM image).
     #[arg(long, env = "HCP_OLM_OPERATOR_REGISTRY_IMAGE")]
     operator_registry_image: Option<String>,
     /// Look up release labels and catalog tags in registries; `false` assumes catalog
@@ -95,6 +97,58 @@ struct RunArgs {
     tunnel_gateway_image: Option<String>,
     #[arg(long)]
     guest_agent_image: Option<String>,
+    /// Reconcile only while holding a coordination.k8s.io/v1 Lease (run 2+ replicas).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// Name of the leader-election Lease.
+    #[arg(long, default_value = "hcp-olm-controller")]
+    leader_elect_lease_name: String,
+    /// Namespace of the Lease (default: the pod's namespace, POD_NAMESPACE).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "hcp-olm-system")]
+    leader_elect_lease_namespace: String,
+    /// This replica's holder identity (default: pod name plus random bits).
+    #[arg(long)]
+    leader_elect_identity: Option<String>,
+    /// How long a Lease is honoured after its last change (e.g. 15s).
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    leader_elect_lease_duration: std::time::Duration,
+    /// A leader that cannot renew for this long stops reconciling.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    leader_elect_renew_deadline: std::time::Duration,
+    /// Interval of acquire/renew attempts.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    leader_elect_retry_period: std::time::Duration,
+    /// Requeue of converged HostedClusters (drift correction).
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    resync_interval: std::time::Duration,
+    /// Requeue while waiting (guest kubeconfig, guest OLM CRDs, HCP namespace).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    waiting_interval: std::time::Duration,
+    /// How long registry answers (catalog tag digests, release labels) are reused;
+    /// a tag that moved rolls its catalog Deployment after at most this long.
+    #[arg(long, default_value = "6h", value_parser = parse_duration)]
+    catalog_refresh_interval: std::time::Duration,
+}
+
+/// `90`, `90s`, `15m`, `6h`, `500ms`.
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a number with unit ms, s, m or h"))?;
+    let d = match unit {
+        "ms" => std::time::Duration::from_millis(n),
+        "" | "s" => std::time::Duration::from_secs(n),
+        "m" => std::time::Duration::from_secs(n * 60),
+        "h" => std::time::Duration::from_secs(n * 3600),
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (ms, s, m, h)")),
+    };
+    if d.is_zero() {
+        return Err(format!("{s:?}: must be positive"));
+    }
+    Ok(d)
 }
 
 /// An input problem: printed and mapped to exit code 64.
@@ -105,7 +159,18 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .init();
-    let cli = Cli::parse();
+    // Flag errors are input errors (exit 64, naming the flag); help/version exit 0.
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(EXIT_INPUT)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
     match run(cli) {
         Ok(Ok(())) => ExitCode::SUCCESS,
         Ok(Err(InputError(msgs))) => {
@@ -125,8 +190,7 @@ fn run(cli: Cli) -> anyhow::Result<Result<(), InputError>> {
     match cli.command {
         Command::Run(args) => {
             let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-            rt.block_on(run_controller(args))?;
-            Ok(Ok(()))
+            rt.block_on(run_controller(*args))
         }
         Command::Crd => {
             print!("{}", hostedolm::crd_yaml().context("serializing the CRD")?);
@@ -176,6 +240,7 @@ fn run(cli: Cli) -> anyhow::Result<Result<(), InputError>> {
                 version: release_version,
                 olm_image,
                 operator_registry_image,
+                payload_problem: None,
             };
             let valid =
                 match validate::validate(hc, spec.as_ref(), &facts, &ControllerDefaults::default())
@@ -201,8 +266,32 @@ fn run(cli: Cli) -> anyhow::Result<Result<(), InputError>> {
     }
 }
 
-async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
-    use hcp_olm_controlplane::runtime::{self, controller, metrics};
+async fn run_controller(args: RunArgs) -> anyhow::Result<Result<(), InputError>> {
+    use hcp_olm_controlplane::runtime::{self, controller, leader, metrics};
+    let election = if args.leader_elect {
+        let cfg = leader::LeaderConfig {
+            namespace: args.leader_elect_lease_namespace.clone(),
+            name: args.leader_elect_lease_name.clone(),
+            identity: args
+                .leader_elect_identity
+                .clone()
+                .unwrap_or_else(leader::default_identity),
+            lease_duration: args.leader_elect_lease_duration,
+            renew_deadline: args.leader_elect_renew_deadline,
+            retry_period: args.leader_elect_retry_period,
+        };
+        if let Err(e) = cfg.check() {
+            return Ok(Err(InputError(vec![format!("--leader-elect-*: {e}")])));
+        }
+        Some(cfg)
+    } else {
+        None
+    };
+    let schedule = runtime::Schedule {
+        resync: args.resync_interval,
+        waiting: args.waiting_interval,
+        catalog_refresh: args.catalog_refresh_interval,
+    };
     let client = kube::Client::try_default()
         .await
         .context("connecting to the management cluster")?;
@@ -237,15 +326,18 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
     } else {
         None
     };
-    let ctx = std::sync::Arc::new(runtime::Context::new(
-        client,
-        runtime::Config {
-            defaults,
-            olm_image: args.olm_image,
-            operator_registry_image: args.operator_registry_image,
-            oci,
-        },
-    ));
+    let ctx = std::sync::Arc::new(
+        runtime::Context::new(
+            client,
+            runtime::Config {
+                defaults,
+                olm_image: args.olm_image,
+                operator_registry_image: args.operator_registry_image,
+                oci,
+            },
+        )
+        .with_schedule(schedule),
+    );
     // One shutdown signal shared by the admin server and the controller.
     let (tx, rx) = futures::channel::oneshot::channel::<()>();
     let stop = futures::FutureExt::shared(futures::FutureExt::map(rx, |_| ()));
@@ -271,19 +363,21 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
         }
         let _ = tx.send(());
     });
-    controller::run(
-        ctx,
-        controller::RunOptions {
-            concurrency: args.concurrency,
-        },
-        stop,
-    )
-    .await;
+    let opts = controller::RunOptions {
+        concurrency: args.concurrency,
+    };
+    match election {
+        Some(cfg) => {
+            tracing::info!(identity = %cfg.identity, lease = %format!("{}/{}", cfg.namespace, cfg.name), "leader election on");
+            leader::run_with_leader_election(ctx, opts, cfg, stop).await
+        }
+        None => controller::run(ctx, opts, stop).await,
+    }
     match admin.await {
         Ok(r) => r.context("admin endpoints")?,
         Err(e) => anyhow::bail!("admin endpoints task: {e}"),
     }
-    Ok(())
+    Ok(Ok(()))
 }
 
 fn read_overrides(path: &Path) -> Result<HostedOLMSpec, InputError> {
@@ -349,6 +443,7 @@ fn offline_input(valid: validate::ValidInput) -> anyhow::Result<RenderInput> {
             agent_private_key: placeholder.clone(),
             agent_public_key: placeholder,
             gateway_endpoint: None,
+            gateway_endpoint_wait: None,
         },
         packageserver_cluster_ip: None,
         guest_olm_crds_ready: true,

@@ -25,6 +25,18 @@ pub struct ReleaseFacts {
     pub olm_image: Option<String>,
     /// Release-payload image `operator-registry`.
     pub operator_registry_image: Option<String>,
+    /// Why the OLM image could not be taken from the release payload (reported when
+    /// neither a flag nor a HostedOLM override names one).
+    pub payload_problem: Option<PayloadProblem>,
+}
+
+/// A release payload whose component images could not be read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PayloadProblem {
+    /// The release image or its `release-manifests/image-references` is unreadable.
+    Unreadable(String),
+    /// The payload does not name an `operator-lifecycle-manager` image.
+    OLMImageMissing(String),
 }
 
 /// Settings of the controller installation (flags of the controller Deployment).
@@ -78,6 +90,9 @@ pub enum ReasonCode {
     InvalidOverride,
     InvalidRegistryOverrides,
     InvalidCatalogPin,
+    InvalidNetworking,
+    ReleasePayloadUnreadable,
+    OLMImageNotInPayload,
 }
 
 impl ReasonCode {
@@ -93,6 +108,9 @@ impl ReasonCode {
             ReasonCode::InvalidOverride => "InvalidOverride",
             ReasonCode::InvalidRegistryOverrides => "InvalidRegistryOverrides",
             ReasonCode::InvalidCatalogPin => "InvalidCatalogPin",
+            ReasonCode::InvalidNetworking => "InvalidNetworking",
+            ReasonCode::ReleasePayloadUnreadable => "ReleasePayloadUnreadable",
+            ReasonCode::OLMImageNotInPayload => "OLMImageNotInPayload",
         }
     }
 
@@ -199,9 +217,36 @@ pub struct ValidInput {
     pub kubeconfig_key: String,
     pub pull_secret: String,
     pub tunnel_service_type: TunnelServiceType,
+    /// HostedOLM `spec.tunnel.address`: where the guest reaches the gateway Service.
+    pub tunnel_address: Option<String>,
+    /// The HostedCluster's NodePort publishing address (`spec.services[]`).
+    pub node_port_address: Option<String>,
     pub subscription_defaults: SubscriptionDefaults,
     /// Mirror sources from `spec.imageContentSources` (guest nodes use them).
     pub image_content_sources: Vec<(String, Vec<String>)>,
+    /// The guest's IPv4 Service CIDRs (first one holds the cluster DNS at `.10`).
+    pub guest_service_cidrs: Vec<String>,
+    /// The guest's IPv4 pod CIDRs.
+    pub guest_pod_cidrs: Vec<String>,
+}
+
+/// OpenShift's defaults when `spec.networking` leaves them out.
+pub const DEFAULT_SERVICE_CIDR: &str = "172.30.0.0/16";
+pub const DEFAULT_POD_CIDR: &str = "10.128.0.0/14";
+
+/// Parses an IPv4 CIDR `a.b.c.d/n` (the tunnel carries IPv4 only).
+pub fn parse_cidr(s: &str) -> Option<(std::net::Ipv4Addr, u8)> {
+    let (ip, len) = s.split_once('/')?;
+    let ip: std::net::Ipv4Addr = ip.parse().ok()?;
+    let len: u8 = len.parse().ok()?;
+    (len <= 32).then_some((ip, len))
+}
+
+/// The guest cluster DNS Service address: the 10th address of the first Service CIDR.
+pub fn guest_dns_address(service_cidrs: &[String]) -> Option<std::net::Ipv4Addr> {
+    let (ip, len) = parse_cidr(service_cidrs.first()?)?;
+    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+    Some(std::net::Ipv4Addr::from((u32::from(ip) & mask) + 10))
 }
 
 impl ValidInput {
@@ -351,6 +396,44 @@ pub fn validate(
             AvailabilityPolicy::SingleReplica
         }
     };
+
+    let mut cidrs =
+        |field: &str, entries: Option<&Vec<crate::hostedcluster::NetworkEntry>>, default: &str| {
+            let list: Vec<String> = entries
+                .into_iter()
+                .flatten()
+                .enumerate()
+                .filter_map(|(i, e)| {
+                    if parse_cidr(&e.cidr).is_some() {
+                        Some(e.cidr.clone())
+                    } else if e.cidr.contains(':') {
+                        None // IPv6: not carried by the tunnel
+                    } else {
+                        errs.push(ConditionReason::new(
+                            InvalidNetworking,
+                            format!("HostedCluster.spec.networking.{field}[{i}].cidr"),
+                            format!("{:?} is not an IPv4 CIDR", e.cidr),
+                        ));
+                        None
+                    }
+                })
+                .collect();
+            if list.is_empty() {
+                vec![default.to_string()]
+            } else {
+                list
+            }
+        };
+    let guest_service_cidrs = cidrs(
+        "serviceNetwork",
+        spec.networking.as_ref().map(|n| &n.service_network),
+        DEFAULT_SERVICE_CIDR,
+    );
+    let guest_pod_cidrs = cidrs(
+        "clusterNetwork",
+        spec.networking.as_ref().map(|n| &n.cluster_network),
+        DEFAULT_POD_CIDR,
+    );
 
     let paused_until = match spec.paused_until.as_deref() {
         None | Some("") => PausedUntil::NotPaused,
@@ -520,10 +603,35 @@ pub fn validate(
         Some(defaults.guest_agent_image.as_str()),
     );
     if olm.is_none() && image_ov.olm.is_none() {
+        let field = "HostedCluster.spec.release.image";
+        errs.push(match &facts.payload_problem {
+            Some(PayloadProblem::Unreadable(msg)) => ConditionReason::new(
+                ReleasePayloadUnreadable,
+                field,
+                format!(
+                    "the OLM image cannot be taken from the release payload: {msg} (set HostedOLM spec.images.olm to override)"
+                ),
+            ),
+            Some(PayloadProblem::OLMImageMissing(msg)) => ConditionReason::new(
+                OLMImageNotInPayload,
+                field,
+                format!("{msg} (set HostedOLM spec.images.olm to override)"),
+            ),
+            None => ConditionReason::new(
+                WaitingForReleaseInfo,
+                field,
+                "the operator-lifecycle-manager image of the release payload is not known yet",
+            ),
+        });
+    }
+    let tunnel_address = ov.tunnel.as_ref().and_then(|t| t.address.clone());
+    if let Some(a) = &tunnel_address
+        && !valid_host(a)
+    {
         errs.push(ConditionReason::new(
-            WaitingForReleaseInfo,
-            "HostedCluster.spec.release.image",
-            "the operator-lifecycle-manager image of the release payload is not known yet",
+            InvalidOverride,
+            "HostedOLM.spec.tunnel.address",
+            format!("{a:?} is not a host name or IP address"),
         ));
     }
     // operator-registry only matters for bundle unpack Jobs; fall back to the OLM image.
@@ -564,6 +672,8 @@ pub fn validate(
                     .as_ref()
                     .and_then(|t| t.service_type)
                     .unwrap_or_default(),
+                tunnel_address,
+                node_port_address: hc.node_port_address(),
                 subscription_defaults: ov.subscription_defaults.clone().unwrap_or_default(),
                 image_content_sources: spec
                     .image_content_sources
@@ -571,6 +681,8 @@ pub fn validate(
                     .flatten()
                     .map(|s| (s.source.clone(), s.mirrors.clone()))
                     .collect(),
+                guest_service_cidrs,
+                guest_pod_cidrs,
             })
         }
         _ => {
@@ -580,4 +692,18 @@ pub fn validate(
             Err(errs)
         }
     }
+}
+
+/// A DNS name or an IP address (no port).
+fn valid_host(s: &str) -> bool {
+    s.parse::<std::net::IpAddr>().is_ok()
+        || (!s.is_empty()
+            && s.len() <= 253
+            && s.split('.').all(|l| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+                    && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            }))
 }

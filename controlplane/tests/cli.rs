@@ -94,3 +94,33 @@ fn crd_subcommand_prints_the_crd() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("hostedolms.olm.hcp-olm.io"));
 }
+
+#[test]
+fn run_flag_errors_exit_64_naming_the_flag() {
+    let out = bin()
+        .args(["run", "--catalog-refresh-interval", "5x"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--catalog-refresh-interval"), "{err}");
+    // Leader-election durations are checked before any cluster is contacted.
+    let out = bin()
+        .args([
+            "run",
+            "--leader-elect=true",
+            "--leader-elect-lease-duration",
+            "5s",
+            "--leader-elect-renew-deadline",
+            "10s",
+        ])
+        .env("KUBECONFIG", "/nonexistent")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--leader-elect") && err.contains("renew deadline"),
+        "{err}"
+    );
+}

@@ -106,6 +106,7 @@ fn typed_objects_round_trip() {
                 "ServiceAccount" => roundtrip::<core::ServiceAccount>(o),
                 "Namespace" => roundtrip::<core::Namespace>(o),
                 "Endpoints" => roundtrip::<core::Endpoints>(o),
+                "EndpointSlice" => roundtrip::<k8s_openapi::api::discovery::v1::EndpointSlice>(o),
                 "NetworkPolicy" => roundtrip::<net::NetworkPolicy>(o),
                 "PodDisruptionBudget" => roundtrip::<policy::PodDisruptionBudget>(o),
                 "APIService" => roundtrip::<agg::APIService>(o),
@@ -415,11 +416,23 @@ fn tunnel_peer_config_is_typed_json() {
         .unwrap();
     let peer: render::AgentPeerConfig = serde_json::from_slice(&raw).unwrap();
     assert_eq!(peer.gateway_endpoint.as_deref(), Some("203.0.113.10:31820"));
+    let key_ref = peer.agent_private_key_secret_ref.clone().unwrap();
+    assert_eq!(key_ref.name, names::GUEST_AGENT_PEER);
+    assert!(s.body["data"][&key_ref.key].is_string());
+    // the agent reads the key from the mounted Secret, at the file the config names
     assert_eq!(
-        peer.agent_private_key_secret_ref.name,
-        names::GUEST_AGENT_PEER
+        peer.private_key_file.as_deref(),
+        Some(format!("/etc/hcp-olm/peer/{}", key_ref.key).as_str())
     );
-    assert!(s.body["data"][&peer.agent_private_key_secret_ref.key].is_string());
+    assert!(peer.private_key.is_none(), "no key inline in the config");
+    // it relays only to the guest's networks and forwards DNS to the guest cluster DNS
+    assert!(!peer.allowed_cidrs.is_empty());
+    assert_eq!(peer.guest_dns.len(), 1);
+    assert!(
+        peer.guest_dns[0].ends_with(".10:53"),
+        "{:?}",
+        peer.guest_dns
+    );
     assert_eq!(peer.exposed_services.len(), 3);
     let wg = find(&d.hcp, "Service", names::TUNNEL_GATEWAY_WG);
     assert_eq!(wg.body["spec"]["type"], "NodePort");

@@ -36,8 +36,10 @@ const RESOURCES: &[&str] = &[
     "catalogsources",
     "apiservices",
     "endpoints",
+    "endpointslices",
     "operatorhubs",
     "namespaces",
+    "events",
 ];
 
 fn repo_file(p: &str) -> PathBuf {
@@ -56,19 +58,41 @@ async fn setup(env: &Environment) -> Result<()> {
             repo_file("manifests/crds/hostedolm.yaml"),
         ])
         .await?;
+    setup_guest(&env.guest).await?;
+    env.management.ensure_namespace(HC_NS).await?;
+    Ok(())
+}
+
+/// A guest cluster serving the OLM and OperatorHub CRDs.
+async fn setup_guest(guest: &Cluster) -> Result<()> {
+    let fx = fixtures_dir();
     let mut guest_crds: Vec<PathBuf> = std::fs::read_dir(fx.join("crds/olm"))?
         .map(|e| e.map(|e| e.path()))
         .collect::<std::io::Result<_>>()?;
     guest_crds.push(fx.join("crds/openshift/0000_03_marketplace_01_operatorhubs.crd.yaml"));
-    env.guest.install_crds(&guest_crds).await?;
-    env.guest.ensure_namespace("openshift-marketplace").await?;
-    env.management.ensure_namespace(HC_NS).await?;
+    guest.install_crds(&guest_crds).await?;
+    guest.ensure_namespace("openshift-marketplace").await?;
     Ok(())
 }
 
 /// Create a HostedCluster from the `none-minimal` fixture, named `name`, whose
 /// status.kubeconfig names `kubeconfig_secret`.
 async fn create_hc(env: &Environment, name: &str, kubeconfig_secret: &str) -> Result<()> {
+    create_hc_in(&env.management, name, kubeconfig_secret).await
+}
+
+/// [`create_hc`] in one cluster.
+async fn create_hc_in(management: &Cluster, name: &str, kubeconfig_secret: &str) -> Result<()> {
+    create_hc_with(management, name, kubeconfig_secret, serde_json::json!({})).await
+}
+
+/// [`create_hc_in`] with extra (immutable) spec fields set at creation.
+async fn create_hc_with(
+    management: &Cluster,
+    name: &str,
+    kubeconfig_secret: &str,
+    spec: serde_json::Value,
+) -> Result<()> {
     let text =
         std::fs::read_to_string(fixtures_dir().join("hypershift/examples/none-minimal.yaml"))?;
     let mut value = None;
@@ -81,6 +105,11 @@ async fn create_hc(env: &Environment, name: &str, kubeconfig_secret: &str) -> Re
     let mut v = value.context("fixture has a HostedCluster")?;
     v["metadata"]["name"] = name.into();
     v["metadata"]["namespace"] = HC_NS.into();
+    if let (Some(dst), Some(src)) = (v["spec"].as_object_mut(), spec.as_object()) {
+        for (k, val) in src {
+            dst.insert(k.clone(), val.clone());
+        }
+    }
     // The fixture (`hypershift create cluster none --render`) carries the placeholder
     // `fakeAddress`, which the real CRD's validation rejects.
     if let Some(services) = v["spec"]["services"].as_array_mut() {
@@ -93,8 +122,7 @@ async fn create_hc(env: &Environment, name: &str, kubeconfig_secret: &str) -> Re
     v["spec"]["release"]["image"] =
         "quay.io/openshift-release-dev/ocp-release:4.18.3-x86_64".into();
     let obj: DynamicObject = serde_json::from_value(v)?;
-    let api: Api<DynamicObject> =
-        Api::namespaced_with(env.management.client(), HC_NS, &hc_resource());
+    let api: Api<DynamicObject> = Api::namespaced_with(management.client(), HC_NS, &hc_resource());
     api.create(&PostParams::default(), &obj).await?;
     api.patch_status(
         name,
@@ -109,28 +137,51 @@ async fn create_hc(env: &Environment, name: &str, kubeconfig_secret: &str) -> Re
         }})),
     )
     .await?;
-    env.management
+    management
         .ensure_namespace(&format!("{HC_NS}-{name}"))
         .await?;
     Ok(())
 }
 
 async fn put_kubeconfig_secret(env: &Environment, name: &str) -> Result<()> {
-    let yaml = std::fs::read(env.guest.kubeconfig())?;
+    put_secret(
+        &env.management,
+        HC_NS,
+        name,
+        "kubeconfig",
+        std::fs::read(env.guest.kubeconfig())?,
+    )
+    .await
+}
+
+/// Create or replace Secret `ns/name` with one key.
+async fn put_secret(
+    management: &Cluster,
+    ns: &str,
+    name: &str,
+    key: &str,
+    value: Vec<u8>,
+) -> Result<()> {
     let s = Secret {
         metadata: kube::api::ObjectMeta {
             name: Some(name.into()),
-            namespace: Some(HC_NS.into()),
+            namespace: Some(ns.into()),
             ..Default::default()
         },
-        data: Some(BTreeMap::from([(
-            "kubeconfig".to_string(),
-            ByteString(yaml),
-        )])),
+        data: Some(BTreeMap::from([(key.to_string(), ByteString(value))])),
         ..Default::default()
     };
-    Api::<Secret>::namespaced(env.management.client(), HC_NS)
-        .create(&PostParams::default(), &s)
+    Api::<Secret>::namespaced(management.client(), ns)
+        .patch(
+            name,
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": s.metadata,
+                "data": s.data,
+            })),
+        )
         .await?;
     Ok(())
 }
@@ -191,16 +242,21 @@ fn condition<'a>(
 /// The controller's identity: the ServiceAccount of manifests/controller bound to the
 /// ClusterRole there, so a missing permission fails this test.
 async fn controller_client(env: &Environment) -> Result<kube::Client> {
-    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-    let sa = env
-        .management
+    Ok(controller_identity(&env.management).await?.client)
+}
+
+/// [`controller_client`] for one cluster, with its kubeconfig; the leader-election
+/// Role and RoleBinding of manifests/controller are installed too.
+async fn controller_identity(cluster: &Cluster) -> Result<hcp_olm_e2e::cluster::Identity> {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+    let sa = cluster
         .service_account(
             "hcp-olm-system",
             "hcp-olm-controller",
             std::time::Duration::from_secs(3600),
         )
         .await?;
-    let admin = env.management.client();
+    let admin = cluster.client();
     let role: ClusterRole = serde_yaml_ng::from_str(&std::fs::read_to_string(repo_file(
         "manifests/controller/clusterrole.yaml",
     ))?)?;
@@ -210,10 +266,30 @@ async fn controller_client(env: &Environment) -> Result<kube::Client> {
     let binding: ClusterRoleBinding = serde_yaml_ng::from_str(&std::fs::read_to_string(
         repo_file("manifests/controller/clusterrolebinding.yaml"),
     )?)?;
-    Api::<ClusterRoleBinding>::all(admin)
+    Api::<ClusterRoleBinding>::all(admin.clone())
         .create(&PostParams::default(), &binding)
         .await?;
-    Ok(sa.client)
+    let text =
+        std::fs::read_to_string(repo_file("manifests/controller/leader-election-role.yaml"))?;
+    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+        let v: serde_json::Value = serde::Deserialize::deserialize(doc)?;
+        match v["kind"].as_str() {
+            Some("Role") => {
+                let r: Role = serde_json::from_value(v)?;
+                Api::<Role>::namespaced(admin.clone(), "hcp-olm-system")
+                    .create(&PostParams::default(), &r)
+                    .await?;
+            }
+            Some("RoleBinding") => {
+                let r: RoleBinding = serde_json::from_value(v)?;
+                Api::<RoleBinding>::namespaced(admin.clone(), "hcp-olm-system")
+                    .create(&PostParams::default(), &r)
+                    .await?;
+            }
+            other => anyhow::bail!("unexpected kind {other:?} in leader-election-role.yaml"),
+        }
+    }
+    Ok(sa)
 }
 
 fn ctx(client: kube::Client) -> Context {
@@ -559,5 +635,1321 @@ async fn run_subcommand_reconciles_and_stops_on_sigterm() -> Result<()> {
     let status = status.context("controller did not stop on SIGTERM")?;
     ensure!(status.success(), "exit {status:?}\n{logs}");
     ensure!(!logs.contains("BEGIN PRIVATE KEY"), "key material in logs");
+    Ok(())
+}
+
+/// Poll `check` every 250 ms until it returns Some, for at most `bound`.
+async fn eventually<T, F, Fut>(bound: std::time::Duration, what: &str, mut check: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>>>,
+{
+    let deadline = std::time::Instant::now() + bound;
+    loop {
+        if let Some(t) = check().await? {
+            return Ok(t);
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "{what}: not within {bound:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}
+
+async fn holm_condition(
+    env: &Environment,
+    name: &str,
+    t: &str,
+) -> Result<Option<(String, String)>> {
+    let holm = Api::<HostedOLM>::namespaced(env.management.client(), &format!("{HC_NS}-{name}"))
+        .get_opt(name)
+        .await?;
+    Ok(holm
+        .as_ref()
+        .and_then(|h| condition(h, t))
+        .map(|c| (c.status.clone(), c.reason.clone())))
+}
+
+fn config_hash(d: &Deployment) -> Option<String> {
+    d.spec
+        .as_ref()?
+        .template
+        .metadata
+        .as_ref()?
+        .annotations
+        .as_ref()?
+        .get("hcp-olm.io/config-hash")
+        .cloned()
+}
+
+/// The `run` loop (in process, as the controller's ServiceAccount) reacts to the
+/// Secrets it reads: a HostedCluster whose admin kubeconfig Secret is missing is
+/// Degraded; creating the Secret converges it without touching the HostedCluster
+/// (the waiting requeue is an hour, so only the Secret watch can have woken it), and
+/// a new HCP-namespace kubeconfig Secret rolls the OLM pods (config hash).
+#[tokio::test]
+async fn secret_changes_trigger_reconciles() -> Result<()> {
+    use futures::FutureExt;
+    use hcp_olm_controlplane::runtime::Schedule;
+    use hcp_olm_controlplane::runtime::controller::{RunOptions, run};
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    let client = controller_client(&env).await?;
+    let name = "late";
+    let hcp_ns = format!("{HC_NS}-{name}");
+    create_hc(&env, name, "late-admin-kubeconfig").await?;
+    let hour = std::time::Duration::from_secs(3600);
+    let ctx = std::sync::Arc::new(ctx(client).with_schedule(Schedule {
+        resync: hour,
+        waiting: hour,
+        catalog_refresh: hour,
+    }));
+    let (stop_tx, stop_rx) = futures::channel::oneshot::channel::<()>();
+    let runner = tokio::spawn(run(ctx.clone(), RunOptions::default(), stop_rx.map(|_| ())));
+    let result = async {
+        let bound = std::time::Duration::from_secs(60);
+        eventually(bound, "Degraded GuestKubeconfigMissing", || async {
+            Ok(holm_condition(&env, name, "Degraded")
+                .await?
+                .filter(|c| c == &("True".into(), "GuestKubeconfigMissing".into())))
+        })
+        .await?;
+        let rv = get_hc(&env, name).await?.metadata.resource_version;
+
+        put_kubeconfig_secret(&env, "late-admin-kubeconfig").await?;
+        let started = std::time::Instant::now();
+        eventually(bound, "converged after the Secret appeared", || async {
+            let eps = Api::<k8s_openapi::api::core::v1::Endpoints>::namespaced(
+                env.guest.client(),
+                "default",
+            )
+            .get_opt("packageserver")
+            .await?;
+            let degraded = holm_condition(&env, name, "Degraded").await?;
+            Ok((eps.is_some() && degraded.as_ref().is_some_and(|d| d.0 == "False")).then_some(()))
+        })
+        .await?;
+        eprintln!(
+            "converged {:?} after the kubeconfig Secret was created",
+            started.elapsed()
+        );
+        assert_eq!(
+            get_hc(&env, name).await?.metadata.resource_version,
+            rv,
+            "the HostedCluster was not touched"
+        );
+
+        // HyperShift's kubeconfig Secret for OLM pods appears in the HCP namespace:
+        // the operators' config hash changes (pods roll).
+        let deps = Api::<Deployment>::namespaced(env.management.client(), &hcp_ns);
+        let before = config_hash(&deps.get("hcp-olm-olm-operator").await?);
+        let s = Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some("service-network-admin-kubeconfig".into()),
+                namespace: Some(hcp_ns.clone()),
+                ..Default::default()
+            },
+            data: Some(BTreeMap::from([(
+                "kubeconfig".to_string(),
+                ByteString(std::fs::read(env.guest.kubeconfig())?),
+            )])),
+            ..Default::default()
+        };
+        Api::<Secret>::namespaced(env.management.client(), &hcp_ns)
+            .create(&PostParams::default(), &s)
+            .await?;
+        let after = eventually(
+            bound,
+            "config hash follows the HCP kubeconfig Secret",
+            || async {
+                let now = config_hash(&deps.get("hcp-olm-olm-operator").await?);
+                Ok((now != before).then_some(now))
+            },
+        )
+        .await?;
+        eprintln!("config hash {before:?} -> {after:?}");
+        // Events: the Available/Degraded transitions were recorded on the HostedOLM.
+        let evs = Api::<k8s_openapi::api::events::v1::Event>::namespaced(
+            env.management.client(),
+            &hcp_ns,
+        )
+        .list(&ListParams::default())
+        .await?;
+        let reasons: Vec<String> = evs
+            .items
+            .iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("HostedOLM"))
+            .filter_map(|e| e.reason.clone())
+            .collect();
+        eprintln!("events: {reasons:?}");
+        ensure!(
+            reasons.iter().any(|r| r == "GuestKubeconfigMissing")
+                && reasons.iter().any(|r| r == "NotDegraded"),
+            "events {reasons:?}"
+        );
+        Ok(())
+    }
+    .await;
+    let _ = stop_tx.send(());
+    tokio::time::timeout(std::time::Duration::from_secs(30), runner).await??;
+    result
+}
+
+fn spawn_controller(
+    kubeconfig: &std::path::Path,
+    identity: &str,
+    port: u16,
+    log: &std::path::Path,
+) -> Result<std::process::Child> {
+    Ok(
+        std::process::Command::new(env!("CARGO_BIN_EXE_hcp-olm-controller"))
+            .args([
+                "run",
+                "--admin-addr",
+                &format!("127.0.0.1:{port}"),
+                "--registry-lookups=false",
+                "--olm-image",
+                OLM_IMAGE,
+                "--leader-elect=true",
+                "--leader-elect-lease-namespace",
+                "hcp-olm-system",
+                "--leader-elect-identity",
+                identity,
+                "--leader-elect-lease-duration",
+                "4s",
+                "--leader-elect-renew-deadline",
+                "3s",
+                "--leader-elect-retry-period",
+                "1s",
+            ])
+            .env("KUBECONFIG", kubeconfig)
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(log)?)
+            .spawn()?,
+    )
+}
+
+/// `None` when the admin endpoint does not answer.
+fn role_of(port: u16) -> Option<String> {
+    let r = http_get(port, "/readyz").ok()?;
+    Some(r.lines().last().unwrap_or_default().trim().to_string())
+}
+
+fn reconciles_of(port: u16) -> u64 {
+    http_get(port, "/metrics")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("hcp_olm_reconciles_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+async fn lease_holder(cluster: &Cluster) -> Result<(Option<String>, i32)> {
+    let l = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+        cluster.client(),
+        "hcp-olm-system",
+    )
+    .get_opt("hcp-olm-controller")
+    .await?;
+    let spec = l.and_then(|l| l.spec).unwrap_or_default();
+    Ok((
+        spec.holder_identity.filter(|h| !h.is_empty()),
+        spec.lease_transitions.unwrap_or(0),
+    ))
+}
+
+/// Two `run --leader-elect` processes as the controller's ServiceAccount (RBAC from
+/// manifests/): exactly one leads and only it reconciles; SIGKILL of the leader →
+/// the other takes over once the lease has expired (not before); SIGTERM of a
+/// leader releases the Lease.
+#[tokio::test]
+async fn leader_election_one_leader_and_takeover() -> Result<()> {
+    use hcp_olm_e2e::cluster::ClusterOptions;
+    let mgmt = Cluster::start(ClusterOptions::new("management")).await?;
+    mgmt.install_crds(&[
+        fixtures_dir().join("hypershift/crds/hostedclusters-Hypershift-Default.crd.yaml"),
+        repo_file("manifests/crds/hostedolm.yaml"),
+    ])
+    .await?;
+    mgmt.ensure_namespace(HC_NS).await?;
+    let sa = controller_identity(&mgmt).await?;
+    let dir = tempfile::tempdir()?;
+    let ids = ["replica-a", "replica-b"];
+    let ports = [
+        hcp_olm_e2e::ports::free_port()?,
+        hcp_olm_e2e::ports::free_port()?,
+    ];
+    let logs = [dir.path().join("a.log"), dir.path().join("b.log")];
+    let mut children = vec![
+        spawn_controller(&sa.kubeconfig, ids[0], ports[0], &logs[0])?,
+        spawn_controller(&sa.kubeconfig, ids[1], ports[1], &logs[1])?,
+    ];
+    let lease = std::time::Duration::from_secs(4);
+    let retry = std::time::Duration::from_secs(1);
+    let result = async {
+        let bound = std::time::Duration::from_secs(60);
+        let leader = eventually(bound, "one leader, one standby", || async {
+            let roles = [role_of(ports[0]), role_of(ports[1])];
+            let (holder, _) = lease_holder(&mgmt).await?;
+            Ok(match (roles[0].as_deref(), roles[1].as_deref()) {
+                (Some("ok: leader"), Some("ok: standby")) if holder.as_deref() == Some(ids[0]) => {
+                    Some(0)
+                }
+                (Some("ok: standby"), Some("ok: leader")) if holder.as_deref() == Some(ids[1]) => {
+                    Some(1)
+                }
+                _ => None,
+            })
+        })
+        .await?;
+        let other = 1 - leader;
+        // It stays that way over several renewals.
+        for _ in 0..4 {
+            tokio::time::sleep(retry).await;
+            assert_eq!(role_of(ports[leader]).as_deref(), Some("ok: leader"));
+            assert_eq!(role_of(ports[other]).as_deref(), Some("ok: standby"));
+        }
+        // Only the leader reconciles.
+        create_hc_in(&mgmt, "elected", "elected-admin-kubeconfig").await?;
+        eventually(bound, "the leader reconciles", || async {
+            let hc = Api::<HostedCluster>::namespaced(mgmt.client(), HC_NS)
+                .get("elected")
+                .await?;
+            Ok(hc
+                .metadata
+                .finalizers
+                .unwrap_or_default()
+                .contains(&FINALIZER.to_string())
+                .then_some(()))
+        })
+        .await?;
+        // (The finalizer is added early in a reconcile; its metric follows at the end.)
+        eventually(bound, "leader metrics count the reconcile", || async {
+            Ok((reconciles_of(ports[leader]) > 0).then_some(()))
+        })
+        .await?;
+        assert_eq!(reconciles_of(ports[other]), 0, "the standby reconciled");
+        let (_, transitions0) = lease_holder(&mgmt).await?;
+
+        // SIGKILL the leader: no release, the standby waits for expiry.
+        children[leader].kill()?;
+        children[leader].wait()?;
+        let killed = std::time::Instant::now();
+        eventually(bound, "takeover", || async {
+            Ok((role_of(ports[other]).as_deref() == Some("ok: leader")).then_some(()))
+        })
+        .await?;
+        let took = killed.elapsed();
+        let (holder, transitions1) = lease_holder(&mgmt).await?;
+        eprintln!("takeover after {took:?} (lease {lease:?}, retry {retry:?})");
+        assert_eq!(holder.as_deref(), Some(ids[other]));
+        assert_eq!(transitions1, transitions0 + 1);
+        ensure!(
+            took + retry >= lease,
+            "took over after {took:?}, before the {lease:?} lease could expire"
+        );
+        // Lease duration + one retry period, plus polling slack on a loaded machine.
+        ensure!(
+            took <= lease + retry * 3 + std::time::Duration::from_secs(4),
+            "takeover took {took:?}"
+        );
+        // The new leader reconciles: a new HostedCluster gets the finalizer.
+        create_hc_in(&mgmt, "after", "after-admin-kubeconfig").await?;
+        eventually(bound, "the new leader reconciles", || async {
+            let hc = Api::<HostedCluster>::namespaced(mgmt.client(), HC_NS)
+                .get("after")
+                .await?;
+            Ok(hc
+                .metadata
+                .finalizers
+                .unwrap_or_default()
+                .contains(&FINALIZER.to_string())
+                .then_some(()))
+        })
+        .await?;
+
+        // SIGTERM: stops and releases the Lease.
+        let pid = children[other].id().to_string();
+        ensure!(
+            std::process::Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()?
+                .success()
+        );
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let status = loop {
+            if let Some(st) = children[other].try_wait()? {
+                break st;
+            }
+            ensure!(std::time::Instant::now() < deadline, "no exit on SIGTERM");
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        };
+        ensure!(status.success(), "exit {status:?}");
+        let (holder, _) = lease_holder(&mgmt).await?;
+        assert_eq!(holder, None, "the Lease was released");
+        Ok(())
+    }
+    .await;
+    for c in &mut children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    if let Err(e) = result {
+        let a = std::fs::read_to_string(&logs[0]).unwrap_or_default();
+        let b = std::fs::read_to_string(&logs[1]).unwrap_or_default();
+        anyhow::bail!("{e:#}\nlog a:\n{a}\nlog b:\n{b}");
+    }
+    Ok(())
+}
+
+/// Catalog and release lookups against a real registry (CNCF distribution): the
+/// release version comes from the image label (not status), a catalog missing its
+/// tag for two minors falls back, one with no tag at all is Degraded while the rest
+/// of OLM is applied; registry answers are reused for `catalog_refresh`, after which
+/// a moved tag rolls only its catalog Deployment and an unchanged one writes
+/// nothing. A second HostedCluster whose release image has no version label is
+/// Degraded without disturbing the first.
+#[tokio::test]
+async fn catalog_digests_refresh_from_a_real_registry() -> Result<()> {
+    use hcp_olm_controlplane::runtime::Schedule;
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    let reg = hcp_olm_e2e::registry::Registry::start()?;
+    let a = reg.addr().to_string();
+    let oci = std::sync::Arc::new(hcp_olm_oci::Client::new(hcp_olm_oci::ClientOptions {
+        plain_http: vec![a.clone()],
+        timeout: Some(std::time::Duration::from_secs(5)),
+        ..Default::default()
+    })?);
+    let label = |k: &str, v: &str| BTreeMap::from([(k.to_string(), v.to_string())]);
+    let release = format!("{a}/ocp/release:4.18.3-x86_64");
+    oci.push_image(&release, &label("io.openshift.release", "4.18.3"))
+        .await?;
+    let unlabelled = format!("{a}/ocp/release:unlabelled");
+    oci.push_image(&unlabelled, &BTreeMap::new()).await?;
+    let redhat = format!("{a}/redhat/redhat-operator-index");
+    let d1 = oci
+        .push_image(&format!("{redhat}:v4.18"), &label("rev", "1"))
+        .await?;
+    let community = format!("{a}/redhat/community-operator-index");
+    let dc = oci
+        .push_image(&format!("{community}:v4.16"), &BTreeMap::new())
+        .await?;
+    // certified-operator-index: no tag at all.
+
+    put_kubeconfig_secret(&env, "reg-admin-kubeconfig").await?;
+    let hcs = Api::<DynamicObject>::namespaced_with(env.management.client(), HC_NS, &hc_resource());
+    for (name, image) in [("reg", &release), ("nolabel", &unlabelled)] {
+        create_hc(&env, name, "reg-admin-kubeconfig").await?;
+        hcs.patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({
+                "metadata": {"annotations": {
+                    "hypershift.openshift.io/olm-catalogs-is-registry-overrides":
+                        format!("registry.redhat.io/redhat={a}/redhat"),
+                }},
+                "spec": {"release": {"image": image}},
+            })),
+        )
+        .await?;
+        // Status names another version: the label must win (or, absent, nothing).
+        let version = if name == "reg" { "4.17.0" } else { "" };
+        hcs.patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"status": {"version": {"desired": {"version": version}}}}),
+            ),
+        )
+        .await?;
+    }
+    let hour = std::time::Duration::from_secs(3600);
+    let ctx = Context::new(
+        controller_client(&env).await?,
+        Config {
+            olm_image: Some(OLM_IMAGE.into()),
+            oci: Some(oci.clone()),
+            ..Default::default()
+        },
+    )
+    .with_schedule(Schedule {
+        catalog_refresh: hour,
+        ..Default::default()
+    });
+    reconcile(&ctx, &env, "reg").await?;
+    let o = reconcile(&ctx, &env, "reg").await?;
+    ensure!(
+        o.hcp_writes + o.guest_writes > 0 || o.state == State::Applied,
+        "{o:?}"
+    );
+    let holm = Api::<HostedOLM>::namespaced(env.management.client(), "clusters-reg")
+        .get("reg")
+        .await?;
+    let st = holm.status.clone().context("status")?;
+    eprintln!("status: {}", serde_json::to_string_pretty(&st)?);
+    assert_eq!(st.release_version.as_deref(), Some("4.18.3"));
+    let cat = |n: &str| {
+        st.catalogs
+            .iter()
+            .find(|c| c.name == n)
+            .cloned()
+            .context(n.to_string())
+    };
+    let rh = cat("redhat-operators")?;
+    assert_eq!(rh.image.as_deref(), Some(format!("{redhat}@{d1}").as_str()));
+    let co = cat("community-operators")?;
+    assert_eq!(
+        co.image.as_deref(),
+        Some(format!("{community}@{dc}").as_str())
+    );
+    assert_eq!(co.version.as_deref(), Some("4.16"));
+    let ce = cat("certified-operators")?;
+    ensure!(ce.image.is_none(), "{ce:?}");
+    let d = condition(&holm, "Degraded").context("Degraded")?;
+    assert_eq!(
+        (d.status.as_str(), d.reason.as_str()),
+        ("True", "CatalogImageUnavailable")
+    );
+    ensure!(d.message.contains("certified"), "{}", d.message);
+    let deps = Api::<Deployment>::namespaced(env.management.client(), "clusters-reg");
+    for want in [
+        "hcp-olm-olm-operator",
+        "hcp-olm-catalog-operator",
+        "hcp-olm-packageserver",
+        "hcp-olm-redhat-operators",
+        "hcp-olm-community-operators",
+    ] {
+        ensure!(deps.get_opt(want).await?.is_some(), "{want} missing");
+    }
+    ensure!(deps.get_opt("hcp-olm-certified-operators").await?.is_none());
+
+    // The other HostedCluster: no version label, no status version → Degraded.
+    let o = reconcile(&ctx, &env, "nolabel").await?;
+    assert_eq!(o.state, State::Invalid("MissingReleaseVersion".into()));
+    assert_eq!(
+        holm_condition(&env, "nolabel", "Degraded").await?,
+        Some(("True".into(), "MissingReleaseVersion".into()))
+    );
+
+    // The tag moves. Within catalog_refresh nothing is looked up again: 0 writes.
+    let d2 = oci
+        .push_image(&format!("{redhat}:v4.18"), &label("rev", "2"))
+        .await?;
+    ensure!(d2 != d1);
+    let writes = || async {
+        Ok::<_, anyhow::Error>(
+            env.management.api_writes(RESOURCES).await? + env.guest.api_writes(RESOURCES).await?,
+        )
+    };
+    let w0 = writes().await?;
+    let o = reconcile(&ctx, &env, "reg").await?;
+    assert_eq!(writes().await? - w0, 0, "{o:?}");
+    // After the refresh interval (same cache, shorter lifetime) the new digest rolls
+    // exactly the redhat catalog Deployment.
+    let refreshed = ctx.clone().with_schedule(Schedule {
+        catalog_refresh: std::time::Duration::from_millis(1),
+        ..Default::default()
+    });
+    let o = reconcile(&refreshed, &env, "reg").await?;
+    assert_eq!(
+        o.changed
+            .iter()
+            .filter(|c| !c.starts_with("HostedOLM"))
+            .cloned()
+            .collect::<Vec<_>>(),
+        ["Deployment/clusters-reg/hcp-olm-redhat-operators"],
+        "{o:?}"
+    );
+    let image = deps
+        .get("hcp-olm-redhat-operators")
+        .await?
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .init_containers
+        .unwrap_or_default()
+        .iter()
+        .chain([].iter())
+        .map(|c| c.image.clone().unwrap_or_default())
+        .collect::<Vec<_>>();
+    ensure!(
+        image.iter().any(|i| i == &format!("{redhat}@{d2}")),
+        "{image:?}"
+    );
+    // Looked up again, unchanged: nothing written.
+    let w0 = writes().await?;
+    let o = reconcile(&refreshed, &env, "reg").await?;
+    assert_eq!(writes().await? - w0, 0, "{o:?}");
+    assert_eq!(
+        (o.hcp_writes, o.guest_writes, o.status_written),
+        (0, 0, false)
+    );
+    Ok(())
+}
+
+/// Reconcile until a pass writes nothing in any of `clusters` (at most 4 passes);
+/// the last outcome.
+async fn converge(
+    ctx: &Context,
+    env: &Environment,
+    name: &str,
+    clusters: &[&Cluster],
+) -> Result<Outcome> {
+    let mut last = None;
+    for _ in 0..4 {
+        let mut w0 = 0;
+        for c in clusters {
+            w0 += c.api_writes(RESOURCES).await?;
+        }
+        let o = reconcile(ctx, env, name).await?;
+        let mut w1 = 0;
+        for c in clusters {
+            w1 += c.api_writes(RESOURCES).await?;
+        }
+        if w1 == w0 {
+            return Ok(o);
+        }
+        last = Some(o);
+    }
+    anyhow::bail!("{name} did not converge in 4 passes: {last:?}")
+}
+
+async fn patch_hc(env: &Environment, name: &str, patch: serde_json::Value) -> Result<()> {
+    Api::<DynamicObject>::namespaced_with(env.management.client(), HC_NS, &hc_resource())
+        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    Ok(())
+}
+
+async fn snapshot(env: &Environment, name: &str) -> Result<(Vec<String>, Vec<String>)> {
+    let mut m = ours(&env.management, &hcp_kinds(), name).await?;
+    let mut g = ours(&env.guest, &guest_kinds(), name).await?;
+    m.sort();
+    g.sort();
+    Ok((m, g))
+}
+
+fn catalog_source_ar() -> ApiResource {
+    ApiResource {
+        group: "operators.coreos.com".into(),
+        version: "v1alpha1".into(),
+        api_version: "operators.coreos.com/v1alpha1".into(),
+        kind: "CatalogSource".into(),
+        plural: "catalogsources".into(),
+    }
+}
+
+/// Spec changes converge with nothing stale (compared by our labels in both
+/// clusters), and bad input (unreachable guest, invalid HostedOLM override) is
+/// reported without losing objects, while a second HostedCluster with its own guest
+/// stays converged (0 writes) and not Degraded throughout.
+#[tokio::test]
+async fn spec_changes_converge_and_bad_input_is_contained() -> Result<()> {
+    use hcp_olm_e2e::cluster::ClusterOptions;
+    let env = Environment::start().await?;
+    let guest2 = Cluster::start(ClusterOptions::new("guest2")).await?;
+    setup(&env).await?;
+    setup_guest(&guest2).await?;
+    let ctx = ctx(controller_client(&env).await?);
+    let (name, other) = ("chg", "other");
+    let hcp_ns = format!("{HC_NS}-{name}");
+    put_kubeconfig_secret(&env, "chg-admin-kubeconfig").await?;
+    put_secret(
+        &env.management,
+        HC_NS,
+        "other-admin-kubeconfig",
+        "kubeconfig",
+        std::fs::read(guest2.kubeconfig())?,
+    )
+    .await?;
+    create_hc(&env, name, "chg-admin-kubeconfig").await?;
+    create_hc(&env, other, "other-admin-kubeconfig").await?;
+    put_secret(
+        &env.management,
+        &hcp_ns,
+        "pull-secret",
+        ".dockerconfigjson",
+        br#"{"auths":{"a.example":{"auth":"eDp5"}}}"#.to_vec(),
+    )
+    .await?;
+    converge(&ctx, &env, name, &[&env.management, &env.guest]).await?;
+    converge(&ctx, &env, other, &[&env.management, &guest2]).await?;
+    let initial = snapshot(&env, name).await?;
+    eprintln!("initial: {initial:?}");
+    ensure!(
+        initial
+            .0
+            .contains(&format!("Deployment/{hcp_ns}/hcp-olm-community-operators"))
+    );
+
+    // The bystander: converged and not Degraded after every step.
+    let bystander = || async {
+        let w0 = env.management.api_writes(RESOURCES).await? + guest2.api_writes(RESOURCES).await?;
+        let o = reconcile(&ctx, &env, other).await?;
+        let w1 = env.management.api_writes(RESOURCES).await? + guest2.api_writes(RESOURCES).await?;
+        ensure!(w1 == w0, "bystander wrote {} times: {o:?}", w1 - w0);
+        let d = holm_condition(&env, other, "Degraded").await?;
+        ensure!(
+            d.as_ref().is_some_and(|d| d.0 == "False"),
+            "bystander Degraded: {d:?}"
+        );
+        Ok::<_, anyhow::Error>(())
+    };
+    let sources = Api::<DynamicObject>::namespaced_with(
+        env.guest.client(),
+        "openshift-marketplace",
+        &catalog_source_ar(),
+    );
+    let deps = Api::<Deployment>::namespaced(env.management.client(), &hcp_ns);
+
+    // 1. Placement management → guest → management (HyperShift's
+    // spec.olmCatalogPlacement is immutable; the HostedOLM override is how it moves).
+    let holms = Api::<HostedOLM>::namespaced(env.management.client(), &hcp_ns);
+    holms
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"catalogPlacement": "guest"}})),
+        )
+        .await?;
+    converge(&ctx, &env, name, &[&env.management, &env.guest]).await?;
+    let (m, _) = snapshot(&env, name).await?;
+    ensure!(
+        !m.iter().any(|o| o.contains("-operators")),
+        "catalog objects left in the HCP: {m:?}"
+    );
+    let rh = sources.get("redhat-operators").await?;
+    ensure!(
+        rh.data["spec"]["image"]
+            .as_str()
+            .is_some_and(|i| i.contains("redhat-operator-index"))
+            && rh.data["spec"]["address"].is_null(),
+        "{:?}",
+        rh.data["spec"]
+    );
+    bystander().await?;
+    holms
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"catalogPlacement": "management"}})),
+        )
+        .await?;
+    converge(&ctx, &env, name, &[&env.management, &env.guest]).await?;
+    assert_eq!(
+        snapshot(&env, name).await?,
+        initial,
+        "after management → guest → management"
+    );
+    let rh = sources.get("redhat-operators").await?;
+    ensure!(
+        rh.data["spec"]["address"].as_str().is_some() && rh.data["spec"]["image"].is_null(),
+        "{:?}",
+        rh.data["spec"]
+    );
+
+    // 2. Disable one default source, then enable it again.
+    patch_hc(&env, name, serde_json::json!({"spec": {"configuration": {"operatorhub": {"sources": [{"name": "community-operators", "disabled": true}]}}}})).await?;
+    converge(&ctx, &env, name, &[&env.management, &env.guest]).await?;
+    let (m, g) = snapshot(&env, name).await?;
+    ensure!(
+        !m.iter()
+            .chain(&g)
+            .any(|o| o.contains("community-operators")),
+        "community left: {m:?} {g:?}"
+    );
+    ensure!(
+        g.iter().any(|o| o.ends_with("/redhat-operators"))
+            && g.iter().any(|o| o.ends_with("/certified-operators")),
+        "{g:?}"
+    );
+    bystander().await?;
+    patch_hc(
+        &env,
+        name,
+        serde_json::json!({"spec": {"configuration": {"operatorhub": {"sources": null}}}}),
+    )
+    .await?;
+    converge(&ctx, &env, name, &[&env.management, &env.guest]).await?;
+    assert_eq!(
+        snapshot(&env, name).await?,
+        initial,
+        "after disabling and enabling community-operators"
+    );
+
+    // 4. Rotate the pull secret: the catalog pods roll, the operators do not.
+    let hash = |d: Deployment| config_hash(&d);
+    let cat0 = hash(deps.get("hcp-olm-redhat-operators").await?);
+    let op0 = hash(deps.get("hcp-olm-olm-operator").await?);
+    put_secret(
+        &env.management,
+        &hcp_ns,
+        "pull-secret",
+        ".dockerconfigjson",
+        br#"{"auths":{"a.example":{"auth":"eDp6"}}}"#.to_vec(),
+    )
+    .await?;
+    converge(&ctx, &env, name, &[&env.management, &env.guest]).await?;
+    let cat1 = hash(deps.get("hcp-olm-redhat-operators").await?);
+    ensure!(cat1 != cat0, "catalog config hash unchanged: {cat0:?}");
+    assert_eq!(hash(deps.get("hcp-olm-olm-operator").await?), op0);
+    assert_eq!(snapshot(&env, name).await?, initial);
+
+    // 5. Release version 4.18 → 4.17: catalog tags follow.
+    let image_of = |d: Deployment| {
+        d.spec
+            .and_then(|s| s.template.spec)
+            .map(|p| {
+                p.init_containers
+                    .unwrap_or_default()
+                    .into_iter()
+                    .chain(p.containers)
+                    .filter_map(|c| c.image)
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    };
+    ensure!(
+        image_of(deps.get("hcp-olm-redhat-operators").await?)
+            .iter()
+            .any(|i| i.ends_with(":v4.18"))
+    );
+    Api::<DynamicObject>::namespaced_with(env.management.client(), HC_NS, &hc_resource())
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"status": {"version": {"desired": {"version": "4.17.5"}}}}),
+            ),
+        )
+        .await?;
+    converge(&ctx, &env, name, &[&env.management, &env.guest]).await?;
+    for c in ["redhat", "certified", "community"] {
+        let imgs = image_of(deps.get(&format!("hcp-olm-{c}-operators")).await?);
+        ensure!(
+            imgs.iter().any(|i| i.ends_with(":v4.17"))
+                && !imgs.iter().any(|i| i.ends_with(":v4.18")),
+            "{c}: {imgs:?}"
+        );
+    }
+    let st = Api::<HostedOLM>::namespaced(env.management.client(), &hcp_ns)
+        .get(name)
+        .await?
+        .status
+        .unwrap_or_default();
+    assert_eq!(st.release_version.as_deref(), Some("4.17.5"));
+    assert_eq!(snapshot(&env, name).await?, initial);
+    bystander().await?;
+
+    // 6. Invalid HostedOLM override: Degraded InvalidOverride, nothing lost.
+    holms.patch(name, &PatchParams::default(), &Patch::Merge(serde_json::json!({"spec": {"registryOverrides": [{"source": "", "mirror": "mirror.example.com"}]}}))).await?;
+    let o = reconcile(&ctx, &env, name).await?;
+    assert_eq!(o.state, State::Invalid("InvalidOverride".into()));
+    assert_eq!(
+        holm_condition(&env, name, "Degraded").await?,
+        Some(("True".into(), "InvalidOverride".into()))
+    );
+    let d = holms.get(name).await?;
+    ensure!(
+        condition(&d, "Degraded")
+            .unwrap()
+            .message
+            .contains("registryOverrides"),
+        "{:?}",
+        condition(&d, "Degraded")
+    );
+    assert_eq!(
+        snapshot(&env, name).await?,
+        initial,
+        "nothing lost while invalid"
+    );
+    bystander().await?;
+    holms
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"registryOverrides": null}})),
+        )
+        .await?;
+    converge(&ctx, &env, name, &[&env.management, &env.guest]).await?;
+    assert_eq!(
+        holm_condition(&env, name, "Degraded").await?.map(|d| d.0),
+        Some("False".into())
+    );
+
+    // 7. Unreachable guest API server: Degraded GuestUnreachable, nothing lost.
+    let port = hcp_olm_e2e::ports::free_port()?;
+    let dead = std::fs::read_to_string(env.guest.kubeconfig())?
+        .replace(env.guest.url(), &format!("https://127.0.0.1:{port}"));
+    ensure!(!dead.contains(env.guest.url()));
+    put_secret(
+        &env.management,
+        HC_NS,
+        "chg-admin-kubeconfig",
+        "kubeconfig",
+        dead.into_bytes(),
+    )
+    .await?;
+    let o = reconcile(&ctx, &env, name).await?;
+    assert_eq!(o.state, State::Waiting("GuestUnreachable".into()));
+    assert_eq!(
+        holm_condition(&env, name, "Degraded").await?,
+        Some(("True".into(), "GuestUnreachable".into()))
+    );
+    assert_eq!(
+        snapshot(&env, name).await?,
+        initial,
+        "nothing lost while the guest is unreachable"
+    );
+    bystander().await?;
+    put_kubeconfig_secret(&env, "chg-admin-kubeconfig").await?;
+    converge(&ctx, &env, name, &[&env.management, &env.guest]).await?;
+    assert_eq!(
+        holm_condition(&env, name, "Degraded").await?.map(|d| d.0),
+        Some("False".into())
+    );
+    assert_eq!(snapshot(&env, name).await?, initial);
+    bystander().await?;
+
+    // 8. Availability policy: immutable in HyperShift's API (a live switch is
+    // rejected by the CRD), so delete this HostedCluster (everything of ours goes)
+    // and create one that is HighlyAvailable from the start, on a fresh guest (this
+    // environment has no namespace controller, so the deleted guest namespace stays
+    // Terminating).
+    let replicas = |d: &Deployment| d.spec.as_ref().and_then(|s| s.replicas);
+    assert_eq!(replicas(&deps.get("hcp-olm-packageserver").await?), Some(1));
+    Api::<HostedCluster>::namespaced(env.management.client(), HC_NS)
+        .delete(name, &Default::default())
+        .await?;
+    let o = reconcile(&ctx, &env, name).await?;
+    assert_eq!(o.state, State::CleanedUp);
+    assert_eq!(
+        snapshot(&env, name).await?,
+        (vec![], vec![]),
+        "left after delete"
+    );
+    let ha = "chg-ha";
+    let ha_ns = format!("{HC_NS}-{ha}");
+    let guest3 = Cluster::start(ClusterOptions::new("guest3")).await?;
+    setup_guest(&guest3).await?;
+    put_secret(
+        &env.management,
+        HC_NS,
+        "ha-admin-kubeconfig",
+        "kubeconfig",
+        std::fs::read(guest3.kubeconfig())?,
+    )
+    .await?;
+    create_hc_with(
+        &env.management,
+        ha,
+        "ha-admin-kubeconfig",
+        serde_json::json!({"controllerAvailabilityPolicy": "HighlyAvailable"}),
+    )
+    .await?;
+    converge(&ctx, &env, ha, &[&env.management, &guest3]).await?;
+    let ha_deps = Api::<Deployment>::namespaced(env.management.client(), &ha_ns);
+    assert_eq!(
+        replicas(&ha_deps.get("hcp-olm-packageserver").await?),
+        Some(3)
+    );
+    let p = Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::namespaced(
+        env.management.client(),
+        &ha_ns,
+    )
+    .get("hcp-olm-packageserver")
+    .await?
+    .spec
+    .unwrap_or_default();
+    ensure!(
+        p.max_unavailable.is_some() && p.min_available.is_none(),
+        "{p:?}"
+    );
+    let m = ours(&env.management, &hcp_kinds(), ha).await?;
+    let g = ours(&guest3, &guest_kinds(), ha).await?;
+    assert_eq!(
+        (m.len(), g.len()),
+        (initial.0.len(), initial.1.len()),
+        "{m:?} {g:?}"
+    );
+    bystander().await?;
+    Ok(())
+}
+
+/// A leader that cannot renew (its Lease permission is revoked) stops leading by its
+/// renew deadline, before the lease duration after its last renewal could let
+/// another replica in; with the permission back, it leads again.
+#[tokio::test]
+async fn leader_steps_down_when_it_cannot_renew() -> Result<()> {
+    use hcp_olm_e2e::cluster::ClusterOptions;
+    use k8s_openapi::api::rbac::v1::RoleBinding;
+    let mgmt = Cluster::start(ClusterOptions::new("management")).await?;
+    mgmt.install_crds(&[
+        fixtures_dir().join("hypershift/crds/hostedclusters-Hypershift-Default.crd.yaml"),
+        repo_file("manifests/crds/hostedolm.yaml"),
+    ])
+    .await?;
+    let sa = controller_identity(&mgmt).await?;
+    let dir = tempfile::tempdir()?;
+    let port = hcp_olm_e2e::ports::free_port()?;
+    let log = dir.path().join("a.log");
+    let mut child = spawn_controller(&sa.kubeconfig, "solo", port, &log)?;
+    let lease = std::time::Duration::from_secs(4);
+    let result = async {
+        let bound = std::time::Duration::from_secs(60);
+        eventually(bound, "leading", || async {
+            Ok((role_of(port).as_deref() == Some("ok: leader")).then_some(()))
+        })
+        .await?;
+        let bindings = Api::<RoleBinding>::namespaced(mgmt.client(), "hcp-olm-system");
+        let binding = bindings.get("hcp-olm-controller-leader-election").await?;
+        bindings
+            .delete("hcp-olm-controller-leader-election", &Default::default())
+            .await?;
+        let revoked = std::time::Instant::now();
+        eventually(bound, "stepped down", || async {
+            Ok((role_of(port).as_deref() != Some("ok: leader")).then_some(()))
+        })
+        .await?;
+        let took = revoked.elapsed();
+        eprintln!("stepped down {took:?} after the Lease permission was revoked");
+        // Renew deadline 3 s after the last renewal (≤ revocation), plus polling.
+        ensure!(
+            took < lease + std::time::Duration::from_millis(500),
+            "still leading {took:?} after losing the Lease permission"
+        );
+        let mut b = binding.clone();
+        b.metadata.resource_version = None;
+        b.metadata.uid = None;
+        bindings.create(&PostParams::default(), &b).await?;
+        eventually(bound, "leading again", || async {
+            Ok((role_of(port).as_deref() == Some("ok: leader")).then_some(()))
+        })
+        .await?;
+        Ok(())
+    }
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    if let Err(e) = result {
+        let l = std::fs::read_to_string(&log).unwrap_or_default();
+        anyhow::bail!("{e:#}\nlog:\n{l}");
+    }
+    Ok(())
+}
+
+/// The guest agent's peer config (`peer.json` of the guest Secret) as JSON.
+async fn guest_peer_config(env: &Environment) -> Result<serde_json::Value> {
+    let s = Api::<Secret>::namespaced(env.guest.client(), "hcp-olm")
+        .get("hcp-olm-guest-agent-peer")
+        .await?;
+    let data = s.data.context("peer Secret has data")?;
+    let peer = data.get("peer.json").context("peer.json")?;
+    Ok(serde_json::from_slice(&peer.0)?)
+}
+
+async fn holm_of(env: &Environment, name: &str) -> Result<HostedOLM> {
+    Ok(
+        Api::<HostedOLM>::namespaced(env.management.client(), &format!("{HC_NS}-{name}"))
+            .get(name)
+            .await?,
+    )
+}
+
+async fn patch_holm(env: &Environment, name: &str, patch: serde_json::Value) -> Result<()> {
+    Api::<HostedOLM>::namespaced(env.management.client(), &format!("{HC_NS}-{name}"))
+        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    Ok(())
+}
+
+/// Gap 1: the OLM image comes from the release payload (a release image with a real
+/// gzip tar layer carrying `release-manifests/image-references`, pushed to a real
+/// registry); unreadable payloads are Degraded with a clear reason while another
+/// HostedCluster stays converged, and a HostedOLM override wins.
+/// Gap 2: the tunnel gateway endpoint reaches the guest peer config from the live
+/// WireGuard Service: NodePort → HostedCluster NodePort address + allocated port;
+/// LoadBalancer → waiting until the Service has an ingress, then ingress:port; a
+/// second pass writes nothing.
+#[tokio::test]
+async fn release_payload_images_and_tunnel_endpoint() -> Result<()> {
+    use hcp_olm_oci::payload::{IMAGE_REFERENCES_PATH, tar_gz};
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    let reg = hcp_olm_e2e::registry::Registry::start()?;
+    let a = reg.addr().to_string();
+    let oci = std::sync::Arc::new(hcp_olm_oci::Client::new(hcp_olm_oci::ClientOptions {
+        plain_http: vec![a.clone()],
+        timeout: Some(std::time::Duration::from_secs(5)),
+        ..Default::default()
+    })?);
+    let labels = BTreeMap::from([("io.openshift.release".to_string(), "4.18.3".to_string())]);
+    let olm = format!("{a}/art/olm@sha256:{}", "1".repeat(64));
+    let opm = format!("{a}/art/opm@sha256:{}", "2".repeat(64));
+    let stream = |tags: serde_json::Value| {
+        serde_json::to_vec(&serde_json::json!({
+            "kind": "ImageStream", "apiVersion": "image.openshift.io/v1",
+            "spec": {"tags": tags},
+        }))
+        .unwrap()
+    };
+    let good_refs = stream(serde_json::json!([
+        {"name": "cluster-version-operator", "from": {"kind": "DockerImage", "name": format!("{a}/art/cvo:1")}},
+        {"name": "operator-lifecycle-manager", "from": {"kind": "DockerImage", "name": olm}},
+        {"name": "operator-registry", "from": {"kind": "DockerImage", "name": opm}},
+    ]));
+    let no_olm_refs = stream(serde_json::json!([
+        {"name": "cluster-version-operator", "from": {"kind": "DockerImage", "name": format!("{a}/art/cvo:1")}},
+    ]));
+    let base = tar_gz(&[("usr/bin/true", b"\x7fELF")]);
+    let images = [
+        (
+            "good",
+            vec![base.clone(), tar_gz(&[(IMAGE_REFERENCES_PATH, &good_refs)])],
+        ),
+        (
+            "noolm",
+            vec![tar_gz(&[(IMAGE_REFERENCES_PATH, &no_olm_refs)])],
+        ),
+        ("nofile", vec![base.clone()]),
+        (
+            "garbage",
+            vec![tar_gz(&[(IMAGE_REFERENCES_PATH, b"{\"spec\": [")])],
+        ),
+    ];
+    for (tag, layers) in &images {
+        oci.push_image_with_layers(&format!("{a}/ocp/release:{tag}"), &labels, layers)
+            .await?;
+    }
+    let ctx = Context::new(
+        controller_client(&env).await?,
+        Config {
+            olm_image: None,
+            oci: Some(oci.clone()),
+            ..Default::default()
+        },
+    )
+    .with_events(None);
+    put_kubeconfig_secret(&env, "p-admin-kubeconfig").await?;
+    // No default catalogs: catalog tag lookups would leave loopback.
+    let no_catalogs =
+        serde_json::json!({"configuration": {"operatorhub": {"disableAllDefaultSources": true}}});
+    for (tag, _) in &images {
+        create_hc_with(
+            &env.management,
+            tag,
+            "p-admin-kubeconfig",
+            no_catalogs.clone(),
+        )
+        .await?;
+        patch_hc(
+            &env,
+            tag,
+            serde_json::json!({"spec": {"release": {"image": format!("{a}/ocp/release:{tag}")}}}),
+        )
+        .await?;
+    }
+
+    // The payload names the OLM image: every OLM Deployment runs it.
+    let t0 = std::time::Instant::now();
+    let o = converge(&ctx, &env, "good", &[&env.management, &env.guest]).await?;
+    eprintln!("good converged in {:?}: {o:?}", t0.elapsed());
+    let deps = Api::<Deployment>::namespaced(env.management.client(), "clusters-good");
+    for d in [
+        "hcp-olm-olm-operator",
+        "hcp-olm-catalog-operator",
+        "hcp-olm-packageserver",
+    ] {
+        let dep = deps.get(d).await?;
+        let image = dep.spec.unwrap().template.spec.unwrap().containers[0]
+            .image
+            .clone()
+            .unwrap_or_default();
+        assert_eq!(image, olm, "{d}");
+    }
+    let holm = holm_of(&env, "good").await?;
+    let d = condition(&holm, "Degraded").context("Degraded")?;
+    assert_eq!(d.status, "False", "{d:?}");
+
+    // Unusable payloads: Degraded, clear reason, nothing rendered, no error.
+    for (name, reason, needle) in [
+        (
+            "noolm",
+            "OLMImageNotInPayload",
+            "operator-lifecycle-manager",
+        ),
+        (
+            "nofile",
+            "ReleasePayloadUnreadable",
+            "release-manifests/image-references",
+        ),
+        ("garbage", "ReleasePayloadUnreadable", "not JSON"),
+    ] {
+        let o = reconcile(&ctx, &env, name).await?;
+        assert_eq!(o.state, State::Invalid(reason.into()), "{name}");
+        let holm = holm_of(&env, name).await?;
+        let d = condition(&holm, "Degraded").context("Degraded")?;
+        assert_eq!(
+            (d.status.as_str(), d.reason.as_str()),
+            ("True", reason),
+            "{name}"
+        );
+        ensure!(d.message.contains(needle), "{name}: {}", d.message);
+        ensure!(d.message.contains("spec.images.olm"), "{}", d.message);
+        let (m, _) = snapshot(&env, name).await?;
+        ensure!(
+            m.iter().all(|o| !o.starts_with("Deployment/")),
+            "{name}: rendered without an OLM image: {m:?}"
+        );
+    }
+    // The healthy HostedCluster is unaffected: nothing to write.
+    let w0 = env.management.api_writes(RESOURCES).await? + env.guest.api_writes(RESOURCES).await?;
+    reconcile(&ctx, &env, "good").await?;
+    let w1 = env.management.api_writes(RESOURCES).await? + env.guest.api_writes(RESOURCES).await?;
+    assert_eq!(w1 - w0, 0, "good rewrote objects after others failed");
+    // Tunnel, NodePort: the first pass creates the Service, reads back its node port
+    // and gives the guest agent `<HostedCluster NodePort address>:<nodePort>`.
+    let svc_api = Api::<Service>::namespaced(env.management.client(), "clusters-good");
+    let svc = svc_api.get("hcp-olm-tunnel-gateway-wg").await?;
+    let spec = svc.spec.clone().context("spec")?;
+    assert_eq!(spec.type_.as_deref(), Some("NodePort"));
+    let node_port = spec.ports.unwrap_or_default()[0]
+        .node_port
+        .context("node port allocated")?;
+    let want = format!("api.example.com:{node_port}");
+    let peer = guest_peer_config(&env).await?;
+    assert_eq!(peer["gateway_endpoint"], serde_json::json!(want), "{peer}");
+    let holm = holm_of(&env, "good").await?;
+    let tunnel = holm
+        .status
+        .clone()
+        .and_then(|s| s.tunnel)
+        .context("status.tunnel")?;
+    assert_eq!(tunnel.endpoint.as_deref(), Some(want.as_str()));
+    assert_eq!(tunnel.reason, "EndpointKnown");
+    ensure!(tunnel.message.contains("handshake"), "{}", tunnel.message);
+    ensure!(
+        condition(&holm, "Progressing").map(|c| c.reason.as_str())
+            != Some("WaitingForTunnelEndpoint")
+    );
+
+    // An address override replaces the HostedCluster's NodePort address.
+    patch_holm(
+        &env,
+        "good",
+        serde_json::json!({"spec": {"tunnel": {"address": "198.18.0.9"}}}),
+    )
+    .await?;
+    converge(&ctx, &env, "good", &[&env.management, &env.guest]).await?;
+    let peer = guest_peer_config(&env).await?;
+    assert_eq!(
+        peer["gateway_endpoint"],
+        serde_json::json!(format!("198.18.0.9:{node_port}"))
+    );
+
+    // LoadBalancer without an ingress: waiting, with the reason, no endpoint.
+    patch_holm(
+        &env,
+        "good",
+        serde_json::json!({"spec": {"tunnel": {"serviceType": "LoadBalancer", "address": null}}}),
+    )
+    .await?;
+    let o = converge(&ctx, &env, "good", &[&env.management, &env.guest]).await?;
+    assert_eq!(
+        o.state,
+        State::Waiting("WaitingForLoadBalancer".into()),
+        "{o:?}"
+    );
+    let peer = guest_peer_config(&env).await?;
+    assert_eq!(peer["gateway_endpoint"], serde_json::Value::Null, "{peer}");
+    let holm = holm_of(&env, "good").await?;
+    let p = condition(&holm, "Progressing").context("Progressing")?;
+    assert_eq!(
+        (p.status.as_str(), p.reason.as_str()),
+        ("True", "WaitingForLoadBalancer")
+    );
+    ensure!(
+        p.message.contains("hcp-olm-tunnel-gateway-wg"),
+        "{}",
+        p.message
+    );
+    let tunnel = holm
+        .status
+        .clone()
+        .and_then(|s| s.tunnel)
+        .context("status.tunnel")?;
+    assert_eq!(
+        (tunnel.service_type.as_str(), tunnel.endpoint.as_deref()),
+        ("LoadBalancer", None)
+    );
+
+    // The load balancer gets an ingress: the endpoint appears in the peer config.
+    svc_api
+        .patch_status(
+            "hcp-olm-tunnel-gateway-wg",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"loadBalancer": {"ingress": [{"ip": "198.18.0.10"}]}}})),
+        )
+        .await?;
+    let o = reconcile(&ctx, &env, "good").await?;
+    assert_eq!(o.state, State::Applied, "{o:?}");
+    ensure!(
+        o.changed
+            .iter()
+            .any(|c| c == "Secret/hcp-olm/hcp-olm-guest-agent-peer"),
+        "{o:?}"
+    );
+    let peer = guest_peer_config(&env).await?;
+    assert_eq!(
+        peer["gateway_endpoint"],
+        serde_json::json!("198.18.0.10:51820")
+    );
+    let holm = holm_of(&env, "good").await?;
+    assert_eq!(
+        holm.status
+            .and_then(|s| s.tunnel)
+            .and_then(|t| t.endpoint)
+            .as_deref(),
+        Some("198.18.0.10:51820")
+    );
+    // Second pass: nothing written anywhere.
+    let w0 = env.management.api_writes(RESOURCES).await? + env.guest.api_writes(RESOURCES).await?;
+    let o = reconcile(&ctx, &env, "good").await?;
+    let w1 = env.management.api_writes(RESOURCES).await? + env.guest.api_writes(RESOURCES).await?;
+    assert_eq!(w1 - w0, 0, "{o:?}");
+    assert_eq!(
+        (o.hcp_writes, o.guest_writes, o.status_written),
+        (0, 0, false)
+    );
+    // An override wins over the unreadable payload (last: this HostedCluster shares
+    // the guest, so it takes over the guest-side objects).
+    let override_olm = format!("{a}/art/olm-override@sha256:{}", "3".repeat(64));
+    patch_holm(
+        &env,
+        "nofile",
+        serde_json::json!({"spec": {"images": {"olm": override_olm}}}),
+    )
+    .await?;
+    converge(&ctx, &env, "nofile", &[&env.management]).await?;
+    let dep = Api::<Deployment>::namespaced(env.management.client(), "clusters-nofile")
+        .get("hcp-olm-olm-operator")
+        .await?;
+    assert_eq!(
+        dep.spec.unwrap().template.spec.unwrap().containers[0]
+            .image
+            .as_deref(),
+        Some(override_olm.as_str())
+    );
+    let holm = holm_of(&env, "nofile").await?;
+    assert_eq!(
+        condition(&holm, "Degraded").map(|c| c.status.as_str()),
+        Some("False")
+    );
+
     Ok(())
 }

@@ -102,6 +102,46 @@ fn unknown_olm_image_is_progressing() {
 }
 
 #[test]
+fn unreadable_payload_is_degraded_unless_overridden() {
+    use hcp_olm_controlplane::validate::PayloadProblem;
+    let hc = common::load_hc("none-minimal.yaml");
+    for (problem, code) in [
+        (
+            PayloadProblem::Unreadable("no image-references".into()),
+            ReasonCode::ReleasePayloadUnreadable,
+        ),
+        (
+            PayloadProblem::OLMImageMissing("names no operator-lifecycle-manager".into()),
+            ReasonCode::OLMImageNotInPayload,
+        ),
+    ] {
+        let facts = ReleaseFacts {
+            olm_image: None,
+            operator_registry_image: None,
+            payload_problem: Some(problem),
+            ..common::facts()
+        };
+        let errs = validate::validate(&hc, None, &facts, &common::defaults()).unwrap_err();
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].code, code);
+        assert_eq!(errs[0].code.severity(), Severity::Degraded);
+        assert!(
+            errs[0].message.contains("spec.images.olm"),
+            "{}",
+            errs[0].message
+        );
+        // An override wins over the payload.
+        let ov: hcp_olm_controlplane::hostedolm::HostedOLMSpec = serde_json::from_value(
+            serde_json::json!({"images": {"olm": "quay.io/x/olm@sha256:".to_string() + &"c".repeat(64)}}),
+        )
+        .unwrap();
+        let v = validate::validate(&hc, Some(&ov), &facts, &common::defaults()).unwrap();
+        assert!(v.images.olm.starts_with("quay.io/x/olm@"));
+        assert_eq!(v.images.operator_registry, v.images.olm);
+    }
+}
+
+#[test]
 fn bad_hosted_cluster_fields_are_each_reported() {
     let mut hc = common::load_hc("none-minimal.yaml");
     hc.spec.olm_catalog_placement = Some("elsewhere".into());
@@ -226,5 +266,43 @@ fn admin_kubeconfig_comes_from_status() {
             "clusters".to_string(),
             "example-admin-kubeconfig".to_string()
         ))
+    );
+}
+
+#[test]
+fn guest_networks_come_from_spec_networking_and_bad_cidrs_are_named() {
+    let mut hc = common::load_hc("none-minimal.yaml");
+    let v = common::valid(&hc, None);
+    assert_eq!(v.guest_service_cidrs, ["172.31.0.0/16"]);
+    assert_eq!(v.guest_pod_cidrs, ["10.132.0.0/14"]);
+    assert_eq!(
+        validate::guest_dns_address(&v.guest_service_cidrs),
+        Some("172.31.0.10".parse().unwrap())
+    );
+    // absent: OpenShift's defaults
+    hc.spec.networking = None;
+    let v = common::valid(&hc, None);
+    assert_eq!(v.guest_service_cidrs, [validate::DEFAULT_SERVICE_CIDR]);
+    assert_eq!(v.guest_pod_cidrs, [validate::DEFAULT_POD_CIDR]);
+    // garbage is refused with the field; IPv6 entries are skipped (IPv4-only tunnel)
+    hc.spec.networking = Some(
+        serde_json::from_value(serde_json::json!({
+            "serviceNetwork": [{"cidr": "fd02::/112"}, {"cidr": "172.30.0.0/16"}],
+            "clusterNetwork": [{"cidr": "10.128.0.0/33"}]
+        }))
+        .unwrap(),
+    );
+    let got = codes(validate::validate(
+        &hc,
+        None,
+        &common::facts(),
+        &common::defaults(),
+    ));
+    assert_eq!(
+        got,
+        [(
+            ReasonCode::InvalidNetworking,
+            "HostedCluster.spec.networking.clusterNetwork[0].cidr".to_string()
+        )]
     );
 }

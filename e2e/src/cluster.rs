@@ -67,6 +67,70 @@ pub struct ClusterOptions {
     pub extra_apiserver_args: Vec<String>,
     /// How long to wait for `/readyz`.
     pub ready_timeout: Duration,
+    /// Use this etcd (under its own key prefix) instead of starting one.
+    pub shared_etcd: Option<SharedEtcd>,
+}
+
+/// One etcd that several API servers share, each under its own `--etcd-prefix`
+/// (used by the controller benchmark to run many guest API servers).
+#[derive(Clone, Debug)]
+pub struct SharedEtcd {
+    process: ManagedProcess,
+    url: String,
+    prefix: String,
+    _dir: std::sync::Arc<tempfile::TempDir>,
+}
+
+impl SharedEtcd {
+    /// Starts an etcd for API servers to share.
+    pub fn start(name: &str) -> Result<Self, ClusterError> {
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("hcp-olm-{name}-"))
+            .tempdir()
+            .map_err(io("creating the etcd directory"))?;
+        let (process, url) = spawn_etcd(name, dir.path())?;
+        Ok(Self {
+            process,
+            url,
+            prefix: "/registry".into(),
+            _dir: std::sync::Arc::new(dir),
+        })
+    }
+
+    /// The same etcd, for an API server storing under `/<prefix>`.
+    pub fn with_prefix(&self, prefix: &str) -> Self {
+        Self {
+            prefix: format!("/{}", prefix.trim_start_matches('/')),
+            ..self.clone()
+        }
+    }
+
+    /// The etcd process id.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+}
+
+fn spawn_etcd(name: &str, d: &Path) -> Result<(ManagedProcess, String), ClusterError> {
+    let etcd_bin = tools::bin("etcd")?;
+    let client_port = ports::free_port().map_err(io("finding a port for etcd"))?;
+    let peer_port = ports::free_port().map_err(io("finding a port for etcd peers"))?;
+    let etcd_url = format!("http://127.0.0.1:{client_port}");
+    let peer_url = format!("http://127.0.0.1:{peer_port}");
+    let mut cmd = process::command(&etcd_bin);
+    cmd.args([
+        "--name=default",
+        &format!("--data-dir={}", d.join("etcd").display()),
+        &format!("--listen-client-urls={etcd_url}"),
+        &format!("--advertise-client-urls={etcd_url}"),
+        &format!("--listen-peer-urls={peer_url}"),
+        &format!("--initial-advertise-peer-urls={peer_url}"),
+        &format!("--initial-cluster=default={peer_url}"),
+        "--unsafe-no-fsync=true",
+        "--log-level=warn",
+    ]);
+    let etcd = ManagedProcess::spawn(&format!("{name}-etcd"), cmd, &d.join("etcd.log"))?;
+    Ok((etcd, etcd_url))
 }
 
 impl ClusterOptions {
@@ -79,6 +143,7 @@ impl ClusterOptions {
             extra_sans: Vec::new(),
             extra_apiserver_args: Vec::new(),
             ready_timeout: Duration::from_secs(90),
+            shared_etcd: None,
         }
     }
 }
@@ -128,7 +193,6 @@ impl std::fmt::Debug for Cluster {
 impl Cluster {
     /// Starts etcd and kube-apiserver and waits until `/readyz` answers ok.
     pub async fn start(opts: ClusterOptions) -> Result<Self, ClusterError> {
-        let etcd_bin = tools::bin("etcd")?;
         let apiserver_bin = tools::bin("kube-apiserver")?;
         let dir = tempfile::Builder::new()
             .prefix(&format!("hcp-olm-{}-", opts.name))
@@ -169,24 +233,18 @@ impl Cluster {
         let sa_key_file = write("sa.key", &sa_key)?;
         let sa_pub_file = write("sa.pub", &sa_pub)?;
 
-        // etcd
-        let client_port = ports::free_port().map_err(io("finding a port for etcd"))?;
-        let peer_port = ports::free_port().map_err(io("finding a port for etcd peers"))?;
-        let etcd_url = format!("http://127.0.0.1:{client_port}");
-        let peer_url = format!("http://127.0.0.1:{peer_port}");
-        let mut cmd = process::command(&etcd_bin);
-        cmd.args([
-            "--name=default",
-            &format!("--data-dir={}", d.join("etcd").display()),
-            &format!("--listen-client-urls={etcd_url}"),
-            &format!("--advertise-client-urls={etcd_url}"),
-            &format!("--listen-peer-urls={peer_url}"),
-            &format!("--initial-advertise-peer-urls={peer_url}"),
-            &format!("--initial-cluster=default={peer_url}"),
-            "--unsafe-no-fsync=true",
-            "--log-level=warn",
-        ]);
-        let etcd = ManagedProcess::spawn(&format!("{}-etcd", opts.name), cmd, &d.join("etcd.log"))?;
+        // etcd: our own, or a shared one under a key prefix
+        let (etcd, etcd_url, etcd_prefix) = match &opts.shared_etcd {
+            Some(shared) => (
+                shared.process.clone(),
+                shared.url.clone(),
+                shared.prefix.clone(),
+            ),
+            None => {
+                let (p, url) = spawn_etcd(&opts.name, d)?;
+                (p, url, "/registry".to_string())
+            }
+        };
 
         // kube-apiserver
         let port = ports::free_port().map_err(io("finding a port for kube-apiserver"))?;
@@ -198,6 +256,7 @@ impl Cluster {
         let p = |path: &Path| path.display().to_string();
         let mut args = vec![
             format!("--etcd-servers={etcd_url}"),
+            format!("--etcd-prefix={etcd_prefix}"),
             format!("--bind-address={bind}"),
             format!("--advertise-address={bind}"),
             format!("--secure-port={port}"),

@@ -3,16 +3,22 @@
 //! - [`tools`]: where the upstream binaries are (`make tools`).
 //! - [`cluster`]: etcd + kube-apiserver control planes ([`Cluster`], [`Environment`]).
 //! - [`netns`]: network namespaces joined by veth, with per-namespace `resolv.conf`.
+//! - [`guest_standin`]: a minimal stand-in for many guest API servers (controller benchmark only).
+//! - [`podnet`]: a cluster's pod network: router namespace, pod namespaces, Services, DNS.
 //! - [`registry`]: a real OCI registry on loopback.
+//! - [`kubelet`]: a kubelet stand-in that runs rendered pods as processes.
 //! - [`process`]: processes that stand in for pods, killed by PID and waited for.
 
 pub mod cluster;
+pub mod guest_standin;
 pub mod kubeconfig;
+pub mod kubelet;
 pub mod netns;
 pub mod pki;
+pub mod podnet;
 pub mod ports;
 pub mod process;
 pub mod registry;
 pub mod tools;
 
-pub use cluster::{Cluster, ClusterError, ClusterOptions, Environment, Identity};
+pub use cluster::{Cluster, ClusterError, ClusterOptions, Environment, Identity, SharedEtcd};

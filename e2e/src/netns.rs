@@ -46,6 +46,11 @@ pub fn unique_name(prefix: &str) -> String {
     name
 }
 
+/// Runs `ip <args>` in the caller's namespace.
+pub(crate) fn run_ip(args: &[&str]) -> Result<String, NetnsError> {
+    run(args)
+}
+
 fn run(args: &[&str]) -> Result<String, NetnsError> {
     let out = Command::new("ip")
         .args(args)
@@ -228,6 +233,51 @@ pub fn route(ns: &Netns, cidr: &str, gateway: &str) -> Result<(), NetnsError> {
 
 /// A process started in a namespace; re-exported for convenience.
 pub type NsProcess = ManagedProcess;
+
+/// Runs `f` on a short-lived thread that has joined the network namespace `netns` (by name)
+/// and returns its result. Sockets `f` creates stay in `netns`; no other thread of the caller
+/// changes namespace.
+pub async fn in_netns<T, F>(netns: &str, f: F) -> std::io::Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> std::io::Result<T> + Send + 'static,
+{
+    let path = PathBuf::from("/var/run/netns").join(netns);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(format!("netns-{netns}"))
+        .spawn(move || {
+            let result = (|| {
+                let file = std::fs::File::open(&path)?;
+                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                    .map_err(std::io::Error::from)?;
+                f()
+            })();
+            let _ = tx.send(result);
+        })?;
+    rx.await
+        .map_err(|_| std::io::Error::other("netns thread vanished"))?
+}
+
+/// Opens a TCP connection from inside the network namespace `netns`, bounded by `timeout`.
+pub async fn connect_tcp_in(
+    netns: &str,
+    addr: std::net::SocketAddr,
+    timeout: std::time::Duration,
+) -> std::io::Result<std::net::TcpStream> {
+    in_netns(netns, move || {
+        std::net::TcpStream::connect_timeout(&addr, timeout)
+    })
+    .await
+}
+
+/// Binds a TCP listener inside the network namespace `netns`.
+pub async fn bind_tcp_in(
+    netns: &str,
+    addr: std::net::SocketAddr,
+) -> std::io::Result<std::net::TcpListener> {
+    in_netns(netns, move || std::net::TcpListener::bind(addr)).await
+}
 
 #[cfg(test)]
 mod tests {

@@ -57,7 +57,7 @@ done
 build etcd etcd "$ETCD_VERSION" go.etcd.io/etcd/server/v3 -ldflags "-s -w"
 build kube kube-apiserver "$KUBE_VERSION" k8s.io/kubernetes/cmd/kube-apiserver -ldflags "$kube_ld"
 olm_ld="-s -w -X github.com/operator-framework/operator-lifecycle-manager/pkg/version.OLMVersion=${OLM_VERSION#v}"
-for c in catalog olm package-server; do
+for c in catalog olm package-server copy-content; do
   build olm "$c" "$OLM_VERSION" "github.com/operator-framework/operator-lifecycle-manager/cmd/$c" -tags json1 -ldflags "$olm_ld"
 done
 build opm opm "$OPM_VERSION" github.com/operator-framework/operator-registry/cmd/opm -tags containers_image_openpgp \

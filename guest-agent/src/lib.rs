@@ -4,6 +4,11 @@
 //! - [`server`]: the tokio driver (UDP/TCP listeners, upstream forwarding, metrics).
 //! - [`tunnel`]: the WireGuard tunnel engine (no I/O) and its tokio UDP driver.
 
+pub mod agent;
+pub mod daemon;
 pub mod dns;
+pub mod gateway;
+pub mod proxy;
 pub mod server;
+pub mod stack;
 pub mod tunnel;

@@ -3,6 +3,7 @@
 //! credentials (basic and bearer-token auth) and repository mirrors (`imageContentSources`).
 
 pub mod auth;
+pub mod payload;
 pub mod reference;
 
 use std::collections::BTreeMap;
@@ -42,6 +43,22 @@ pub enum OciError {
     NotFound { image: String, reason: String },
     #[error("release image {image} has no version label ({RELEASE_VERSION_LABEL})")]
     NoVersionLabel { image: String },
+    #[error(
+        "release image {image} has no {} in any layer",
+        payload::IMAGE_REFERENCES_PATH
+    )]
+    NoImageReferences { image: String },
+    #[error(
+        "release image {image}: {} is unreadable: {message}",
+        payload::IMAGE_REFERENCES_PATH
+    )]
+    InvalidImageReferences { image: String, message: String },
+    #[error("release image {image}: layer {digest}: {message}")]
+    Layer {
+        image: String,
+        digest: String,
+        message: String,
+    },
 }
 
 /// A repository mirror: references under `source` are looked up under each mirror first.
@@ -116,6 +133,18 @@ impl Client {
             http: HttpClient::builder(TokioExecutor::new()).build(https),
             opts,
         })
+    }
+
+    /// This client with `extra` mirrors tried after its own (a HostedCluster's
+    /// `imageContentSources`); shares the connection pool.
+    pub fn with_mirrors(&self, extra: &[Mirror]) -> Self {
+        let mut c = self.clone();
+        for m in extra {
+            if !c.opts.mirrors.contains(m) {
+                c.opts.mirrors.push(m.clone());
+            }
+        }
+        c
     }
 
     fn base(&self, registry: &str) -> String {
@@ -372,9 +401,12 @@ impl Client {
         Ok((digest, json))
     }
 
-    /// The labels of an image's config (`config.Labels`). A multi-arch index resolves to its
-    /// linux/amd64 entry (else the first).
-    pub async fn labels(&self, image: &str) -> Result<BTreeMap<String, String>, OciError> {
+    /// The manifest of `image` (through mirrors), an index resolved to its linux/amd64
+    /// entry (else the first); returns the reference that answered and the manifest.
+    async fn image_manifest(
+        &self,
+        image: &str,
+    ) -> Result<(Reference, serde_json::Value), OciError> {
         let r = Reference::parse(image)?;
         let found = match self.resolve(image).await? {
             Lookup::Found { via, .. } => Reference::parse(&via)?,
@@ -409,26 +441,74 @@ impl Client {
             };
             manifest = self.manifest(&child).await?.1;
         }
-        let config = manifest
-            .pointer("/config/digest")
-            .and_then(|d| d.as_str())
-            .ok_or_else(|| bad("manifest has no config digest"))?;
+        Ok((found, manifest))
+    }
+
+    /// GETs a blob of `r`'s repository, following one redirect (registries hand blobs
+    /// to a storage backend), refusing more than `max` bytes, checking its digest.
+    async fn blob(&self, r: &Reference, digest: &str, max: u64) -> Result<Bytes, OciError> {
         let url = format!(
-            "{}/v2/{}/blobs/{config}",
-            self.base(&found.registry),
-            found.repository
+            "{}/v2/{}/blobs/{digest}",
+            self.base(&r.registry),
+            r.repository
         );
-        let resp = self
-            .send(&found.registry, Method::GET, &url, vec![], Bytes::new())
+        let mut resp = self
+            .send(&r.registry, Method::GET, &url, vec![], Bytes::new())
             .await?;
+        if resp.status.is_redirection()
+            && let Some(loc) = resp
+                .headers
+                .get(header::LOCATION)
+                .and_then(|v| v.to_str().ok())
+        {
+            let next = if loc.starts_with("http") {
+                loc.to_string()
+            } else {
+                format!("{}{loc}", self.base(&r.registry))
+            };
+            // No credentials to another host: the location carries its own token.
+            resp = self
+                .send_once(&Method::GET, &next, &[], &Bytes::new())
+                .await?;
+        }
         if !resp.status.is_success() {
             return Err(OciError::Status {
                 url,
                 status: resp.status.as_u16(),
             });
         }
+        if resp.body.len() as u64 > max {
+            return Err(OciError::Manifest {
+                image: r.to_string(),
+                message: format!("blob {digest} is larger than {max} bytes"),
+            });
+        }
+        if let Some(hex) = digest.strip_prefix("sha256:")
+            && format!("{:x}", Sha256::digest(&resp.body)) != hex
+        {
+            return Err(OciError::Manifest {
+                image: r.to_string(),
+                message: format!("blob {digest} does not match its digest"),
+            });
+        }
+        Ok(resp.body)
+    }
+
+    /// The labels of an image's config (`config.Labels`). A multi-arch index resolves to its
+    /// linux/amd64 entry (else the first).
+    pub async fn labels(&self, image: &str) -> Result<BTreeMap<String, String>, OciError> {
+        let (found, manifest) = self.image_manifest(image).await?;
+        let bad = |message: &str| OciError::Manifest {
+            image: image.to_string(),
+            message: message.to_string(),
+        };
+        let config = manifest
+            .pointer("/config/digest")
+            .and_then(|d| d.as_str())
+            .ok_or_else(|| bad("manifest has no config digest"))?;
+        let body = self.blob(&found, config, 4 << 20).await?;
         let cfg: serde_json::Value =
-            serde_json::from_slice(&resp.body).map_err(|_| bad("image config is not JSON"))?;
+            serde_json::from_slice(&body).map_err(|_| bad("image config is not JSON"))?;
         Ok(cfg
             .pointer("/config/Labels")
             .and_then(|l| l.as_object())
@@ -438,6 +518,74 @@ impl Client {
                     .collect()
             })
             .unwrap_or_default())
+    }
+
+    /// The component images of a release payload: `release-manifests/image-references`
+    /// from the release image's layers (newest layer first), parsed into component
+    /// name → image reference. Layer and file sizes are bounded (see [`payload`]).
+    pub async fn release_image_references(
+        &self,
+        image: &str,
+    ) -> Result<BTreeMap<String, String>, OciError> {
+        let (found, manifest) = self.image_manifest(image).await?;
+        let layers: Vec<(String, u64)> = manifest
+            .get("layers")
+            .and_then(|l| l.as_array())
+            .map(|l| {
+                l.iter()
+                    .filter_map(|l| {
+                        Some((
+                            l.get("digest")?.as_str()?.to_string(),
+                            l.get("size").and_then(|s| s.as_u64()).unwrap_or(0),
+                        ))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut first_error = None;
+        for (digest, size) in layers.into_iter().rev() {
+            let layer_err = |message: String| OciError::Layer {
+                image: image.to_string(),
+                digest: digest.clone(),
+                message,
+            };
+            if size > payload::MAX_LAYER_BYTES {
+                first_error.get_or_insert(layer_err(format!(
+                    "{size} bytes, more than the {} searched",
+                    payload::MAX_LAYER_BYTES
+                )));
+                continue;
+            }
+            let blob = self.blob(&found, &digest, payload::MAX_LAYER_BYTES).await?;
+            let found_file = tokio::task::spawn_blocking(move || {
+                payload::find_in_layer(&blob, payload::IMAGE_REFERENCES_PATH)
+            })
+            .await
+            .map_err(|e| layer_err(e.to_string()))?;
+            match found_file {
+                Ok(Some(data)) => {
+                    return payload::parse_image_references(&data).map_err(|message| {
+                        OciError::InvalidImageReferences {
+                            image: image.to_string(),
+                            message,
+                        }
+                    });
+                }
+                Ok(None) => {}
+                Err(e @ payload::LayerError::FileTooLarge { .. }) => {
+                    return Err(OciError::InvalidImageReferences {
+                        image: image.to_string(),
+                        message: e.to_string(),
+                    });
+                }
+                Err(e) => {
+                    first_error.get_or_insert(layer_err(e.to_string()));
+                }
+            }
+        }
+        Err(first_error.unwrap_or(OciError::NoImageReferences {
+            image: image.to_string(),
+        }))
     }
 
     /// The OpenShift version of a release image, from its `io.openshift.release` label.
@@ -458,15 +606,13 @@ impl Client {
         image: &str,
         labels: &BTreeMap<String, String>,
     ) -> Result<String, OciError> {
-        let r = Reference::parse(image)?;
+        self.push_image_with_layers(image, labels, &[]).await
+    }
+
+    /// Uploads one blob to `r`'s repository; returns its digest.
+    async fn push_blob(&self, r: &Reference, data: Bytes) -> Result<String, OciError> {
         let base = self.base(&r.registry);
-        let config = serde_json::json!({
-            "architecture": "amd64", "os": "linux",
-            "config": { "Labels": labels },
-            "rootfs": { "type": "layers", "diff_ids": [] },
-        });
-        let config = Bytes::from(serde_json::to_vec(&config).unwrap_or_default());
-        let config_digest = format!("sha256:{:x}", Sha256::digest(&config));
+        let digest = format!("sha256:{:x}", Sha256::digest(&data));
         let start = format!("{base}/v2/{}/blobs/uploads/", r.repository);
         let resp = self
             .send(&r.registry, Method::POST, &start, vec![], Bytes::new())
@@ -482,7 +628,7 @@ impl Client {
             .get(header::LOCATION)
             .and_then(|v| v.to_str().ok())
             .ok_or_else(|| OciError::Manifest {
-                image: image.into(),
+                image: r.to_string(),
                 message: "upload has no Location".into(),
             })?;
         let mut put = if location.starts_with("http") {
@@ -491,14 +637,14 @@ impl Client {
             format!("{base}{location}")
         };
         put.push(if put.contains('?') { '&' } else { '?' });
-        put.push_str(&format!("digest={config_digest}"));
+        put.push_str(&format!("digest={digest}"));
         let resp = self
             .send(
                 &r.registry,
                 Method::PUT,
                 &put,
                 vec![(header::CONTENT_TYPE, "application/octet-stream".into())],
-                config.clone(),
+                data,
             )
             .await?;
         if resp.status != StatusCode::CREATED {
@@ -507,12 +653,56 @@ impl Client {
                 status: resp.status.as_u16(),
             });
         }
+        Ok(digest)
+    }
+
+    /// Pushes an image with `layers` (gzip-compressed tar blobs, e.g. from
+    /// [`payload::tar_gz`]) and a config with `labels` as `image`; returns its manifest
+    /// digest. Used by tests and the demo (release images carrying image-references).
+    pub async fn push_image_with_layers(
+        &self,
+        image: &str,
+        labels: &BTreeMap<String, String>,
+        layers: &[Vec<u8>],
+    ) -> Result<String, OciError> {
+        let r = Reference::parse(image)?;
+        let base = self.base(&r.registry);
+        let mut descriptors = Vec::new();
+        let mut diff_ids = Vec::new();
+        for l in layers {
+            // diff_id: digest of the uncompressed tar.
+            let mut plain = Vec::new();
+            let uncompressed = if l.starts_with(&[0x1f, 0x8b]) {
+                std::io::Read::read_to_end(
+                    &mut flate2::read::MultiGzDecoder::new(&l[..]),
+                    &mut plain,
+                )
+                .map(|_| plain.as_slice())
+                .unwrap_or(l.as_slice())
+            } else {
+                l.as_slice()
+            };
+            diff_ids.push(format!("sha256:{:x}", Sha256::digest(uncompressed)));
+            let digest = self.push_blob(&r, Bytes::from(l.clone())).await?;
+            descriptors.push(serde_json::json!({
+                "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                "digest": digest, "size": l.len(),
+            }));
+        }
+        let config = serde_json::json!({
+            "architecture": "amd64", "os": "linux",
+            "config": { "Labels": labels },
+            "rootfs": { "type": "layers", "diff_ids": diff_ids },
+        });
+        let config = Bytes::from(serde_json::to_vec(&config).unwrap_or_default());
+        let config_len = config.len();
+        let config_digest = self.push_blob(&r, config).await?;
         let manifest = serde_json::json!({
             "schemaVersion": 2,
             "mediaType": "application/vnd.oci.image.manifest.v1+json",
             "config": { "mediaType": "application/vnd.oci.image.config.v1+json",
-                        "digest": config_digest, "size": config.len() },
-            "layers": [],
+                        "digest": config_digest, "size": config_len },
+            "layers": descriptors,
         });
         let manifest = Bytes::from(serde_json::to_vec(&manifest).unwrap_or_default());
         let url = format!("{base}/v2/{}/manifests/{}", r.repository, r.manifest_ref());

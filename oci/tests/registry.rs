@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Result, ensure};
 use hcp_olm_e2e::registry::Registry;
 use hcp_olm_oci::{Client, ClientOptions, Lookup, Mirror, OciError};
 
@@ -137,5 +137,117 @@ async fn unreachable_registry_fails_within_the_timeout_naming_the_url() -> Resul
         Err(OciError::Reference(e)) => assert!(e.to_string().contains("white space")),
         other => panic!("{other:?}"),
     }
+    Ok(())
+}
+
+/// A release image whose top layer carries `release-manifests/image-references`.
+#[tokio::test]
+async fn release_image_references_from_the_payload_layers() -> Result<()> {
+    use hcp_olm_oci::payload::{IMAGE_REFERENCES_PATH, OLM_COMPONENT, tar_gz};
+    let reg = Registry::start()?;
+    let c = client(&reg, vec![])?;
+    let a = reg.addr();
+    let refs = serde_json::json!({
+        "kind": "ImageStream", "apiVersion": "image.openshift.io/v1",
+        "metadata": {"name": "4.18.3"},
+        "spec": {"tags": [
+            {"name": "operator-lifecycle-manager",
+             "from": {"kind": "DockerImage", "name": format!("{a}/art/olm@sha256:{}", "1".repeat(64))}},
+            {"name": "operator-registry",
+             "from": {"kind": "DockerImage", "name": format!("{a}/art/opm@sha256:{}", "2".repeat(64))}},
+        ]},
+    });
+    let refs = serde_json::to_vec(&refs)?;
+    let labels = BTreeMap::from([("io.openshift.release".to_string(), "4.18.3".to_string())]);
+    let base_layer = tar_gz(&[("usr/bin/cluster-version-operator", b"\x7fELF")]);
+    let manifests_layer = tar_gz(&[
+        (
+            "release-manifests/0000_50_olm_00-namespace.yaml",
+            b"kind: Namespace\n",
+        ),
+        (IMAGE_REFERENCES_PATH, &refs),
+    ]);
+    let good = format!("{a}/ocp/release:4.18.3-x86_64");
+    c.push_image_with_layers(&good, &labels, &[base_layer.clone(), manifests_layer])
+        .await?;
+    let m = c.release_image_references(&good).await?;
+    assert_eq!(
+        m.get(OLM_COMPONENT).map(String::as_str),
+        Some(format!("{a}/art/olm@sha256:{}", "1".repeat(64)).as_str())
+    );
+    assert_eq!(m.len(), 2, "{m:?}");
+    // The version label still reads from the same image.
+    assert_eq!(c.release_version(&good).await?, "4.18.3");
+
+    // A payload without the OLM component: the map says so (the caller decides).
+    let no_olm = serde_json::to_vec(&serde_json::json!({
+        "kind": "ImageStream", "spec": {"tags": [
+            {"name": "cli", "from": {"kind": "DockerImage", "name": format!("{a}/art/cli:1")}}]}
+    }))?;
+    let partial = format!("{a}/ocp/release:no-olm");
+    c.push_image_with_layers(
+        &partial,
+        &labels,
+        &[tar_gz(&[(IMAGE_REFERENCES_PATH, &no_olm)])],
+    )
+    .await?;
+    let m = c.release_image_references(&partial).await?;
+    ensure!(!m.contains_key(OLM_COMPONENT), "{m:?}");
+    ensure!(m.contains_key("cli"), "{m:?}");
+
+    // No file in any layer.
+    let bare = format!("{a}/ocp/release:no-manifests");
+    c.push_image_with_layers(&bare, &labels, std::slice::from_ref(&base_layer))
+        .await?;
+    match c.release_image_references(&bare).await {
+        Err(e @ OciError::NoImageReferences { .. }) => {
+            ensure!(
+                e.to_string().contains("release-manifests/image-references"),
+                "{e}"
+            )
+        }
+        other => anyhow::bail!("expected NoImageReferences, got {other:?}"),
+    }
+    // No layers at all.
+    let empty = format!("{a}/ocp/release:empty");
+    c.push_image(&empty, &labels).await?;
+    ensure!(matches!(
+        c.release_image_references(&empty).await,
+        Err(OciError::NoImageReferences { .. })
+    ));
+
+    // Garbage JSON in the file.
+    let garbage = format!("{a}/ocp/release:garbage");
+    c.push_image_with_layers(
+        &garbage,
+        &labels,
+        &[tar_gz(&[(
+            IMAGE_REFERENCES_PATH,
+            b"{\"kind\": \"ImageStream\", spec: ",
+        )])],
+    )
+    .await?;
+    match c.release_image_references(&garbage).await {
+        Err(e @ OciError::InvalidImageReferences { .. }) => {
+            ensure!(e.to_string().contains("not JSON"), "{e}")
+        }
+        other => anyhow::bail!("expected InvalidImageReferences, got {other:?}"),
+    }
+
+    // A layer that is not a tar archive at all: an error naming the layer.
+    let corrupt = format!("{a}/ocp/release:corrupt");
+    c.push_image_with_layers(&corrupt, &labels, &[vec![0x1f, 0x8b, 8, 0, 1, 2, 3, 4]])
+        .await?;
+    match c.release_image_references(&corrupt).await {
+        Err(e @ OciError::Layer { .. }) => ensure!(e.to_string().contains("sha256:"), "{e}"),
+        other => anyhow::bail!("expected a layer error, got {other:?}"),
+    }
+
+    // Absent image.
+    ensure!(matches!(
+        c.release_image_references(&format!("{a}/ocp/release:absent"))
+            .await,
+        Err(OciError::NotFound { .. })
+    ));
     Ok(())
 }

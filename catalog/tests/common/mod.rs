@@ -70,6 +70,12 @@ pub async fn start_opm(dir: &Path, logs: &Path) -> Server {
         .arg("--pprof-addr=")
         .arg("-t")
         .arg("/dev/null")
+        // without it opm builds its cache in a fresh /tmp/opm-serve-cache-* and, killed,
+        // leaves ~100 MiB behind per run
+        .arg("--cache-dir")
+        .arg(logs.join(format!("opm-cache-{port}")))
+        // build the cache on start (with --cache-dir, opm otherwise demands one exists)
+        .arg("--cache-enforce-integrity=false")
         .env("GRPC_PROXY", "")
         .env("grpc_proxy", "");
     let log = logs.join(format!("opm-{port}.log"));

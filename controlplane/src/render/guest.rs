@@ -6,7 +6,10 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::labels::{self, metadata, selector};
-use super::tunnel::{agent_catalog_port, agent_peer_config, exposed_services};
+use super::tunnel::{
+    PRIVATE_KEY_KEY, agent_catalog_port, agent_peer_config, exposed_services,
+    network as tunnel_network,
+};
 use super::{
     ApplyPolicy, Desired, Object, Pending, RenderError, RenderInput, ResolvedCatalog, names, ports,
 };
@@ -63,7 +66,7 @@ pub(super) fn render(
     } else {
         Vec::new()
     };
-    let peer = agent_peer_config(&input.tunnel, exposed);
+    let peer = agent_peer_config(&input.tunnel, &tunnel_network(input), exposed);
     let peer_json =
         serde_json::to_string_pretty(&peer).map_err(|source| RenderError::Serialize {
             what: "agent peer config",
@@ -82,7 +85,7 @@ pub(super) fn render(
             "type": "Opaque",
             "data": {
                 "peer.json": B64.encode(&peer_json),
-                "private-key": B64.encode(&input.tunnel.agent_private_key),
+                PRIVATE_KEY_KEY: B64.encode(&input.tunnel.agent_private_key),
             },
         }),
         "secrets",
@@ -258,6 +261,30 @@ pub(super) fn render(
                     }],
                 }),
                 "endpoints",
+                ApplyPolicy::Apply,
+            );
+            // The aggregator (and kube-proxy) read EndpointSlices; without a
+            // controller-manager mirroring the Endpoints above, nothing else makes one.
+            let mut slice_meta = metadata(
+                v,
+                &format!("{}-hcp-olm", names::GUEST_PACKAGESERVER),
+                Some("default"),
+                "packageserver",
+                None,
+            );
+            slice_meta["labels"]["kubernetes.io/service-name"] = json!(names::GUEST_PACKAGESERVER);
+            slice_meta["labels"]["endpointslice.kubernetes.io/managed-by"] = json!("hcp-olm.io");
+            push(
+                out,
+                json!({
+                    "apiVersion": "discovery.k8s.io/v1",
+                    "kind": "EndpointSlice",
+                    "metadata": slice_meta,
+                    "addressType": if ip.contains(':') { "IPv6" } else { "IPv4" },
+                    "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}],
+                    "ports": [{"name": "https", "port": 443, "protocol": "TCP"}],
+                }),
+                "endpointslices",
                 ApplyPolicy::Apply,
             );
             if input.guest_olm_crds_ready {

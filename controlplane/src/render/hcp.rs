@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 use time::format_description::well_known::Rfc3339;
 
 use super::labels::{self, metadata, selector};
-use super::tunnel::{exposed_services, gateway_config};
+use super::tunnel::{PRIVATE_KEY_KEY, exposed_services, gateway_config, network as tunnel_network};
 use super::{
     ApplyPolicy, Desired, Object, Pending, RenderError, RenderInput, ResolvedCatalog, names, ports,
 };
@@ -441,12 +441,12 @@ pub(super) fn render(
     } else {
         Vec::new()
     };
-    let gw = gateway_config(&input.tunnel, exposed);
+    let gw = gateway_config(&input.tunnel, &tunnel_network(input), exposed);
     let gw_json = serde_json::to_string_pretty(&gw).map_err(|source| RenderError::Serialize {
         what: "gateway config",
         source,
     })?;
-    let gw_hash = sha(gw_json.as_bytes());
+    let gw_hash = sha(format!("{gw_json}\n{}", input.tunnel.gateway_private_key).as_bytes());
     push(
         out,
         json!({
@@ -454,7 +454,10 @@ pub(super) fn render(
             "kind": "Secret",
             "metadata": metadata(v, names::TUNNEL_GATEWAY, Some(&hcp_ns), "tunnel-gateway", owner(input)),
             "type": "Opaque",
-            "data": {"config.json": B64.encode(&gw_json)},
+            "data": {
+                "config.json": B64.encode(&gw_json),
+                PRIVATE_KEY_KEY: B64.encode(&input.tunnel.gateway_private_key),
+            },
         }),
         "secrets",
     );
@@ -601,14 +604,26 @@ pub(super) fn render(
         "services",
     );
     if input.tunnel.gateway_endpoint.is_none() {
-        out.pending.push(Pending {
-            component: "tunnel-gateway".into(),
-            reason: "WaitingForTunnelEndpoint",
-            severity: Severity::Progressing,
-            message: format!(
-                "the {wg_type} Service {} has no reachable address yet",
-                names::TUNNEL_GATEWAY_WG
-            ),
+        out.pending.push(match &input.tunnel.gateway_endpoint_wait {
+            Some(w) => Pending {
+                component: "tunnel-gateway".into(),
+                reason: w.reason,
+                severity: if w.blocking {
+                    Severity::Degraded
+                } else {
+                    Severity::Progressing
+                },
+                message: w.message.clone(),
+            },
+            None => Pending {
+                component: "tunnel-gateway".into(),
+                reason: "WaitingForTunnelEndpoint",
+                severity: Severity::Progressing,
+                message: format!(
+                    "the {wg_type} Service {} has no reachable address yet",
+                    names::TUNNEL_GATEWAY_WG
+                ),
+            },
         });
     }
 
@@ -949,10 +964,15 @@ fn catalog_deployment(input: &RenderInput, c: &ResolvedCatalog) -> Result<Value,
             v.images.catalog_server.clone(),
         ),
     };
-    let hash = config_hash(&BTreeMap::from([
+    let mut hash_parts = BTreeMap::from([
         ("image".to_string(), image.clone()),
         ("server".to_string(), server_image),
-    ]));
+    ]);
+    // A rotated pull secret rolls the catalog pods (only known with a cluster).
+    if let Some(h) = input.external_secret_hashes.get(&v.pull_secret) {
+        hash_parts.insert(format!("secret/{}", v.pull_secret), h.clone());
+    }
+    let hash = config_hash(&hash_parts);
     Ok(deployment(
         input,
         PodSpec {

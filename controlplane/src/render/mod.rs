@@ -21,7 +21,9 @@ use crate::catalogs::{CatalogImage, CatalogImageError, DefaultCatalog};
 use crate::certs::CertMaterial;
 use crate::validate::{Severity, ValidInput};
 
-pub use tunnel::{AgentPeerConfig, AllowedService, ExposedService, GatewayConfig, TunnelKeys};
+pub use tunnel::{
+    AgentPeerConfig, AllowedService, ExposedService, GatewayConfig, TunnelKeys, TunnelNetwork,
+};
 
 /// Names of the objects in the HCP namespace. Everything is prefixed with `hcp-olm-`
 /// so it never collides with HyperShift's own OLM objects in the same namespace.

@@ -1,6 +1,10 @@
 //! The `run` loop: a kube-runtime `Controller` over HostedClusters cluster-wide,
-//! also woken by changes to Secrets carrying our labels (mapped back to their
-//! HostedCluster), with backoff on errors and bounded concurrency.
+//! also woken by changes to the Secrets a reconcile reads (the guest admin
+//! kubeconfig named by `status.kubeconfig`, the pull secret, the HCP namespace's
+//! `service-network-admin-kubeconfig` and `pull-secret`) and to Secrets carrying our
+//! labels, mapped back to their HostedCluster through the controller's HostedCluster
+//! store (no labels needed on HyperShift's Secrets). Backoff on errors, bounded
+//! concurrency.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -8,8 +12,10 @@ use std::time::Instant;
 use tracing::Instrument;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
@@ -18,6 +24,7 @@ use super::reconcile::{State, reconcile_one};
 use super::{Context, Error};
 use crate::hostedcluster::HostedCluster;
 use crate::render::labels;
+use crate::validate::ControllerDefaults;
 
 /// Settings of the loop.
 #[derive(Clone, Debug)]
@@ -93,32 +100,117 @@ fn cluster_key(hc: &HostedCluster) -> String {
     )
 }
 
-/// Map a Secret with our labels to the HostedCluster it belongs to.
-fn secret_owner(s: Secret) -> Option<ObjectRef<HostedCluster>> {
-    let l = s.metadata.labels.as_ref()?;
-    let ns = l.get(labels::CLUSTER_NAMESPACE_KEY)?;
-    let name = l.get(labels::CLUSTER_NAME_KEY)?;
-    Some(ObjectRef::new(name).within(ns))
+/// The HostedCluster whose tunnel gateway WireGuard Service has `meta` (by our
+/// labels): its node port or load-balancer ingress is the guest agent's endpoint.
+pub fn service_triggers(meta: &ObjectMeta) -> Option<ObjectRef<HostedCluster>> {
+    if meta.name.as_deref() != Some(crate::render::names::TUNNEL_GATEWAY_WG) {
+        return None;
+    }
+    let l = meta.labels.as_ref()?;
+    if l.get(labels::MANAGED_BY_KEY).map(String::as_str) != Some(labels::MANAGED_BY) {
+        return None;
+    }
+    Some(
+        ObjectRef::new(l.get(labels::CLUSTER_NAME_KEY)?)
+            .within(l.get(labels::CLUSTER_NAMESPACE_KEY)?),
+    )
 }
 
-/// Run until `shutdown` resolves.
+/// The HostedClusters a change of the Secret with `meta` must reconcile: the one
+/// named by our labels, and every HostedCluster that reads it (`status.kubeconfig`
+/// or `spec.pullSecret` in its namespace; the kubeconfig and pull Secrets of
+/// `defaults` in its HCP namespace). Pure; `hcs` is the controller's store.
+pub fn secret_triggers<'a>(
+    meta: &ObjectMeta,
+    hcs: impl IntoIterator<Item = &'a HostedCluster>,
+    defaults: &ControllerDefaults,
+) -> Vec<ObjectRef<HostedCluster>> {
+    let (Some(sns), Some(sname)) = (meta.namespace.as_deref(), meta.name.as_deref()) else {
+        return Vec::new();
+    };
+    let mut out: Vec<ObjectRef<HostedCluster>> = Vec::new();
+    if let Some(l) = meta.labels.as_ref()
+        && l.get(labels::MANAGED_BY_KEY).map(String::as_str) == Some(labels::MANAGED_BY)
+        && let (Some(ns), Some(name)) = (
+            l.get(labels::CLUSTER_NAMESPACE_KEY),
+            l.get(labels::CLUSTER_NAME_KEY),
+        )
+    {
+        out.push(ObjectRef::new(name).within(ns));
+    }
+    for hc in hcs {
+        let (Some(ns), Some(name)) = (
+            hc.metadata.namespace.as_deref(),
+            hc.metadata.name.as_deref(),
+        ) else {
+            continue;
+        };
+        let reads = if sns == ns {
+            hc.admin_kubeconfig_secret()
+                .is_some_and(|(_, n)| n == sname)
+                || hc
+                    .spec
+                    .pull_secret
+                    .as_ref()
+                    .is_some_and(|p| !p.name.is_empty() && p.name == sname)
+        } else {
+            hc.hcp_namespace().as_deref() == Some(sns)
+                && (sname == defaults.kubeconfig_secret || sname == defaults.pull_secret)
+        };
+        if reads {
+            let r = ObjectRef::new(name).within(ns);
+            if !out.contains(&r) {
+                out.push(r);
+            }
+        }
+    }
+    out
+}
+
+/// Run until `shutdown` resolves (ready while running).
 pub async fn run(
+    ctx: Arc<Context>,
+    opts: RunOptions,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    ctx.metrics.set_ready(true);
+    run_controller(ctx.clone(), opts, shutdown).await;
+    ctx.metrics.set_ready(false);
+}
+
+/// The controller loop itself, leaving readiness to the caller (leader election
+/// keeps a standby replica ready).
+pub(crate) async fn run_controller(
     ctx: Arc<Context>,
     opts: RunOptions,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = ctx.client.clone();
     let hcs: Api<HostedCluster> = Api::all(client.clone());
-    let secrets: Api<Secret> = Api::all(client);
-    let secret_cfg = watcher::Config::default().labels(&format!(
-        "{}={}",
-        labels::MANAGED_BY_KEY,
-        labels::MANAGED_BY
-    ));
-    ctx.metrics.set_ready(true);
-    Controller::new(hcs, watcher::Config::default())
+    // Metadata only: a change of data changes the resourceVersion, which is all a
+    // trigger needs, and Secret contents never sit in this process's memory.
+    let secrets: Api<PartialObjectMeta<Secret>> = Api::all(client.clone());
+    // Our tunnel gateway Services (metadata: a status change, e.g. a load-balancer
+    // ingress, changes the resourceVersion).
+    let services: Api<PartialObjectMeta<Service>> = Api::all(client);
+    let controller = Controller::new(hcs, watcher::Config::default());
+    let store = controller.store();
+    let defaults = ctx.config.defaults.clone();
+    controller
         .with_config(ControllerConfig::default().concurrency(opts.concurrency))
-        .watches(secrets, secret_cfg, secret_owner)
+        .watches(secrets, watcher::Config::default(), move |s| {
+            let hcs = store.state();
+            secret_triggers(&s.metadata, hcs.iter().map(|h| h.as_ref()), &defaults)
+        })
+        .watches(
+            services,
+            watcher::Config::default().labels(&format!(
+                "{}={}",
+                labels::MANAGED_BY_KEY,
+                labels::MANAGED_BY
+            )),
+            |s| service_triggers(&s.metadata),
+        )
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx.clone())
         .for_each(|r| async move {
@@ -127,5 +219,84 @@ pub async fn run(
             }
         })
         .await;
-    ctx.metrics.set_ready(false);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hostedcluster::{HostedClusterStatus, LocalObjectReference};
+
+    fn hc(ns: &str, name: &str, kubeconfig: Option<&str>, pull: Option<&str>) -> HostedCluster {
+        let mut h = HostedCluster::new(name, Default::default());
+        h.metadata.namespace = Some(ns.into());
+        h.spec.pull_secret = pull.map(|p| LocalObjectReference { name: p.into() });
+        h.status = kubeconfig.map(|k| HostedClusterStatus {
+            kubeconfig: Some(LocalObjectReference { name: k.into() }),
+            ..Default::default()
+        });
+        h
+    }
+
+    fn meta(ns: &str, name: &str) -> ObjectMeta {
+        ObjectMeta {
+            namespace: Some(ns.into()),
+            name: Some(name.into()),
+            ..Default::default()
+        }
+    }
+
+    fn names(v: Vec<ObjectRef<HostedCluster>>) -> Vec<String> {
+        v.into_iter()
+            .map(|r| format!("{}/{}", r.namespace.unwrap_or_default(), r.name))
+            .collect()
+    }
+
+    #[test]
+    fn secrets_map_to_the_hosted_clusters_reading_them() {
+        let d = ControllerDefaults::default();
+        let hcs = [
+            hc("clusters", "a", Some("a-admin-kubeconfig"), Some("a-pull")),
+            hc(
+                "clusters",
+                "b",
+                Some("b-admin-kubeconfig"),
+                Some("shared-pull"),
+            ),
+            hc("clusters", "c", None, Some("shared-pull")),
+            // `clusters-a` is also the namespace of "a"'s HCP: names must not be
+            // confused with the HCP namespace of a HostedCluster in another namespace.
+            hc("clusters-a", "x", Some("x-kc"), None),
+        ];
+        let m = |ns, n| names(secret_triggers(&meta(ns, n), hcs.iter(), &d));
+        assert_eq!(m("clusters", "a-admin-kubeconfig"), ["clusters/a"]);
+        assert_eq!(m("clusters", "shared-pull"), ["clusters/b", "clusters/c"]);
+        assert_eq!(
+            m("clusters-a", "service-network-admin-kubeconfig"),
+            ["clusters/a"]
+        );
+        assert_eq!(m("clusters-a", "pull-secret"), ["clusters/a"]);
+        assert_eq!(m("clusters-a", "x-kc"), ["clusters-a/x"]);
+        assert!(m("clusters-a", "unrelated").is_empty());
+        assert!(m("other", "a-admin-kubeconfig").is_empty());
+        // Our own Secrets map through their labels, even without a store entry.
+        let mut ours = meta("clusters-z", "hcp-olm-ca");
+        ours.labels = Some(crate::runtime::reconcile::selector_for("clusters", "z"));
+        assert_eq!(
+            names(secret_triggers(&ours, hcs.iter(), &d)),
+            ["clusters/z"]
+        );
+    }
+
+    #[test]
+    fn only_our_gateway_service_triggers() {
+        let mut m = meta("clusters-z", "hcp-olm-tunnel-gateway-wg");
+        assert!(service_triggers(&m).is_none());
+        m.labels = Some(crate::runtime::reconcile::selector_for("clusters", "z"));
+        assert_eq!(
+            names(service_triggers(&m).into_iter().collect()),
+            ["clusters/z"]
+        );
+        m.name = Some("hcp-olm-packageserver".into());
+        assert!(service_triggers(&m).is_none());
+    }
 }

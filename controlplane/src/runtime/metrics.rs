@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -13,6 +13,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -24,7 +25,10 @@ pub struct Metrics {
     reconciles: Family<Labels, Counter>,
     errors: Family<Labels, Counter>,
     duration: Histogram,
+    leader_gauge: Gauge,
     ready: AtomicBool,
+    /// 0: no leader election, 1: standby, 2: leader.
+    role: AtomicU8,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -54,12 +58,20 @@ impl Default for Metrics {
             "Duration of reconciles",
             duration.clone(),
         );
+        let leader_gauge = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader-election Lease",
+            leader_gauge.clone(),
+        );
         Self {
             registry,
             reconciles,
             errors,
             duration,
+            leader_gauge,
             ready: AtomicBool::new(false),
+            role: AtomicU8::new(0),
         }
     }
 }
@@ -90,6 +102,25 @@ impl Metrics {
         self.ready.load(Ordering::Relaxed)
     }
 
+    /// Leader-election role: None without election, else whether we lead.
+    pub fn set_leader(&self, leading: Option<bool>) {
+        let role = match leading {
+            None => 0,
+            Some(false) => 1,
+            Some(true) => 2,
+        };
+        self.role.store(role, Ordering::Relaxed);
+        self.leader_gauge.set(i64::from(role == 2));
+    }
+
+    /// Whether this replica leads (None: no leader election).
+    pub fn leader(&self) -> Option<bool> {
+        match self.role.load(Ordering::Relaxed) {
+            0 => None,
+            r => Some(r == 2),
+        }
+    }
+
     /// OpenMetrics text.
     pub fn encode(&self) -> String {
         let mut s = String::new();
@@ -107,10 +138,13 @@ pub fn router(metrics: Arc<Metrics>) -> Router {
         .route(
             "/readyz",
             get(|State(m): State<Arc<Metrics>>| async move {
-                if m.is_ready() {
-                    (StatusCode::OK, "ok")
-                } else {
-                    (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+                // A standby replica is ready too (else a rolling update of a
+                // 2-replica Deployment never completes); the body says which.
+                match (m.is_ready(), m.leader()) {
+                    (true, None) => (StatusCode::OK, "ok"),
+                    (true, Some(true)) => (StatusCode::OK, "ok: leader"),
+                    (true, Some(false)) => (StatusCode::OK, "ok: standby"),
+                    (false, _) => (StatusCode::SERVICE_UNAVAILABLE, "not ready"),
                 }
             }),
         )

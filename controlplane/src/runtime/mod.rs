@@ -6,15 +6,20 @@
 //! - [`facts`]: release version and catalog images (registry lookups);
 //! - [`secrets`]: PKI and tunnel keys persisted in the HCP namespace;
 //! - [`controller`]: the kube-runtime `Controller` loop behind `hcp-olm-controller run`;
-//! - [`metrics`]: Prometheus metrics and the admin HTTP endpoints.
+//! - [`metrics`]: Prometheus metrics and the admin HTTP endpoints;
+//! - [`leader`]: leader election with a `coordination.k8s.io/v1` Lease;
+//! - [`events`]: Kubernetes Events on HostedOLM condition transitions.
 
 pub mod controller;
+pub mod events;
 pub mod facts;
+pub mod leader;
 pub mod metrics;
 pub mod reconcile;
 pub mod secrets;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::validate::ControllerDefaults;
 
@@ -29,8 +34,8 @@ pub const ADMIN_KUBECONFIG_KEY: &str = "kubeconfig";
 #[derive(Clone, Debug, Default)]
 pub struct Config {
     pub defaults: ControllerDefaults,
-    /// OLM image to use when the HostedOLM does not override it (normally the release
-    /// payload's operator-lifecycle-manager image).
+    /// OLM image to use when the HostedOLM does not override it; None takes the
+    /// release payload's operator-lifecycle-manager image (needs `oci`).
     pub olm_image: Option<String>,
     /// operator-registry image (falls back to the OLM image).
     pub operator_registry_image: Option<String>,
@@ -40,6 +45,31 @@ pub struct Config {
     pub oci: Option<Arc<hcp_olm_oci::Client>>,
 }
 
+/// When HostedClusters are looked at again (flags of `run`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Schedule {
+    /// Requeue of a converged HostedCluster (drift correction; no writes when nothing
+    /// drifted).
+    pub resync: Duration,
+    /// Requeue while waiting for something outside our control (guest kubeconfig,
+    /// guest OLM CRDs, HCP namespace). Secret changes trigger earlier.
+    pub waiting: Duration,
+    /// How long registry answers (catalog tag → digest, release version label) are
+    /// reused; after that the next reconcile looks them up again, and a changed digest
+    /// rolls the catalog Deployment.
+    pub catalog_refresh: Duration,
+}
+
+impl Default for Schedule {
+    fn default() -> Self {
+        Self {
+            resync: Duration::from_secs(300),
+            waiting: Duration::from_secs(30),
+            catalog_refresh: Duration::from_secs(6 * 3600),
+        }
+    }
+}
+
 /// Shared state of reconciles.
 #[derive(Clone)]
 pub struct Context {
@@ -47,6 +77,12 @@ pub struct Context {
     pub client: kube::Client,
     pub config: Config,
     pub metrics: Arc<metrics::Metrics>,
+    /// Requeue intervals and the registry-answer lifetime.
+    pub schedule: Schedule,
+    /// Registry answers shared by all HostedClusters (see [`Schedule::catalog_refresh`]).
+    pub lookups: facts::LookupCache,
+    /// Events on HostedOLM condition transitions (None: no events).
+    pub events: Option<events::Events>,
     /// Consecutive failures per HostedCluster (`namespace/name`), for backoff.
     failures: Arc<std::sync::Mutex<std::collections::HashMap<String, u32>>>,
 }
@@ -54,11 +90,26 @@ pub struct Context {
 impl Context {
     pub fn new(client: kube::Client, config: Config) -> Self {
         Self {
+            events: Some(events::Events::new(client.clone(), events::reporter())),
             client,
             config,
             metrics: Arc::new(metrics::Metrics::default()),
+            schedule: Schedule::default(),
+            lookups: facts::LookupCache::default(),
             failures: Arc::default(),
         }
+    }
+
+    /// Replace the schedule.
+    pub fn with_schedule(mut self, schedule: Schedule) -> Self {
+        self.schedule = schedule;
+        self
+    }
+
+    /// Disable (None) or replace the event recorder.
+    pub fn with_events(mut self, events: Option<events::Events>) -> Self {
+        self.events = events;
+        self
     }
 
     /// Exponential backoff after a failure: 1s, 2s, 4s, ... capped at 5 minutes.

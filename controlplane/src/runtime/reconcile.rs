@@ -71,9 +71,9 @@ impl Outcome {
     }
 }
 
-const RESYNC: Duration = Duration::from_secs(300);
 const SOON: Duration = Duration::from_secs(2);
-const WAIT: Duration = Duration::from_secs(30);
+const GUEST_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const GUEST_READ_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The kinds we ever render into the HCP namespace (all namespaced).
 pub fn hcp_kinds() -> Vec<(ApiResource, bool)> {
@@ -106,6 +106,12 @@ pub fn guest_kinds() -> Vec<(ApiResource, bool)> {
             false,
         ),
         ("v1", "Endpoints", "endpoints", true),
+        (
+            "discovery.k8s.io/v1",
+            "EndpointSlice",
+            "endpointslices",
+            true,
+        ),
         ("v1", "Service", "services", true),
         ("apps/v1", "Deployment", "deployments", true),
         ("v1", "Secret", "secrets", true),
@@ -189,6 +195,8 @@ pub enum GuestAccess {
     SecretMissing(String),
     /// The Secret exists but holds no usable kubeconfig.
     Invalid(String),
+    /// The guest API server did not answer (connection refused, timeout, TLS).
+    Unreachable(String),
 }
 
 impl GuestAccess {
@@ -231,13 +239,20 @@ impl GuestAccess {
                 c(PROGRESSING, false, "AsExpected", String::new()),
                 c(DEGRADED, true, "GuestKubeconfigInvalid", msg.clone()),
             ),
+            GuestAccess::Unreachable(msg) => (
+                c(PROGRESSING, false, "AsExpected", String::new()),
+                c(DEGRADED, true, "GuestUnreachable", msg.clone()),
+            ),
         };
         vec![
             c(
                 AVAILABLE,
                 false,
                 "GuestUnreachable",
-                "no usable guest admin kubeconfig".into(),
+                match self {
+                    GuestAccess::Unreachable(_) => "the guest API server does not answer".into(),
+                    _ => "no usable guest admin kubeconfig".into(),
+                },
             ),
             p,
             d,
@@ -249,6 +264,7 @@ impl GuestAccess {
             GuestAccess::NotPublished => "WaitingForGuestKubeconfig",
             GuestAccess::SecretMissing(_) => "GuestKubeconfigMissing",
             GuestAccess::Invalid(_) => "GuestKubeconfigInvalid",
+            GuestAccess::Unreachable(_) => "GuestUnreachable",
         }
     }
 }
@@ -287,11 +303,16 @@ pub async fn guest_client(
         Ok(kc) => kc,
         Err(e) => return Ok(Err(invalid(e.to_string()))),
     };
-    let config = match kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await
-    {
-        Ok(c) => c,
-        Err(e) => return Ok(Err(invalid(e.to_string()))),
-    };
+    let mut config =
+        match kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await {
+            Ok(c) => c,
+            Err(e) => return Ok(Err(invalid(e.to_string()))),
+        };
+    // A guest API server that does not answer must not hold a reconcile slot for
+    // minutes.
+    config.connect_timeout = Some(GUEST_CONNECT_TIMEOUT);
+    config.read_timeout = Some(GUEST_READ_TIMEOUT);
+    config.write_timeout = Some(GUEST_READ_TIMEOUT);
     Ok(kube::Client::try_from(config).map_err(|e| invalid(e.to_string())))
 }
 
@@ -398,6 +419,12 @@ async fn write_status(
     )
     .await
     .map_err(kube_err(format!("writing status of HostedOLM {ns}/{name}")))?;
+    if let Some(events) = &ctx.events {
+        let t = super::events::transitions(&old.conditions, &new.conditions);
+        if !t.is_empty() {
+            events.publish(holm, &t).await;
+        }
+    }
     Ok(true)
 }
 
@@ -423,7 +450,10 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
 
     let Some((holm, created)) = ensure_hosted_olm(ctx, &ns, &name, &hcp_ns).await? else {
         tracing::info!(cluster = %format!("{ns}/{name}"), namespace = %hcp_ns, "HCP namespace does not exist yet");
-        let mut o = Outcome::new(State::Waiting("WaitingForHCPNamespace".into()), WAIT);
+        let mut o = Outcome::new(
+            State::Waiting("WaitingForHCPNamespace".into()),
+            ctx.schedule.waiting,
+        );
         o.hcp_writes = hcp_writes;
         return Ok(o);
     };
@@ -442,14 +472,22 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
                 conditions: access.conditions(generation, &now_t),
                 ..holm.status.clone().unwrap_or_default()
             };
-            let mut o = Outcome::new(State::Waiting(access.reason().into()), WAIT);
+            let mut o = Outcome::new(State::Waiting(access.reason().into()), ctx.schedule.waiting);
             o.status_written = write_status(ctx, &holm, st).await?;
             o.hcp_writes = hcp_writes;
             return Ok(o);
         }
     };
 
-    let facts = facts::release_facts(hc, &ctx.config).await;
+    let olm_overridden = holm.spec.images.as_ref().is_some_and(|i| i.olm.is_some());
+    let facts = facts::release_facts_cached(
+        hc,
+        &ctx.config,
+        olm_overridden,
+        &ctx.lookups,
+        ctx.schedule.catalog_refresh,
+    )
+    .await;
     let valid = match validate::validate(hc, Some(&holm.spec), &facts, &ctx.config.defaults) {
         Ok(v) => v,
         Err(reasons) => {
@@ -463,7 +501,7 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
                 conditions: status::conditions_from_validation(&reasons, generation, &now_t),
                 ..holm.status.clone().unwrap_or_default()
             };
-            let mut o = Outcome::new(State::Invalid(first), RESYNC);
+            let mut o = Outcome::new(State::Invalid(first), ctx.schedule.resync);
             o.status_written = write_status(ctx, &holm, st).await?;
             o.hcp_writes = hcp_writes;
             return Ok(o);
@@ -471,21 +509,52 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
     };
     if valid.paused_until.is_paused(now) {
         tracing::info!(cluster = %valid.cluster.key(), "reconciliation paused");
-        let mut o = Outcome::new(State::Paused, RESYNC);
+        let mut o = Outcome::new(State::Paused, ctx.schedule.resync);
         o.hcp_writes = hcp_writes;
         return Ok(o);
     }
 
-    let catalog_images = facts::catalog_images(&valid, &ctx.config).await;
+    let catalog_images = facts::catalog_images_cached(
+        &valid,
+        &ctx.config,
+        &ctx.lookups,
+        ctx.schedule.catalog_refresh,
+    )
+    .await;
     let (pki, _issued) = secrets::pki(&ctx.client, &valid, now).await?;
-    let (tunnel, new_keys) = secrets::tunnel_keys(&ctx.client, &valid).await?;
+    let (mut tunnel, new_keys) = secrets::tunnel_keys(&ctx.client, &valid).await?;
+    // The gateway's endpoint as far as the live Service tells (checked again after the
+    // HCP objects are applied, so a new Service's node port reaches the guest at once).
+    set_endpoint(
+        &mut tunnel,
+        read_gateway_endpoint(&ctx.client, &hcp_ns, &valid).await?,
+    );
 
+    // The first request to the guest: when it does not answer, say so in status and
+    // leave everything as it is.
     let crds: Api<CustomResourceDefinition> = Api::all(guest.clone());
-    let guest_olm_crds_ready = crds
-        .get_opt(GUEST_OLM_CRD)
-        .await
-        .map_err(kube_err(format!("reading guest CRD {GUEST_OLM_CRD}")))?
-        .is_some();
+    let guest_olm_crds_ready = match crds.get_opt(GUEST_OLM_CRD).await {
+        Ok(c) => c.is_some(),
+        Err(kube::Error::Api(s)) => {
+            return Err(kube_err(format!("reading guest CRD {GUEST_OLM_CRD}"))(
+                kube::Error::Api(s),
+            ));
+        }
+        Err(e) => {
+            let access =
+                GuestAccess::Unreachable(format!("the guest API server does not answer: {e}"));
+            tracing::info!(cluster = %valid.cluster.key(), error = %e, "guest unreachable");
+            let st = HostedOLMStatus {
+                observed_generation: generation,
+                conditions: access.conditions(generation, &now_t),
+                ..holm.status.clone().unwrap_or_default()
+            };
+            let mut o = Outcome::new(State::Waiting(access.reason().into()), ctx.schedule.waiting);
+            o.status_written = write_status(ctx, &holm, st).await?;
+            o.hcp_writes = hcp_writes;
+            return Ok(o);
+        }
+    };
 
     let svcs: Api<Service> = Api::namespaced(ctx.client.clone(), &hcp_ns);
     let packageserver_cluster_ip = svcs
@@ -498,28 +567,18 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
         .and_then(|s| s.spec?.cluster_ip)
         .filter(|ip| !ip.is_empty() && ip != "None");
 
+    // Hashes of the Secrets our pods mount or pull with (HyperShift's, in the HCP
+    // namespace): a changed Secret changes the config-hash annotation and rolls pods.
     let secrets_api: Api<Secret> = Api::namespaced(ctx.client.clone(), &hcp_ns);
     let mut external_secret_hashes = BTreeMap::new();
-    if let Some(s) = secrets_api
-        .get_opt(&valid.kubeconfig_secret)
-        .await
-        .map_err(kube_err(format!(
-            "reading Secret {hcp_ns}/{}",
-            valid.kubeconfig_secret
-        )))?
-    {
-        let mut h = Sha256::new();
-        for (k, v) in s.data.unwrap_or_default() {
-            h.update(k.as_bytes());
-            h.update(b"=");
-            h.update(&v.0);
-            h.update(b"\n");
+    for secret_name in [&valid.kubeconfig_secret, &valid.pull_secret] {
+        if let Some(s) = secrets_api
+            .get_opt(secret_name)
+            .await
+            .map_err(kube_err(format!("reading Secret {hcp_ns}/{secret_name}")))?
+        {
+            external_secret_hashes.insert(secret_name.clone(), secret_hash(&s));
         }
-        let digest: String = h.finalize()[..16]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        external_secret_hashes.insert(valid.kubeconfig_secret.clone(), digest);
     }
 
     let owner = Owner {
@@ -528,7 +587,7 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
         name: name.clone(),
         uid: holm.metadata.uid.clone().unwrap_or_default(),
     };
-    let input = RenderInput {
+    let mut input = RenderInput {
         valid,
         catalog_images,
         pki,
@@ -538,7 +597,7 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
         external_secret_hashes,
         owner: Some(owner),
     };
-    let desired = render::desired(&input)?;
+    let mut desired = render::desired(&input)?;
 
     // Apply and prune, management then guest.
     let selector = labels::prune_selector(&input.valid);
@@ -565,6 +624,17 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
         mgmt.prune(&hcp_kinds(), Some(&hcp_ns), &selector, &keep)
             .await,
     );
+
+    if input.tunnel.gateway_endpoint.is_none() {
+        let again = read_gateway_endpoint(&ctx.client, &hcp_ns, &input.valid).await?;
+        if again.as_ref().ok() != input.tunnel.gateway_endpoint.as_ref()
+            || again.as_ref().err() != input.tunnel.gateway_endpoint_wait.as_ref()
+        {
+            set_endpoint(&mut input.tunnel, again);
+            // Only the guest peer config and the pending notes depend on it.
+            desired = render::desired(&input)?;
+        }
+    }
 
     let guest_applier = Applier::new(guest.clone(), FIELD_MANAGER);
     let guest_targets: Vec<Target> = desired.guest.iter().map(target).collect();
@@ -610,7 +680,11 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
     } else if !guest_olm_crds_ready {
         Some("WaitingForGuestOLMCRDs")
     } else {
-        None
+        input
+            .tunnel
+            .gateway_endpoint_wait
+            .as_ref()
+            .map(|w| w.reason)
     };
     Ok(Outcome {
         state: waiting.map_or(State::Applied, |w| State::Waiting(w.into())),
@@ -630,11 +704,28 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
         requeue: if packageserver_cluster_ip.is_none() {
             SOON
         } else if waiting.is_some() {
-            WAIT
+            ctx.schedule.waiting
         } else {
-            RESYNC
+            // Registry answers expire after catalog_refresh; look again by then so a
+            // moved tag rolls the catalog.
+            ctx.schedule.resync.min(ctx.schedule.catalog_refresh)
         },
     })
+}
+
+/// A short hash of a Secret's data (keys and values).
+fn secret_hash(s: &Secret) -> String {
+    let mut h = Sha256::new();
+    for (k, v) in s.data.iter().flatten() {
+        h.update(k.as_bytes());
+        h.update(b"=");
+        h.update(&v.0);
+        h.update(b"\n");
+    }
+    h.finalize()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 async fn read_guest_catalog_sources(
@@ -811,6 +902,83 @@ fn build_status(
         release_version: Some(input.valid.release_version.to_string()),
         components,
         catalogs: status::catalog_statuses(input, desired, guest_sources),
+        tunnel: Some(tunnel_status(input)),
+    }
+}
+
+/// `status.tunnel`: the gateway endpoint the guest agent was given, or why there is
+/// none yet.
+fn tunnel_status(input: &RenderInput) -> crate::hostedolm::TunnelStatus {
+    let service_type = tunnel_service_type(&input.valid).to_string();
+    match (
+        &input.tunnel.gateway_endpoint,
+        &input.tunnel.gateway_endpoint_wait,
+    ) {
+        (Some(e), _) => crate::hostedolm::TunnelStatus {
+            service_type,
+            endpoint: Some(e.clone()),
+            reason: "EndpointKnown".into(),
+            message: format!(
+                "the guest agent's peer config names the gateway endpoint {e}; whether the WireGuard handshake succeeds is not observed here (the tunnel components report it)"
+            ),
+        },
+        (None, Some(w)) => crate::hostedolm::TunnelStatus {
+            service_type,
+            endpoint: None,
+            reason: w.reason.into(),
+            message: w.message.clone(),
+        },
+        (None, None) => crate::hostedolm::TunnelStatus {
+            service_type,
+            endpoint: None,
+            reason: "WaitingForTunnelEndpoint".into(),
+            message: String::new(),
+        },
+    }
+}
+
+fn tunnel_service_type(v: &validate::ValidInput) -> &'static str {
+    match v.tunnel_service_type {
+        crate::hostedolm::TunnelServiceType::NodePort => "NodePort",
+        crate::hostedolm::TunnelServiceType::LoadBalancer => "LoadBalancer",
+    }
+}
+
+/// The gateway endpoint from the live WireGuard Service (see
+/// [`render::tunnel::gateway_endpoint`]).
+async fn read_gateway_endpoint(
+    client: &kube::Client,
+    hcp_ns: &str,
+    valid: &validate::ValidInput,
+) -> Result<Result<String, render::tunnel::EndpointWait>, Error> {
+    let svc = Api::<Service>::namespaced(client.clone(), hcp_ns)
+        .get_opt(names::TUNNEL_GATEWAY_WG)
+        .await
+        .map_err(kube_err(format!(
+            "reading Service {hcp_ns}/{}",
+            names::TUNNEL_GATEWAY_WG
+        )))?;
+    Ok(render::tunnel::gateway_endpoint(
+        svc.as_ref(),
+        tunnel_service_type(valid),
+        valid.tunnel_address.as_deref(),
+        valid.node_port_address.as_deref(),
+    ))
+}
+
+fn set_endpoint(
+    keys: &mut render::tunnel::TunnelKeys,
+    e: Result<String, render::tunnel::EndpointWait>,
+) {
+    match e {
+        Ok(e) => {
+            keys.gateway_endpoint = Some(e);
+            keys.gateway_endpoint_wait = None;
+        }
+        Err(w) => {
+            keys.gateway_endpoint = None;
+            keys.gateway_endpoint_wait = Some(w);
+        }
     }
 }
 
@@ -818,7 +986,7 @@ fn build_status(
 /// HCP namespace, the HostedOLM, then release the HostedCluster.
 pub async fn cleanup(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error> {
     let (ns, name, hcp_ns) = identity(hc)?;
-    let mut out = Outcome::new(State::CleanedUp, RESYNC);
+    let mut out = Outcome::new(State::CleanedUp, ctx.schedule.resync);
     if !hc
         .metadata
         .finalizers

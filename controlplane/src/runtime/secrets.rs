@@ -180,6 +180,7 @@ pub async fn tunnel_keys(
             agent_private_key: B64.encode(agent),
             agent_public_key: public_of(&agent),
             gateway_endpoint: None,
+            gateway_endpoint_wait: None,
         },
         body,
     ))

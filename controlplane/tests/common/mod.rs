@@ -37,6 +37,7 @@ pub fn facts() -> ReleaseFacts {
             "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:{}",
             "b".repeat(64)
         )),
+        payload_problem: None,
     }
 }
 
@@ -138,6 +139,7 @@ pub fn input(v: ValidInput, ready: bool) -> RenderInput {
             agent_private_key: "QUdFTlQtUFJJVkFURS1LRVktVEVTVC0wMDAwMDAwMDA=".into(),
             agent_public_key: "QUdFTlQtUFVCTElDLUtFWS1URVNULTAwMDAwMDAwMDA=".into(),
             gateway_endpoint: None,
+            gateway_endpoint_wait: None,
         },
         packageserver_cluster_ip: None,
         guest_olm_crds_ready: ready,

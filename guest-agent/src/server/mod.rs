@@ -22,7 +22,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::dns::{Action, Engine, Forward, Reply, Transport};
 pub use metrics::DnsMetrics;
-pub use upstream::resolve;
+pub use upstream::{GuestExchange, resolve};
 
 /// Receive loops per UDP socket (cache hits are answered inline by these loops).
 const UDP_WORKERS: usize = 2;
@@ -43,10 +43,21 @@ struct Inner {
     tcp_conns: Arc<Semaphore>,
     tracker: TaskTracker,
     cancel: CancellationToken,
+    guest: Option<Arc<dyn GuestExchange>>,
 }
 
 impl DnsServer {
     pub fn new(engine: Arc<Engine>, metrics: DnsMetrics) -> Self {
+        Self::with_guest_exchange(engine, metrics, None)
+    }
+
+    /// A server whose guest-owned queries go through `guest` (e.g. the tunnel's userspace
+    /// stack) instead of OS sockets.
+    pub fn with_guest_exchange(
+        engine: Arc<Engine>,
+        metrics: DnsMetrics,
+        guest: Option<Arc<dyn GuestExchange>>,
+    ) -> Self {
         let cfg = engine.config();
         let inflight = Arc::new(Semaphore::new(cfg.max_in_flight));
         let tcp_conns = Arc::new(Semaphore::new(cfg.max_tcp_connections));
@@ -58,6 +69,7 @@ impl DnsServer {
                 tcp_conns,
                 tracker: TaskTracker::new(),
                 cancel: CancellationToken::new(),
+                guest,
             }),
         }
     }
@@ -181,7 +193,12 @@ impl DnsServer {
     async fn answer_forward(&self, f: Forward, permit: OwnedSemaphorePermit) -> Reply {
         let i = &self.inner;
         let q = f.query.clone();
-        let mut fut = Box::pin(resolve(Arc::clone(&i.engine), i.metrics.clone(), f));
+        let mut fut = Box::pin(upstream::resolve_with(
+            Arc::clone(&i.engine),
+            i.metrics.clone(),
+            f,
+            i.guest.clone(),
+        ));
         let timer = tokio::time::sleep(i.engine.config().client_timer);
         let reply = tokio::select! {
             r = &mut fut => r,

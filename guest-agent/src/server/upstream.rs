@@ -11,7 +11,8 @@ use tokio::net::{TcpStream, UdpSocket};
 use tokio::time::{Instant, timeout_at};
 
 use super::metrics::{DnsMetrics, UpstreamResultLabel};
-use crate::dns::{Engine, Forward, PendingQuery, Reply, Transport, UpstreamVerdict};
+use crate::dns::{Engine, Forward, Owner, PendingQuery, Reply, Transport, UpstreamVerdict};
+use futures::future::BoxFuture;
 
 enum Attempt {
     Verdict(UpstreamVerdict),
@@ -23,6 +24,25 @@ enum Attempt {
 /// (owner answer, stale or SERVFAIL). Bounded by `upstream_timeout` per upstream.
 /// Takes owned handles so the future is `'static` and can outlive the client (refresh).
 pub async fn resolve(engine: Arc<Engine>, metrics: DnsMetrics, f: Forward) -> Reply {
+    resolve_with(engine, metrics, f, None).await
+}
+
+/// A way to reach the guest's resolvers other than OS sockets (the tunnel's userspace
+/// stack). Each call is one exchange: send the query, return the first reply message.
+pub trait GuestExchange: Send + Sync + std::fmt::Debug {
+    /// One UDP exchange with `addr`.
+    fn udp(&self, addr: SocketAddr, query: Vec<u8>) -> BoxFuture<'static, io::Result<Vec<u8>>>;
+    /// One TCP exchange with `addr` (RFC 7766 framing is the implementation's job).
+    fn tcp(&self, addr: SocketAddr, query: Vec<u8>) -> BoxFuture<'static, io::Result<Vec<u8>>>;
+}
+
+/// [`resolve`], with guest-owned queries sent through `guest` when given.
+pub async fn resolve_with(
+    engine: Arc<Engine>,
+    metrics: DnsMetrics,
+    f: Forward,
+    guest: Option<Arc<dyn GuestExchange>>,
+) -> Reply {
     let engine = &*engine;
     let metrics = &metrics;
     let q = f.query;
@@ -32,9 +52,14 @@ pub async fn resolve(engine: Arc<Engine>, metrics: DnsMetrics, f: Forward) -> Re
         let mut edns = true;
         let mut via = Transport::Udp;
         let outcome = loop {
-            let attempt = match via {
-                Transport::Udp => udp_exchange(engine, metrics, &q, addr, edns, deadline).await,
-                Transport::Tcp => tcp_exchange(engine, &q, addr, edns, deadline).await,
+            let attempt = match (&guest, q.owner) {
+                (Some(g), Owner::Guest) => {
+                    hook_exchange(engine, g.as_ref(), &q, addr, via, edns, deadline).await
+                }
+                _ => match via {
+                    Transport::Udp => udp_exchange(engine, metrics, &q, addr, edns, deadline).await,
+                    Transport::Tcp => tcp_exchange(engine, &q, addr, edns, deadline).await,
+                },
             };
             match attempt {
                 Attempt::Verdict(UpstreamVerdict::Truncated) => {
@@ -73,6 +98,34 @@ pub async fn resolve(engine: Arc<Engine>, metrics: DnsMetrics, f: Forward) -> Re
         }
     }
     engine.fail(&q, std::time::Instant::now())
+}
+
+async fn hook_exchange(
+    engine: &Engine,
+    g: &dyn GuestExchange,
+    q: &PendingQuery,
+    addr: SocketAddr,
+    via: Transport,
+    edns: bool,
+    deadline: Instant,
+) -> Attempt {
+    let txid: u16 = rand::random();
+    let query = engine.upstream_query(q, txid, edns);
+    let fut = match via {
+        Transport::Udp => g.udp(addr, query),
+        Transport::Tcp => g.tcp(addr, query),
+    };
+    match timeout_at(deadline, fut).await {
+        Err(_) => Attempt::Timeout,
+        Ok(Err(e)) => Attempt::Io(e),
+        Ok(Ok(reply)) => match engine.check_upstream_reply(q, txid, &reply, via, edns) {
+            UpstreamVerdict::Mismatch => Attempt::Io(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "reply does not match the query",
+            )),
+            v => Attempt::Verdict(v),
+        },
+    }
 }
 
 fn unspecified_for(addr: SocketAddr) -> SocketAddr {

@@ -1,0 +1,178 @@
+//! Kubernetes Events (events.k8s.io/v1) on HostedOLM objects, emitted only when a
+//! reported condition changes (status or reason), so an idle controller writes
+//! nothing.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::Resource;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+
+use crate::hostedolm::HostedOLM;
+use crate::status::{AVAILABLE, DEGRADED};
+
+/// Name of the reporting controller in events.
+pub const REPORTING_CONTROLLER: &str = "hcp-olm-controller";
+
+/// The reporter of this process: the controller name and the pod name (`POD_NAME`,
+/// else `HOSTNAME`) as instance.
+pub fn reporter() -> Reporter {
+    Reporter {
+        controller: REPORTING_CONTROLLER.into(),
+        instance: std::env::var("POD_NAME")
+            .ok()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .filter(|s| !s.is_empty()),
+    }
+}
+
+/// A condition change worth an event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transition {
+    pub type_: String,
+    pub status: String,
+    /// Event reason (the condition reason, or a word for "back to normal").
+    pub reason: String,
+    pub note: String,
+    pub warning: bool,
+}
+
+/// The condition types that get events.
+const REPORTED: &[&str] = &[AVAILABLE, DEGRADED];
+
+/// Transitions from `old` to `new` of the reported condition types: a condition that
+/// appears, or whose status or reason changed. Pure.
+pub fn transitions(old: &[Condition], new: &[Condition]) -> Vec<Transition> {
+    new.iter()
+        .filter(|c| REPORTED.contains(&c.type_.as_str()))
+        .filter(|c| {
+            !old.iter()
+                .any(|o| o.type_ == c.type_ && o.status == c.status && o.reason == c.reason)
+        })
+        .map(|c| {
+            let healthy = (c.type_ == AVAILABLE) == (c.status == "True");
+            let reason = if c.reason.is_empty() || c.reason == "AsExpected" {
+                match (c.type_.as_str(), healthy) {
+                    (AVAILABLE, true) => "Available".to_string(),
+                    (DEGRADED, true) => "NotDegraded".to_string(),
+                    (t, _) => format!("{t}{}", c.status),
+                }
+            } else {
+                c.reason.clone()
+            };
+            let mut note = format!("{}={}", c.type_, c.status);
+            if !c.message.is_empty() {
+                note.push_str(": ");
+                note.push_str(&c.message);
+            }
+            // events.k8s.io limits the note to 1 kB.
+            if note.len() > 1000 {
+                let mut cut = 1000;
+                while !note.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                note.truncate(cut);
+            }
+            Transition {
+                type_: c.type_.clone(),
+                status: c.status.clone(),
+                reason,
+                note,
+                warning: c.type_ == DEGRADED && c.status == "True",
+            }
+        })
+        .collect()
+}
+
+/// Publishes transitions as Events regarding a HostedOLM.
+#[derive(Clone)]
+pub struct Events {
+    recorder: Recorder,
+}
+
+impl Events {
+    pub fn new(client: kube::Client, reporter: Reporter) -> Self {
+        Self {
+            recorder: Recorder::new(client, reporter),
+        }
+    }
+
+    /// Publish one event per transition. Failures are logged, never fatal: events
+    /// are a courtesy, status is the truth.
+    pub async fn publish(&self, holm: &HostedOLM, transitions: &[Transition]) -> usize {
+        let reference = holm.object_ref(&());
+        let mut published = 0;
+        for t in transitions {
+            let ev = Event {
+                type_: if t.warning {
+                    EventType::Warning
+                } else {
+                    EventType::Normal
+                },
+                reason: t.reason.clone(),
+                note: Some(t.note.clone()),
+                action: "Reconcile".into(),
+                secondary: None,
+            };
+            match self.recorder.publish(&ev, &reference).await {
+                Ok(()) => published += 1,
+                Err(e) => tracing::warn!(
+                    hostedolm = %format!(
+                        "{}/{}",
+                        holm.metadata.namespace.as_deref().unwrap_or(""),
+                        holm.metadata.name.as_deref().unwrap_or("")
+                    ),
+                    reason = %t.reason,
+                    error = %e,
+                    "cannot publish event"
+                ),
+            }
+        }
+        published
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn c(t: &str, s: &str, r: &str) -> Condition {
+        Condition {
+            type_: t.into(),
+            status: s.into(),
+            reason: r.into(),
+            message: String::new(),
+            observed_generation: None,
+            last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        }
+    }
+
+    #[test]
+    fn only_changes_of_reported_conditions() {
+        let old = vec![
+            c(AVAILABLE, "False", "ComponentsNotReady"),
+            c(DEGRADED, "False", "AsExpected"),
+            c("Progressing", "True", "X"),
+        ];
+        assert!(transitions(&old, &old).is_empty());
+        let new = vec![
+            c(AVAILABLE, "True", "AsExpected"),
+            c(DEGRADED, "False", "AsExpected"),
+            c("Progressing", "False", "AsExpected"),
+        ];
+        let t = transitions(&old, &new);
+        assert_eq!(t.len(), 1, "{t:?}");
+        assert_eq!((t[0].reason.as_str(), t[0].warning), ("Available", false));
+        let bad = vec![
+            c(AVAILABLE, "False", "Degraded"),
+            c(DEGRADED, "True", "ApplyFailed"),
+        ];
+        let t = transitions(&new, &bad);
+        assert_eq!(t.len(), 2);
+        assert!(t.iter().any(|t| t.reason == "ApplyFailed" && t.warning));
+        // Same status, new reason: a transition.
+        let other = vec![c(DEGRADED, "True", "GuestKubeconfigMissing")];
+        assert_eq!(transitions(&bad, &other).len(), 1);
+        // First status: every reported condition is new.
+        assert_eq!(transitions(&[], &new).len(), 2);
+    }
+}

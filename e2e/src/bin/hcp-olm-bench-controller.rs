@@ -1,0 +1,852 @@
+//! `make bench-controller` (a benchmark, not a test): N HostedClusters against the real
+//! management kube-apiserver, the controller running as a real process (`hcp-olm-controller
+//! run`, release build) under its ServiceAccount with the RBAC from `manifests/`.
+//!
+//! Guest side: every HostedCluster writes cluster-scoped objects into its guest (APIService,
+//! OperatorHub `cluster`, CatalogSources), so each needs its own guest API server. The run
+//! first starts one real guest kube-apiserver (sharing one etcd under its own
+//! `--etcd-prefix`), measures its memory and idle CPU, and then either starts a real guest
+//! for every HostedCluster (when N of them fit the machine) or serves all guests from
+//! [`hcp_olm_e2e::guest_standin`], a minimal in-process stand-in, saying so and why.
+//!
+//! Environment: `BENCH_N` (100), `IDLE_SECONDS` (300), `BENCH_GUESTS` (`auto`|`real`|`standin`),
+//! `BENCH_CONCURRENCY` (controller `--concurrency`, 4), `BENCH_CONVERGE_TIMEOUT` (seconds),
+//! `BENCH_GUEST_MEM_FRACTION` (0.5 of MemAvailable), `BENCH_GUEST_CPU_BUDGET` (cores, 0.5),
+//! `BENCH_GUEST_APISERVER_ARGS` (extra flags for guest kube-apiservers),
+//! `HCP_OLM_CONTROLLER_BIN` (default `$CARGO_TARGET_DIR/release/hcp-olm-controller`).
+//!
+//! Last line on stdout:
+//! `controller-bench: n=<N> converge_s=<s> writes_per_hc=<w> idle_writes=<i> rss_mib=<m>`
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use futures::StreamExt as _;
+use hcp_olm_e2e::guest_standin::GuestStandIn;
+use hcp_olm_e2e::tools::fixtures_dir;
+use hcp_olm_e2e::{Cluster, ClusterOptions, SharedEtcd};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Endpoints, Secret};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+
+const HC_NS: &str = "clusters";
+const OLM_IMAGE: &str = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+const RELEASE_IMAGE: &str = "quay.io/openshift-release-dev/ocp-release:4.18.3-x86_64";
+
+/// Every resource the controller may write, in either cluster.
+const RESOURCES: &[&str] = &[
+    "deployments",
+    "services",
+    "serviceaccounts",
+    "secrets",
+    "networkpolicies",
+    "poddisruptionbudgets",
+    "hostedolms",
+    "hostedclusters",
+    "catalogsources",
+    "apiservices",
+    "endpoints",
+    "operatorhubs",
+    "namespaces",
+    "events",
+];
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T> {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .map_err(|_| anyhow::anyhow!("{name}={v:?} is not a valid value")),
+        Err(_) => Ok(default),
+    }
+}
+
+fn repo_file(p: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(p)
+}
+
+fn progress(msg: impl std::fmt::Display) {
+    eprintln!("controller-bench: {msg}");
+}
+
+/// utime + stime of a process, seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+        return 0.0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // Fields after the command: state is index 0, utime is field 14 overall → index 11.
+    let ticks: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
+    ticks as f64 / 100.0
+}
+
+/// A `/proc/<pid>/status` field in KiB (VmRSS, VmHWM).
+fn status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(field)?
+                .strip_prefix(':')?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
+}
+
+fn mem_available_kib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("MemAvailable:")?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+/// Sum of all samples of a metric family line prefix (e.g. `apiserver_request_total{`).
+fn metric_sum(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+async fn metrics_text(c: &Cluster) -> Result<String> {
+    let req = http::Request::get("/metrics").body(Vec::new())?;
+    Ok(c.client().request_text(req).await?)
+}
+
+/// Requests served and their summed server-side duration, per the API server. Long-running
+/// requests (WATCH, CONNECT) are left out: a watch counts its whole lifetime.
+async fn served(c: &Cluster) -> Result<(f64, f64)> {
+    let t = metrics_text(c).await?;
+    let short: String = t
+        .lines()
+        .filter(|l| !l.contains("verb=\"WATCH\"") && !l.contains("verb=\"CONNECT\""))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    Ok((
+        metric_sum(&short, "apiserver_request_total{"),
+        metric_sum(&short, "apiserver_request_duration_seconds_sum{"),
+    ))
+}
+
+fn guest_crd_files() -> Vec<PathBuf> {
+    let fx = fixtures_dir();
+    vec![
+        fx.join("crds/olm/operators.coreos.com_catalogsources.yaml"),
+        fx.join("crds/olm/operators.coreos.com_clusterserviceversions.yaml"),
+        fx.join("crds/openshift/0000_03_marketplace_01_operatorhubs.crd.yaml"),
+    ]
+}
+
+fn yaml_docs(path: &PathBuf) -> Result<Vec<serde_json::Value>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+    let mut out = Vec::new();
+    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+        let v: serde_json::Value = serde::Deserialize::deserialize(doc)?;
+        if !v.is_null() {
+            out.push(v);
+        }
+    }
+    Ok(out)
+}
+
+/// One real guest: kube-apiserver on the shared etcd, the guest CRDs and namespace.
+async fn start_real_guest(i: usize, etcd: &SharedEtcd, extra: &[String]) -> Result<Cluster> {
+    let mut opts = ClusterOptions::new(&format!("guest{i}"));
+    opts.shared_etcd = Some(etcd.with_prefix(&format!("guest{i}")));
+    opts.extra_apiserver_args = extra.to_vec();
+    opts.ready_timeout = Duration::from_secs(240);
+    let c = Cluster::start(opts)
+        .await
+        .with_context(|| format!("starting guest {i}"))?;
+    c.install_crds(&guest_crd_files()).await?;
+    c.ensure_namespace("openshift-marketplace").await?;
+    Ok(c)
+}
+
+enum Guests {
+    Real(Vec<Cluster>),
+    StandIn(GuestStandIn),
+}
+
+impl Guests {
+    fn kubeconfig(&self, i: usize) -> Result<Vec<u8>> {
+        match self {
+            Guests::Real(cs) => Ok(std::fs::read(cs[i].kubeconfig())?),
+            Guests::StandIn(s) => Ok(s.kubeconfig(i).into_bytes()),
+        }
+    }
+
+    async fn writes(&self) -> Result<u64> {
+        match self {
+            Guests::Real(cs) => {
+                let counts = futures::stream::iter(cs.iter())
+                    .map(|c| c.api_writes(RESOURCES))
+                    .buffer_unordered(8)
+                    .collect::<Vec<_>>()
+                    .await;
+                let mut sum = 0;
+                for c in counts {
+                    sum += c?;
+                }
+                Ok(sum)
+            }
+            Guests::StandIn(s) => Ok(s.total_writes()),
+        }
+    }
+
+    /// Has guest `i` got the packageserver Endpoints (written on the controller's second pass)?
+    async fn done(&self, i: usize) -> bool {
+        match self {
+            Guests::Real(cs) => Api::<Endpoints>::namespaced(cs[i].client(), "default")
+                .get_opt("packageserver")
+                .await
+                .ok()
+                .flatten()
+                .is_some(),
+            Guests::StandIn(s) => s.has(i, "", "endpoints", Some("default"), "packageserver"),
+        }
+    }
+
+    /// For real guests: guest 0's write requests by resource, subresource and verb.
+    async fn breakdown(&self) -> Result<String> {
+        let Guests::Real(cs) = self else {
+            return Ok(String::new());
+        };
+        let text = metrics_text(&cs[0]).await?;
+        let label = |line: &str, name: &str| -> String {
+            line.split_once(&format!("{name}=\""))
+                .and_then(|(_, r)| r.split_once('"'))
+                .map(|(v, _)| v.to_string())
+                .unwrap_or_default()
+        };
+        let mut out = BTreeMap::<String, f64>::new();
+        for l in text
+            .lines()
+            .filter(|l| l.starts_with("apiserver_request_total{"))
+        {
+            let verb = label(l, "verb");
+            if !["POST", "PUT", "PATCH", "APPLY", "DELETE"].contains(&verb.as_str()) {
+                continue;
+            }
+            let v: f64 = l
+                .rsplit(' ')
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0);
+            let key = format!(
+                "{}{}/{verb}",
+                label(l, "resource"),
+                match label(l, "subresource").as_str() {
+                    "" => String::new(),
+                    s => format!("/{s}"),
+                }
+            );
+            *out.entry(key).or_default() += v;
+        }
+        Ok(out
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" "))
+    }
+
+    fn cpu_seconds(&self) -> f64 {
+        match self {
+            Guests::Real(cs) => cs.iter().map(|c| cpu_seconds(c.pids()[0])).sum(),
+            Guests::StandIn(_) => 0.0,
+        }
+    }
+}
+
+fn hc_resource() -> ApiResource {
+    ApiResource {
+        group: "hypershift.openshift.io".into(),
+        version: "v1beta1".into(),
+        api_version: "hypershift.openshift.io/v1beta1".into(),
+        kind: "HostedCluster".into(),
+        plural: "hostedclusters".into(),
+    }
+}
+
+fn holm_resource() -> ApiResource {
+    ApiResource {
+        group: "olm.hcp-olm.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "olm.hcp-olm.io/v1alpha1".into(),
+        kind: "HostedOLM".into(),
+        plural: "hostedolms".into(),
+    }
+}
+
+fn hosted_cluster_template() -> Result<serde_json::Value> {
+    let mut v = yaml_docs(&fixtures_dir().join("hypershift/examples/none-minimal.yaml"))?
+        .into_iter()
+        .find(|v| v["kind"] == "HostedCluster")
+        .context("fixture has a HostedCluster")?;
+    // The fixture carries the placeholder `fakeAddress`, which the real CRD rejects.
+    if let Some(services) = v["spec"]["services"].as_array_mut() {
+        for svc in services {
+            if let Some(np) = svc["servicePublishingStrategy"]["nodePort"].as_object_mut() {
+                np.insert("address".into(), "api.example.com".into());
+            }
+        }
+    }
+    v["spec"]["release"]["image"] = RELEASE_IMAGE.into();
+    v["metadata"]["namespace"] = HC_NS.into();
+    Ok(v)
+}
+
+/// Kubeconfig Secret, HostedCluster (+ status) and HCP namespace for hosted cluster `i`.
+async fn create_hosted_cluster(
+    mgmt: &Cluster,
+    template: &serde_json::Value,
+    i: usize,
+    kubeconfig: Vec<u8>,
+) -> Result<()> {
+    let name = format!("hc{i}");
+    let secret_name = format!("{name}-admin-kubeconfig");
+    let s = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(secret_name.clone()),
+            namespace: Some(HC_NS.into()),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([(
+            "kubeconfig".to_string(),
+            ByteString(kubeconfig),
+        )])),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(mgmt.client(), HC_NS)
+        .create(&PostParams::default(), &s)
+        .await?;
+    mgmt.ensure_namespace(&format!("{HC_NS}-{name}")).await?;
+    let mut v = template.clone();
+    v["metadata"]["name"] = name.clone().into();
+    let obj: DynamicObject = serde_json::from_value(v)?;
+    let api: Api<DynamicObject> = Api::namespaced_with(mgmt.client(), HC_NS, &hc_resource());
+    api.create(&PostParams::default(), &obj).await?;
+    api.patch_status(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"status": {
+            "kubeconfig": {"name": secret_name},
+            "version": {
+                "desired": {"image": RELEASE_IMAGE, "version": "4.18.3"},
+                "availableUpdates": [],
+                "observedGeneration": 1,
+            },
+        }})),
+    )
+    .await?;
+    Ok(())
+}
+
+/// The controller's ServiceAccount with the ClusterRole and binding from manifests/.
+async fn controller_identity(mgmt: &Cluster) -> Result<PathBuf> {
+    let sa = mgmt
+        .service_account(
+            "hcp-olm-system",
+            "hcp-olm-controller",
+            Duration::from_secs(6 * 3600),
+        )
+        .await?;
+    let role: ClusterRole = serde_yaml_ng::from_str(&std::fs::read_to_string(repo_file(
+        "manifests/controller/clusterrole.yaml",
+    ))?)?;
+    Api::<ClusterRole>::all(mgmt.client())
+        .create(&PostParams::default(), &role)
+        .await?;
+    let binding: ClusterRoleBinding = serde_yaml_ng::from_str(&std::fs::read_to_string(
+        repo_file("manifests/controller/clusterrolebinding.yaml"),
+    )?)?;
+    Api::<ClusterRoleBinding>::all(mgmt.client())
+        .create(&PostParams::default(), &binding)
+        .await?;
+    Ok(sa.kubeconfig)
+}
+
+fn controller_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("HCP_OLM_CONTROLLER_BIN") {
+        return PathBuf::from(p);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_file("target"));
+    target.join("release/hcp-olm-controller")
+}
+
+struct Controller {
+    child: std::process::Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Controller {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn reconciles(&self) -> f64 {
+        use std::io::{Read, Write};
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else {
+            return f64::NAN;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+        let _ = s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n");
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        metric_sum(&out, "hcp_olm_reconciles_total{")
+    }
+
+    /// SIGTERM, then wait up to 20s (SIGKILL after).
+    fn stop(mut self) -> Result<std::process::ExitStatus> {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(st) = self.child.try_wait()? {
+                return Ok(st);
+            }
+            if Instant::now() > deadline {
+                self.child.kill()?;
+                return Ok(self.child.wait()?);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+struct Probe {
+    rss_kib: u64,
+    start_s: f64,
+    idle_cpu_cores: f64,
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let n: usize = env_or("BENCH_N", 100)?;
+    let idle_seconds: u64 = env_or("IDLE_SECONDS", 300)?;
+    let mode: String = env_or("BENCH_GUESTS", "auto".to_string())?;
+    let concurrency: u16 = env_or("BENCH_CONCURRENCY", 4)?;
+    let converge_timeout: u64 = env_or("BENCH_CONVERGE_TIMEOUT", 600 + 3 * n as u64)?;
+    let mem_fraction: f64 = env_or("BENCH_GUEST_MEM_FRACTION", 0.5)?;
+    let cpu_budget: f64 = env_or("BENCH_GUEST_CPU_BUDGET", 0.5)?;
+    let guest_args: Vec<String> = env_or(
+        "BENCH_GUEST_APISERVER_ARGS",
+        "--watch-cache=false".to_string(),
+    )?
+    .split_whitespace()
+    .map(str::to_string)
+    .collect();
+    ensure!(n > 0, "BENCH_N must be > 0");
+    ensure!(
+        ["auto", "real", "standin"].contains(&mode.as_str()),
+        "BENCH_GUESTS must be auto, real or standin"
+    );
+    let bin = controller_bin();
+    ensure!(
+        bin.is_file(),
+        "controller binary {} not found: build it with `cargo build --release -p hcp-olm-controlplane --bin hcp-olm-controller` or set HCP_OLM_CONTROLLER_BIN",
+        bin.display()
+    );
+    progress(format!(
+        "n={n} idle_seconds={idle_seconds} guests={mode} controller={}",
+        bin.display()
+    ));
+
+    // Management cluster: the real kube-apiserver, always.
+    let t = Instant::now();
+    // Every hosted cluster gets ~8 Services; the default /24 would run out of ClusterIPs.
+    let mut mgmt_opts = ClusterOptions::new("management");
+    mgmt_opts.service_cidr = "198.18.0.0/16".into();
+    let mgmt = Cluster::start(mgmt_opts).await?;
+    let fx = fixtures_dir();
+    mgmt.install_crds(&[
+        fx.join("hypershift/crds/hostedclusters-Hypershift-Default.crd.yaml"),
+        repo_file("manifests/crds/hostedolm.yaml"),
+    ])
+    .await?;
+    mgmt.ensure_namespace(HC_NS).await?;
+    let controller_kubeconfig = controller_identity(&mgmt).await?;
+    progress(format!(
+        "management cluster ready in {:.1}s",
+        t.elapsed().as_secs_f64()
+    ));
+
+    // Guest side: measure one real guest, then decide.
+    let etcd = SharedEtcd::start("guests-etcd")?;
+    let t = Instant::now();
+    let probe_guest = start_real_guest(0, &etcd, &guest_args).await?;
+    let start_s = t.elapsed().as_secs_f64();
+    let pid = probe_guest.pids()[0];
+    let c0 = cpu_seconds(pid);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let probe = Probe {
+        rss_kib: status_kib(pid, "VmRSS"),
+        start_s,
+        idle_cpu_cores: (cpu_seconds(pid) - c0) / 10.0,
+    };
+    let avail = mem_available_kib();
+    let need_mem = probe.rss_kib * n as u64;
+    let need_cpu = probe.idle_cpu_cores * n as f64;
+    let fits_mem = (need_mem as f64) < mem_fraction * avail as f64;
+    let fits_cpu = need_cpu < cpu_budget;
+    progress(format!(
+        "one real guest kube-apiserver (flags {guest_args:?}, shared etcd, 3 OLM CRDs): rss={:.0}MiB start={:.1}s idle_cpu={:.3} cores; \
+         x{n}: {:.0}MiB of {:.0}MiB available (budget {:.0}%), {:.2} idle cores (budget {cpu_budget})",
+        mib(probe.rss_kib),
+        probe.start_s,
+        probe.idle_cpu_cores,
+        mib(need_mem),
+        mib(avail),
+        mem_fraction * 100.0,
+        need_cpu
+    ));
+    let real = match mode.as_str() {
+        "real" => true,
+        "standin" => false,
+        _ => fits_mem && fits_cpu,
+    };
+    let guest_kind;
+    let guests = if real {
+        guest_kind = "real kube-apiservers";
+        progress(format!(
+            "guest side: {n} real guest kube-apiservers on one shared etcd"
+        ));
+        let t = Instant::now();
+        let mut all = vec![probe_guest];
+        let mut started = futures::stream::iter(1..n)
+            .map(|i| {
+                let etcd = &etcd;
+                let args = &guest_args;
+                async move { (i, start_real_guest(i, etcd, args).await) }
+            })
+            .buffer_unordered(4);
+        let mut rest = BTreeMap::new();
+        while let Some((i, c)) = started.next().await {
+            rest.insert(i, c?);
+            if rest.len() % 10 == 0 {
+                progress(format!(
+                    "started {}/{n} guests ({:.0}s, {:.0}MiB available)",
+                    rest.len() + 1,
+                    t.elapsed().as_secs_f64(),
+                    mib(mem_available_kib())
+                ));
+            }
+        }
+        drop(started);
+        all.extend(rest.into_values());
+        Guests::Real(all)
+    } else {
+        guest_kind = "STAND-IN (not a kube-apiserver)";
+        let why = if mode == "standin" {
+            "BENCH_GUESTS=standin".to_string()
+        } else {
+            let mut w = Vec::new();
+            if !fits_mem {
+                w.push(format!(
+                    "{n} guests need ~{:.0}MiB, over {:.0}% of the {:.0}MiB available",
+                    mib(need_mem),
+                    mem_fraction * 100.0,
+                    mib(avail)
+                ));
+            }
+            if !fits_cpu {
+                w.push(format!(
+                    "{n} idle guests need ~{need_cpu:.2} cores, over the budget of {cpu_budget} on this shared machine"
+                ));
+            }
+            w.join("; ")
+        };
+        progress(format!(
+            "guest side: STAND-IN, not real guest API servers ({why}). The management side stays the real \
+             kube-apiserver; guest writes are counted by the stand-in (hcp_olm_e2e::guest_standin)"
+        ));
+        drop(probe_guest);
+        let mut crds = Vec::new();
+        for f in guest_crd_files() {
+            crds.extend(yaml_docs(&f)?);
+        }
+        Guests::StandIn(GuestStandIn::start(n, crds).await?)
+    };
+
+    // N HostedClusters.
+    let t = Instant::now();
+    let template = hosted_cluster_template()?;
+    let mut created = futures::stream::iter(0..n)
+        .map(|i| {
+            let (mgmt, template, guests) = (&mgmt, &template, &guests);
+            async move {
+                let kc = guests.kubeconfig(i)?;
+                create_hosted_cluster(mgmt, template, i, kc)
+                    .await
+                    .with_context(|| format!("creating HostedCluster hc{i}"))
+            }
+        })
+        .buffer_unordered(16);
+    let mut done = 0;
+    while let Some(r) = created.next().await {
+        r?;
+        done += 1;
+        if done % (n / 10).max(1) == 0 {
+            progress(format!(
+                "created {done}/{n} HostedClusters ({:.0}s)",
+                t.elapsed().as_secs_f64()
+            ));
+        }
+    }
+    drop(created);
+
+    // Baselines, then the controller.
+    let before = guests.breakdown().await?;
+    if !before.is_empty() {
+        progress(format!("guest 0 writes before the controller: {before}"));
+    }
+    let (m0, g0) = (mgmt.api_writes(RESOURCES).await?, guests.writes().await?);
+    let (req0, dur0) = served(&mgmt).await?;
+    let [mgmt_api_pid, mgmt_etcd_pid] = mgmt.pids();
+    let cpu0 = (
+        cpu_seconds(std::process::id()),
+        cpu_seconds(mgmt_api_pid),
+        cpu_seconds(mgmt_etcd_pid),
+        guests.cpu_seconds(),
+        cpu_seconds(etcd.pid()),
+    );
+    let port = hcp_olm_e2e::ports::free_port()?;
+    let log = std::env::temp_dir().join(format!("hcp-olm-bench-controller-{port}.log"));
+    let mut cmd = hcp_olm_e2e::process::command(&bin);
+    cmd.args([
+        "run",
+        "--admin-addr",
+        &format!("127.0.0.1:{port}"),
+        "--registry-lookups=false",
+        "--olm-image",
+        OLM_IMAGE,
+        "--concurrency",
+        &concurrency.to_string(),
+    ])
+    .env("KUBECONFIG", &controller_kubeconfig)
+    .env(
+        "RUST_LOG",
+        std::env::var("BENCH_RUST_LOG").unwrap_or_else(|_| "warn".into()),
+    )
+    .stdout(std::process::Stdio::null())
+    .stderr(std::fs::File::create(&log)?);
+    let started = Instant::now();
+    let controller = Controller {
+        child: cmd.spawn().context("starting the controller")?,
+        port,
+        log,
+    };
+    progress(format!(
+        "controller started (pid {}, log {})",
+        controller.pid(),
+        controller.log.display()
+    ));
+    let result = measure(
+        n,
+        idle_seconds,
+        converge_timeout,
+        &mgmt,
+        &guests,
+        &controller,
+        started,
+        (m0, g0, req0, dur0),
+        cpu0,
+        &etcd,
+        concurrency,
+    )
+    .await;
+    let rss_kib = status_kib(controller.pid(), "VmHWM");
+    let log = controller.log.clone();
+    let status = controller.stop()?;
+    let (converge_s, writes_per_hc, idle_writes) = match result {
+        Ok(r) => r,
+        Err(e) => {
+            let tail = hcp_olm_e2e::process::log_tail(&log, 30);
+            bail!("{e:#}\ncontroller log tail ({}):\n{tail}", log.display());
+        }
+    };
+    progress(format!(
+        "controller exited with {status} after SIGTERM; guests: {guest_kind}"
+    ));
+    println!(
+        "controller-bench: n={n} converge_s={converge_s:.1} writes_per_hc={writes_per_hc:.1} idle_writes={idle_writes} rss_mib={:.1}",
+        mib(rss_kib)
+    );
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn measure(
+    n: usize,
+    idle_seconds: u64,
+    converge_timeout: u64,
+    mgmt: &Cluster,
+    guests: &Guests,
+    controller: &Controller,
+    started: Instant,
+    (m0, g0, req0, dur0): (u64, u64, f64, f64),
+    (harness_cpu0, api_cpu0, etcd_cpu0, guests_cpu0, guest_etcd_cpu0): (f64, f64, f64, f64, f64),
+    guest_etcd: &SharedEtcd,
+    concurrency: u16,
+) -> Result<(f64, f64, u64)> {
+    // Converge: every HostedOLM has a status and every guest has its packageserver
+    // Endpoints (second pass), and management writes have stopped for 10s.
+    let holms: Api<DynamicObject> = Api::all_with(mgmt.client(), &holm_resource());
+    let mut guest_done = vec![false; n];
+    let mut last_writes = m0;
+    let mut last_change = started;
+    let mut last_report = Instant::now();
+    let deadline = started + Duration::from_secs(converge_timeout);
+    let quiet = Duration::from_secs(10);
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let w = mgmt.api_writes(RESOURCES).await?;
+        if w != last_writes {
+            last_writes = w;
+            last_change = Instant::now();
+        }
+        let with_status = holms
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|h| h.data["status"]["observedGeneration"].is_i64())
+            .count();
+        let todo: Vec<usize> = (0..n).filter(|i| !guest_done[*i]).collect();
+        let checks = futures::stream::iter(todo)
+            .map(|i| async move { (i, guests.done(i).await) })
+            .buffer_unordered(8)
+            .collect::<Vec<_>>()
+            .await;
+        for (i, d) in checks {
+            guest_done[i] = d;
+        }
+        let guests_ok = guest_done.iter().filter(|d| **d).count();
+        if last_report.elapsed() >= Duration::from_secs(10) {
+            last_report = Instant::now();
+            progress(format!(
+                "converging {:.0}s: {with_status}/{n} HostedOLM statuses, {guests_ok}/{n} guests done, {} management writes, controller rss {:.0}MiB",
+                started.elapsed().as_secs_f64(),
+                w - m0,
+                mib(status_kib(controller.pid(), "VmRSS"))
+            ));
+        }
+        if controller_exited(controller) {
+            bail!("controller exited early");
+        }
+        if with_status == n && guests_ok == n && last_change.elapsed() >= quiet {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "not converged after {converge_timeout}s: {with_status}/{n} statuses, {guests_ok}/{n} guests done"
+            );
+        }
+    }
+    let converge_s = (last_change - started).as_secs_f64();
+    let (m1, g1) = (mgmt.api_writes(RESOURCES).await?, guests.writes().await?);
+    let (req1, dur1) = served(mgmt).await?;
+    let ctl_cpu = cpu_seconds(controller.pid());
+    // The harness's own CPU: the stand-in guests (when used) and the convergence polling.
+    let harness_cpu = cpu_seconds(std::process::id()) - harness_cpu0;
+    let api_cpu = cpu_seconds(mgmt.pids()[0]) - api_cpu0;
+    let etcd_cpu = cpu_seconds(mgmt.pids()[1]) - etcd_cpu0;
+    let guests_cpu =
+        guests.cpu_seconds() - guests_cpu0 + cpu_seconds(guest_etcd.pid()) - guest_etcd_cpu0;
+    let writes = (m1 - m0) + (g1 - g0);
+    let writes_per_hc = writes as f64 / n as f64;
+    let window = started.elapsed().as_secs_f64();
+    let after = guests.breakdown().await?;
+    if !after.is_empty() {
+        progress(format!("guest 0 writes after convergence: {after}"));
+    }
+    let server_cpu = api_cpu + etcd_cpu + guests_cpu;
+    progress(format!(
+        "converged in {converge_s:.1}s: {} management + {} guest writes ({writes_per_hc:.1} per HostedCluster), {:.0} reconciles",
+        m1 - m0,
+        g1 - g0,
+        controller.reconciles()
+    ));
+    progress(format!(
+        "who bounds convergence ({window:.0}s window, 2 cores shared with other work): CPU controller {ctl_cpu:.1}s, \
+         management kube-apiserver {api_cpu:.1}s + etcd {etcd_cpu:.1}s, real guest API servers+etcd {guests_cpu:.1}s, \
+         harness incl. stand-in guests {harness_cpu:.1}s (controller {:.0}% of all this CPU); management API server served \
+         {:.0} requests ({:.0}/s) with {:.1}s summed server-side latency = {:.2} requests in flight at the server on \
+         average, against the controller's {concurrency} concurrent reconciles",
+        100.0 * ctl_cpu / (ctl_cpu + server_cpu + harness_cpu).max(1e-9),
+        req1 - req0,
+        (req1 - req0) / converge_s.max(1e-9),
+        dur1 - dur0,
+        (dur1 - dur0) / converge_s.max(1e-9),
+    ));
+
+    // Idle window.
+    let r0 = controller.reconciles();
+    let (ireq0, _) = served(mgmt).await?;
+    let t = Instant::now();
+    let idle = Duration::from_secs(idle_seconds);
+    progress(format!("idle window: {idle_seconds}s"));
+    while t.elapsed() < idle {
+        tokio::time::sleep((idle - t.elapsed()).min(Duration::from_secs(30))).await;
+        if controller_exited(controller) {
+            bail!("controller exited during the idle window");
+        }
+        progress(format!(
+            "idle {:.0}/{idle_seconds}s: {} management writes, {:.0} reconciles, controller rss {:.0}MiB",
+            t.elapsed().as_secs_f64(),
+            mgmt.api_writes(RESOURCES).await? - m1,
+            controller.reconciles() - r0,
+            mib(status_kib(controller.pid(), "VmRSS"))
+        ));
+    }
+    let (m2, g2) = (mgmt.api_writes(RESOURCES).await?, guests.writes().await?);
+    let idle_reconciles = controller.reconciles() - r0;
+    let (ireq1, _) = served(mgmt).await?;
+    progress(format!(
+        "idle window done: {} management + {} guest writes during {:.0} reconciles (resyncs); the management \
+         API server served {:.0} non-watch requests meanwhile ({:.1}/s, {:.0} per reconcile, incl. the harness's polls)",
+        m2 - m1,
+        g2 - g1,
+        idle_reconciles,
+        ireq1 - ireq0,
+        (ireq1 - ireq0) / idle_seconds.max(1) as f64,
+        (ireq1 - ireq0) / idle_reconciles.max(1.0),
+    ));
+    Ok((converge_s, writes_per_hc, (m2 - m1) + (g2 - g1)))
+}
+
+/// Whether the controller process has exited (a zombie or gone). `try_wait` needs
+/// `&mut`; the state is read from /proc instead.
+fn controller_exited(c: &Controller) -> bool {
+    match std::fs::read_to_string(format!("/proc/{}/stat", c.pid())) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X"),
+        Err(_) => true,
+    }
+}

@@ -1,0 +1,478 @@
+//! A minimal in-process stand-in for many guest API servers, for the controller benchmark
+//! only (`hcp-olm-bench-controller`) when the machine cannot hold one real kube-apiserver
+//! per hosted cluster.
+//!
+//! It is NOT a Kubernetes API server. It speaks the small REST subset the controller uses
+//! against a guest, over plain HTTP on loopback, one virtual guest per path prefix
+//! `/guests/<i>`:
+//! - GET of one object (404 `Status` when absent) and of collections, with equality
+//!   `labelSelector`s and an optional namespace;
+//! - PATCH (server-side apply and JSON merge patch), POST, PUT, DELETE;
+//! - the guest OLM CRDs, read-only and shared by every guest (parsed from the fixture files).
+//!
+//! An applied object is stored as sent, plus `uid`, `resourceVersion`, `creationTimestamp`
+//! and `generation`; there is no validation, defaulting, admission or watch. Every write is
+//! counted per guest, so the benchmark can count guest writes as the real API server's
+//! `apiserver_request_total` would.
+
+use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use serde_json::{Value, json};
+
+type Key = (String, String, Option<String>, String); // group, plural, namespace, name
+
+#[derive(Default)]
+struct Guest {
+    objects: Mutex<BTreeMap<Key, Value>>,
+    writes: AtomicU64,
+}
+
+struct Shared {
+    guests: Vec<Guest>,
+    crds: HashMap<String, Value>,
+    next_rv: AtomicU64,
+    requests: AtomicU64,
+}
+
+/// A running stand-in serving `count` virtual guests.
+pub struct GuestStandIn {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for GuestStandIn {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl GuestStandIn {
+    /// Binds 127.0.0.1 on a free port and serves `count` guests that all "serve" the given
+    /// CRDs (JSON objects, e.g. parsed from `shared/fixtures/crds`).
+    pub async fn start(count: usize, crds: Vec<Value>) -> std::io::Result<Self> {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            guests: (0..count).map(|_| Guest::default()).collect(),
+            crds: crds
+                .into_iter()
+                .filter_map(|c| Some((c["metadata"]["name"].as_str()?.to_string(), c)))
+                .collect(),
+            next_rv: AtomicU64::new(1),
+            requests: AtomicU64::new(0),
+        });
+        let s = shared.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let s = s.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req| {
+                        let s = s.clone();
+                        async move { Ok::<_, Infallible>(handle(&s, req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Ok(Self { shared, addr, task })
+    }
+
+    /// The server URL of guest `i` (for a kubeconfig).
+    pub fn url(&self, i: usize) -> String {
+        format!("http://{}/guests/{i}", self.addr)
+    }
+
+    /// A kubeconfig for guest `i` (no credentials; plain HTTP on loopback).
+    pub fn kubeconfig(&self, i: usize) -> String {
+        let doc = json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "guest", "cluster": {"server": self.url(i)}}],
+            "users": [{"name": "admin", "user": {}}],
+            "contexts": [{"name": "guest", "context": {"cluster": "guest", "user": "admin"}}],
+            "current-context": "guest",
+        });
+        serde_yaml_ng::to_string(&doc).expect("a JSON value always serializes to YAML")
+    }
+
+    /// Writes (POST, PUT, PATCH, DELETE) guest `i` has received.
+    pub fn writes(&self, i: usize) -> u64 {
+        self.shared.guests[i].writes.load(Ordering::Relaxed)
+    }
+
+    /// Writes over all guests.
+    pub fn total_writes(&self) -> u64 {
+        self.shared
+            .guests
+            .iter()
+            .map(|g| g.writes.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Requests of any verb over all guests.
+    pub fn total_requests(&self) -> u64 {
+        self.shared.requests.load(Ordering::Relaxed)
+    }
+
+    /// Whether guest `i` holds the object.
+    pub fn has(&self, i: usize, group: &str, plural: &str, ns: Option<&str>, name: &str) -> bool {
+        let key = (
+            group.to_string(),
+            plural.to_string(),
+            ns.map(str::to_string),
+            name.to_string(),
+        );
+        self.shared.guests[i]
+            .objects
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&key)
+    }
+}
+
+fn reply(code: StatusCode, body: &Value) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .expect("static response parts are valid")
+}
+
+fn status(code: StatusCode, reason: &str, message: String) -> Response<Full<Bytes>> {
+    reply(
+        code,
+        &json!({
+            "apiVersion": "v1", "kind": "Status", "metadata": {},
+            "status": if code.is_success() { "Success" } else { "Failure" },
+            "message": message, "reason": reason, "code": code.as_u16(),
+        }),
+    )
+}
+
+struct Path {
+    guest: usize,
+    group: String,
+    plural: String,
+    namespace: Option<String>,
+    name: Option<String>,
+}
+
+fn parse_path(path: &str) -> Option<Path> {
+    let mut segs = path.trim_matches('/').split('/');
+    if segs.next()? != "guests" {
+        return None;
+    }
+    let guest = segs.next()?.parse().ok()?;
+    let segs: Vec<&str> = segs.collect();
+    let rest = match segs.as_slice() {
+        ["api", "v1", rest @ ..] => ("", rest),
+        ["apis", group, _version, rest @ ..] => (*group, rest),
+        _ => return None,
+    };
+    let (group, rest) = rest;
+    let (namespace, rest) = match rest {
+        ["namespaces", ns, more @ ..] if !more.is_empty() => (Some(ns.to_string()), more),
+        other => (None, other),
+    };
+    let (plural, name) = match rest {
+        [plural] => (plural.to_string(), None),
+        [plural, name] | [plural, name, _] => (plural.to_string(), Some(name.to_string())),
+        _ => return None,
+    };
+    Some(Path {
+        guest,
+        group: group.to_string(),
+        plural,
+        namespace,
+        name,
+    })
+}
+
+fn selector_matches(selector: &[(String, String)], obj: &Value) -> bool {
+    selector.iter().all(|(k, v)| {
+        obj["metadata"]["labels"][k.as_str()]
+            .as_str()
+            .is_some_and(|l| l == v)
+    })
+}
+
+fn label_selector(query: Option<&str>) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for pair in query.unwrap_or_default().split('&') {
+        let Some(("labelSelector", v)) = pair.split_once('=') else {
+            continue;
+        };
+        let v = percent_decode(v);
+        for term in v.split(',').filter(|t| !t.is_empty()) {
+            if let Some((k, val)) = term.split_once('=') {
+                out.push((k.trim_end_matches('=').to_string(), val.to_string()));
+            }
+        }
+    }
+    out
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                match std::str::from_utf8(&b[i + 1..i + 3])
+                    .ok()
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                {
+                    Some(v) => {
+                        out.push(v);
+                        i += 3;
+                    }
+                    None => {
+                        out.push(b'%');
+                        i += 1;
+                    }
+                }
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn merge_patch(target: &mut Value, patch: &Value) {
+    match (target, patch) {
+        (Value::Object(t), Value::Object(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        (t, p) => *t = p.clone(),
+    }
+}
+
+async fn handle(s: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    s.requests.fetch_add(1, Ordering::Relaxed);
+    let method = req.method().clone();
+    let uri = req.uri().clone();
+    let content_type = req
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let Some(p) = parse_path(uri.path()) else {
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("the stand-in does not serve {}", uri.path()),
+        );
+    };
+    let Some(guest) = s.guests.get(p.guest) else {
+        return status(StatusCode::NOT_FOUND, "NotFound", "no such guest".into());
+    };
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string()),
+    };
+
+    // The OLM CRDs: served read-only, the same for every guest.
+    if p.group == "apiextensions.k8s.io" && p.plural == "customresourcedefinitions" {
+        return match (&method, &p.name) {
+            (&Method::GET, Some(n)) => match s.crds.get(n) {
+                Some(c) => reply(StatusCode::OK, c),
+                None => status(StatusCode::NOT_FOUND, "NotFound", format!("crd {n}")),
+            },
+            (&Method::GET, None) => reply(
+                StatusCode::OK,
+                &json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinitionList",
+                        "metadata": {}, "items": s.crds.values().collect::<Vec<_>>()}),
+            ),
+            _ => status(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "MethodNotAllowed",
+                "CRDs are read-only in the stand-in".into(),
+            ),
+        };
+    }
+
+    let mut objects = guest.objects.lock().unwrap_or_else(|e| e.into_inner());
+    let key = |name: &str| -> Key {
+        (
+            p.group.clone(),
+            p.plural.clone(),
+            p.namespace.clone(),
+            name.to_string(),
+        )
+    };
+    let not_found = |name: &str| {
+        status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("{} \"{name}\" not found", p.plural),
+        )
+    };
+    match (method, p.name.as_deref()) {
+        (Method::GET, Some(name)) => match objects.get(&key(name)) {
+            Some(o) => reply(StatusCode::OK, o),
+            None => not_found(name),
+        },
+        (Method::GET, None) => {
+            let sel = label_selector(uri.query());
+            let items: Vec<&Value> = objects
+                .iter()
+                .filter(|((g, pl, ns, _), _)| {
+                    *g == p.group
+                        && *pl == p.plural
+                        && (p.namespace.is_none() || *ns == p.namespace)
+                })
+                .map(|(_, o)| o)
+                .filter(|o| selector_matches(&sel, o))
+                .collect();
+            let rv = s.next_rv.load(Ordering::Relaxed).to_string();
+            reply(
+                StatusCode::OK,
+                &json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": rv}, "items": items}),
+            )
+        }
+        (Method::DELETE, Some(name)) => match objects.remove(&key(name)) {
+            Some(_) => {
+                guest.writes.fetch_add(1, Ordering::Relaxed);
+                status(StatusCode::OK, "", format!("deleted {name}"))
+            }
+            None => not_found(name),
+        },
+        (m @ (Method::PATCH | Method::PUT | Method::POST), name) => {
+            let incoming: Value = match serde_json::from_slice(&body) {
+                Ok(v) => v,
+                Err(e) => {
+                    return status(
+                        StatusCode::BAD_REQUEST,
+                        "BadRequest",
+                        format!("the stand-in takes JSON bodies: {e}"),
+                    );
+                }
+            };
+            let name = match name {
+                Some(n) => n.to_string(),
+                None => match incoming["metadata"]["name"].as_str() {
+                    Some(n) => n.to_string(),
+                    None => return status(StatusCode::BAD_REQUEST, "BadRequest", "no name".into()),
+                },
+            };
+            let k = key(&name);
+            let old = objects.get(&k).cloned();
+            let mut new = match (&m, &old) {
+                (&Method::POST, Some(_)) => {
+                    return status(
+                        StatusCode::CONFLICT,
+                        "AlreadyExists",
+                        format!("{} \"{name}\" already exists", p.plural),
+                    );
+                }
+                (&Method::PATCH, Some(o)) if !content_type.contains("apply-patch") => {
+                    let mut o = o.clone();
+                    merge_patch(&mut o, &incoming);
+                    o
+                }
+                (&Method::PATCH, None) if !content_type.contains("apply-patch") => {
+                    return not_found(&name);
+                }
+                (&Method::PUT, None) => return not_found(&name),
+                _ => incoming,
+            };
+            let uid = old
+                .as_ref()
+                .and_then(|o| o["metadata"]["uid"].as_str().map(str::to_string))
+                .unwrap_or_else(|| {
+                    format!("standin-{}-{}", p.guest, s.next_rv.load(Ordering::Relaxed))
+                });
+            let generation = old
+                .as_ref()
+                .and_then(|o| o["metadata"]["generation"].as_i64())
+                .unwrap_or(0)
+                + 1;
+            let created = old
+                .as_ref()
+                .and_then(|o| {
+                    o["metadata"]["creationTimestamp"]
+                        .as_str()
+                        .map(str::to_string)
+                })
+                .unwrap_or_else(|| "2026-01-01T00:00:00Z".to_string());
+            let rv = s.next_rv.fetch_add(1, Ordering::Relaxed).to_string();
+            if let Some(meta) = new["metadata"].as_object_mut() {
+                meta.insert("uid".into(), uid.into());
+                meta.insert("resourceVersion".into(), rv.into());
+                meta.insert("generation".into(), generation.into());
+                meta.insert("creationTimestamp".into(), created.into());
+                if let Some(ns) = &p.namespace {
+                    meta.insert("namespace".into(), ns.clone().into());
+                }
+            }
+            objects.insert(k, new.clone());
+            guest.writes.fetch_add(1, Ordering::Relaxed);
+            let code = if old.is_some() {
+                StatusCode::OK
+            } else {
+                StatusCode::CREATED
+            };
+            reply(code, &new)
+        }
+        (m, _) => status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            format!("{m} is not served by the stand-in"),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_paths_and_selectors() {
+        let p = parse_path("/guests/7/api/v1/namespaces/default/endpoints/packageserver").unwrap();
+        assert_eq!(
+            (p.guest, p.group.as_str(), p.plural.as_str()),
+            (7, "", "endpoints")
+        );
+        assert_eq!(p.namespace.as_deref(), Some("default"));
+        assert_eq!(p.name.as_deref(), Some("packageserver"));
+        let p = parse_path("/guests/0/api/v1/namespaces/openshift-marketplace").unwrap();
+        assert_eq!(
+            (p.plural.as_str(), p.namespace, p.name.as_deref()),
+            ("namespaces", None, Some("openshift-marketplace"))
+        );
+        let p = parse_path("/guests/1/apis/apiregistration.k8s.io/v1/apiservices").unwrap();
+        assert_eq!((p.group.as_str(), p.name), ("apiregistration.k8s.io", None));
+        assert_eq!(
+            label_selector(Some("labelSelector=a%3Db%2Cc%3Dd&limit=5")),
+            [("a".into(), "b".into()), ("c".into(), "d".into())]
+        );
+    }
+}

@@ -1,0 +1,413 @@
+//! The guest agent: dials the gateway (guest → management only), runs a userspace stack in
+//! "any IP" mode for connections the gateway opens and relays each to the real guest address
+//! with an OS socket when the destination is allowed (CIDRs + ports), forwards tunnel DNS
+//! (UDP and TCP on its tunnel address, port 53) to the guest DNS, and listens on local ports
+//! for exposed control-plane services, carrying them through the tunnel to the gateway.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use hcp_olm_tunnel_api::AgentPeerConfig;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::daemon::{self, ConnResult, Proto, TunnelMetrics};
+use crate::dns::ConfigError;
+use crate::stack::{self, Stack, StackConfig, TcpConn, UdpSender};
+use crate::tunnel::{Cidr, Peer, PeerConfig, PrivateKey, PublicKey, driver};
+
+const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+const DNS_TIMEOUT: Duration = Duration::from_secs(3);
+const DNS_PORT: u16 = 53;
+
+/// Validated agent settings.
+#[derive(Debug)]
+pub struct AgentSettings {
+    /// Gateway endpoint as configured (resolved at start).
+    pub gateway_endpoint: String,
+    pub private_key: PrivateKey,
+    pub gateway_public_key: PublicKey,
+    pub tunnel: (IpAddr, u8),
+    pub gateway_ip: IpAddr,
+    pub keepalive: u16,
+    pub allowed_cidrs: Vec<Cidr>,
+    pub allowed_ports: Vec<u16>,
+    pub guest_dns: Vec<SocketAddr>,
+    /// (listen port = tunnel port, name)
+    pub exposed: Vec<(u16, String)>,
+    pub exposed_listen: IpAddr,
+    pub health_listen: SocketAddr,
+    pub mtu: usize,
+    pub drain_timeout: Duration,
+}
+
+impl AgentSettings {
+    pub fn from_config(c: &AgentPeerConfig) -> Result<Self, ConfigError> {
+        use daemon::{config_error as err, *};
+        let gateway_endpoint = c
+            .gateway_endpoint
+            .clone()
+            .filter(|e| !e.trim().is_empty())
+            .ok_or_else(|| err("gateway_endpoint", "not known yet (required)"))?;
+        if gateway_endpoint
+            .rsplit_once(':')
+            .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+        {
+            return Err(err(
+                "gateway_endpoint",
+                format!("`{gateway_endpoint}` is not host:port"),
+            ));
+        }
+        let private_key = private_key(
+            c.private_key.as_deref(),
+            c.private_key_file.as_deref(),
+            "private_key",
+            "private_key_file",
+        )?;
+        let gateway_public_key = public_key("gateway_public_key", &c.gateway_public_key)?;
+        let tunnel = interface_address("tunnel_address", &c.tunnel_address)?;
+        let (gateway_ip, _) =
+            interface_address("gateway_tunnel_address", &c.gateway_tunnel_address)?;
+        let allowed_cidrs = cidrs("allowed_cidrs", &c.allowed_cidrs)?;
+        let mut allowed_ports = c.allowed_ports.clone();
+        if allowed_ports.is_empty() {
+            allowed_ports = c.allowed_services.iter().map(|a| a.port).collect();
+        }
+        if allowed_ports.contains(&0) {
+            return Err(err("allowed_ports", "port 0 is not a port"));
+        }
+        let guest_dns = c
+            .guest_dns
+            .iter()
+            .enumerate()
+            .map(|(i, s)| server_addr(&format!("guest_dns[{i}]"), s, DNS_PORT))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut exposed: Vec<(u16, String)> = Vec::new();
+        for (i, e) in c.exposed_services.iter().enumerate() {
+            if e.listen_port == 0 || exposed.iter().any(|(p, _)| *p == e.listen_port) {
+                return Err(err(
+                    &format!("exposed_services[{i}].listen_port"),
+                    "must be non-zero and unique",
+                ));
+            }
+            exposed.push((e.listen_port, e.name.clone()));
+        }
+        let el = c.exposed_listen_address.as_deref().unwrap_or("0.0.0.0");
+        let exposed_listen = el
+            .parse()
+            .map_err(|_| err("exposed_listen_address", format!("`{el}` is not an IP")))?;
+        let health_listen = socket_addr(
+            "health_listen",
+            c.health_listen.as_deref().unwrap_or("0.0.0.0:9090"),
+        )?;
+        if c.persistent_keepalive_seconds == 0 {
+            return Err(err(
+                "persistent_keepalive_seconds",
+                "must be > 0 (the agent is behind NAT and detects a restarted gateway by it)",
+            ));
+        }
+        Ok(Self {
+            gateway_endpoint,
+            private_key,
+            gateway_public_key,
+            tunnel,
+            gateway_ip,
+            keepalive: c.persistent_keepalive_seconds,
+            allowed_cidrs,
+            allowed_ports,
+            guest_dns,
+            exposed,
+            exposed_listen,
+            health_listen,
+            mtu: mtu("mtu", c.mtu)?,
+            drain_timeout: Duration::from_secs(c.drain_timeout_seconds.unwrap_or(10)),
+        })
+    }
+
+    /// Whether the gateway may open a connection to `dst` through us.
+    pub fn destination_allowed(&self, dst: SocketAddr) -> bool {
+        if dst.ip() == self.tunnel.0 {
+            return dst.port() == DNS_PORT && !self.guest_dns.is_empty();
+        }
+        self.allowed_ports.contains(&dst.port())
+            && self.allowed_cidrs.iter().any(|c| c.contains(dst.ip()))
+    }
+}
+
+struct Shared {
+    s: AgentSettings,
+    stack: Stack,
+    metrics: TunnelMetrics,
+    dns_queries: Family<DnsLabels, Counter>,
+    tracker: TaskTracker,
+    cancel: CancellationToken,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct DnsLabels {
+    transport: &'static str,
+    result: &'static str,
+}
+
+async fn handle_inbound(sh: Arc<Shared>, c: TcpConn) {
+    // Re-check: the policy ran on the SYN, this is the established connection.
+    if !sh.s.destination_allowed(c.local) {
+        sh.metrics.conn(Proto::tunnel, ConnResult::denied);
+        return;
+    }
+    let target = if c.local.ip() == sh.s.tunnel.0 {
+        match sh.s.guest_dns.first() {
+            Some(a) => *a,
+            None => return,
+        }
+    } else {
+        c.local
+    };
+    match tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect(target)).await {
+        Ok(Ok(os)) => {
+            sh.metrics.conn(Proto::tunnel, ConnResult::ok);
+            if target.port() == DNS_PORT && c.local.ip() == sh.s.tunnel.0 {
+                sh.dns_queries
+                    .get_or_create(&DnsLabels {
+                        transport: "tcp",
+                        result: "forwarded",
+                    })
+                    .inc();
+            }
+            let _ = c.relay(os).await;
+        }
+        _ => {
+            tracing::info!(%target, "guest dial failed");
+            sh.metrics.conn(Proto::tunnel, ConnResult::dial_failed);
+        }
+    }
+}
+
+async fn forward_dns(sh: Arc<Shared>, reply: UdpSender, from: SocketAddr, q: Bytes) {
+    let mut result = "error";
+    for up in &sh.s.guest_dns {
+        let r = async {
+            let any: SocketAddr = if up.is_ipv4() {
+                "0.0.0.0:0".parse().unwrap_or_else(|_| unreachable!())
+            } else {
+                "[::]:0".parse().unwrap_or_else(|_| unreachable!())
+            };
+            let s = UdpSocket::bind(any).await?;
+            s.connect(up).await?;
+            s.send(&q).await?;
+            let mut buf = vec![0u8; 65_535];
+            let n = s.recv(&mut buf).await?;
+            buf.truncate(n);
+            Ok::<_, std::io::Error>(buf)
+        };
+        match tokio::time::timeout(DNS_TIMEOUT, r).await {
+            Ok(Ok(a)) => {
+                let _ = reply.send_to(from, Bytes::from(a)).await;
+                result = "forwarded";
+                break;
+            }
+            Ok(Err(_)) => result = "error",
+            Err(_) => result = "timeout",
+        }
+    }
+    sh.dns_queries
+        .get_or_create(&DnsLabels {
+            transport: "udp",
+            result,
+        })
+        .inc();
+}
+
+async fn exposed_loop(sh: Arc<Shared>, l: TcpListener, port: u16) {
+    let target = SocketAddr::new(sh.s.gateway_ip, port);
+    loop {
+        let os = tokio::select! {
+            _ = sh.cancel.cancelled() => return,
+            r = l.accept() => match r {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let sh2 = Arc::clone(&sh);
+        sh.tracker.spawn(async move {
+            match tokio::time::timeout(DIAL_TIMEOUT, sh2.stack.connect(target)).await {
+                Ok(Ok(c)) => {
+                    sh2.metrics.conn(Proto::exposed, ConnResult::ok);
+                    let _ = c.relay(os).await;
+                }
+                _ => sh2.metrics.conn(Proto::exposed, ConnResult::dial_failed),
+            }
+        });
+    }
+}
+
+/// Binds everything, runs until SIGTERM/SIGINT, drains.
+pub async fn run(s: AgentSettings) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let endpoint = tokio::net::lookup_host(s.gateway_endpoint.as_str())
+        .await
+        .with_context(|| format!("resolve gateway_endpoint {}", s.gateway_endpoint))?
+        .next()
+        .with_context(|| format!("gateway_endpoint {} has no address", s.gateway_endpoint))?;
+    let bind: SocketAddr = if endpoint.is_ipv4() {
+        SocketAddr::from(([0, 0, 0, 0], 0))
+    } else {
+        SocketAddr::from(([0u16; 8], 0))
+    };
+    let udp = UdpSocket::bind(bind).await.context("bind udp")?;
+    let mut exposed = Vec::new();
+    for (port, name) in &s.exposed {
+        let a = SocketAddr::new(s.exposed_listen, *port);
+        let l = TcpListener::bind(a)
+            .await
+            .with_context(|| format!("bind exposed service {name} on {a}"))?;
+        exposed.push((l, *port));
+    }
+    let admin = TcpListener::bind(s.health_listen)
+        .await
+        .with_context(|| format!("bind health {}", s.health_listen))?;
+
+    let cancel = CancellationToken::new();
+    let keepalive = s.keepalive;
+    let peer = Peer::new(PeerConfig {
+        private_key: s.private_key.clone(),
+        peer_public_key: s.gateway_public_key,
+        preshared_key: None,
+        endpoint: Some(endpoint),
+        persistent_keepalive: Some(keepalive),
+        // The gateway keeps alive at its own interval (configure it like ours); silence for
+        // 3 intervals + 5 s means it restarted or moved: handshake again.
+        dead_peer_timeout: Some(Duration::from_secs(u64::from(keepalive) * 3 + 5)),
+        allowed_ips: vec![Cidr::new(
+            s.gateway_ip,
+            if s.gateway_ip.is_ipv4() { 32 } else { 128 },
+        )],
+        index: rand::random(),
+    });
+    let (handle, _tunnel_task) = driver::spawn(udp, peer, cancel.clone());
+    // The policy needs the settings; share them through an Arc built before the stack.
+    let policy_settings = Arc::new((
+        s.tunnel.0,
+        s.gateway_ip,
+        s.allowed_cidrs.clone(),
+        s.allowed_ports.clone(),
+        !s.guest_dns.is_empty(),
+    ));
+    let (stack, mut inbound) = stack::spawn(
+        StackConfig {
+            addresses: vec![s.tunnel],
+            any_ip: true,
+            mtu: s.mtu,
+            accept: Arc::new(move |dst: SocketAddr, src: SocketAddr| {
+                let (me, gw, cidrs, ports, dns) = &*policy_settings;
+                if src.ip() != *gw {
+                    return false;
+                }
+                if dst.ip() == *me {
+                    return dst.port() == DNS_PORT && *dns;
+                }
+                ports.contains(&dst.port()) && cidrs.iter().any(|c| c.contains(dst.ip()))
+            }),
+        },
+        handle.from_peer,
+        handle.to_peer,
+        cancel.clone(),
+    );
+
+    let mut registry = Registry::default();
+    let metrics = TunnelMetrics::register(&mut registry);
+    let dns_queries = Family::<DnsLabels, Counter>::default();
+    registry.register(
+        "agent_dns_queries",
+        "DNS queries from the tunnel forwarded to the guest DNS",
+        dns_queries.clone(),
+    );
+    let handshake_done = Arc::new(AtomicBool::new(false));
+    let draining = Arc::new(AtomicBool::new(false));
+    metrics.spawn_updater(
+        handle.status.clone(),
+        Arc::clone(&stack.counters),
+        Arc::clone(&handshake_done),
+    );
+    daemon::spawn_admin(
+        admin,
+        registry,
+        Arc::clone(&handshake_done),
+        Arc::clone(&draining),
+    );
+    let listeners_cancel = CancellationToken::new();
+    let tunnel_ip = s.tunnel.0;
+    let has_dns = !s.guest_dns.is_empty();
+    let sh = Arc::new(Shared {
+        s,
+        stack: stack.clone(),
+        metrics,
+        dns_queries,
+        tracker: TaskTracker::new(),
+        cancel: listeners_cancel.clone(),
+    });
+    if has_dns {
+        let mut u = stack
+            .bind_udp(Some(SocketAddr::new(tunnel_ip, DNS_PORT)))
+            .await
+            .context("bind tunnel dns")?;
+        let sh = Arc::clone(&sh);
+        tokio::spawn(async move {
+            let reply = u.sender();
+            loop {
+                let (from, q) = tokio::select! {
+                    _ = sh.cancel.cancelled() => return,
+                    r = u.recv() => match r { Some(x) => x, None => return },
+                };
+                sh.tracker
+                    .spawn(forward_dns(Arc::clone(&sh), reply.clone(), from, q));
+            }
+        });
+    }
+    for (l, port) in exposed {
+        tracing::info!(addr = %l.local_addr()?, "exposed service listening");
+        tokio::spawn(exposed_loop(Arc::clone(&sh), l, port));
+    }
+    {
+        let sh = Arc::clone(&sh);
+        tokio::spawn(async move {
+            loop {
+                let c = tokio::select! {
+                    _ = sh.cancel.cancelled() => return,
+                    c = inbound.recv() => match c { Some(c) => c, None => return },
+                };
+                sh.tracker.spawn(handle_inbound(Arc::clone(&sh), c));
+            }
+        });
+    }
+    tracing::info!(
+        gateway = %endpoint,
+        public_key = %sh.s.private_key.public_key(),
+        "agent running"
+    );
+    daemon::terminated().await?;
+    draining.store(true, Ordering::SeqCst);
+    listeners_cancel.cancel();
+    sh.tracker.close();
+    let drained = tokio::time::timeout(sh.s.drain_timeout, sh.tracker.wait())
+        .await
+        .is_ok();
+    cancel.cancel();
+    if drained {
+        tracing::info!("drained");
+        Ok(())
+    } else {
+        anyhow::bail!("drain did not finish within {:?}", sh.s.drain_timeout)
+    }
+}

@@ -1,0 +1,30 @@
+//! `hcp-olm-agent`: the guest tunnel agent (dials the gateway, relays to guest services).
+//! Wiring only. Exit codes: 0 after a clean drain, 64 on config errors (naming the field),
+//! 1 otherwise.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use hcp_olm_guest_agent::agent;
+use hcp_olm_guest_agent::daemon;
+use hcp_olm_tunnel_api::AgentPeerConfig;
+
+#[derive(Debug, Parser)]
+#[command(
+    version,
+    about = "hcp-olm guest tunnel agent (dials the gateway, relays to guest services)"
+)]
+struct Args {
+    /// JSON config file (hcp_olm_tunnel_api::AgentPeerConfig).
+    #[arg(long, env = "HCP_OLM_AGENT_CONFIG")]
+    config: PathBuf,
+}
+
+fn main() -> ExitCode {
+    daemon::init_logging();
+    let args = Args::parse();
+    let settings = daemon::load_json::<AgentPeerConfig>(&args.config)
+        .and_then(|c| agent::AgentSettings::from_config(&c));
+    daemon::run_daemon("hcp-olm-agent", settings, agent::run)
+}

@@ -1,0 +1,854 @@
+//! The control-plane gateway: WireGuard responder with a userspace stack (no privileges: one
+//! UDP socket and TCP listeners), HTTP CONNECT and SOCKS5 proxies for OLM pods whose targets
+//! are resolved with the split DNS and checked against the allowed-services table, and the
+//! reverse path for control-plane services the agent exposes in the guest.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use hcp_olm_tunnel_api::{AllowedService, DnsOwner, DnsRule, GatewayConfig};
+use hickory_proto::rr::Name;
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::daemon::{self, ConnResult, Proto, TunnelMetrics};
+use crate::dns::{ConfigError, DnsConfigSpec, Engine, Owner};
+use crate::proxy::{Host, Target, http, policy, socks};
+use crate::server::{DnsMetrics, DnsServer, GuestExchange};
+use crate::stack::{self, Stack, StackConfig, TcpConn};
+use crate::tunnel::{Cidr, Peer, PeerConfig, PrivateKey, PublicKey, driver};
+
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Retransmission interval of DNS queries to the agent.
+const DNS_RETRANSMIT: Duration = Duration::from_millis(400);
+
+/// Validated gateway settings.
+#[derive(Debug)]
+pub struct GatewaySettings {
+    pub listen: SocketAddr,
+    pub private_key: PrivateKey,
+    pub agent_public_key: PublicKey,
+    pub tunnel: (IpAddr, u8),
+    pub agent_ip: IpAddr,
+    pub allowed_sources: Vec<Cidr>,
+    pub cluster_domain: String,
+    pub connect_listen: Option<SocketAddr>,
+    pub socks_listen: Option<SocketAddr>,
+    pub health_listen: SocketAddr,
+    pub dns_listen: Option<SocketAddr>,
+    pub allow_local_targets: bool,
+    pub dns: DnsConfigSpec,
+    pub allowed_services: Vec<AllowedService>,
+    /// Tunnel port → HCP-namespace target.
+    pub exposed: Vec<(u16, String)>,
+    pub keepalive: u16,
+    pub mtu: usize,
+    pub drain_timeout: Duration,
+}
+
+fn owner_spec(o: DnsOwner) -> &'static str {
+    match o {
+        DnsOwner::Local => "local",
+        DnsOwner::Guest => "guest",
+        DnsOwner::Refuse => "refuse",
+    }
+}
+
+impl GatewaySettings {
+    pub fn from_config(c: &GatewayConfig) -> Result<Self, ConfigError> {
+        use daemon::{config_error as err, *};
+        let addr = c.listen_address.as_deref().unwrap_or("0.0.0.0");
+        let ip: IpAddr = addr
+            .parse()
+            .map_err(|_| err("listen_address", format!("`{addr}` is not an IP address")))?;
+        let private_key = private_key(
+            c.private_key.as_deref(),
+            c.private_key_file.as_deref(),
+            "private_key",
+            "private_key_file",
+        )?;
+        let agent_public_key = public_key("agent_public_key", &c.agent_public_key)?;
+        let tunnel = interface_address("tunnel_address", &c.tunnel_address)?;
+        let (agent_ip, _) = interface_address("agent_tunnel_address", &c.agent_tunnel_address)?;
+        let mut allowed_sources = cidrs("guest_cidrs", &c.guest_cidrs)?;
+        allowed_sources.push(Cidr::new(
+            agent_ip,
+            if agent_ip.is_ipv4() { 32 } else { 128 },
+        ));
+        let domain = c
+            .cluster_domain
+            .clone()
+            .unwrap_or_else(|| hcp_olm_tunnel_api::DEFAULT_CLUSTER_DOMAIN.into())
+            .trim_end_matches('.')
+            .to_ascii_lowercase();
+        if crate::proxy::valid_name(&domain).is_none() {
+            return Err(err(
+                "cluster_domain",
+                format!("`{domain}` is not a DNS name"),
+            ));
+        }
+        let connect_listen = c
+            .connect_listen
+            .as_deref()
+            .map(|s| socket_addr("connect_listen", s))
+            .transpose()?;
+        let socks_listen = c
+            .socks_listen
+            .as_deref()
+            .map(|s| socket_addr("socks_listen", s))
+            .transpose()?;
+        if connect_listen.is_none() && socks_listen.is_none() {
+            return Err(err(
+                "connect_listen",
+                "at least one of connect_listen or socks_listen is required",
+            ));
+        }
+        let health_listen = socket_addr("health_listen", &c.health_listen)?;
+        let dns_listen = c
+            .dns
+            .listen
+            .as_deref()
+            .map(|s| socket_addr("dns.listen", s))
+            .transpose()?;
+        if c.dns.local_upstreams.is_empty() {
+            return Err(err(
+                "dns.local_upstreams",
+                "at least one resolver is required (none given and none in /etc/resolv.conf)",
+            ));
+        }
+        for (i, u) in c.dns.local_upstreams.iter().enumerate() {
+            server_addr(&format!("dns.local_upstreams[{i}]"), u, 53)?;
+        }
+        let rules: Vec<DnsRule> = if c.dns.rules.is_empty() {
+            let mut r = vec![
+                DnsRule {
+                    suffix: ".".into(),
+                    namespace: None,
+                    owner: DnsOwner::Local,
+                },
+                DnsRule {
+                    suffix: format!("svc.{domain}"),
+                    namespace: None,
+                    owner: DnsOwner::Guest,
+                },
+            ];
+            if let Some(ns) = &c.hcp_namespace {
+                r.push(DnsRule {
+                    suffix: format!("svc.{domain}"),
+                    namespace: Some(ns.clone()),
+                    owner: DnsOwner::Local,
+                });
+            }
+            r
+        } else {
+            c.dns.rules.clone()
+        };
+        // Build the split-DNS config through its own (validating) format.
+        let spec = serde_json::json!({
+            "cluster_domain": domain,
+            "upstreams": {
+                "local": c.dns.local_upstreams,
+                "guest": [SocketAddr::new(agent_ip, 53).to_string()],
+            },
+            "rules": rules.iter().map(|r| serde_json::json!({
+                "suffix": r.suffix,
+                "namespace": r.namespace,
+                "owner": owner_spec(r.owner),
+            })).collect::<Vec<_>>(),
+        });
+        let dns: DnsConfigSpec =
+            serde_json::from_value(spec).map_err(|e| err("dns", e.to_string()))?;
+        dns.validate()
+            .map_err(|e| err(&format!("dns.{}", e.field), e.reason))?;
+        for (i, a) in c.allowed_services.iter().enumerate() {
+            if a.port == 0 {
+                return Err(err(&format!("allowed_services[{i}].port"), "must not be 0"));
+            }
+        }
+        let mut exposed = Vec::new();
+        for (i, e) in c.exposed_services.iter().enumerate() {
+            if e.listen_port == 0 {
+                return Err(err(
+                    &format!("exposed_services[{i}].listen_port"),
+                    "must not be 0",
+                ));
+            }
+            if e.target.rsplit_once(':').is_none_or(|(h, p)| {
+                h.is_empty() || p.parse::<u16>().ok().filter(|&p| p != 0).is_none()
+            }) {
+                return Err(err(
+                    &format!("exposed_services[{i}].target"),
+                    format!("`{}` is not host:port", e.target),
+                ));
+            }
+            if exposed.iter().any(|(p, _)| *p == e.listen_port) {
+                return Err(err(
+                    &format!("exposed_services[{i}].listen_port"),
+                    "duplicate port",
+                ));
+            }
+            exposed.push((e.listen_port, e.target.clone()));
+        }
+        Ok(Self {
+            listen: SocketAddr::new(ip, c.listen_port),
+            private_key,
+            agent_public_key,
+            tunnel,
+            agent_ip,
+            allowed_sources,
+            cluster_domain: domain,
+            connect_listen,
+            socks_listen,
+            health_listen,
+            dns_listen,
+            allow_local_targets: c.allow_local_targets.unwrap_or(true),
+            dns,
+            allowed_services: c.allowed_services.clone(),
+            exposed,
+            keepalive: c.persistent_keepalive_seconds.unwrap_or(25),
+            mtu: mtu("mtu", c.mtu)?,
+            drain_timeout: Duration::from_secs(c.drain_timeout_seconds.unwrap_or(10)),
+        })
+    }
+}
+
+/// DNS exchanges with the agent's forwarder through the userspace stack.
+#[derive(Debug)]
+struct StackExchange(Stack);
+
+impl GuestExchange for StackExchange {
+    fn udp(
+        &self,
+        addr: SocketAddr,
+        query: Vec<u8>,
+    ) -> BoxFuture<'static, std::io::Result<Vec<u8>>> {
+        let stack = self.0.clone();
+        Box::pin(async move {
+            let mut s = stack.bind_udp(None).await?;
+            let query = Bytes::from(query);
+            // Like a stub resolver, retransmit while waiting: one lost datagram on the
+            // tunnel must not fail the lookup (the caller's deadline bounds this loop).
+            loop {
+                s.send_to(addr, query.clone()).await?;
+                let wait = tokio::time::sleep(DNS_RETRANSMIT);
+                tokio::pin!(wait);
+                loop {
+                    tokio::select! {
+                        _ = &mut wait => break,
+                        r = s.recv() => match r {
+                            Some((from, d)) if from == addr => return Ok(d.to_vec()),
+                            Some(_) => continue,
+                            None => return Err(std::io::ErrorKind::BrokenPipe.into()),
+                        },
+                    }
+                }
+            }
+        })
+    }
+
+    fn tcp(
+        &self,
+        addr: SocketAddr,
+        query: Vec<u8>,
+    ) -> BoxFuture<'static, std::io::Result<Vec<u8>>> {
+        let stack = self.0.clone();
+        Box::pin(async move {
+            let mut c = stack.connect(addr).await?;
+            let len = u16::try_from(query.len())
+                .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+            let mut frame = len.to_be_bytes().to_vec();
+            frame.extend_from_slice(&query);
+            c.send(Bytes::from(frame)).await?;
+            let mut buf = Vec::new();
+            while let Some(d) = c.recv().await {
+                buf.extend_from_slice(&d);
+                if buf.len() >= 2 {
+                    let n = usize::from(u16::from_be_bytes([buf[0], buf[1]]));
+                    if buf.len() >= 2 + n {
+                        return Ok(buf[2..2 + n].to_vec());
+                    }
+                }
+            }
+            Err(std::io::ErrorKind::UnexpectedEof.into())
+        })
+    }
+}
+
+/// Where an allowed target is dialed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    Tunnel(SocketAddr),
+    Local(SocketAddr),
+}
+
+/// Why a target is not dialed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    Denied,
+    ResolveFailed,
+}
+
+struct Shared {
+    s: GatewaySettings,
+    stack: Stack,
+    dns: DnsServer,
+    metrics: TunnelMetrics,
+    tracker: TaskTracker,
+    cancel: CancellationToken,
+}
+
+impl Shared {
+    /// Decide and resolve a proxy target.
+    async fn route(&self, t: &Target) -> Result<Route, Refusal> {
+        let name = match &t.host {
+            // An IP literal cannot be checked against the service table.
+            Host::Ip(_) => return Err(Refusal::Denied),
+            Host::Name(n) => policy::qualify(n, &self.s.cluster_domain),
+        };
+        let mut fqdn = Name::from_ascii(&name).map_err(|_| Refusal::Denied)?;
+        fqdn.set_fqdn(true);
+        let owner = self
+            .dns
+            .engine()
+            .config()
+            .table
+            .lookup(&fqdn.to_lowercase())
+            .owner;
+        let local = match owner {
+            Owner::Guest => {
+                let Some((svc, ns)) = policy::service_of(&name, &self.s.cluster_domain) else {
+                    return Err(Refusal::Denied);
+                };
+                if !policy::service_allowed(&self.s.allowed_services, svc, ns, t.port) {
+                    return Err(Refusal::Denied);
+                }
+                false
+            }
+            Owner::Local if self.s.allow_local_targets => true,
+            _ => return Err(Refusal::Denied),
+        };
+        let ips = self
+            .dns
+            .lookup_ip(&name)
+            .await
+            .map_err(|_| Refusal::ResolveFailed)?;
+        let ip = if local {
+            ips.first().copied()
+        } else {
+            ips.iter().copied().find(|ip| self.stack_family(*ip))
+        }
+        .ok_or(Refusal::ResolveFailed)?;
+        let a = SocketAddr::new(ip, t.port);
+        Ok(if local {
+            Route::Local(a)
+        } else {
+            Route::Tunnel(a)
+        })
+    }
+
+    fn stack_family(&self, ip: IpAddr) -> bool {
+        ip.is_ipv4() == self.s.tunnel.0.is_ipv4()
+    }
+}
+
+enum Dialed {
+    Tunnel(TcpConn),
+    Local(TcpStream),
+}
+
+async fn dial(sh: &Shared, r: Route) -> std::io::Result<Dialed> {
+    match r {
+        Route::Tunnel(a) => tokio::time::timeout(DIAL_TIMEOUT, sh.stack.connect(a))
+            .await
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?
+            .map(Dialed::Tunnel),
+        Route::Local(a) => tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect(a))
+            .await
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?
+            .map(Dialed::Local),
+    }
+}
+
+async fn splice(d: Dialed, client: TcpStream, early: &[u8]) {
+    match d {
+        Dialed::Tunnel(c) => {
+            if !early.is_empty() && c.send(Bytes::copy_from_slice(early)).await.is_err() {
+                return;
+            }
+            let _ = c.relay(client).await;
+        }
+        Dialed::Local(mut up) => {
+            let mut client = client;
+            if !early.is_empty() && up.write_all(early).await.is_err() {
+                return;
+            }
+            let _ = tokio::io::copy_bidirectional(&mut client, &mut up).await;
+        }
+    }
+}
+
+async fn http_reply(mut s: TcpStream, status: &str) {
+    let r = format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    let _ = s.write_all(r.as_bytes()).await;
+    let _ = s.shutdown().await;
+    linger(s).await;
+}
+
+/// Reads and discards what the client still sends (bounded), so that closing with unread
+/// data does not reset the connection before the client has read our error reply.
+async fn linger(mut s: TcpStream) {
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+    for _ in 0..64 {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => {}
+            _ => break,
+        }
+    }
+}
+
+async fn handle_connect(sh: Arc<Shared>, mut s: TcpStream) {
+    let mut buf = Vec::with_capacity(1024);
+    let req = loop {
+        let mut chunk = [0u8; 2048];
+        let n = match tokio::time::timeout(HANDSHAKE_TIMEOUT, s.read(&mut chunk)).await {
+            Ok(Ok(n)) if n > 0 => n,
+            _ => {
+                sh.metrics.conn(Proto::connect, ConnResult::bad_request);
+                return;
+            }
+        };
+        buf.extend_from_slice(&chunk[..n]);
+        match http::parse_connect(&buf) {
+            Ok(Some(r)) => break r,
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::debug!(error = %e, "bad CONNECT request");
+                sh.metrics.conn(Proto::connect, ConnResult::bad_request);
+                http_reply(s, e.status()).await;
+                return;
+            }
+        }
+    };
+    let route = match sh.route(&req.target).await {
+        Ok(r) => r,
+        Err(Refusal::Denied) => {
+            tracing::info!(target = %req.target, "CONNECT denied");
+            sh.metrics.conn(Proto::connect, ConnResult::denied);
+            http_reply(s, "403 Forbidden").await;
+            return;
+        }
+        Err(Refusal::ResolveFailed) => {
+            sh.metrics.conn(Proto::connect, ConnResult::resolve_failed);
+            http_reply(s, "502 Bad Gateway").await;
+            return;
+        }
+    };
+    let d = match dial(&sh, route).await {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::info!(target = %req.target, ?route, error = %e, "CONNECT dial failed");
+            sh.metrics.conn(Proto::connect, ConnResult::dial_failed);
+            http_reply(s, "502 Bad Gateway").await;
+            return;
+        }
+    };
+    if s.write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+        .await
+        .is_err()
+    {
+        return;
+    }
+    sh.metrics.conn(Proto::connect, ConnResult::ok);
+    let early = buf[req.head_len..].to_vec();
+    splice(d, s, &early).await;
+}
+
+async fn handle_socks(sh: Arc<Shared>, mut s: TcpStream) {
+    let mut buf = Vec::with_capacity(512);
+    let mut chunk = [0u8; 1024];
+    let bad = |sh: &Shared| sh.metrics.conn(Proto::socks, ConnResult::bad_request);
+    // Greeting.
+    let used = loop {
+        match socks::parse_greeting(&buf) {
+            Ok(Some(n)) => break n,
+            Ok(None) => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "bad SOCKS greeting");
+                bad(&sh);
+                let _ = s.write_all(&[5, 0xff]).await;
+                return;
+            }
+        }
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, s.read(&mut chunk)).await {
+            Ok(Ok(n)) if n > 0 && buf.len() + n <= 512 => buf.extend_from_slice(&chunk[..n]),
+            _ => {
+                bad(&sh);
+                return;
+            }
+        }
+    };
+    buf.drain(..used);
+    if s.write_all(&[5, 0]).await.is_err() {
+        return;
+    }
+    let (target, used) = loop {
+        match socks::parse_request(&buf) {
+            Ok(Some(x)) => break x,
+            Ok(None) => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "bad SOCKS request");
+                bad(&sh);
+                let _ = s.write_all(&socks::reply(e.reply_code())).await;
+                return;
+            }
+        }
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, s.read(&mut chunk)).await {
+            Ok(Ok(n)) if n > 0 && buf.len() + n <= 512 => buf.extend_from_slice(&chunk[..n]),
+            _ => {
+                bad(&sh);
+                return;
+            }
+        }
+    };
+    let route = match sh.route(&target).await {
+        Ok(r) => r,
+        Err(Refusal::Denied) => {
+            tracing::info!(%target, "SOCKS CONNECT denied");
+            sh.metrics.conn(Proto::socks, ConnResult::denied);
+            let _ = s.write_all(&socks::reply(socks::REP_NOT_ALLOWED)).await;
+            return;
+        }
+        Err(Refusal::ResolveFailed) => {
+            sh.metrics.conn(Proto::socks, ConnResult::resolve_failed);
+            let _ = s
+                .write_all(&socks::reply(socks::REP_HOST_UNREACHABLE))
+                .await;
+            return;
+        }
+    };
+    let d = match dial(&sh, route).await {
+        Ok(d) => d,
+        Err(_) => {
+            sh.metrics.conn(Proto::socks, ConnResult::dial_failed);
+            let _ = s
+                .write_all(&socks::reply(socks::REP_CONNECTION_REFUSED))
+                .await;
+            return;
+        }
+    };
+    if s.write_all(&socks::reply(socks::REP_SUCCEEDED))
+        .await
+        .is_err()
+    {
+        return;
+    }
+    sh.metrics.conn(Proto::socks, ConnResult::ok);
+    let early = buf[used..].to_vec();
+    splice(d, s, &early).await;
+}
+
+/// A connection the agent opened to one of our exposed ports.
+async fn handle_inbound(sh: Arc<Shared>, c: TcpConn) {
+    let Some((_, target)) = sh.s.exposed.iter().find(|(p, _)| *p == c.local.port()) else {
+        sh.metrics.conn(Proto::exposed, ConnResult::denied);
+        return;
+    };
+    let addr = match tokio::net::lookup_host(target.as_str()).await {
+        Ok(mut a) => a.next(),
+        Err(_) => None,
+    };
+    let Some(addr) = addr else {
+        sh.metrics.conn(Proto::exposed, ConnResult::resolve_failed);
+        return;
+    };
+    match tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect(addr)).await {
+        Ok(Ok(os)) => {
+            sh.metrics.conn(Proto::exposed, ConnResult::ok);
+            let _ = c.relay(os).await;
+        }
+        _ => {
+            tracing::info!(%target, "exposed service dial failed");
+            sh.metrics.conn(Proto::exposed, ConnResult::dial_failed);
+        }
+    }
+}
+
+async fn accept_loop<F, Fut>(sh: Arc<Shared>, l: TcpListener, f: F)
+where
+    F: Fn(Arc<Shared>, TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    loop {
+        let s = tokio::select! {
+            _ = sh.cancel.cancelled() => return,
+            r = l.accept() => match r {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = s.set_nodelay(true);
+        sh.tracker.spawn(f(Arc::clone(&sh), s));
+    }
+}
+
+/// Binds everything, runs until SIGTERM/SIGINT, drains.
+pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let udp = UdpSocket::bind(s.listen)
+        .await
+        .with_context(|| format!("bind wireguard udp {}", s.listen))?;
+    let connect = match s.connect_listen {
+        Some(a) => Some(
+            TcpListener::bind(a)
+                .await
+                .with_context(|| format!("bind connect {a}"))?,
+        ),
+        None => None,
+    };
+    let socks_l = match s.socks_listen {
+        Some(a) => Some(
+            TcpListener::bind(a)
+                .await
+                .with_context(|| format!("bind socks {a}"))?,
+        ),
+        None => None,
+    };
+    let admin = TcpListener::bind(s.health_listen)
+        .await
+        .with_context(|| format!("bind health {}", s.health_listen))?;
+    let dns_sockets = match s.dns_listen {
+        Some(a) => {
+            let u = UdpSocket::bind(a)
+                .await
+                .with_context(|| format!("bind dns {a}"))?;
+            let t = TcpListener::bind(a)
+                .await
+                .with_context(|| format!("bind dns tcp {a}"))?;
+            Some((u, t))
+        }
+        None => None,
+    };
+
+    let cancel = CancellationToken::new();
+    let peer = Peer::new(PeerConfig {
+        private_key: s.private_key.clone(),
+        peer_public_key: s.agent_public_key,
+        preshared_key: None,
+        endpoint: None,
+        persistent_keepalive: (s.keepalive > 0).then_some(s.keepalive),
+        dead_peer_timeout: None,
+        allowed_ips: s.allowed_sources.clone(),
+        index: rand::random(),
+    });
+    let (handle, _tunnel_task) = driver::spawn(udp, peer, cancel.clone());
+    let gw_ip = s.tunnel.0;
+    let agent_ip = s.agent_ip;
+    let ports: Vec<u16> = s.exposed.iter().map(|(p, _)| *p).collect();
+    let (stack, mut inbound) = stack::spawn(
+        StackConfig {
+            addresses: vec![s.tunnel],
+            any_ip: false,
+            mtu: s.mtu,
+            accept: Arc::new(move |dst: SocketAddr, src: SocketAddr| {
+                dst.ip() == gw_ip && src.ip() == agent_ip && ports.contains(&dst.port())
+            }),
+        },
+        handle.from_peer,
+        handle.to_peer,
+        cancel.clone(),
+    );
+
+    let mut registry = Registry::default();
+    let dns_metrics = DnsMetrics::register(&mut registry);
+    let metrics = TunnelMetrics::register(&mut registry);
+    let engine_cfg = s
+        .dns
+        .validate()
+        .map_err(|e| anyhow::anyhow!("dns config: {e}"))?;
+    let dns = DnsServer::with_guest_exchange(
+        Arc::new(Engine::new(engine_cfg)),
+        dns_metrics,
+        Some(Arc::new(StackExchange(stack.clone()))),
+    );
+    if let Some((u, t)) = dns_sockets {
+        dns.spawn_udp(u);
+        dns.spawn_tcp(t);
+    }
+    let handshake_done = Arc::new(AtomicBool::new(false));
+    let draining = Arc::new(AtomicBool::new(false));
+    metrics.spawn_updater(
+        handle.status.clone(),
+        Arc::clone(&stack.counters),
+        Arc::clone(&handshake_done),
+    );
+    daemon::spawn_admin(
+        admin,
+        registry,
+        Arc::clone(&handshake_done),
+        Arc::clone(&draining),
+    );
+
+    let listeners_cancel = CancellationToken::new();
+    let sh = Arc::new(Shared {
+        s,
+        stack,
+        dns: dns.clone(),
+        metrics,
+        tracker: TaskTracker::new(),
+        cancel: listeners_cancel.clone(),
+    });
+    if let Some(l) = connect {
+        tracing::info!(addr = %l.local_addr()?, "HTTP CONNECT proxy listening");
+        tokio::spawn(accept_loop(Arc::clone(&sh), l, handle_connect));
+    }
+    if let Some(l) = socks_l {
+        tracing::info!(addr = %l.local_addr()?, "SOCKS5 proxy listening");
+        tokio::spawn(accept_loop(Arc::clone(&sh), l, handle_socks));
+    }
+    {
+        let sh = Arc::clone(&sh);
+        tokio::spawn(async move {
+            loop {
+                let c = tokio::select! {
+                    _ = sh.cancel.cancelled() => return,
+                    c = inbound.recv() => match c { Some(c) => c, None => return },
+                };
+                sh.tracker.spawn(handle_inbound(Arc::clone(&sh), c));
+            }
+        });
+    }
+    tracing::info!(
+        wireguard = %sh.s.listen,
+        public_key = %sh.s.private_key.public_key(),
+        "gateway running"
+    );
+    daemon::terminated().await?;
+    draining.store(true, Ordering::SeqCst);
+    listeners_cancel.cancel();
+    sh.tracker.close();
+    let drained = tokio::time::timeout(sh.s.drain_timeout, sh.tracker.wait())
+        .await
+        .is_ok();
+    let _ = dns.shutdown(Duration::from_secs(1)).await;
+    cancel.cancel();
+    if drained {
+        tracing::info!("drained");
+        Ok(())
+    } else {
+        anyhow::bail!("drain did not finish within {:?}", sh.s.drain_timeout)
+    }
+}
+
+/// The `nameserver` addresses of a `resolv.conf` text, in order.
+pub fn resolv_conf_nameservers(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            (w.next() == Some("nameserver")).then(|| w.next().map(str::to_string))?
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+
+    #[test]
+    fn resolv_conf_nameservers_in_order() {
+        let text = "# comment\nsearch a.svc.cluster.local\nnameserver 198.18.16.1\nnameserver  10.0.0.10 \noptions ndots:5\nnameserver\n";
+        assert_eq!(
+            super::resolv_conf_nameservers(text),
+            ["198.18.16.1", "10.0.0.10"]
+        );
+    }
+    use super::*;
+    use hcp_olm_tunnel_api::GatewayDns;
+
+    fn config() -> GatewayConfig {
+        let k = PrivateKey::generate();
+        GatewayConfig {
+            listen_port: 51820,
+            listen_address: None,
+            private_key: Some(k.to_base64()),
+            private_key_file: None,
+            agent_public_key: k.public_key().to_string(),
+            tunnel_address: hcp_olm_tunnel_api::GATEWAY_TUNNEL_ADDRESS.into(),
+            agent_tunnel_address: hcp_olm_tunnel_api::AGENT_TUNNEL_ADDRESS.into(),
+            guest_cidrs: vec!["10.96.0.0/12".into()],
+            hcp_namespace: Some("clusters-a".into()),
+            cluster_domain: None,
+            socks_listen: None,
+            connect_listen: Some("127.0.0.1:3128".into()),
+            health_listen: "127.0.0.1:9090".into(),
+            allow_local_targets: None,
+            dns: GatewayDns {
+                local_upstreams: vec!["172.30.0.10".into()],
+                rules: vec![],
+                listen: None,
+            },
+            allowed_services: vec![],
+            exposed_services: vec![],
+            persistent_keepalive_seconds: None,
+            mtu: None,
+            drain_timeout_seconds: None,
+        }
+    }
+
+    fn owner(s: &GatewaySettings, name: &str) -> Owner {
+        let cfg = s.dns.validate().unwrap();
+        let mut n = Name::from_ascii(name).unwrap();
+        n.set_fqdn(true);
+        cfg.table.lookup(&n).owner
+    }
+
+    #[test]
+    fn default_split_guest_svc_but_hcp_namespace_and_rest_local() {
+        let s = GatewaySettings::from_config(&config()).unwrap();
+        assert_eq!(owner(&s, "cat.team-a.svc.cluster.local"), Owner::Guest);
+        assert_eq!(owner(&s, "cat.clusters-a.svc.cluster.local"), Owner::Local);
+        assert_eq!(owner(&s, "quay.io"), Owner::Local);
+        assert_eq!(s.mtu, 1420);
+        assert!(
+            s.allowed_sources
+                .iter()
+                .any(|c| c.contains("100.127.255.2".parse().unwrap()))
+        );
+    }
+
+    #[test]
+    fn errors_name_fields() {
+        let mut c = config();
+        c.private_key_file = Some("/nonexistent".into());
+        assert_eq!(
+            GatewaySettings::from_config(&c).unwrap_err().field,
+            "private_key"
+        );
+        let mut c = config();
+        c.connect_listen = None;
+        assert_eq!(
+            GatewaySettings::from_config(&c).unwrap_err().field,
+            "connect_listen"
+        );
+        let mut c = config();
+        c.dns.local_upstreams = vec!["nope".into()];
+        assert_eq!(
+            GatewaySettings::from_config(&c).unwrap_err().field,
+            "dns.local_upstreams[0]"
+        );
+        let mut c = config();
+        c.mtu = Some(100);
+        assert_eq!(GatewaySettings::from_config(&c).unwrap_err().field, "mtu");
+    }
+}

@@ -1,0 +1,116 @@
+use super::*;
+
+fn cfg(addr: &str, any_ip: bool, accept: AcceptPolicy) -> StackConfig {
+    StackConfig {
+        addresses: vec![(addr.parse().unwrap(), 30)],
+        any_ip,
+        mtu: 1420,
+        accept,
+    }
+}
+
+/// Two stacks wired back to back (no WireGuard): A dials, B accepts in any-IP mode when
+/// the policy allows, packets larger than the MTU never appear.
+#[tokio::test]
+async fn connect_accept_echo_and_refuse() {
+    let cancel = CancellationToken::new();
+    let (a_out, mut wire_a) = mpsc::channel::<Vec<u8>>(1024);
+    let (b_out, mut wire_b) = mpsc::channel::<Vec<u8>>(1024);
+    let (to_a, a_in) = mpsc::channel::<Vec<u8>>(1024);
+    let (to_b, b_in) = mpsc::channel::<Vec<u8>>(1024);
+    let max_len = Arc::new(AtomicU64::new(0));
+    let m1 = Arc::clone(&max_len);
+    tokio::spawn(async move {
+        while let Some(p) = wire_a.recv().await {
+            m1.fetch_max(p.len() as u64, Ordering::Relaxed);
+            let _ = to_b.send(p).await;
+        }
+    });
+    let m2 = Arc::clone(&max_len);
+    tokio::spawn(async move {
+        while let Some(p) = wire_b.recv().await {
+            m2.fetch_max(p.len() as u64, Ordering::Relaxed);
+            let _ = to_a.send(p).await;
+        }
+    });
+    let (a, _a_acc) = spawn(
+        cfg("100.127.255.1", false, Arc::new(|_, _| false)),
+        a_in,
+        a_out,
+        cancel.clone(),
+    );
+    let allowed: SocketAddr = "198.18.9.9:50051".parse().unwrap();
+    let (b, mut b_acc) = spawn(
+        cfg(
+            "100.127.255.2",
+            true,
+            Arc::new(move |dst, _| dst == allowed),
+        ),
+        b_in,
+        b_out,
+        cancel.clone(),
+    );
+    // Echo server on B's accepted connections.
+    tokio::spawn(async move {
+        while let Some(mut c) = b_acc.recv().await {
+            assert_eq!(c.local, allowed);
+            tokio::spawn(async move {
+                while let Some(d) = c.rx.recv().await {
+                    c.notify.notify_one();
+                    if c.tx.send(d).await.is_err() {
+                        break;
+                    }
+                    c.notify.notify_one();
+                }
+            });
+        }
+    });
+    let mut c = tokio::time::timeout(Duration::from_secs(5), a.connect(allowed))
+        .await
+        .unwrap()
+        .unwrap();
+    let payload: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let p2 = payload.clone();
+    let tx = c.tx.clone();
+    let n = Arc::clone(&c.notify);
+    let writer = tokio::spawn(async move {
+        for chunk in p2.chunks(10_000) {
+            tx.send(Bytes::copy_from_slice(chunk)).await.unwrap();
+            n.notify_one();
+        }
+    });
+    let mut got = Vec::new();
+    while got.len() < payload.len() {
+        let d = tokio::time::timeout(Duration::from_secs(10), c.rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        c.notify.notify_one();
+        got.extend_from_slice(&d);
+    }
+    writer.await.unwrap();
+    assert_eq!(got, payload);
+    assert!(max_len.load(Ordering::Relaxed) <= 1420);
+    assert!(
+        max_len.load(Ordering::Relaxed) > 1000,
+        "segments use the MSS"
+    );
+    // Not allowed: refused (RST), counted on B.
+    let e = tokio::time::timeout(
+        Duration::from_secs(5),
+        a.connect("198.18.9.9:22".parse().unwrap()),
+    )
+    .await
+    .unwrap()
+    .unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused);
+    assert_eq!(b.counters.tcp_refused.load(Ordering::Relaxed), 1);
+    assert_eq!(b.counters.tcp_accepted.load(Ordering::Relaxed), 1);
+    cancel.cancel();
+}
+
+#[test]
+fn syn_parse() {
+    assert_eq!(syn_of(&[]), None);
+    assert_eq!(syn_of(&[0x45; 30]), None);
+}

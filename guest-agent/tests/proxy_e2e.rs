@@ -1,0 +1,693 @@
+//! The unprivileged data path end to end, in network namespaces with real parts:
+//! management namespace M (hcp-olm-gateway, a dnsmasq for management names, an `opm serve`
+//! standing in for a control-plane catalog) and guest namespace G (hcp-olm-agent, `opm serve`
+//! of a guest catalog, a dnsmasq answering guest `svc` names). A gRPC client (our CLI) in M
+//! lists packages through the gateway's CONNECT proxy; the reverse direction goes through the
+//! agent's exposed port; isolation and bad input are checked against live processes.
+//!
+//! Underlay 198.18.50.0/30 (M .1, G .2); guest "Services" 198.18.52.0/24 on G's lo;
+//! management "Services" 198.18.51.0/24 on M's lo. All addresses exist only in the namespaces.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use hcp_olm_e2e::netns::{Netns, NsProcess, connect};
+use hcp_olm_guest_agent::tunnel::PrivateKey;
+
+const GATEWAY: &str = env!("CARGO_BIN_EXE_hcp-olm-gateway");
+const AGENT: &str = env!("CARGO_BIN_EXE_hcp-olm-agent");
+const IMPAIR: &str = env!("CARGO_BIN_EXE_hcp-olm-udp-impair");
+const RELAY_PORT: u16 = 51900;
+const DNSMASQ: &str = "/usr/sbin/dnsmasq";
+
+const M_ADDR: &str = "198.18.50.1";
+const G_ADDR: &str = "198.18.50.2";
+const GUEST_CAT: &str = "198.18.52.10";
+const GUEST_DNS: &str = "198.18.52.53";
+const MGMT_CAT: &str = "198.18.51.10";
+const HCP_NS: &str = "clusters-e2e";
+const GUEST_NS: &str = "team-a";
+const CONNECT_PROXY: &str = "127.0.0.1:3128";
+const SOCKS_PROXY: &str = "127.0.0.1:1080";
+const GW_HEALTH: &str = "127.0.0.1:9101";
+const AGENT_HEALTH: &str = "127.0.0.1:9102";
+const EXPOSED_PORT: u16 = 50061;
+
+/// The CLI binary, built next to this test by `cargo test --workspace` (or
+/// `cargo build -p hcp-olm-cli`).
+fn cli() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let p = dir.join("hcp-olm");
+    assert!(
+        p.is_file(),
+        "{} missing: build it with `cargo build -p hcp-olm-cli`",
+        p.display()
+    );
+    p
+}
+
+fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    loop {
+        if f() {
+            return start.elapsed();
+        }
+        assert!(start.elapsed() < limit, "timed out after {limit:?}: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A catalog directory holding only `packages` from the small fixture catalog.
+fn catalog_subset(out: &Path, packages: &[&str]) {
+    let src = hcp_olm_e2e::tools::fixtures_dir().join("catalogs/small");
+    for p in packages {
+        let to = out.join(p);
+        std::fs::create_dir_all(&to).unwrap();
+        for f in std::fs::read_dir(src.join(p)).unwrap().flatten() {
+            std::os::unix::fs::symlink(f.path(), to.join(f.file_name())).unwrap();
+        }
+    }
+}
+
+fn opm(ns: &Netns, name: &str, dir: &Path, addr: &str) -> NsProcess {
+    let opm = hcp_olm_e2e::tools::bin("opm").unwrap();
+    let port = addr.rsplit_once(':').unwrap().1;
+    let mut cmd = ns.command(opm);
+    // opm binds every address; the namespace keeps it private.
+    cmd.arg("serve")
+        .arg(dir)
+        .args(["-p", port, "--pprof-addr=", "-t", "/dev/null"])
+        .env("GRPC_PROXY", "");
+    ns.spawn(name, cmd).unwrap()
+}
+
+fn dnsmasq(ns: &Netns, name: &str, listen: &str, port: u16, records: &[(&str, &str)]) -> NsProcess {
+    let mut cmd = ns.command(DNSMASQ);
+    cmd.args([
+        "--no-daemon",
+        "--conf-file=/dev/null",
+        &format!("--port={port}"),
+        &format!("--listen-address={listen}"),
+        "--bind-interfaces",
+        "--no-resolv",
+        "--no-hosts",
+        "--pid-file=",
+        "--user=",
+        "--local=/cluster.local/",
+    ]);
+    for (n, ip) in records {
+        cmd.arg(format!("--host-record={n},{ip}"));
+    }
+    ns.spawn(name, cmd).unwrap()
+}
+
+/// `hcp-olm catalog packages` in `ns`; Ok(stdout) or Err(stderr).
+fn packages(ns: &Netns, addr: &str, proxy: Option<&str>) -> Result<String, String> {
+    packages_within(ns, addr, proxy, "5s")
+}
+
+fn packages_within(
+    ns: &Netns,
+    addr: &str,
+    proxy: Option<&str>,
+    timeout: &str,
+) -> Result<String, String> {
+    let mut cmd = ns.command(cli());
+    cmd.args([
+        "catalog",
+        "--addr",
+        addr,
+        "--timeout",
+        timeout,
+        "-o",
+        "json",
+    ]);
+    if let Some(p) = proxy {
+        cmd.args(["--proxy", p]);
+    }
+    cmd.arg("packages").env_remove("HCP_OLM_CATALOG_PROXY");
+    let out = cmd.output().unwrap();
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// A plain HTTP/1.0 GET inside `ns` (bash's /dev/tcp; no curl needed): (status, body).
+fn http_get(ns: &Netns, url: &str) -> (u16, String) {
+    let rest = url.strip_prefix("http://").unwrap();
+    let (hostport, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let req = format!("GET {path} HTTP/1.0\r\nHost: {hostport}\r\n\r\n");
+    let r = raw_exchange(ns, hostport, req.as_bytes());
+    let r = String::from_utf8_lossy(&r).into_owned();
+    let code = r
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = r
+        .split_once("\r\n\r\n")
+        .map(|x| x.1)
+        .unwrap_or("")
+        .to_string();
+    (code, body)
+}
+
+fn metric(ns: &Netns, health: &str, prefix: &str) -> u64 {
+    let (_, body) = http_get(ns, &format!("http://{health}/metrics"));
+    body.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
+}
+
+/// A raw TCP exchange inside `ns` (only bash and coreutils are assumed),
+/// through a tiny inline client on /dev/tcp.
+fn raw_exchange(ns: &Netns, addr: &str, input: &[u8]) -> Vec<u8> {
+    let (host, port) = addr.rsplit_once(':').unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let inp = dir.path().join("in");
+    std::fs::write(&inp, input).unwrap();
+    let script = format!(
+        "exec 3<>/dev/tcp/{host}/{port} || exit 1; cat {} >&3 2>/dev/null; timeout 3 cat <&3",
+        inp.display()
+    );
+    let out = ns.output("bash", &["-c", &script]).unwrap();
+    out.stdout
+}
+
+struct World {
+    m: Netns,
+    g: Netns,
+    dir: tempfile::TempDir,
+    gw_conf: PathBuf,
+    agent_conf: PathBuf,
+    gateway: Option<NsProcess>,
+    agent: Option<NsProcess>,
+}
+
+impl World {
+    fn start_gateway(&mut self) {
+        let mut cmd = self.m.command(GATEWAY);
+        cmd.arg("--config").arg(&self.gw_conf);
+        self.gateway = Some(self.m.spawn("gateway", cmd).unwrap());
+    }
+
+    fn start_agent(&mut self) {
+        let mut cmd = self.g.command(AGENT);
+        cmd.arg("--config").arg(&self.agent_conf);
+        self.agent = Some(self.g.spawn("agent", cmd).unwrap());
+    }
+
+    fn logs(&self) -> String {
+        format!(
+            "--- gateway\n{}\n--- agent\n{}",
+            self.gateway
+                .as_ref()
+                .map(|p| p.log_tail(40))
+                .unwrap_or_default(),
+            self.agent
+                .as_ref()
+                .map(|p| p.log_tail(40))
+                .unwrap_or_default()
+        )
+    }
+}
+
+fn setup() -> World {
+    setup_with(false)
+}
+
+/// `impaired`: the agent dials a relay in M that drops 5% and delays 50 ms each way.
+fn setup_with(impaired: bool) -> World {
+    let m = Netns::create("gwm").unwrap();
+    let g = Netns::create("gwg").unwrap();
+    connect(&m, &format!("{M_ADDR}/30"), &g, &format!("{G_ADDR}/30")).unwrap();
+    for a in [GUEST_CAT, GUEST_DNS] {
+        g.ip(&["addr", "add", &format!("{a}/32"), "dev", "lo"])
+            .unwrap();
+    }
+    m.ip(&["addr", "add", &format!("{MGMT_CAT}/32"), "dev", "lo"])
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let gw_key = PrivateKey::generate();
+    let agent_key = PrivateKey::generate();
+    let gw_key_file = dir.path().join("gw.key");
+    let agent_key_file = dir.path().join("agent.key");
+    std::fs::write(&gw_key_file, gw_key.to_base64()).unwrap();
+    std::fs::write(&agent_key_file, agent_key.to_base64()).unwrap();
+    let gw = serde_json::json!({
+        "listen_port": 51820,
+        "private_key_file": gw_key_file,
+        "agent_public_key": agent_key.public_key().to_string(),
+        "tunnel_address": hcp_olm_tunnel_api::GATEWAY_TUNNEL_ADDRESS,
+        "agent_tunnel_address": hcp_olm_tunnel_api::AGENT_TUNNEL_ADDRESS,
+        "guest_cidrs": ["198.18.52.0/24"],
+        "hcp_namespace": HCP_NS,
+        "connect_listen": CONNECT_PROXY,
+        "socks_listen": SOCKS_PROXY,
+        "health_listen": GW_HEALTH,
+        "persistent_keepalive_seconds": 2,
+        "dns": {"local_upstreams": ["127.0.0.1:5354"]},
+        "allowed_services": [
+            {"namespace": GUEST_NS, "name": "*", "port": 50051},
+            // Allowed here but not by the agent's ports: the agent must refuse it.
+            {"namespace": GUEST_NS, "name": "dns", "port": 53}
+        ],
+        "exposed_services": [
+            {"name": "mgmt-catalog", "listen_port": EXPOSED_PORT, "target": format!("{MGMT_CAT}:50051")}
+        ],
+        "drain_timeout_seconds": 3
+    });
+    let agent = serde_json::json!({
+        "gateway_endpoint": if impaired {
+            format!("{M_ADDR}:{RELAY_PORT}")
+        } else {
+            format!("{M_ADDR}:51820")
+        },
+        "gateway_public_key": gw_key.public_key().to_string(),
+        "private_key_file": agent_key_file,
+        "tunnel_address": hcp_olm_tunnel_api::AGENT_TUNNEL_ADDRESS,
+        "gateway_tunnel_address": hcp_olm_tunnel_api::GATEWAY_TUNNEL_ADDRESS,
+        "persistent_keepalive_seconds": 2,
+        "allowed_services": [{"namespace": "*", "name": "*", "port": 50051}],
+        "allowed_cidrs": ["198.18.52.0/24"],
+        "guest_dns": [GUEST_DNS],
+        "exposed_services": [
+            {"name": "mgmt-catalog", "listen_port": EXPOSED_PORT, "target": "ignored-by-agent:1"}
+        ],
+        "exposed_listen_address": "127.0.0.1",
+        "health_listen": AGENT_HEALTH,
+        "drain_timeout_seconds": 3
+    });
+    let gw_conf = dir.path().join("gateway.json");
+    let agent_conf = dir.path().join("agent.json");
+    std::fs::write(&gw_conf, serde_json::to_vec_pretty(&gw).unwrap()).unwrap();
+    std::fs::write(&agent_conf, serde_json::to_vec_pretty(&agent).unwrap()).unwrap();
+
+    let guest_cat = dir.path().join("guest-catalog");
+    let mgmt_cat = dir.path().join("mgmt-catalog");
+    catalog_subset(
+        &guest_cat,
+        &["eda-openshift-operator", "nvidia-network-operator"],
+    );
+    catalog_subset(
+        &mgmt_cat,
+        &["operator-certification-operator", "tigera-operator"],
+    );
+    opm(&g, "opm-guest", &guest_cat, "0.0.0.0:50051");
+    opm(&m, "opm-mgmt", &mgmt_cat, "0.0.0.0:50051");
+    let cat = format!("cat.{GUEST_NS}.svc.cluster.local");
+    let dns_name = format!("dns.{GUEST_NS}.svc.cluster.local");
+    dnsmasq(
+        &g,
+        "dnsmasq-guest",
+        GUEST_DNS,
+        53,
+        &[(&cat, GUEST_CAT), (&dns_name, GUEST_DNS)],
+    );
+    let local_cat = format!("cat.{HCP_NS}.svc.cluster.local");
+    // Management DNS also has a record for the guest name with a wrong address: the split
+    // must never ask it about guest names.
+    dnsmasq(
+        &m,
+        "dnsmasq-mgmt",
+        "127.0.0.1",
+        5354,
+        &[(&local_cat, MGMT_CAT), (&cat, "198.18.51.99")],
+    );
+    if impaired {
+        let mut cmd = m.command(IMPAIR);
+        cmd.args([
+            "--listen",
+            &format!("{M_ADDR}:{RELAY_PORT}"),
+            "--server",
+            "127.0.0.1:51820",
+            "--loss-percent",
+            "5",
+            "--delay-ms",
+            "50",
+            "--duration-secs",
+            "300",
+        ]);
+        m.spawn("impair", cmd).unwrap();
+    }
+    let mut w = World {
+        m,
+        g,
+        dir,
+        gw_conf,
+        agent_conf,
+        gateway: None,
+        agent: None,
+    };
+    w.start_gateway();
+    w.start_agent();
+    // Both catalogs up (directly, inside their own namespaces).
+    let mut last = String::new();
+    wait_for("guest opm", Duration::from_secs(60), || {
+        packages(&w.g, &format!("{GUEST_CAT}:50051"), None)
+            .map_err(|e| last = e)
+            .is_ok()
+    });
+    wait_for("management opm", Duration::from_secs(60), || {
+        packages(&w.m, &format!("{MGMT_CAT}:50051"), None)
+            .map_err(|e| last = e)
+            .is_ok()
+    });
+    drop(last);
+    w
+}
+
+fn ready(ns: &Netns, health: &str) -> bool {
+    http_get(ns, &format!("http://{health}/readyz")).0 == 200
+}
+
+#[test]
+fn forward_reverse_isolation_and_bad_input() {
+    let w = setup();
+    let t = wait_for("agent ready (handshake)", Duration::from_secs(20), || {
+        ready(&w.g, AGENT_HEALTH)
+    });
+    eprintln!("agent ready after {t:?}");
+    wait_for("gateway ready", Duration::from_secs(10), || {
+        ready(&w.m, GW_HEALTH)
+    });
+    assert_eq!(
+        http_get(&w.m, &format!("http://{GW_HEALTH}/healthz")).0,
+        200
+    );
+
+    // Forward: a guest catalog by its guest Service name, through the CONNECT proxy.
+    let guest_name = format!("cat.{GUEST_NS}.svc.cluster.local:50051");
+    let start = Instant::now();
+    let out = packages(&w.m, &guest_name, Some(CONNECT_PROXY))
+        .unwrap_or_else(|e| panic!("forward via CONNECT: {e}\n{}", w.logs()));
+    eprintln!("forward packages via CONNECT in {:?}", start.elapsed());
+    assert!(out.contains("nvidia-network-operator"), "{out}");
+    assert!(!out.contains("tigera-operator"), "{out}");
+    // Short form `<name>.<ns>.svc` is qualified with the cluster domain.
+    let out = packages(
+        &w.m,
+        &format!("cat.{GUEST_NS}.svc:50051"),
+        Some(CONNECT_PROXY),
+    )
+    .unwrap_or_else(|e| panic!("short name: {e}"));
+    assert!(out.contains("eda-k8s-operator"), "{out}");
+
+    // The same Service name in the HCP namespace resolves locally (management catalog).
+    let out = packages(
+        &w.m,
+        &format!("cat.{HCP_NS}.svc.cluster.local:50051"),
+        Some(CONNECT_PROXY),
+    )
+    .unwrap_or_else(|e| panic!("local name: {e}\n{}", w.logs()));
+    assert!(out.contains("tigera-operator"), "{out}");
+    assert!(!out.contains("nvidia-network-operator"), "{out}");
+
+    // Reverse: a guest client reaches the management catalog through the agent's port.
+    let out = packages(&w.g, &format!("127.0.0.1:{EXPOSED_PORT}"), None)
+        .unwrap_or_else(|e| panic!("reverse: {e}\n{}", w.logs()));
+    assert!(out.contains("operator-certification-operator"), "{out}");
+
+    // SOCKS5 with a domain name, to the guest catalog.
+    let mut req = vec![5, 1, 0, 5, 1, 0, 3, guest_name.len() as u8 - 6];
+    req.extend_from_slice(guest_name.trim_end_matches(":50051").as_bytes());
+    req.extend_from_slice(&50051u16.to_be_bytes());
+    let reply = raw_exchange(&w.m, SOCKS_PROXY, &req);
+    assert!(reply.len() >= 12, "{reply:?}");
+    assert_eq!(&reply[..2], &[5, 0]);
+    assert_eq!(
+        reply[3], 0,
+        "SOCKS CONNECT to an allowed guest service: {reply:?}"
+    );
+
+    // Isolation, CONNECT: wrong port, other namespace, IP literal → 403.
+    let denied_before = metric(
+        &w.m,
+        GW_HEALTH,
+        "tunnel_proxy_connections_total{proto=\"connect\",result=\"denied\"}",
+    );
+    for target in [
+        format!("cat.{GUEST_NS}.svc.cluster.local:22"),
+        "cat.other-ns.svc.cluster.local:50051".to_string(),
+        format!("{GUEST_CAT}:50051"),
+        "[fd00::1]:50051".to_string(),
+    ] {
+        let r = raw_exchange(
+            &w.m,
+            CONNECT_PROXY,
+            format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes(),
+        );
+        let r = String::from_utf8_lossy(&r);
+        assert!(r.starts_with("HTTP/1.1 403"), "{target}: {r}");
+    }
+    let denied_after = metric(
+        &w.m,
+        GW_HEALTH,
+        "tunnel_proxy_connections_total{proto=\"connect\",result=\"denied\"}",
+    );
+    assert_eq!(denied_after - denied_before, 4);
+    // Isolation, SOCKS: IPv4 and IPv6 literals and a non-allowed port → reply 0x02.
+    let mut v6 = vec![5, 1, 0, 5, 1, 0, 4];
+    v6.extend_from_slice(&"fd00::1".parse::<std::net::Ipv6Addr>().unwrap().octets());
+    v6.extend_from_slice(&50051u16.to_be_bytes());
+    for req in [vec![5, 1, 0, 5, 1, 0, 1, 198, 18, 52, 10, 0xc3, 0x83], v6] {
+        let r = raw_exchange(&w.m, SOCKS_PROXY, &req);
+        assert_eq!(r.get(..4), Some(&[5, 0, 5, 2][..]), "{r:?}");
+    }
+    // Isolation at the agent: the gateway allows dns.<ns>:53, the agent's ports do not.
+    let refused_before = metric(&w.g, AGENT_HEALTH, "tunnel_inbound_refused_total");
+    let r = raw_exchange(
+        &w.m,
+        CONNECT_PROXY,
+        format!("CONNECT dns.{GUEST_NS}.svc.cluster.local:53 HTTP/1.1\r\n\r\n").as_bytes(),
+    );
+    let r = String::from_utf8_lossy(&r);
+    assert!(r.starts_with("HTTP/1.1 502"), "{r}");
+    std::thread::sleep(Duration::from_millis(1200)); // metrics refresh every second
+    assert!(metric(&w.g, AGENT_HEALTH, "tunnel_inbound_refused_total") > refused_before);
+
+    // Bad input: garbage, oversized, wrong method → error replies, counted; still serving.
+    let bad_before = metric(
+        &w.m,
+        GW_HEALTH,
+        "tunnel_proxy_connections_total{proto=\"connect\",result=\"bad_request\"}",
+    );
+    let r = raw_exchange(&w.m, CONNECT_PROXY, b"\x16\x03\x01garbage\r\n\r\n");
+    assert!(
+        String::from_utf8_lossy(&r).starts_with("HTTP/1.1 400"),
+        "{r:?}"
+    );
+    let r = raw_exchange(&w.m, CONNECT_PROXY, &vec![b'A'; 20_000]);
+    assert!(
+        String::from_utf8_lossy(&r).starts_with("HTTP/1.1 431"),
+        "{r:?}"
+    );
+    let r = raw_exchange(&w.m, CONNECT_PROXY, b"GET http://x/ HTTP/1.1\r\n\r\n");
+    assert!(
+        String::from_utf8_lossy(&r).starts_with("HTTP/1.1 405"),
+        "{r:?}"
+    );
+    let bad_after = metric(
+        &w.m,
+        GW_HEALTH,
+        "tunnel_proxy_connections_total{proto=\"connect\",result=\"bad_request\"}",
+    );
+    assert_eq!(bad_after - bad_before, 3);
+    let r = raw_exchange(&w.m, SOCKS_PROXY, &[4, 1, 0, 80, 1, 2, 3, 4, 0]);
+    assert_eq!(r, vec![5, 0xff]);
+    let r = raw_exchange(&w.m, SOCKS_PROXY, &[5, 1, 2]);
+    assert_eq!(r, vec![5, 0xff], "no acceptable method");
+    let r = raw_exchange(&w.m, SOCKS_PROXY, &[5, 1, 0, 5, 2, 0, 1, 1, 2, 3, 4, 0, 80]);
+    assert_eq!(
+        r.get(..4),
+        Some(&[5, 0, 5, 7][..]),
+        "BIND is not supported: {r:?}"
+    );
+    assert!(
+        metric(
+            &w.m,
+            GW_HEALTH,
+            "tunnel_proxy_connections_total{proto=\"socks\",result=\"bad_request\"}"
+        ) >= 3
+    );
+    // Still working after all that.
+    packages(&w.m, &guest_name, Some(CONNECT_PROXY))
+        .unwrap_or_else(|e| panic!("after bad input: {e}\n{}", w.logs()));
+
+    // Metrics: handshake age, bytes, DNS queries.
+    let (_, m) = http_get(&w.m, &format!("http://{GW_HEALTH}/metrics"));
+    assert!(m.contains("tunnel_handshake_age_seconds"), "{m}");
+    assert!(
+        metric(&w.m, GW_HEALTH, "tunnel_payload_bytes_total") > 0,
+        "{m}"
+    );
+    assert!(
+        m.contains("owner=\"guest\""),
+        "guest DNS queries counted: {m}"
+    );
+    assert!(metric(&w.g, AGENT_HEALTH, "agent_dns_queries_total") > 0);
+
+    // No key material in the logs.
+    let gw_key = std::fs::read_to_string(w.dir.path().join("gw.key")).unwrap();
+    let agent_key = std::fs::read_to_string(w.dir.path().join("agent.key")).unwrap();
+    let logs = std::fs::read_to_string(w.gateway.as_ref().unwrap().log_path()).unwrap()
+        + &std::fs::read_to_string(w.agent.as_ref().unwrap().log_path()).unwrap();
+    assert!(!logs.contains(gw_key.trim()) && !logs.contains(agent_key.trim()));
+}
+
+fn sigterm(p: &NsProcess) {
+    let st = std::process::Command::new("kill")
+        .args(["-TERM", &p.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+fn wait_exit(p: &NsProcess, limit: Duration) -> std::process::ExitStatus {
+    let mut st = None;
+    wait_for(&format!("{} to exit", p.name()), limit, || {
+        st = p.exited();
+        st.is_some()
+    });
+    st.unwrap()
+}
+
+/// kill -9 the agent, then the gateway: catalog calls through the proxy work again within
+/// the stated bounds (agent restart: 15 s; gateway restart: 25 s, dominated by the agent's
+/// dead-peer timeout of 3 × keepalive + 5 s = 11 s, plus up to one REKEY_TIMEOUT of 5 s and
+/// the CLI's 5 s call timeout). Then
+/// SIGTERM drains both cleanly.
+#[test]
+fn kill_restart_recovery_and_sigterm() {
+    let mut w = setup();
+    wait_for("agent ready", Duration::from_secs(20), || {
+        ready(&w.g, AGENT_HEALTH)
+    });
+    let guest = format!("cat.{GUEST_NS}.svc.cluster.local:50051");
+    packages(&w.m, &guest, Some(CONNECT_PROXY)).unwrap_or_else(|e| panic!("{e}\n{}", w.logs()));
+
+    w.agent.take().unwrap().kill();
+    w.start_agent();
+    let t = wait_for("calls after agent kill -9", Duration::from_secs(15), || {
+        packages(&w.m, &guest, Some(CONNECT_PROXY)).is_ok()
+    });
+    eprintln!("recovered {t:?} after agent kill -9 + restart");
+
+    w.gateway.take().unwrap().kill();
+    w.start_gateway();
+    let t = wait_for(
+        "calls after gateway kill -9",
+        Duration::from_secs(25),
+        || packages(&w.m, &guest, Some(CONNECT_PROXY)).is_ok(),
+    );
+    eprintln!("recovered {t:?} after gateway kill -9 + restart");
+    // Reverse direction too.
+    packages(&w.g, &format!("127.0.0.1:{EXPOSED_PORT}"), None)
+        .unwrap_or_else(|e| panic!("reverse after restarts: {e}\n{}", w.logs()));
+
+    for p in [w.agent.take().unwrap(), w.gateway.take().unwrap()] {
+        sigterm(&p);
+        let st = wait_exit(&p, Duration::from_secs(8));
+        assert!(st.success(), "{} exit {st:?}\n{}", p.name(), p.log_tail(20));
+        assert!(p.log_tail(5).contains("drained"), "{}", p.log_tail(20));
+    }
+}
+
+/// 5% loss and 50 ms delay in each direction on the tunnel's UDP path (a relay of the test's
+/// own): catalog calls in both directions still succeed.
+#[test]
+fn lossy_delayed_underlay() {
+    let w = setup_with(true);
+    wait_for(
+        "agent ready through the relay",
+        Duration::from_secs(30),
+        || ready(&w.g, AGENT_HEALTH),
+    );
+    let guest = format!("cat.{GUEST_NS}.svc.cluster.local:50051");
+    let mut times = Vec::new();
+    for i in 0..5 {
+        let start = Instant::now();
+        let out = packages_within(&w.m, &guest, Some(CONNECT_PROXY), "30s")
+            .unwrap_or_else(|e| panic!("call {i} over the lossy path: {e}\n{}", w.logs()));
+        assert!(out.contains("nvidia-network-operator"), "{out}");
+        times.push(start.elapsed());
+    }
+    let out = packages_within(&w.g, &format!("127.0.0.1:{EXPOSED_PORT}"), None, "30s")
+        .unwrap_or_else(|e| panic!("reverse over the lossy path: {e}\n{}", w.logs()));
+    assert!(out.contains("tigera-operator"), "{out}");
+    eprintln!("catalog calls over 5% loss / 50 ms delay: {times:?}");
+}
+
+/// Config errors exit 64 and name the field.
+#[test]
+fn config_errors_exit_64_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = PrivateKey::generate();
+    let base_gw = serde_json::json!({
+        "listen_port": 0,
+        "private_key": key.to_base64(),
+        "agent_public_key": key.public_key().to_string(),
+        "tunnel_address": "100.127.255.1/30",
+        "agent_tunnel_address": "100.127.255.2/30",
+        "guest_cidrs": ["not-a-cidr"],
+        "connect_listen": "127.0.0.1:0",
+        "health_listen": "127.0.0.1:0",
+        "dns": {"local_upstreams": ["127.0.0.1"]},
+        "allowed_services": [],
+        "exposed_services": []
+    });
+    let cases: Vec<(&str, serde_json::Value, &str)> = vec![
+        (GATEWAY, base_gw.clone(), "guest_cidrs[0]"),
+        (
+            GATEWAY,
+            {
+                let mut v = base_gw.clone();
+                v["guest_cidrs"] = serde_json::json!([]);
+                v["agent_public_key"] = serde_json::json!("short");
+                v
+            },
+            "agent_public_key",
+        ),
+        (
+            AGENT,
+            serde_json::json!({
+                "gateway_endpoint": null,
+                "gateway_public_key": key.public_key().to_string(),
+                "private_key": key.to_base64(),
+                "tunnel_address": "100.127.255.2/30",
+                "gateway_tunnel_address": "100.127.255.1/30",
+                "persistent_keepalive_seconds": 25,
+                "allowed_services": [],
+                "exposed_services": []
+            }),
+            "gateway_endpoint",
+        ),
+        (
+            AGENT,
+            serde_json::json!({"gateway_public_key": 1}),
+            "gateway_public_key",
+        ),
+    ];
+    for (i, (bin, doc, field)) in cases.into_iter().enumerate() {
+        let f = dir.path().join(format!("c{i}.json"));
+        std::fs::write(&f, doc.to_string()).unwrap();
+        let out = std::process::Command::new(bin)
+            .arg("--config")
+            .arg(&f)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "case {i}: {err}");
+        assert!(err.contains(field), "case {i}: want {field} in {err}");
+        assert!(!err.contains(&key.to_base64()), "key leaked: {err}");
+    }
+}

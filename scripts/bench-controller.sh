@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Controller benchmark (not a test): N HostedClusters against the real management
+# kube-apiserver, the controller as a real process (release build) under its
+# ServiceAccount and the RBAC from manifests/. See docs/controller-bench.md.
+# Prints progress on stderr and, last on stdout, the line
+#   controller-bench: n=<N> converge_s=<s> writes_per_hc=<w> idle_writes=<i> rss_mib=<m>
+# Environment: BENCH_N (100), IDLE_SECONDS (300), BENCH_GUESTS (auto|real|standin), and the
+# other BENCH_* knobs documented in e2e/src/bin/hcp-olm-bench-controller.rs.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+export BENCH_N="${BENCH_N:-100}" IDLE_SECONDS="${IDLE_SECONDS:-300}"
+# One invocation, so both binaries share one feature resolution (no second build of kube).
+cargo build --release --locked -q -p hcp-olm-controlplane --bin hcp-olm-controller \
+  -p hcp-olm-e2e --bin hcp-olm-bench-controller
+target="${CARGO_TARGET_DIR:-$root/target}/release"
+export HCP_OLM_CONTROLLER_BIN="${HCP_OLM_CONTROLLER_BIN:-$target/hcp-olm-controller}"
+exec "$target/hcp-olm-bench-controller"

@@ -1,0 +1,234 @@
+//! Configuration documents of the two tunnel ends: the control-plane gateway (HCP namespace,
+//! unprivileged) and the guest agent. Serde types only; the binaries in
+//! `hcp-olm-guest-agent` validate them (exit 64 naming the field) and the controller renders
+//! them. Both documents are JSON.
+
+use serde::{Deserialize, Serialize};
+
+/// Tunnel-internal addresses (a /30 point-to-point link).
+pub const GATEWAY_TUNNEL_ADDRESS: &str = "100.127.255.1/30";
+pub const AGENT_TUNNEL_ADDRESS: &str = "100.127.255.2/30";
+/// The cluster domain both sides use unless told otherwise.
+pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
+/// The tunnel's inner MTU (WireGuard over a 1500-byte underlay, IPv6 worst case).
+pub const DEFAULT_MTU: u16 = 1420;
+
+/// Reference to a key inside a Secret.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretKeyRef {
+    pub name: String,
+    pub key: String,
+}
+
+/// A guest Service the control plane may reach through the tunnel. `*` matches any
+/// namespace or name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllowedService {
+    pub namespace: String,
+    pub name: String,
+    pub port: u16,
+}
+
+/// A control-plane service the agent exposes inside the guest: the agent listens on
+/// `listen_port` and carries each connection through the tunnel to the gateway's tunnel
+/// address on the same port; the gateway dials `target` (`host:port` as resolved in the HCP
+/// namespace, or `ip:port`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExposedService {
+    pub name: String,
+    pub listen_port: u16,
+    pub target: String,
+}
+
+/// Who answers a DNS name (split DNS).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DnsOwner {
+    /// Management-side resolvers (`GatewayDns::local_upstreams`).
+    Local,
+    /// The guest's DNS, across the tunnel (the agent forwards to its `guest_dns`).
+    Guest,
+    /// Answer REFUSED.
+    Refuse,
+}
+
+/// One ownership rule: names under `[namespace.]suffix` belong to `owner`; longest match wins.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DnsRule {
+    pub suffix: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub owner: DnsOwner,
+}
+
+/// The gateway's split DNS (used for CONNECT/SOCKS targets, optionally served to pods).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GatewayDns {
+    /// Management-side resolvers (`ip` or `ip:port`), e.g. the cluster DNS Service IP.
+    pub local_upstreams: Vec<String>,
+    /// Ownership rules. Empty means the default split: `svc.<domain>` → guest,
+    /// `<hcp_namespace>.svc.<domain>` → local, everything else → local.
+    #[serde(default)]
+    pub rules: Vec<DnsRule>,
+    /// Optional `ip:port` to serve the split DNS on (UDP and TCP) for pods' `dnsConfig`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+}
+
+/// The gateway's configuration (JSON in `config.json` of the HCP Secret
+/// `hcp-olm-tunnel-gateway`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GatewayConfig {
+    /// WireGuard UDP port (bound on `listen_address`).
+    pub listen_port: u16,
+    /// Address the UDP socket binds (default `0.0.0.0`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen_address: Option<String>,
+    /// The gateway's private key inline (base64) ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub private_key: Option<String>,
+    /// ... or a file holding it (a Secret mount). Exactly one of the two.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub private_key_file: Option<String>,
+    pub agent_public_key: String,
+    /// This end's tunnel address with prefix (`100.127.255.1/30`).
+    pub tunnel_address: String,
+    pub agent_tunnel_address: String,
+    /// Guest Service and pod CIDRs: inner source addresses accepted from the agent besides
+    /// its tunnel address (replies of guest services the gateway dialed).
+    #[serde(default)]
+    pub guest_cidrs: Vec<String>,
+    /// Kubernetes namespace of this hosted control plane (its names resolve locally).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hcp_namespace: Option<String>,
+    /// Cluster domain of both sides (default `cluster.local`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_domain: Option<String>,
+    /// SOCKS5 listener (`ip:port`) for OLM pods; optional.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socks_listen: Option<String>,
+    /// HTTP CONNECT listener (`ip:port`) OLM pods use as `GRPC_PROXY`/`HTTPS_PROXY`; optional.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connect_listen: Option<String>,
+    /// `/healthz` `/readyz` `/metrics`.
+    pub health_listen: String,
+    /// Whether CONNECT/SOCKS targets owned by the management side are dialed (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_local_targets: Option<bool>,
+    pub dns: GatewayDns,
+    pub allowed_services: Vec<AllowedService>,
+    pub exposed_services: Vec<ExposedService>,
+    /// Keepalive towards the agent once its endpoint is known (default 25); lets the agent
+    /// notice a restarted gateway.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistent_keepalive_seconds: Option<u16>,
+    /// Inner MTU (default 1420).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u16>,
+    /// SIGTERM drain budget in seconds (default 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_timeout_seconds: Option<u64>,
+}
+
+/// The guest agent's configuration (JSON in the `peer.json` key of
+/// `hcp-olm/hcp-olm-guest-agent-peer`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentPeerConfig {
+    /// `host:port` of the gateway's WireGuard UDP endpoint; None until known (the agent then
+    /// reports a config error naming this field).
+    pub gateway_endpoint: Option<String>,
+    pub gateway_public_key: String,
+    /// Where the controller put the private key (informational for the agent) ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_private_key_secret_ref: Option<SecretKeyRef>,
+    /// ... and the file it is mounted at; or the key inline. Exactly one of the two.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub private_key_file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub private_key: Option<String>,
+    pub tunnel_address: String,
+    pub gateway_tunnel_address: String,
+    pub persistent_keepalive_seconds: u16,
+    /// Guest Services the gateway may ask the agent to dial (their ports feed
+    /// `allowed_ports` when that is empty).
+    pub allowed_services: Vec<AllowedService>,
+    /// Guest destinations the agent relays to: Service and pod CIDRs ...
+    #[serde(default)]
+    pub allowed_cidrs: Vec<String>,
+    /// ... and ports (empty: the ports of `allowed_services`).
+    #[serde(default)]
+    pub allowed_ports: Vec<u16>,
+    /// Guest DNS servers (`ip` or `ip:port`) tunnel DNS queries are forwarded to.
+    #[serde(default)]
+    pub guest_dns: Vec<String>,
+    /// Control-plane services the agent re-exposes in the guest.
+    pub exposed_services: Vec<ExposedService>,
+    /// Address the exposed-service listeners bind (default `0.0.0.0`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exposed_listen_address: Option<String>,
+    /// `/healthz` `/readyz` `/metrics` (default `0.0.0.0:9090`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_listen: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_timeout_seconds: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn provisional_style_agent_document_still_parses() {
+        let doc = r#"{
+          "gateway_endpoint": "198.18.0.1:51820",
+          "gateway_public_key": "k",
+          "agent_private_key_secret_ref": {"name": "hcp-olm-guest-agent-peer", "key": "private-key"},
+          "tunnel_address": "100.127.255.2/30",
+          "gateway_tunnel_address": "100.127.255.1/30",
+          "persistent_keepalive_seconds": 25,
+          "allowed_services": [{"namespace": "*", "name": "*", "port": 50051}],
+          "exposed_services": [{"name": "redhat-operators", "listen_port": 50051, "target": "redhat-operators:50051"}]
+        }"#;
+        let c: AgentPeerConfig = serde_json::from_str(doc).unwrap();
+        assert_eq!(c.allowed_services[0].port, 50051);
+        assert!(c.allowed_cidrs.is_empty());
+        let back: AgentPeerConfig =
+            serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
+        assert_eq!(back, c);
+    }
+
+    #[test]
+    fn gateway_round_trip() {
+        let c = GatewayConfig {
+            listen_port: 51820,
+            listen_address: None,
+            private_key: Some("x".into()),
+            private_key_file: None,
+            agent_public_key: "y".into(),
+            tunnel_address: GATEWAY_TUNNEL_ADDRESS.into(),
+            agent_tunnel_address: AGENT_TUNNEL_ADDRESS.into(),
+            guest_cidrs: vec!["10.96.0.0/12".into()],
+            hcp_namespace: Some("clusters-a".into()),
+            cluster_domain: None,
+            socks_listen: Some("0.0.0.0:1080".into()),
+            connect_listen: Some("0.0.0.0:3128".into()),
+            health_listen: "0.0.0.0:9090".into(),
+            allow_local_targets: None,
+            dns: GatewayDns {
+                local_upstreams: vec!["172.30.0.10".into()],
+                rules: vec![],
+                listen: None,
+            },
+            allowed_services: vec![],
+            exposed_services: vec![],
+            persistent_keepalive_seconds: None,
+            mtu: None,
+            drain_timeout_seconds: None,
+        };
+        let s = serde_json::to_string(&c).unwrap();
+        assert!(!s.contains("private_key_file"));
+        assert_eq!(serde_json::from_str::<GatewayConfig>(&s).unwrap(), c);
+    }
+}
