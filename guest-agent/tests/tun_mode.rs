@@ -329,11 +329,9 @@ fn ours_in_tun_mode_against_wireguard_go() {
         Some(&format!("{B_ADDR}:{PORT}")),
         &[&format!("{TUN_B}/32"), "198.18.44.0/24"],
     );
+    // (no readiness check before the handshake here: ours dials at once with its
+    // keepalive; ours_against_ours checks it with nobody answering yet)
     let ours = start_tunnel(&p.a, "ours", &cfg);
-    assert!(
-        http_get(&p.a, "/readyz").ends_with("503"),
-        "unready before a handshake"
-    );
 
     ping(&p.a, TUN_B); // A → B (first packet starts the handshake)
     ping(&p.a, SVC_B); // the routed prefix
@@ -395,12 +393,23 @@ fn ours_against_ours_in_tun_mode() {
         Some(&format!("{B_ADDR}:{PORT}")),
         &[&format!("{TUN_B}/32"), "198.18.44.0/24"],
     );
+    // A first: it dials, nobody answers yet, so it is not ready
+    let a = start_tunnel(&p.a, "ours-a", &a_cfg);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        http_get(&p.a, "/readyz").ends_with("503"),
+        "the dialing side is unready before a handshake"
+    );
     let b = start_tunnel(&p.b, "ours-b", &b_cfg);
     assert!(
         http_get(&p.b, "/readyz").ends_with("200"),
         "the answering side is ready once it listens"
     );
-    let a = start_tunnel(&p.a, "ours-a", &a_cfg);
+    // A's first initiations met a closed port; WireGuard retries after REKEY_TIMEOUT (5 s)
+    let t = wait_for("A ready (handshake)", Duration::from_secs(15), || {
+        http_get(&p.a, "/readyz").ends_with("200")
+    });
+    eprintln!("A handshook {t:?} after B started");
 
     ping(&p.a, TUN_B);
     ping(&p.a, SVC_B);
