@@ -6,10 +6,12 @@
 //! - [`key`]: x25519 keys in `wg`'s base64 form.
 //! - [`packet`]: a minimal IPv4/UDP/ICMP builder and parser.
 
+pub mod config;
 pub mod driver;
 pub mod key;
 pub mod packet;
 pub mod peer;
+pub mod tun;
 
 pub use key::{KeyError, PresharedKey, PrivateKey, PublicKey};
 pub use peer::{Cidr, Counters, DropReason, Output, Peer, PeerConfig, PeerStatus};

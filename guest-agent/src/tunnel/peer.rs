@@ -25,6 +25,7 @@ const BUF_LEN: usize = 65_536 + 64;
 /// WireGuard's REKEY_TIMEOUT: the spacing of our own handshake restarts.
 const REKEY_TIMEOUT: Duration = Duration::from_secs(5);
 const COOKIE_REPLY: u8 = 3;
+const DATA: u8 = 4;
 
 /// An address prefix such as `198.18.0.0/15`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -339,6 +340,27 @@ impl Peer {
         now: Instant,
         out: &mut Vec<Output>,
     ) -> Result<(), DropReason> {
+        let mut buf = std::mem::take(&mut self.buf);
+        let r = self.decapsulate_into(from, datagram, now, &mut buf, out);
+        if let Ok(Some(p)) = &r {
+            out.push(Output::Deliver(buf[p.clone()].to_vec()));
+        }
+        self.buf = buf;
+        r.map(|_| ())
+    }
+
+    /// Like [`Peer::handle_datagram`], but a decapsulated IP packet is left in `dst` (the
+    /// returned range) instead of being copied into an [`Output::Deliver`]; handshake and
+    /// control replies still go to `out`. `dst` should hold a whole datagram (64 KiB).
+    /// This is the allocation-free data path of the TUN driver.
+    pub fn decapsulate_into(
+        &mut self,
+        from: SocketAddr,
+        datagram: &[u8],
+        now: Instant,
+        dst: &mut [u8],
+        out: &mut Vec<Output>,
+    ) -> Result<Option<std::ops::Range<usize>>, DropReason> {
         self.counters.datagrams_in += 1;
         self.counters.bytes_in += datagram.len() as u64;
         if datagram.is_empty() {
@@ -346,12 +368,10 @@ impl Peer {
             return Err(self.drop_with(DropReason::Malformed));
         }
         let msg_type = datagram[0];
+        let base = dst.as_ptr() as usize;
         let mut reply = None;
         let mut deliver = None;
-        let result = match self
-            .tunn
-            .decapsulate(Some(from.ip()), datagram, &mut self.buf)
-        {
+        let result = match self.tunn.decapsulate(Some(from.ip()), datagram, dst) {
             TunnResult::Done => Ok(()),
             TunnResult::Err(e) => Err(e),
             TunnResult::WriteToNetwork(d) => {
@@ -359,11 +379,13 @@ impl Peer {
                 Ok(())
             }
             TunnResult::WriteToTunnelV4(p, src) => {
-                deliver = Some((p.to_vec(), IpAddr::V4(src)));
+                let start = p.as_ptr() as usize - base;
+                deliver = Some((start..start + p.len(), IpAddr::V4(src)));
                 Ok(())
             }
             TunnResult::WriteToTunnelV6(p, src) => {
-                deliver = Some((p.to_vec(), IpAddr::V6(src)));
+                let start = p.as_ptr() as usize - base;
+                deliver = Some((start..start + p.len(), IpAddr::V6(src)));
                 Ok(())
             }
         };
@@ -398,15 +420,15 @@ impl Peer {
             self.emit(self.endpoint, r, out);
             self.flush_queue(out);
         }
-        if let Some((p, src)) = deliver {
+        if let Some((range, src)) = deliver {
             if !self.allowed_ips.iter().any(|c| c.contains(src)) {
                 tracing::debug!(%src, "decapsulated packet from a source not allowed");
                 return Err(self.drop_with(DropReason::SourceNotAllowed));
             }
             self.counters.packets_delivered += 1;
-            out.push(Output::Deliver(p));
+            return Ok(Some(range));
         }
-        Ok(())
+        Ok(None)
     }
 
     /// After a handshake completes, `Tunn` releases the packets it queued meanwhile.
@@ -442,6 +464,42 @@ impl Peer {
                 Err(self.drop_with(DropReason::from_wg(&e)))
             }
             _ => Ok(()),
+        }
+    }
+
+    /// Like [`Peer::send_packet`], but a transport datagram is written into `dst` (its
+    /// length returned) instead of an [`Output::Send`] to [`Peer::endpoint`]; a handshake
+    /// initiation (no session yet, the packet is queued) still goes to `out`. `dst` needs
+    /// `packet.len() + 32` bytes. The allocation-free data path of the TUN driver.
+    pub fn encapsulate_into(
+        &mut self,
+        packet: &[u8],
+        dst: &mut [u8],
+        out: &mut Vec<Output>,
+    ) -> Result<Option<usize>, DropReason> {
+        if packet.len() > MAX_PACKET || dst.len() < packet.len() + 32 {
+            return Err(self.drop_with(DropReason::TooLarge));
+        }
+        let Some(to) = self.endpoint else {
+            return Err(self.drop_with(DropReason::NoEndpoint));
+        };
+        self.counters.packets_sent += 1;
+        match self.tunn.encapsulate(packet, dst) {
+            TunnResult::WriteToNetwork(d) if d.first() == Some(&DATA) => {
+                self.counters.datagrams_out += 1;
+                self.counters.bytes_out += d.len() as u64;
+                Ok(Some(d.len()))
+            }
+            TunnResult::WriteToNetwork(d) => {
+                let d = d.to_vec();
+                self.emit(Some(to), d, out);
+                Ok(None)
+            }
+            TunnResult::Err(e) => {
+                tracing::debug!(error = ?e, "encapsulate failed");
+                Err(self.drop_with(DropReason::from_wg(&e)))
+            }
+            _ => Ok(None),
         }
     }
 

@@ -1,0 +1,313 @@
+//! `hcp-olm-tunnel`: the WireGuard tunnel endpoint in TUN mode (for places that allow
+//! NET_ADMIN): a TUN device carrying our tunnel address, routes for the configured prefixes
+//! (the guest service and pod CIDRs) into it, and one WireGuard peer over UDP.
+//!
+//! Wiring only: config, device, socket, admin endpoints, signals. Exit codes: 0 after a clean
+//! drain, 64 on config errors (the message names the field), 1 otherwise.
+//! Addresses and routes are set with iproute2 (`ip`), which the image must carry.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use clap::Parser;
+use hcp_olm_guest_agent::tunnel::config::{self, TunnelConfig};
+use hcp_olm_guest_agent::tunnel::tun::{TunOptions, TunTunnel};
+use hcp_olm_guest_agent::tunnel::{DropReason, Peer, PeerStatus};
+use tokio::net::{TcpListener, UdpSocket};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+const EX_CONFIG: u8 = 64;
+/// A session older than this is gone (WireGuard's REJECT_AFTER_TIME).
+const SESSION_LIFETIME: Duration = Duration::from_secs(180);
+
+#[derive(Debug, Parser)]
+#[command(version, about = "hcp-olm WireGuard tunnel endpoint (TUN mode)")]
+struct Args {
+    /// Config file (.toml, or .yaml/.yml).
+    #[arg(long, env = "HCP_OLM_TUNNEL_CONFIG")]
+    config: PathBuf,
+}
+
+#[derive(Clone)]
+struct AdminState {
+    ready: Arc<AtomicBool>,
+    dialer: bool,
+    status: watch::Receiver<PeerStatus>,
+    tun_name: Arc<str>,
+}
+
+fn main() -> ExitCode {
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(EX_CONFIG)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cfg = match config::load(&args.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("hcp-olm-tunnel: invalid configuration: {e}");
+            return ExitCode::from(EX_CONFIG);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("hcp-olm-tunnel: cannot start runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cfg)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "exiting");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn ip(args: &[&str]) -> anyhow::Result<()> {
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .with_context(|| format!("run ip {}", args.join(" ")))?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+async fn run(cfg: TunnelConfig) -> anyhow::Result<()> {
+    // Bind and configure everything first; only then report ready.
+    let socket = UdpSocket::bind(cfg.listen)
+        .await
+        .with_context(|| format!("bind udp {}", cfg.listen))?;
+    let listen = socket.local_addr()?;
+    let admin = match cfg.admin {
+        Some(a) => Some(
+            TcpListener::bind(a)
+                .await
+                .with_context(|| format!("bind admin {a}"))?,
+        ),
+        None => None,
+    };
+    let t = &cfg.tun;
+    let device = tun_rs::DeviceBuilder::new()
+        .name(&t.name)
+        .mtu(t.mtu)
+        .offload(t.offload)
+        .build_async()
+        .with_context(|| format!("create TUN device {} (needs NET_ADMIN)", t.name))?;
+    ip(&["addr", "replace", &t.address, "dev", &t.name])?;
+    ip(&[
+        "link",
+        "set",
+        "dev",
+        &t.name,
+        "mtu",
+        &t.mtu.to_string(),
+        "up",
+    ])?;
+    for r in &t.routes {
+        ip(&["route", "replace", r, "dev", &t.name])?;
+    }
+
+    let dialer = cfg.peer.endpoint.is_some();
+    let cancel = CancellationToken::new();
+    let tunnel = TunTunnel::spawn(
+        device,
+        socket,
+        Peer::new(cfg.peer.clone()),
+        TunOptions {
+            mtu: t.mtu,
+            offload: t.offload,
+        },
+        cancel.clone(),
+    )
+    .context("start TUN driver")?;
+
+    let ready = Arc::new(AtomicBool::new(true));
+    let admin_addr = match admin {
+        Some(listener) => {
+            let addr = listener.local_addr()?;
+            let state = AdminState {
+                ready: Arc::clone(&ready),
+                dialer,
+                status: tunnel.status.clone(),
+                tun_name: Arc::from(t.name.as_str()),
+            };
+            let app = Router::new()
+                .route("/healthz", get(|| async { "ok\n" }))
+                .route("/readyz", get(readyz))
+                .route("/metrics", get(metrics))
+                .with_state(state);
+            let admin_cancel = cancel.clone();
+            tokio::spawn(async move {
+                let r = axum::serve(listener, app)
+                    .with_graceful_shutdown(async move { admin_cancel.cancelled().await })
+                    .await;
+                if let Err(e) = r {
+                    tracing::error!(error = %e, "admin server failed");
+                }
+            });
+            Some::<SocketAddr>(addr)
+        }
+        None => None,
+    };
+    tracing::info!(
+        %listen, admin = ?admin_addr, tun = %t.name, address = %t.address,
+        routes = ?t.routes, offload = t.offload, peer = %cfg.peer.peer_public_key,
+        endpoint = ?cfg.peer.endpoint, "tunnel up"
+    );
+
+    let mut term = signal(SignalKind::terminate()).context("install SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("install SIGINT handler")?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: draining"),
+        _ = int.recv() => tracing::info!("SIGINT: draining"),
+    }
+    // Unready first so that nothing new is steered here, then let in-flight packets finish.
+    ready.store(false, Ordering::SeqCst);
+    tokio::time::sleep(cfg.drain_timeout.min(Duration::from_millis(200))).await;
+    match tokio::time::timeout(cfg.drain_timeout, tunnel.shutdown()).await {
+        Ok(s) => {
+            tracing::info!(
+                tx_bytes = s.tx_bytes,
+                rx_bytes = s.rx_bytes,
+                "drained; TUN device removed on exit"
+            );
+            Ok(())
+        }
+        Err(_) => anyhow::bail!("drain did not finish within {:?}", cfg.drain_timeout),
+    }
+}
+
+/// Ready when draining has not started and, on the dialing side, a session is live. The
+/// answering side is ready as soon as it listens (the peer must be able to reach it).
+async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
+    if !s.ready.load(Ordering::SeqCst) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "draining\n");
+    }
+    let live = s
+        .status
+        .borrow()
+        .handshake_age
+        .is_some_and(|a| a < SESSION_LIFETIME);
+    if s.dialer && !live {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no session with the peer\n",
+        );
+    }
+    (StatusCode::OK, "ready\n")
+}
+
+async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
+    use std::fmt::Write as _;
+    let st = s.status.borrow().clone();
+    let c = &st.counters;
+    let tun = &s.tun_name;
+    let mut b = String::new();
+    let mut counter = |name: &str, help: &str, v: u64| {
+        let _ = writeln!(b, "# TYPE {name} counter\n# HELP {name} {help}");
+        let _ = writeln!(b, "{name}_total{{tun=\"{tun}\"}} {v}");
+    };
+    counter(
+        "hcp_olm_tunnel_datagrams_in",
+        "WireGuard datagrams received.",
+        c.datagrams_in,
+    );
+    counter(
+        "hcp_olm_tunnel_datagrams_out",
+        "WireGuard datagrams sent.",
+        c.datagrams_out,
+    );
+    counter(
+        "hcp_olm_tunnel_bytes_in",
+        "WireGuard datagram bytes received.",
+        c.bytes_in,
+    );
+    counter(
+        "hcp_olm_tunnel_bytes_out",
+        "WireGuard datagram bytes sent.",
+        c.bytes_out,
+    );
+    counter(
+        "hcp_olm_tunnel_packets_delivered",
+        "IP packets written to the TUN device.",
+        c.packets_delivered,
+    );
+    counter(
+        "hcp_olm_tunnel_packets_sent",
+        "IP packets read from the TUN device and encapsulated.",
+        c.packets_sent,
+    );
+    counter("hcp_olm_tunnel_roams", "Peer endpoint changes.", c.roams);
+    counter(
+        "hcp_olm_tunnel_dead_peer_restarts",
+        "Handshakes restarted after the peer went silent.",
+        c.dead_peer_restarts,
+    );
+    let _ = writeln!(
+        b,
+        "# TYPE hcp_olm_tunnel_dropped counter\n# HELP hcp_olm_tunnel_dropped Datagrams or packets dropped, by reason."
+    );
+    for r in DropReason::ALL {
+        let _ = writeln!(
+            b,
+            "hcp_olm_tunnel_dropped_total{{tun=\"{tun}\",reason=\"{}\"}} {}",
+            r.as_str(),
+            c.dropped(r)
+        );
+    }
+    let _ = writeln!(
+        b,
+        "# TYPE hcp_olm_tunnel_handshake_age_seconds gauge\n# HELP hcp_olm_tunnel_handshake_age_seconds Age of the current session's handshake (-1 without a session)."
+    );
+    let age = st.handshake_age.map_or(-1.0, |a| a.as_secs_f64());
+    let _ = writeln!(
+        b,
+        "hcp_olm_tunnel_handshake_age_seconds{{tun=\"{tun}\"}} {age}"
+    );
+    b.push_str("# EOF\n");
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        b,
+    )
+}
