@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 export HCP_OLM_CACHE ?= $(HOME)/.cache/hcp-olm
 
-.PHONY: help build lint fmt tools tools-bench test fuzz demo bench-catalog bench-controller
+.PHONY: help build lint fmt tools tools-bench test fuzz demo bench-catalog bench-controller bench-tunnel
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -44,6 +44,12 @@ demo: tools ## the end-to-end scenario with real OLM on two local control planes
 
 bench-catalog: tools ## our catalog server vs opm serve on the large real catalog (prints catalog-bench: ...)
 	scripts/bench-catalog.sh
+
+BENCH_ROUNDS ?= 3
+BENCH_SECONDS ?= 6
+
+bench-tunnel: ## TUN mode vs wireguard-go, iperf3 single stream (prints tunnel-bench: ...; the catalog and DNS legs print na)
+	scripts/bench-tunnel.sh $(BENCH_ROUNDS) $(BENCH_SECONDS)
 
 BENCH_N ?= 100
 IDLE_SECONDS ?= 300

@@ -1,0 +1,218 @@
+#!/usr/bin/env bash
+# Tunnel benchmark (not a test), same run, same machine. Two legs today:
+# - TUN mode: iperf3 single-stream TCP through our `hcp-olm-tunnel` pair against a
+#   wireguard-go pair, each pair in two fresh network namespaces joined by a veth (MTU 1500,
+#   tunnel MTU 1420), rounds alternating, medians compared.
+# - DNS, cached answers: dnsperf (4 clients, SECONDS per run, after a warm-up) against our
+#   split-DNS engine (`hcp-olm-dns`, the engine the gateway embeds), dnsmasq and CoreDNS, all
+#   three configured for the same split (svc.cluster.local -> a "guest" dnsmasq, the rest ->
+#   a "management" dnsmasq, answers with TTL 300, caching on), on loopback, rounds alternating.
+# Per-run figures go to stderr; the last line is
+#   tunnel-bench: catalog_vs_konnectivity=na rpc_p99_vs_konnectivity=na tun_vs_wireguard_go=<r> dns_cached_vs_dnsmasq=<r> dns_cached_vs_coredns=<r>
+# (`na`: the catalog-vs-Konnectivity leg is not built yet; see docs/tunnel.md).
+# Usage: scripts/bench-tunnel.sh [ROUNDS] [SECONDS]
+set -euo pipefail
+umask 077
+root="$(cd "$(dirname "$0")/.." && pwd)"
+rounds="${1:-3}"
+secs="${2:-6}"
+for t in iperf3 wireguard-go wg ip python3 dnsperf dnsmasq; do
+  command -v "$t" >/dev/null || { echo "bench-tunnel: $t not installed" >&2; exit 1; }
+done
+[[ $(id -u) == 0 ]] || { echo "bench-tunnel: needs root (network namespaces)" >&2; exit 1; }
+cd "$root"
+echo "bench-tunnel: building hcp-olm-tunnel (release)" >&2
+cargo build --release -q -p hcp-olm-guest-agent --bin hcp-olm-tunnel --bin hcp-olm-dns
+tunnel="${CARGO_TARGET_DIR:-$root/target}/release/hcp-olm-tunnel"
+ourdns="${CARGO_TARGET_DIR:-$root/target}/release/hcp-olm-dns"
+coredns="${HCP_OLM_TOOLS_DIR:-${HCP_OLM_CACHE:-$HOME/.cache/hcp-olm}/bin}/coredns"
+[[ -x "$coredns" ]] || { echo "bench-tunnel: CoreDNS not built: run 'make tools-bench'" >&2; exit 1; }
+
+tag="bt$$"
+na="${tag}a" nb="${tag}b"
+work="$(mktemp -d /tmp/hcp-olm-bench-tunnel-XXXXXX)"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do
+    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$p" 2>/dev/null || true
+  done
+  pids=()
+  ip netns del "$na" 2>/dev/null || true
+  ip netns del "$nb" 2>/dev/null || true
+  rm -f /var/run/wireguard/"${tag}"*.sock
+}
+trap 'cleanup; rm -rf "$work"' EXIT
+
+A=198.18.46.1 B=198.18.46.2 TA=198.18.47.1 TB=198.18.47.2 PORT=51820
+
+netns_up() {
+  ip netns add "$na"; ip netns add "$nb"
+  ip link add "${tag}va" netns "$na" type veth peer name "${tag}vb" netns "$nb"
+  ip -n "$na" addr add "$A/30" dev "${tag}va"; ip -n "$nb" addr add "$B/30" dev "${tag}vb"
+  for n in "$na" "$nb"; do ip -n "$n" link set lo up; done
+  ip -n "$na" link set "${tag}va" up; ip -n "$nb" link set "${tag}vb" up
+}
+
+keys() {
+  wg genkey > "$work/a.key"; wg pubkey < "$work/a.key" > "$work/a.pub"
+  wg genkey > "$work/b.key"; wg pubkey < "$work/b.key" > "$work/b.pub"
+}
+
+wggo_up() {  # netns ifname key peer_pub addr peer_tunnel endpoint
+  local ns=$1 ifn=$2 key=$3 peer=$4 addr=$5 ptun=$6 ep=$7
+  WG_PROCESS_FOREGROUND=1 ip netns exec "$ns" wireguard-go -f "$ifn" >"$work/$ifn.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 100); do [[ -S /var/run/wireguard/$ifn.sock ]] && break; sleep 0.1; done
+  local epargs=()
+  [[ -n "$ep" ]] && epargs=(endpoint "$ep")
+  ip netns exec "$ns" wg set "$ifn" private-key "$key" listen-port $PORT peer "$(cat "$peer")" allowed-ips "$ptun/32" "${epargs[@]}"
+  ip -n "$ns" addr add "$addr/24" dev "$ifn"
+  ip -n "$ns" link set "$ifn" mtu 1420 up
+}
+
+ours_up() {  # netns ifname key peer_pub addr peer_tunnel endpoint admin_port
+  local ns=$1 ifn=$2 key=$3 peer=$4 addr=$5 ptun=$6 ep=$7 listen=$8
+  local cfg="$work/$ifn.toml"
+  {
+    echo "listen = \"$listen:$PORT\""
+    echo "admin = \"127.0.0.1:9313\""
+    echo "private_key_file = \"$key\""
+    echo "[tun]"; echo "name = \"$ifn\""; echo "address = \"$addr/24\""; echo "routes = []"
+    echo "[peer]"; echo "public_key = \"$(cat "$peer")\""
+    [[ -n "$ep" ]] && { echo "endpoint = \"$ep\""; echo "persistent_keepalive = 5"; }
+    echo "allowed_ips = [\"$ptun/32\"]"
+  } > "$cfg"
+  ip netns exec "$ns" "$tunnel" --config "$cfg" >"$work/$ifn.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 100); do grep -q "tunnel up" "$work/$ifn.log" 2>/dev/null && break; sleep 0.1; done
+}
+
+iperf() {  # prints Mbit/s of one single-stream run A -> B through the tunnel
+  ip netns exec "$nb" iperf3 -s -1 -B "$TB" -p 5201 >/dev/null 2>&1 &
+  local srv=$!
+  pids+=($srv)
+  sleep 0.5
+  # first ping-like probe: let the handshake finish before timing
+  for _ in $(seq 50); do ip netns exec "$na" bash -c "echo > /dev/tcp/$TB/5201" 2>/dev/null && break; sleep 0.2; done
+  sleep 0.3
+  ip netns exec "$nb" iperf3 -s -1 -B "$TB" -p 5202 >/dev/null 2>&1 &
+  pids+=($!)
+  sleep 0.3
+  ip netns exec "$na" timeout $((secs + 15)) iperf3 -c "$TB" -p 5202 -t "$secs" -J 2>/dev/null |
+    python3 -c 'import json,sys; d=json.load(sys.stdin); e=d["end"]; print("%.1f" % (e["sum_received"]["bits_per_second"]/1e6)); print("bench-tunnel:   retransmits %s, sender cpu %.0f%%, receiver cpu %.0f%%" % (e["sum_sent"].get("retransmits"), e["cpu_utilization_percent"]["host_total"], e["cpu_utilization_percent"]["remote_total"]), file=sys.stderr)'
+}
+
+run_pair() {  # kind -> Mbit/s
+  netns_up
+  if [[ $1 == wggo ]]; then
+    wggo_up "$nb" "${tag}wb" "$work/b.key" "$work/a.pub" "$TB" "$TA" ""
+    wggo_up "$na" "${tag}wa" "$work/a.key" "$work/b.pub" "$TA" "$TB" "$B:$PORT"
+  else
+    ours_up "$nb" "${tag}ob" "$work/b.key" "$work/a.pub" "$TB" "$TA" "" "$B"
+    ours_up "$na" "${tag}oa" "$work/a.key" "$work/b.pub" "$TA" "$TB" "$B:$PORT" "$A"
+  fi
+  local r
+  r="$(iperf || echo 0)"
+  cleanup
+  echo "${r:-0}"
+}
+
+# --- DNS leg -------------------------------------------------------------------------------
+dns_pids=()
+dns_stop() {
+  for p in "${dns_pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${dns_pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  dns_pids=()
+}
+dns_bg() { "$@" >>"$work/dns.log" 2>&1 & dns_pids+=($!); pids+=($!); }
+
+dns_setup() {
+  # upstreams: "management" answers *.bench.mgmt, "guest" answers *.svc.cluster.local
+  dns_bg dnsmasq --no-daemon --conf-file=/dev/null --no-resolv --no-hosts --bind-interfaces \
+    --listen-address=127.0.0.1 --port=5401 --local-ttl=300 --address=/bench.mgmt/198.18.60.1 --pid-file=
+  dns_bg dnsmasq --no-daemon --conf-file=/dev/null --no-resolv --no-hosts --bind-interfaces \
+    --listen-address=127.0.0.1 --port=5403 --local-ttl=300 --address=/svc.cluster.local/198.19.60.1 --pid-file=
+  cat >"$work/ours.yaml" <<EOF_
+listen: 127.0.0.1:5402
+dns:
+  cluster_domain: cluster.local
+  upstreams: { local: ["127.0.0.1:5401"], guest: ["127.0.0.1:5403"] }
+  rules:
+    - { suffix: svc.cluster.local, owner: guest }
+    - { suffix: ".", owner: local }
+EOF_
+  cat >"$work/Corefile" <<EOF_
+svc.cluster.local:5405 {
+  bind 127.0.0.1
+  cache 300
+  forward . 127.0.0.1:5403
+}
+.:5405 {
+  bind 127.0.0.1
+  cache 300
+  forward . 127.0.0.1:5401
+}
+EOF_
+  dns_bg "$ourdns" --config "$work/ours.yaml"
+  dns_bg dnsmasq --no-daemon --conf-file=/dev/null --no-resolv --no-hosts --bind-interfaces \
+    --listen-address=127.0.0.1 --port=5404 --cache-size=10000 --pid-file= \
+    --server=/svc.cluster.local/127.0.0.1#5403 --server=127.0.0.1#5401
+  dns_bg "$coredns" -conf "$work/Corefile"
+  : >"$work/queries"
+  for i in $(seq 25); do
+    echo "host$i.bench.mgmt A" >>"$work/queries"
+    echo "cat$i.ns$i.svc.cluster.local A" >>"$work/queries"
+  done
+  sleep 1.5
+}
+
+dnsperf_qps() {  # port seconds -> qps (avg latency on stderr)
+  local out
+  out="$(dnsperf -s 127.0.0.1 -p "$1" -d "$work/queries" -c 4 -l "$2" 2>&1)"
+  local qps lat lost codes
+  qps="$(awk '/Queries per second:/ {print $4}' <<<"$out")"
+  lat="$(awk '/Average Latency/ {print $4}' <<<"$out")"
+  lost="$(awk '/Queries lost:/ {print $3}' <<<"$out")"
+  codes="$(awk -F': ' '/Response codes:/ {print $2}' <<<"$out" | sed 's/^ *//')"
+  echo "bench-tunnel:   ${3:-run} port $1 ($4): ${qps:-0} qps, avg latency ${lat:-?} s, lost ${lost:-?}, codes ${codes:-?}" >&2
+  # only answers count: a server that fails fast must not look fast
+  if [[ "$codes" != NOERROR* ]] || [[ "$codes" == *SERVFAIL* || "$codes" == *NXDOMAIN* || "$codes" == *REFUSED* ]]; then
+    echo "bench-tunnel: port $1 ($4) answered with errors: $codes" >&2
+    echo 0
+    return
+  fi
+  echo "${qps:-0}"
+}
+
+median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+
+keys
+ours=() wggo=()
+for i in $(seq "$rounds"); do
+  w="$(run_pair wggo)"; wggo+=("$w")
+  o="$(run_pair ours)"; ours+=("$o")
+  echo "bench-tunnel: round $i: wireguard-go ${w} Mbit/s, ours ${o} Mbit/s (iperf3 single stream, ${secs}s)" >&2
+done
+mo="$(median "${ours[@]}")" mw="$(median "${wggo[@]}")"
+ratio="$(python3 -c "print('%.3f' % ($mo / $mw) if $mw > 0 else 'na')")"
+echo "tun-bench: ours_mbit=$mo wireguard_go_mbit=$mw tun_vs_wireguard_go=$ratio" >&2
+
+echo "bench-tunnel: DNS, cached answers (dnsperf -c 4, ${secs}s per run)" >&2
+dns_setup
+dnsperf_qps 5402 2 warm-up ours >/dev/null
+dnsperf_qps 5404 2 warm-up dnsmasq >/dev/null
+dnsperf_qps 5405 2 warm-up coredns >/dev/null
+dq_ours=() dq_dnsmasq=() dq_coredns=()
+for i in $(seq "$rounds"); do
+  dq_ours+=("$(dnsperf_qps 5402 "$secs" "round $i" ours)")
+  dq_dnsmasq+=("$(dnsperf_qps 5404 "$secs" "round $i" dnsmasq)")
+  dq_coredns+=("$(dnsperf_qps 5405 "$secs" "round $i" coredns)")
+done
+dns_stop
+qo="$(median "${dq_ours[@]}")" qd="$(median "${dq_dnsmasq[@]}")" qc="$(median "${dq_coredns[@]}")"
+r_dnsmasq="$(python3 -c "print('%.3f' % ($qo / $qd) if $qd > 0 else 'na')")"
+r_coredns="$(python3 -c "print('%.3f' % ($qo / $qc) if $qc > 0 else 'na')")"
+echo "dns-bench: ours_qps=$qo dnsmasq_qps=$qd coredns_qps=$qc" >&2
+echo "tunnel-bench: catalog_vs_konnectivity=na rpc_p99_vs_konnectivity=na tun_vs_wireguard_go=$ratio dns_cached_vs_dnsmasq=$r_dnsmasq dns_cached_vs_coredns=$r_coredns"
