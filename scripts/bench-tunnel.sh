@@ -1,5 +1,12 @@
 #!/usr/bin/env bash
-# Tunnel benchmark (not a test), same run, same machine. Two legs today:
+# Tunnel benchmark (not a test), same run, same machine. Three legs:
+# - Catalog path: a management namespace M and a guest namespace G joined by a veth; `opm serve`
+#   of the large real catalog in G behind a guest Service name (dnsmasq in G). A client in M
+#   (cli/examples/catalog-rpc-bench.rs: full ListBundles stream, repeated, then sequential
+#   GetPackage calls) reads it through our gateway (HTTP CONNECT, WireGuard to our agent in G)
+#   and through Konnectivity (proxy-server in M in http-connect mode on a Unix socket, as
+#   HyperShift's clients reach it, proxy-agent in G over mTLS to the server); `direct` is the
+#   same client inside G.
 # - TUN mode: iperf3 single-stream TCP through our `hcp-olm-tunnel` pair against a
 #   wireguard-go pair, each pair in two fresh network namespaces joined by a veth (MTU 1500,
 #   tunnel MTU 1420), rounds alternating, medians compared.
@@ -8,8 +15,7 @@
 #   three configured for the same split (svc.cluster.local -> a "guest" dnsmasq, the rest ->
 #   a "management" dnsmasq, answers with TTL 300, caching on), on loopback, rounds alternating.
 # Per-run figures go to stderr; the last line is
-#   tunnel-bench: catalog_vs_konnectivity=na rpc_p99_vs_konnectivity=na tun_vs_wireguard_go=<r> dns_cached_vs_dnsmasq=<r> dns_cached_vs_coredns=<r>
-# (`na`: the catalog-vs-Konnectivity leg is not built yet; see docs/tunnel.md).
+#   tunnel-bench: catalog_vs_konnectivity=<r> rpc_p99_vs_konnectivity=<r> tun_vs_wireguard_go=<r> dns_cached_vs_dnsmasq=<r> dns_cached_vs_coredns=<r>
 # Usage: scripts/bench-tunnel.sh [ROUNDS] [SECONDS]
 set -euo pipefail
 umask 077
@@ -22,7 +28,15 @@ done
 [[ $(id -u) == 0 ]] || { echo "bench-tunnel: needs root (network namespaces)" >&2; exit 1; }
 cd "$root"
 echo "bench-tunnel: building hcp-olm-tunnel (release)" >&2
-cargo build --release -q -p hcp-olm-guest-agent --bin hcp-olm-tunnel --bin hcp-olm-dns
+cargo build --release -q -p hcp-olm-guest-agent --bin hcp-olm-tunnel --bin hcp-olm-dns \
+  --bin hcp-olm-gateway --bin hcp-olm-agent
+cargo build --release -q -p hcp-olm-cli --example catalog-rpc-bench
+rel="${CARGO_TARGET_DIR:-$root/target}/release"
+tools="${HCP_OLM_TOOLS_DIR:-${HCP_OLM_CACHE:-$HOME/.cache/hcp-olm}/bin}"
+for b in opm proxy-server proxy-agent; do
+  [[ -x "$tools/$b" ]] || { echo "bench-tunnel: $tools/$b missing: run 'make tools-bench'" >&2; exit 1; }
+done
+catalog="${HCP_OLM_BENCH_CATALOG:-$root/../shared/fixtures/catalogs/large}"
 tunnel="${CARGO_TARGET_DIR:-$root/target}/release/hcp-olm-tunnel"
 ourdns="${CARGO_TARGET_DIR:-$root/target}/release/hcp-olm-dns"
 coredns="${HCP_OLM_TOOLS_DIR:-${HCP_OLM_CACHE:-$HOME/.cache/hcp-olm}/bin}/coredns"
@@ -43,7 +57,7 @@ cleanup() {
   ip netns del "$nb" 2>/dev/null || true
   rm -f /var/run/wireguard/"${tag}"*.sock
 }
-trap 'cleanup; rm -rf "$work"' EXIT
+trap 'catalog_stop; rm -rf "$work"' EXIT
 
 A=198.18.46.1 B=198.18.46.2 TA=198.18.47.1 TB=198.18.47.2 PORT=51820
 
@@ -117,6 +131,108 @@ run_pair() {  # kind -> Mbit/s
   r="$(iperf || echo 0)"
   cleanup
   echo "${r:-0}"
+}
+
+# --- catalog leg ---------------------------------------------------------------------------
+M_ADDR=198.18.48.1 G_ADDR=198.18.48.2 CAT_IP=198.18.49.10 GDNS_IP=198.18.49.53
+CAT_NAME=cat.bench.svc.cluster.local
+nm="${tag}m" ng="${tag}g"
+cat_bg() { "$@" >>"$work/catalog.log" 2>&1 & pids+=($!); }
+catalog_setup() {
+  ip netns add "$nm"; ip netns add "$ng"
+  ip link add "${tag}vm" netns "$nm" type veth peer name "${tag}vg" netns "$ng"
+  ip -n "$nm" addr add "$M_ADDR/30" dev "${tag}vm"; ip -n "$ng" addr add "$G_ADDR/30" dev "${tag}vg"
+  for n in "$nm" "$ng"; do ip -n "$n" link set lo up; done
+  ip -n "$nm" link set "${tag}vm" up; ip -n "$ng" link set "${tag}vg" up
+  ip -n "$ng" addr add "$CAT_IP/32" dev lo; ip -n "$ng" addr add "$GDNS_IP/32" dev lo
+  mkdir -p "/etc/netns/$ng"; echo "nameserver $GDNS_IP" > "/etc/netns/$ng/resolv.conf"
+  cat_bg ip netns exec "$ng" dnsmasq --no-daemon --conf-file=/dev/null --no-resolv --no-hosts \
+    --bind-interfaces --listen-address="$GDNS_IP" --pid-file= --host-record="$CAT_NAME,$CAT_IP"
+  # The servable part of the catalog: opm refuses a few packages of the real catalog
+  # (stranded bundles); leave those out, as the catalog benchmark does.
+  mkdir -p "$work/catalog"
+  # (copies, hard-linked where possible: opm does not follow directory symlinks)
+  for d in "$catalog"/*/; do cp -al "${d%/}" "$work/catalog/" 2>/dev/null || cp -r "${d%/}" "$work/catalog/"; done
+  local out bad left=()
+  for _ in $(seq 40); do
+    if out="$("$tools/opm" serve "$work/catalog" --cache-only --pprof-addr= \
+        --cache-dir "$work/opm-cache" --cache-enforce-integrity=false 2>&1)"; then
+      break
+    fi
+    bad="$(sed -n 's/.*process package \\"\([^\\]*\)\\".*/\1/p' <<<"$out" | head -1)"
+    [[ -n "$bad" && -d "$work/catalog/$bad" ]] || { echo "bench-tunnel: opm: $out" >&2; break; }
+    rm -rf "${work:?}/catalog/$bad" "$work/opm-cache"; left+=("$bad")
+  done
+  echo "bench-tunnel:   catalog $(basename "$catalog"): $(ls "$work/catalog" | wc -l) packages (left out, refused by opm: ${left[*]:-none})" >&2
+  cat_bg ip netns exec "$ng" "$tools/opm" serve "$work/catalog" --port 50051 --pprof-addr= \
+    --cache-dir "$work/opm-cache" --cache-enforce-integrity=false
+  wg genkey > "$work/gw.key"; wg genkey > "$work/ag.key"
+  cat >"$work/gateway.json" <<EOF_
+{ "listen_port": 51820, "private_key_file": "$work/gw.key",
+  "agent_public_key": "$(wg pubkey < "$work/ag.key")",
+  "tunnel_address": "100.127.255.1/30", "agent_tunnel_address": "100.127.255.2/30",
+  "guest_cidrs": ["198.18.49.0/24"], "hcp_namespace": "clusters-bench",
+  "connect_listen": "127.0.0.1:3128", "health_listen": "127.0.0.1:9090",
+  "dns": { "local_upstreams": ["127.0.0.1:5354"] },
+  "allowed_services": [{ "namespace": "bench", "name": "*", "port": 50051 }],
+  "exposed_services": [] }
+EOF_
+  cat >"$work/agent.json" <<EOF_
+{ "gateway_endpoint": "$M_ADDR:51820", "gateway_public_key": "$(wg pubkey < "$work/gw.key")",
+  "private_key_file": "$work/ag.key",
+  "tunnel_address": "100.127.255.2/30", "gateway_tunnel_address": "100.127.255.1/30",
+  "persistent_keepalive_seconds": 10,
+  "allowed_services": [{ "namespace": "*", "name": "*", "port": 50051 }],
+  "allowed_cidrs": ["198.18.49.0/24"], "guest_dns": ["$GDNS_IP"],
+  "exposed_services": [], "health_listen": "127.0.0.1:9091" }
+EOF_
+  cat_bg ip netns exec "$nm" "$rel/hcp-olm-gateway" --config "$work/gateway.json"
+  cat_bg ip netns exec "$ng" "$rel/hcp-olm-agent" --config "$work/agent.json"
+  # Konnectivity's agent link is mTLS: a throwaway CA, a server cert for M_ADDR, an agent cert
+  local k="$work/konn"; mkdir -p "$k"
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout "$k/ca.key" -out "$k/ca.crt" -subj /CN=bench-ca -days 1 2>/dev/null
+  for who in server agent; do
+    openssl req -newkey rsa:2048 -nodes -keyout "$k/$who.key" -out "$k/$who.csr" -subj "/CN=proxy-$who" 2>/dev/null
+    printf 'subjectAltName=IP:%s\nextendedKeyUsage=serverAuth,clientAuth\n' "$M_ADDR" > "$k/$who.ext"
+    openssl x509 -req -in "$k/$who.csr" -CA "$k/ca.crt" -CAkey "$k/ca.key" -CAcreateserial \
+      -out "$k/$who.crt" -days 1 -extfile "$k/$who.ext" 2>/dev/null
+  done
+  cat_bg ip netns exec "$nm" "$tools/proxy-server" --mode=http-connect --server-port=0 \
+    --uds-name="$k/konn.sock" --agent-port=8091 --admin-port=8095 --health-port=8092 \
+    --server-count=1 --cluster-cert="$k/server.crt" --cluster-key="$k/server.key" \
+    --cluster-ca-cert="$k/ca.crt"
+  cat_bg ip netns exec "$ng" "$tools/proxy-agent" --proxy-server-host="$M_ADDR" \
+    --proxy-server-port=8091 --admin-server-port=8094 --health-server-port=8093 \
+    --ca-cert="$k/ca.crt" --agent-cert="$k/agent.crt" --agent-key="$k/agent.key"
+  echo "bench-tunnel: catalog leg: waiting for opm (large catalog) and both tunnels" >&2
+  local ok
+  for path in "$ng $CAT_NAME:50051 -" "$nm $CAT_NAME:50051 127.0.0.1:3128" "$nm $CAT_NAME:50051 unix:$k/konn.sock"; do
+    read -r ns addr proxy <<<"$path"
+    ok=no
+    for _ in $(seq 240); do
+      if ip netns exec "$ns" "$rel/examples/catalog-rpc-bench" "$addr" "$proxy" 0 1 >/dev/null 2>>"$work/catalog.log"; then
+        ok=yes; break
+      fi
+      sleep 0.5
+    done
+    echo "bench-tunnel:   path via ${proxy} ready: $ok" >&2
+  done
+}
+rpc_bench() {  # label netns addr proxy -> "mbit p99" (figures on stderr)
+  local out
+  out="$(ip netns exec "$2" timeout 300 "$rel/examples/catalog-rpc-bench" "$3" "$4" 3 500 2>>"$work/catalog.log" | tail -1)"
+  echo "bench-tunnel:   $1: ${out:-failed}" >&2
+  [[ -n "$out" ]] || grep -E -m6 "panicked|rror" "$work/catalog.log" | cut -c1-300 | sed 's/^/bench-tunnel:     /' >&2
+  local mbit p99
+  mbit="$(sed -n 's/.*mbit_per_s=\([0-9.]*\).*/\1/p' <<<"$out")"
+  p99="$(sed -n 's/.*small_p99_ms=\([0-9.]*\).*/\1/p' <<<"$out")"
+  echo "${mbit:-0} ${p99:-0}"
+}
+catalog_stop() {
+  cleanup
+  ip netns del "$nm" 2>/dev/null || true
+  ip netns del "$ng" 2>/dev/null || true
+  rm -rf "/etc/netns/$ng"
 }
 
 # --- DNS leg -------------------------------------------------------------------------------
@@ -199,6 +315,21 @@ mo="$(median "${ours[@]}")" mw="$(median "${wggo[@]}")"
 ratio="$(python3 -c "print('%.3f' % ($mo / $mw) if $mw > 0 else 'na')")"
 echo "tun-bench: ours_mbit=$mo wireguard_go_mbit=$mw tun_vs_wireguard_go=$ratio" >&2
 
+echo "bench-tunnel: catalog path: ListBundles of $(basename "$catalog") x3 and 500 GetPackage, per round" >&2
+catalog_setup
+c_ours=() c_konn=() c_direct=() p_ours=() p_konn=() p_direct=()
+for i in $(seq "$rounds"); do
+  read -r m p <<<"$(rpc_bench "round $i ours (gateway+agent, CONNECT)" "$nm" "$CAT_NAME:50051" 127.0.0.1:3128)"; c_ours+=("$m"); p_ours+=("$p")
+  read -r m p <<<"$(rpc_bench "round $i konnectivity (http-connect, UDS)" "$nm" "$CAT_NAME:50051" "unix:$work/konn/konn.sock")"; c_konn+=("$m"); p_konn+=("$p")
+  read -r m p <<<"$(rpc_bench "round $i direct (client in G)" "$ng" "$CAT_NAME:50051" -)"; c_direct+=("$m"); p_direct+=("$p")
+done
+catalog_stop
+co="$(median "${c_ours[@]}")" ck="$(median "${c_konn[@]}")" cd_="$(median "${c_direct[@]}")"
+po="$(median "${p_ours[@]}")" pk="$(median "${p_konn[@]}")" pd="$(median "${p_direct[@]}")"
+r_cat="$(python3 -c "print('%.3f' % ($co / $ck) if $ck > 0 and $co > 0 else 'na')")"
+r_p99="$(python3 -c "print('%.3f' % ($po / $pk) if $pk > 0 and $po > 0 else 'na')")"
+echo "catalog-bench-path: ours_mbit=$co konn_mbit=$ck direct_mbit=$cd_ ours_p99_ms=$po konn_p99_ms=$pk direct_p99_ms=$pd" >&2
+
 echo "bench-tunnel: DNS, cached answers (dnsperf -c 4, ${secs}s per run)" >&2
 dns_setup
 dnsperf_qps 5402 2 warm-up ours >/dev/null
@@ -215,4 +346,4 @@ qo="$(median "${dq_ours[@]}")" qd="$(median "${dq_dnsmasq[@]}")" qc="$(median "$
 r_dnsmasq="$(python3 -c "print('%.3f' % ($qo / $qd) if $qd > 0 else 'na')")"
 r_coredns="$(python3 -c "print('%.3f' % ($qo / $qc) if $qc > 0 else 'na')")"
 echo "dns-bench: ours_qps=$qo dnsmasq_qps=$qd coredns_qps=$qc" >&2
-echo "tunnel-bench: catalog_vs_konnectivity=na rpc_p99_vs_konnectivity=na tun_vs_wireguard_go=$ratio dns_cached_vs_dnsmasq=$r_dnsmasq dns_cached_vs_coredns=$r_coredns"
+echo "tunnel-bench: catalog_vs_konnectivity=$r_cat rpc_p99_vs_konnectivity=$r_p99 tun_vs_wireguard_go=$ratio dns_cached_vs_dnsmasq=$r_dnsmasq dns_cached_vs_coredns=$r_coredns"

@@ -172,6 +172,9 @@ async fn handle_inbound(sh: Arc<Shared>, c: TcpConn) {
     };
     match tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect(target)).await {
         Ok(Ok(os)) => {
+            // Relayed bytes are the client's writes: send them as they come (Nagle would hold
+            // the second frame of a gRPC request for the catalog's delayed ACK, ~40 ms).
+            let _ = os.set_nodelay(true);
             sh.metrics.conn(Proto::tunnel, ConnResult::ok);
             if target.port() == DNS_PORT && c.local.ip() == sh.s.tunnel.0 {
                 sh.dns_queries

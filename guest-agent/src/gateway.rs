@@ -392,7 +392,10 @@ async fn dial(sh: &Shared, r: Route) -> std::io::Result<Dialed> {
         Route::Local(a) => tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect(a))
             .await
             .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?
-            .map(Dialed::Local),
+            .map(|s| {
+                let _ = s.set_nodelay(true);
+                Dialed::Local(s)
+            }),
     }
 }
 
@@ -591,6 +594,7 @@ async fn handle_inbound(sh: Arc<Shared>, c: TcpConn) {
     };
     match tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect(addr)).await {
         Ok(Ok(os)) => {
+            let _ = os.set_nodelay(true);
             sh.metrics.conn(Proto::exposed, ConnResult::ok);
             let _ = c.relay(os).await;
         }
