@@ -48,7 +48,7 @@ bench-catalog: tools ## our catalog server vs opm serve on the large real catalo
 BENCH_ROUNDS ?= 3
 BENCH_SECONDS ?= 6
 
-bench-tunnel: ## TUN mode vs wireguard-go, iperf3 single stream (prints tunnel-bench: ...; the catalog and DNS legs print na)
+bench-tunnel: tools-bench ## catalog path vs Konnectivity, TUN mode vs wireguard-go, cached DNS vs dnsmasq/CoreDNS (prints tunnel-bench: ...)
 	scripts/bench-tunnel.sh $(BENCH_ROUNDS) $(BENCH_SECONDS)
 
 BENCH_N ?= 100
