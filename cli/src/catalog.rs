@@ -29,7 +29,8 @@ pub struct CatalogArgs {
     /// Give up on a catalog after this long (connect and each call), e.g. 5s, 500ms.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub timeout: Duration,
-    /// HTTP CONNECT proxy (host:port or http://host:port) to reach the catalogs through.
+    /// HTTP CONNECT proxy to reach the catalogs through: host:port, http://host:port, or
+    /// unix:/path for a proxy on a Unix socket (Konnectivity's proxy-server).
     #[arg(long, env = "HCP_OLM_CATALOG_PROXY")]
     pub proxy: Option<String>,
     /// Output format.

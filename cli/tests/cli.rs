@@ -308,40 +308,10 @@ fn browses_through_http_connect_proxy() {
     let seen = Arc::clone(&tunnels);
     rt.spawn(async move {
         for _ in 0..16 {
-            let Ok((mut c, _)) = listener.accept().await else {
+            let Ok((c, _)) = listener.accept().await else {
                 return;
             };
-            let seen = Arc::clone(&seen);
-            tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut b = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") && head.len() < 4096 {
-                    if c.read(&mut b).await.unwrap_or(0) == 0 {
-                        return;
-                    }
-                    head.push(b[0]);
-                }
-                let text = String::from_utf8_lossy(&head).into_owned();
-                let target = text
-                    .split_whitespace()
-                    .nth(1)
-                    .unwrap_or_default()
-                    .to_string();
-                // Loopback targets only.
-                if !text.starts_with("CONNECT ") || !target.starts_with("127.0.0.1:") {
-                    let _ = c.write_all(b"HTTP/1.1 403 Forbidden\r\n\r\n").await;
-                    return;
-                }
-                let Ok(mut up) = tokio::net::TcpStream::connect(&target).await else {
-                    let _ = c.write_all(b"HTTP/1.1 502 Bad Gateway\r\n\r\n").await;
-                    return;
-                };
-                seen.fetch_add(1, Ordering::SeqCst);
-                let _ = c
-                    .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                    .await;
-                let _ = tokio::io::copy_bidirectional(&mut c, &mut up).await;
-            });
+            tokio::spawn(connect_proxy_session(c, Arc::clone(&seen)));
         }
     });
     let out = ok(&hcp_olm(&[
@@ -372,4 +342,70 @@ fn browses_through_http_connect_proxy() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("10.255.255.1:50051"), "{err}");
+
+    // The same proxy on a Unix socket (`unix:/path`, as Konnectivity's proxy-server offers).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock = dir.path().join("proxy.sock");
+    let ul = {
+        let _g = rt.enter();
+        tokio::net::UnixListener::bind(&sock).expect("bind unix")
+    };
+    let before = tunnels.load(Ordering::SeqCst);
+    let seen = Arc::clone(&tunnels);
+    rt.spawn(async move {
+        for _ in 0..16 {
+            let Ok((c, _)) = ul.accept().await else {
+                return;
+            };
+            tokio::spawn(connect_proxy_session(c, Arc::clone(&seen)));
+        }
+    });
+    let out = ok(&hcp_olm(&[
+        "catalog",
+        "-a",
+        &s.addr,
+        "--proxy",
+        &format!("unix:{}", sock.display()),
+        "packages",
+    ]));
+    assert!(out.contains("tigera-operator"), "{out}");
+    assert!(
+        tunnels.load(Ordering::SeqCst) > before,
+        "no tunnel went through the Unix-socket proxy"
+    );
+}
+
+/// A minimal CONNECT proxy session on `c`: loopback targets only, counted in `seen`.
+async fn connect_proxy_session<S>(mut c: S, seen: Arc<AtomicUsize>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && head.len() < 4096 {
+        if c.read(&mut b).await.unwrap_or(0) == 0 {
+            return;
+        }
+        head.push(b[0]);
+    }
+    let text = String::from_utf8_lossy(&head).into_owned();
+    let target = text
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_default()
+        .to_string();
+    // Loopback targets only.
+    if !text.starts_with("CONNECT ") || !target.starts_with("127.0.0.1:") {
+        let _ = c.write_all(b"HTTP/1.1 403 Forbidden\r\n\r\n").await;
+        return;
+    }
+    let Ok(mut up) = tokio::net::TcpStream::connect(&target).await else {
+        let _ = c.write_all(b"HTTP/1.1 502 Bad Gateway\r\n\r\n").await;
+        return;
+    };
+    seen.fetch_add(1, Ordering::SeqCst);
+    let _ = c
+        .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        .await;
+    let _ = tokio::io::copy_bidirectional(&mut c, &mut up).await;
 }
