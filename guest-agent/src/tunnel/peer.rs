@@ -249,6 +249,9 @@ pub struct Peer {
     last_restart: Option<Instant>,
     counters: Counters,
     buf: Box<[u8]>,
+    /// Where [`Peer::handle_datagram`] decapsulates into; separate from `buf`, which the
+    /// queue flush after a handshake needs at the same time.
+    rx_buf: Box<[u8]>,
 }
 
 impl std::fmt::Debug for Peer {
@@ -282,6 +285,7 @@ impl Peer {
             last_restart: None,
             counters: Counters::default(),
             buf: vec![0u8; BUF_LEN].into_boxed_slice(),
+            rx_buf: vec![0u8; BUF_LEN].into_boxed_slice(),
         }
     }
 
@@ -340,12 +344,12 @@ impl Peer {
         now: Instant,
         out: &mut Vec<Output>,
     ) -> Result<(), DropReason> {
-        let mut buf = std::mem::take(&mut self.buf);
-        let r = self.decapsulate_into(from, datagram, now, &mut buf, out);
+        let mut rx = std::mem::take(&mut self.rx_buf);
+        let r = self.decapsulate_into(from, datagram, now, &mut rx, out);
         if let Ok(Some(p)) = &r {
-            out.push(Output::Deliver(buf[p.clone()].to_vec()));
+            out.push(Output::Deliver(rx[p.clone()].to_vec()));
         }
-        self.buf = buf;
+        self.rx_buf = rx;
         r.map(|_| ())
     }
 
