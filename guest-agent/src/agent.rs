@@ -297,6 +297,8 @@ pub async fn run(s: AgentSettings) -> anyhow::Result<()> {
             if s.gateway_ip.is_ipv4() { 32 } else { 128 },
         )],
         index: rand::random(),
+        previous_private_keys: Vec::new(),
+        previous_peer_public_keys: Vec::new(),
     });
     let (handle, _tunnel_task) = driver::spawn(udp, peer, cancel.clone());
     // The policy needs the settings; share them through an Arc built before the stack.

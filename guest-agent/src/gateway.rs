@@ -710,6 +710,8 @@ pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
         dead_peer_timeout: None,
         allowed_ips: s.allowed_sources.clone(),
         index: rand::random(),
+        previous_private_keys: Vec::new(),
+        previous_peer_public_keys: Vec::new(),
     });
     let (handle, _tunnel_task) = driver::spawn(udp, peer, cancel.clone());
     let gw_ip = s.tunnel.0;

@@ -109,6 +109,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         dead_peer_timeout: Some(Duration::from_secs(args.dead_peer_timeout)),
         allowed_ips: vec![Cidr::new(args.target.into(), 32)],
         index: rand::random(),
+        previous_private_keys: Vec::new(),
+        previous_peer_public_keys: Vec::new(),
     });
     let socket = UdpSocket::bind(args.listen)
         .await

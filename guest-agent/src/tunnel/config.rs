@@ -270,6 +270,8 @@ pub fn parse(path: &Path, text: &str) -> Result<TunnelConfig, TunnelConfigError>
             dead_peer_timeout,
             allowed_ips,
             index: rand::random::<u32>(),
+            previous_private_keys: Vec::new(),
+            previous_peer_public_keys: Vec::new(),
         },
     })
 }

@@ -73,6 +73,10 @@ impl PublicKey {
     pub(crate) fn inner(&self) -> x25519::PublicKey {
         self.0
     }
+
+    pub(crate) fn from_bytes(b: [u8; 32]) -> Self {
+        Self(x25519::PublicKey::from(b))
+    }
 }
 
 impl fmt::Display for PublicKey {

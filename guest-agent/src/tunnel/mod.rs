@@ -14,4 +14,4 @@ pub mod peer;
 pub mod tun;
 
 pub use key::{KeyError, PresharedKey, PrivateKey, PublicKey};
-pub use peer::{Cidr, Counters, DropReason, Output, Peer, PeerConfig, PeerStatus};
+pub use peer::{Cidr, Counters, DropReason, KeyChange, Keys, Output, Peer, PeerConfig, PeerStatus};

@@ -15,7 +15,9 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use boringtun::noise::errors::WireGuardError;
-use boringtun::noise::{Tunn, TunnResult};
+use boringtun::noise::handshake::parse_handshake_anon;
+use boringtun::noise::rate_limiter::RateLimiter;
+use boringtun::noise::{Packet, Tunn, TunnResult};
 
 use super::key::{PresharedKey, PrivateKey, PublicKey};
 
@@ -24,8 +26,16 @@ pub const MAX_PACKET: usize = 65_535 - 32;
 const BUF_LEN: usize = 65_536 + 64;
 /// WireGuard's REKEY_TIMEOUT: the spacing of our own handshake restarts.
 const REKEY_TIMEOUT: Duration = Duration::from_secs(5);
+const HANDSHAKE_INIT: u8 = 1;
 const COOKIE_REPLY: u8 = 3;
 const DATA: u8 = 4;
+/// Handshake initiations per second that may be tried against the other accepted key pairs
+/// of a rotation (each try costs an x25519 operation).
+const ALTERNATE_TRIES_PER_SECOND: u32 = 20;
+/// Handshakes per second the alternate keys' MAC checkers accept before demanding cookies.
+const ALTERNATE_RATE_LIMIT: u64 = 100;
+/// Sessions of earlier key pairs kept during a rotation.
+const MAX_PARKED: usize = 3;
 
 /// An address prefix such as `198.18.0.0/15`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,6 +114,69 @@ pub struct PeerConfig {
     pub allowed_ips: Vec<Cidr>,
     /// Local session index (24 bits are used).
     pub index: u32,
+    /// Key rotation, answering side: own keys still accepted in handshakes the peer starts.
+    pub previous_private_keys: Vec<PrivateKey>,
+    /// Key rotation, answering side: peer keys still accepted in handshakes it starts.
+    pub previous_peer_public_keys: Vec<PublicKey>,
+}
+
+/// The keys of a peer: the pair this side uses and, while a rotation is under way, further
+/// pairs it accepts when the *peer* starts a handshake.
+///
+/// The dialing side always uses `private_key` with `peer_public_key`: a change starts a new
+/// handshake at once. The answering side keeps its current session as long as its key pair
+/// is still accepted, and moves to another accepted pair when the peer starts a handshake
+/// with it; a pair no longer accepted ends the session at once (revocation).
+#[derive(Debug, Clone)]
+pub struct Keys {
+    pub private_key: PrivateKey,
+    pub peer_public_key: PublicKey,
+    pub preshared_key: Option<PresharedKey>,
+    pub previous_private_keys: Vec<PrivateKey>,
+    pub previous_peer_public_keys: Vec<PublicKey>,
+}
+
+impl Keys {
+    fn own_accepted(&self) -> impl Iterator<Item = &PrivateKey> {
+        std::iter::once(&self.private_key).chain(self.previous_private_keys.iter())
+    }
+
+    fn peer_accepted(&self) -> impl Iterator<Item = &PublicKey> {
+        std::iter::once(&self.peer_public_key).chain(self.previous_peer_public_keys.iter())
+    }
+
+    /// Whether `(own, peer)` is an accepted pair.
+    pub fn accepts(&self, own: &PublicKey, peer: &PublicKey) -> bool {
+        self.own_accepted().any(|k| k.public_key() == *own)
+            && self.peer_accepted().any(|k| k == peer)
+    }
+
+    /// Public parts and the preshared key: equal fingerprints mean equal keys.
+    fn fingerprint(&self) -> (Vec<PublicKey>, Vec<PublicKey>, Option<[u8; 32]>) {
+        (
+            self.own_accepted().map(PrivateKey::public_key).collect(),
+            self.peer_accepted().copied().collect(),
+            self.preshared_key.as_ref().map(|k| k.0),
+        )
+    }
+}
+
+impl PartialEq for Keys {
+    fn eq(&self, other: &Self) -> bool {
+        self.fingerprint() == other.fingerprint()
+    }
+}
+
+/// What [`Peer::set_keys`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyChange {
+    /// Same keys as before.
+    Unchanged,
+    /// The accepted set changed; the current session goes on.
+    AcceptedUpdated,
+    /// A new key pair is in use: the old session is gone and (dialing side) a handshake
+    /// was started.
+    Rekeyed,
 }
 
 /// What the caller must do.
@@ -210,6 +283,10 @@ pub struct Counters {
     pub roams: u64,
     /// Handshakes this side restarted because the peer went silent.
     pub dead_peer_restarts: u64,
+    /// Key pairs put in use by [`Peer::set_keys`].
+    pub rekeys: u64,
+    /// Answering side: moves to another accepted key pair because the peer used it.
+    pub key_switches: u64,
     /// Drops, indexed like [`DropReason::ALL`].
     pub dropped: [u64; 9],
 }
@@ -234,6 +311,10 @@ pub struct PeerStatus {
     pub tx_bytes: u64,
     /// Payload bytes decapsulated (from `Tunn`).
     pub rx_bytes: u64,
+    /// The peer's public key of the key pair in use.
+    pub peer_public_key: PublicKey,
+    /// Our public key of the key pair in use.
+    pub public_key: PublicKey,
     /// Our counters.
     pub counters: Counters,
 }
@@ -241,6 +322,18 @@ pub struct PeerStatus {
 /// One WireGuard peer.
 pub struct Peer {
     tunn: Tunn,
+    /// Public keys (own, peer) of the pair `tunn` uses.
+    current: (PublicKey, PublicKey),
+    keys: Keys,
+    /// MAC checkers for the other accepted own keys (answering side of a rotation).
+    alternates: Vec<(PrivateKey, RateLimiter)>,
+    /// (window start, tries) of the alternate-pair budget.
+    alternate_budget: (Option<Instant>, u32),
+    /// Sessions of other accepted pairs used earlier in a rotation.
+    parked: Vec<((PublicKey, PublicKey), Tunn)>,
+    keepalive: Option<u16>,
+    index: u32,
+    generation: u32,
     endpoint: Option<SocketAddr>,
     dialer: bool,
     dead_peer_timeout: Option<Duration>,
@@ -267,16 +360,31 @@ impl std::fmt::Debug for Peer {
 impl Peer {
     /// A peer with no session yet.
     pub fn new(cfg: PeerConfig) -> Self {
-        let tunn = Tunn::new(
-            cfg.private_key.secret(),
-            cfg.peer_public_key.inner(),
-            cfg.preshared_key.map(|k| k.0),
+        let keys = Keys {
+            private_key: cfg.private_key,
+            peer_public_key: cfg.peer_public_key,
+            preshared_key: cfg.preshared_key,
+            previous_private_keys: cfg.previous_private_keys,
+            previous_peer_public_keys: cfg.previous_peer_public_keys,
+        };
+        let index = cfg.index & 0x00ff_ffff;
+        let tunn = new_tunn(
+            &keys.private_key,
+            &keys.peer_public_key,
+            keys.preshared_key.as_ref(),
             cfg.persistent_keepalive,
-            cfg.index & 0x00ff_ffff,
-            None,
+            index,
         );
         Self {
             tunn,
+            current: (keys.private_key.public_key(), keys.peer_public_key),
+            alternates: alternates(&keys),
+            keys,
+            alternate_budget: (None, 0),
+            parked: Vec::new(),
+            keepalive: cfg.persistent_keepalive,
+            index,
+            generation: 0,
             dialer: cfg.endpoint.is_some(),
             endpoint: cfg.endpoint,
             dead_peer_timeout: cfg.dead_peer_timeout,
@@ -313,8 +421,171 @@ impl Peer {
             since_authenticated: self.last_authenticated.map(|t| t.elapsed()),
             tx_bytes: tx as u64,
             rx_bytes: rx as u64,
+            public_key: self.current.0,
+            peer_public_key: self.current.1,
             counters: self.counters.clone(),
         }
+    }
+
+    /// The keys this peer uses and accepts.
+    pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    /// Replaces the keys (a rotation; see [`Keys`]). Established streams above the tunnel
+    /// are not this layer's: they see at most one handshake's delay.
+    pub fn set_keys(&mut self, keys: Keys, now: Instant, out: &mut Vec<Output>) -> KeyChange {
+        if keys == self.keys {
+            return KeyChange::Unchanged;
+        }
+        let psk_changed = keys.preshared_key.as_ref().map(|k| k.0)
+            != self.keys.preshared_key.as_ref().map(|k| k.0);
+        let primary = (keys.private_key.public_key(), keys.peer_public_key);
+        let rekey = if self.dialer {
+            psk_changed || primary != self.current
+        } else {
+            psk_changed || !keys.accepts(&self.current.0, &self.current.1)
+        };
+        self.alternates = alternates(&keys);
+        if psk_changed {
+            self.parked.clear();
+        } else {
+            self.parked.retain(|((o, p), _)| keys.accepts(o, p));
+        }
+        self.keys = keys;
+        if !rekey {
+            tracing::info!(
+                public_key = %self.current.0,
+                peer_public_key = %self.current.1,
+                "accepted tunnel keys updated; current session kept"
+            );
+            return KeyChange::AcceptedUpdated;
+        }
+        let own = self.keys.private_key.clone();
+        let peer = self.keys.peer_public_key;
+        self.install(&own, peer);
+        self.counters.rekeys += 1;
+        tracing::info!(
+            public_key = %self.current.0,
+            peer_public_key = %self.current.1,
+            "tunnel keys replaced"
+        );
+        if self.dialer {
+            // Start the handshake now rather than when the next packet or timer asks for it.
+            if let TunnResult::WriteToNetwork(d) =
+                self.tunn.format_handshake_initiation(&mut self.buf, false)
+            {
+                let d = d.to_vec();
+                self.last_restart = Some(now);
+                self.emit(self.endpoint, d, out);
+            }
+        }
+        KeyChange::Rekeyed
+    }
+
+    /// Puts a fresh `Tunn` for `(own, peer)` in place (a new session index, so stray
+    /// messages of the old sessions cannot match).
+    fn install(&mut self, own: &PrivateKey, peer: PublicKey) {
+        self.generation = self.generation.wrapping_add(1);
+        self.tunn = new_tunn(
+            own,
+            &peer,
+            self.keys.preshared_key.as_ref(),
+            self.keepalive,
+            self.next_index(),
+        );
+        self.current = (own.public_key(), peer);
+    }
+
+    /// Answering side of a rotation: the current session rejected a handshake initiation;
+    /// if it authenticates against another accepted key pair, that pair's session takes
+    /// over and its result is returned. A pair used before keeps its `Tunn` (parked), so a
+    /// replayed initiation of an earlier pair fails its timestamp check and changes nothing.
+    fn adopt_accepted_pair(
+        &mut self,
+        from: SocketAddr,
+        datagram: &[u8],
+        now: Instant,
+        dst: &mut [u8],
+    ) -> Option<Decapsulated> {
+        if self.dialer || self.alternates.is_empty() {
+            return None;
+        }
+        let (start, tries) = &mut self.alternate_budget;
+        if start.is_none_or(|t| now.saturating_duration_since(t) >= Duration::from_secs(1)) {
+            *start = Some(now);
+            *tries = 0;
+        }
+        if *tries >= ALTERNATE_TRIES_PER_SECOND {
+            return None;
+        }
+        *tries += 1;
+        let mut cookie = [0u8; 64];
+        let mut found = None;
+        for (own, limiter) in &self.alternates {
+            let Ok(Packet::HandshakeInit(init)) =
+                limiter.verify_packet(Some(from.ip()), datagram, &mut cookie)
+            else {
+                continue;
+            };
+            let public = own.public_key();
+            let Ok(half) = parse_handshake_anon(&own.secret(), &public.inner(), &init) else {
+                continue;
+            };
+            let peer = PublicKey::from_bytes(half.peer_static_public);
+            if self.keys.accepts(&public, &peer) && (public, peer) != self.current {
+                found = Some((own.clone(), peer));
+                break;
+            }
+        }
+        let (own, peer) = found?;
+        let pair = (own.public_key(), peer);
+        let mut candidate = match self.parked.iter().position(|(p, _)| *p == pair) {
+            Some(i) => self.parked.swap_remove(i).1,
+            None => {
+                self.generation = self.generation.wrapping_add(1);
+                new_tunn(
+                    &own,
+                    &peer,
+                    self.keys.preshared_key.as_ref(),
+                    self.keepalive,
+                    self.next_index(),
+                )
+            }
+        };
+        let r = decap_with(&mut candidate, from, datagram, dst);
+        if r.is_err() {
+            self.park(pair, candidate);
+            return None;
+        }
+        tracing::info!(
+            public_key = %pair.0,
+            peer_public_key = %pair.1,
+            "peer handshakes with another accepted key pair; switching to it"
+        );
+        let old = std::mem::replace(&mut self.tunn, candidate);
+        let old_pair = std::mem::replace(&mut self.current, pair);
+        self.park(old_pair, old);
+        self.counters.key_switches += 1;
+        Some(r)
+    }
+
+    /// Keeps a `Tunn` of an accepted pair for a possible switch back (bounded).
+    fn park(&mut self, pair: (PublicKey, PublicKey), tunn: Tunn) {
+        if !self.keys.accepts(&pair.0, &pair.1) {
+            return;
+        }
+        self.parked.retain(|(p, _)| *p != pair);
+        if self.parked.len() >= MAX_PARKED {
+            self.parked.remove(0);
+        }
+        self.parked.push((pair, tunn));
+    }
+
+    fn next_index(&self) -> u32 {
+        self.index
+            .wrapping_add(self.generation.wrapping_mul(0x1_0000))
+            & 0x00ff_ffff
     }
 
     fn drop_with(&mut self, r: DropReason) -> DropReason {
@@ -372,32 +643,20 @@ impl Peer {
             return Err(self.drop_with(DropReason::Malformed));
         }
         let msg_type = datagram[0];
-        let base = dst.as_ptr() as usize;
-        let mut reply = None;
-        let mut deliver = None;
-        let result = match self.tunn.decapsulate(Some(from.ip()), datagram, dst) {
-            TunnResult::Done => Ok(()),
-            TunnResult::Err(e) => Err(e),
-            TunnResult::WriteToNetwork(d) => {
-                reply = Some(d.to_vec());
-                Ok(())
-            }
-            TunnResult::WriteToTunnelV4(p, src) => {
-                let start = p.as_ptr() as usize - base;
-                deliver = Some((start..start + p.len(), IpAddr::V4(src)));
-                Ok(())
-            }
-            TunnResult::WriteToTunnelV6(p, src) => {
-                let start = p.as_ptr() as usize - base;
-                deliver = Some((start..start + p.len(), IpAddr::V6(src)));
-                Ok(())
+        let result = match self.decap(from, datagram, dst) {
+            Err(e) if msg_type == HANDSHAKE_INIT => self
+                .adopt_accepted_pair(from, datagram, now, dst)
+                .unwrap_or(Err(e)),
+            r => r,
+        };
+        let (reply, deliver) = match result {
+            Ok(x) => x,
+            Err(e) => {
+                let r = DropReason::from_wg(&e);
+                tracing::debug!(%from, error = ?e, reason = r.as_str(), "dropped datagram");
+                return Err(self.drop_with(r));
             }
         };
-        if let Err(e) = result {
-            let r = DropReason::from_wg(&e);
-            tracing::debug!(%from, error = ?e, reason = r.as_str(), "dropped datagram");
-            return Err(self.drop_with(r));
-        }
         let is_cookie_reply = reply
             .as_ref()
             .is_some_and(|r| r.first() == Some(&COOKIE_REPLY));
@@ -433,6 +692,10 @@ impl Peer {
             return Ok(Some(range));
         }
         Ok(None)
+    }
+
+    fn decap(&mut self, from: SocketAddr, datagram: &[u8], dst: &mut [u8]) -> Decapsulated {
+        decap_with(&mut self.tunn, from, datagram, dst)
     }
 
     /// After a handshake completes, `Tunn` releases the packets it queued meanwhile.
@@ -509,6 +772,9 @@ impl Peer {
 
     /// Runs WireGuard's timers; call every 250 ms.
     pub fn tick(&mut self, now: Instant, out: &mut Vec<Output>) {
+        for (_, limiter) in &self.alternates {
+            limiter.reset_count();
+        }
         match self.tunn.update_timers(&mut self.buf) {
             TunnResult::WriteToNetwork(d) => {
                 let d = d.to_vec();
@@ -549,6 +815,59 @@ impl Peer {
     }
 }
 
+/// The reply datagram to send (copied) and the range of `dst` holding a decapsulated
+/// packet with its inner source address.
+type Decapsulated =
+    Result<(Option<Vec<u8>>, Option<(std::ops::Range<usize>, IpAddr)>), WireGuardError>;
+
+/// One `Tunn::decapsulate`.
+fn decap_with(tunn: &mut Tunn, from: SocketAddr, datagram: &[u8], dst: &mut [u8]) -> Decapsulated {
+    let base = dst.as_ptr() as usize;
+    match tunn.decapsulate(Some(from.ip()), datagram, dst) {
+        TunnResult::Done => Ok((None, None)),
+        TunnResult::Err(e) => Err(e),
+        TunnResult::WriteToNetwork(d) => Ok((Some(d.to_vec()), None)),
+        TunnResult::WriteToTunnelV4(p, src) => {
+            let start = p.as_ptr() as usize - base;
+            Ok((None, Some((start..start + p.len(), IpAddr::V4(src)))))
+        }
+        TunnResult::WriteToTunnelV6(p, src) => {
+            let start = p.as_ptr() as usize - base;
+            Ok((None, Some((start..start + p.len(), IpAddr::V6(src)))))
+        }
+    }
+}
+
+fn new_tunn(
+    own: &PrivateKey,
+    peer: &PublicKey,
+    psk: Option<&PresharedKey>,
+    keepalive: Option<u16>,
+    index: u32,
+) -> Tunn {
+    Tunn::new(
+        own.secret(),
+        peer.inner(),
+        psk.map(|k| k.0),
+        keepalive,
+        index,
+        None,
+    )
+}
+
+/// MAC checkers for every accepted own key, when more than one key pair is accepted.
+fn alternates(keys: &Keys) -> Vec<(PrivateKey, RateLimiter)> {
+    if keys.previous_private_keys.is_empty() && keys.previous_peer_public_keys.is_empty() {
+        return Vec::new();
+    }
+    keys.own_accepted()
+        .map(|k| {
+            let limiter = RateLimiter::new(&k.public_key().inner(), ALTERNATE_RATE_LIMIT);
+            (k.clone(), limiter)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -569,6 +888,7 @@ mod tests {
         guest: Peer,
         gw: Peer,
         gw_key: PrivateKey,
+        guest_key: PrivateKey,
         guest_addr: SocketAddr,
     }
 
@@ -584,6 +904,8 @@ mod tests {
             dead_peer_timeout: Some(Duration::from_secs(60)),
             allowed_ips: vec!["198.18.41.1/32".parse().unwrap()],
             index: 1,
+            previous_private_keys: Vec::new(),
+            previous_peer_public_keys: Vec::new(),
         });
         let gw = Peer::new(PeerConfig {
             private_key: gw_key.clone(),
@@ -594,11 +916,14 @@ mod tests {
             dead_peer_timeout: None,
             allowed_ips: vec!["198.18.41.2/32".parse().unwrap()],
             index: 2,
+            previous_private_keys: Vec::new(),
+            previous_peer_public_keys: Vec::new(),
         });
         Pair {
             guest,
             gw,
             gw_key,
+            guest_key,
             guest_addr: sa(GUEST),
         }
     }
@@ -709,6 +1034,155 @@ mod tests {
         assert_eq!(o, vec![Output::Deliver(ping(2))]);
     }
 
+    fn keys(
+        own: &PrivateKey,
+        peer: PublicKey,
+        prev_own: &[&PrivateKey],
+        prev_peer: &[PublicKey],
+    ) -> Keys {
+        Keys {
+            private_key: own.clone(),
+            peer_public_key: peer,
+            preshared_key: None,
+            previous_private_keys: prev_own.iter().map(|k| (*k).clone()).collect(),
+            previous_peer_public_keys: prev_peer.to_vec(),
+        }
+    }
+
+    /// Sends `seq` from the guest and returns what reached the gateway.
+    fn ping_through(p: &mut Pair, seq: u16) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        p.guest.send_packet(&ping(seq), &mut out).unwrap();
+        exchange(p, out).1
+    }
+
+    #[test]
+    fn agent_key_rotation_keeps_the_session_until_the_new_handshake() {
+        let mut p = established();
+        let (g1, g2) = (p.guest_key.clone(), PrivateKey::generate());
+        let now = Instant::now();
+        let mut out = Vec::new();
+        // 1. The gateway accepts the new agent key besides the old one: session untouched.
+        let gw_keys = keys(&p.gw_key, g2.public_key(), &[], &[g1.public_key()]);
+        assert_eq!(
+            p.gw.set_keys(gw_keys.clone(), now, &mut out),
+            KeyChange::AcceptedUpdated
+        );
+        assert_eq!(p.gw.set_keys(gw_keys, now, &mut out), KeyChange::Unchanged);
+        assert!(out.is_empty());
+        assert_eq!(ping_through(&mut p, 2), vec![ping(2)]);
+        // 2. The agent moves to its new key: a handshake starts at once.
+        let k = keys(&g2, p.gw_key.public_key(), &[], &[]);
+        assert_eq!(p.guest.set_keys(k, now, &mut out), KeyChange::Rekeyed);
+        assert!(matches!(&out[..], [Output::Send { datagram, .. }] if datagram.len() == 148));
+        let (_, at_gw) = exchange(&mut p, out);
+        assert!(at_gw.is_empty());
+        assert_eq!(p.gw.counters().key_switches, 1);
+        assert_eq!(p.gw.status().peer_public_key, g2.public_key());
+        assert_eq!(p.guest.status().public_key, g2.public_key());
+        assert_eq!(ping_through(&mut p, 3), vec![ping(3)]);
+        // 3. The old key is dropped from the gateway: the new session goes on.
+        let mut out = Vec::new();
+        let done = keys(&p.gw_key, g2.public_key(), &[], &[]);
+        assert_eq!(
+            p.gw.set_keys(done, now, &mut out),
+            KeyChange::AcceptedUpdated
+        );
+        assert_eq!(ping_through(&mut p, 4), vec![ping(4)]);
+        assert_eq!(p.gw.counters().rekeys, 0);
+    }
+
+    #[test]
+    fn gateway_key_rotation_and_replayed_old_initiation() {
+        let mut p = pair();
+        let (w1, w2) = (p.gw_key.clone(), PrivateKey::generate());
+        let g = p.guest_key.public_key();
+        // The first initiation (old pair) is kept to replay later.
+        let mut out = Vec::new();
+        p.guest.send_packet(&ping(1), &mut out).unwrap();
+        let old_init = match &out[0] {
+            Output::Send { datagram, .. } => datagram.clone(),
+            o => panic!("{o:?}"),
+        };
+        assert_eq!(exchange(&mut p, out).1, vec![ping(1)]);
+        let now = Instant::now();
+        let mut out = Vec::new();
+        // The gateway gets a new key and still answers to the old one.
+        let gw_keys = keys(&w2, g, &[&w1], &[]);
+        assert_eq!(
+            p.gw.set_keys(gw_keys, now, &mut out),
+            KeyChange::AcceptedUpdated
+        );
+        assert_eq!(p.gw.status().public_key, w1.public_key());
+        // The agent learns the gateway's new public key.
+        let k = keys(&p.guest_key, w2.public_key(), &[], &[]);
+        assert_eq!(p.guest.set_keys(k, now, &mut out), KeyChange::Rekeyed);
+        exchange(&mut p, out);
+        assert_eq!(p.gw.status().public_key, w2.public_key());
+        assert_eq!(p.gw.counters().key_switches, 1);
+        assert_eq!(ping_through(&mut p, 2), vec![ping(2)]);
+        // A replayed initiation of the old pair fails its timestamp check: no switch back.
+        let mut o = Vec::new();
+        let r =
+            p.gw.handle_datagram(sa("198.18.40.77:5"), &old_init, now, &mut o);
+        assert!(r.is_err(), "{r:?}");
+        assert_eq!(p.gw.counters().key_switches, 1);
+        assert_eq!(p.gw.status().public_key, w2.public_key());
+        assert_eq!(p.gw.endpoint(), Some(sa(GUEST)));
+        assert_eq!(ping_through(&mut p, 3), vec![ping(3)]);
+    }
+
+    #[test]
+    fn revoked_pair_ends_the_session_and_strangers_never_switch() {
+        let mut p = established();
+        let (g1, g2) = (p.guest_key.clone(), PrivateKey::generate());
+        let now = Instant::now();
+        let mut out = Vec::new();
+        // Rotation window: old and new agent keys accepted.
+        let gw_keys = keys(&p.gw_key, g2.public_key(), &[], &[g1.public_key()]);
+        p.gw.set_keys(gw_keys, now, &mut out);
+        // A stranger's initiation is tried against the accepted pairs and dropped.
+        let mut stranger = Peer::new(PeerConfig {
+            private_key: PrivateKey::generate(),
+            peer_public_key: p.gw_key.public_key(),
+            preshared_key: None,
+            endpoint: Some(sa(GW)),
+            persistent_keepalive: None,
+            dead_peer_timeout: None,
+            allowed_ips: vec![],
+            index: 9,
+            previous_private_keys: Vec::new(),
+            previous_peer_public_keys: Vec::new(),
+        });
+        let mut so = Vec::new();
+        stranger.send_packet(&ping(1), &mut so).unwrap();
+        let Some(Output::Send { datagram: init, .. }) = so.pop() else {
+            panic!("no initiation")
+        };
+        let mut o = Vec::new();
+        assert_eq!(
+            p.gw.handle_datagram(sa("198.18.40.50:9"), &init, now, &mut o),
+            Err(DropReason::Unauthenticated)
+        );
+        assert!(o.is_empty());
+        assert_eq!(p.gw.counters().key_switches, 0);
+        assert_eq!(ping_through(&mut p, 2), vec![ping(2)]);
+        // The old agent key is revoked before the agent moved: its session ends at once.
+        let revoked = keys(&p.gw_key, g2.public_key(), &[], &[]);
+        assert_eq!(p.gw.set_keys(revoked, now, &mut out), KeyChange::Rekeyed);
+        let mut out = Vec::new();
+        p.guest.send_packet(&ping(3), &mut out).unwrap();
+        let Some(Output::Send { datagram, .. }) = out.pop() else {
+            panic!("no datagram")
+        };
+        let mut o = Vec::new();
+        assert_eq!(
+            p.gw.handle_datagram(sa(GUEST), &datagram, now, &mut o),
+            Err(DropReason::Unauthenticated)
+        );
+        assert_eq!(p.gw.status().peer_public_key, g2.public_key());
+    }
+
     #[test]
     fn unknown_key_is_dropped_and_counted() {
         let mut p = established();
@@ -722,6 +1196,8 @@ mod tests {
             dead_peer_timeout: None,
             allowed_ips: vec![],
             index: 9,
+            previous_private_keys: Vec::new(),
+            previous_peer_public_keys: Vec::new(),
         });
         let mut out = Vec::new();
         stranger.send_packet(&ping(1), &mut out).unwrap();
