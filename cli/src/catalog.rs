@@ -79,6 +79,17 @@ pub enum CatalogCommand {
         #[arg(long)]
         from: Option<String>,
     },
+    /// Call the catalog repeatedly over one connection, like ping: GetPackage of its first
+    /// package every --interval, --count times; prints call latencies and failures and
+    /// exits 1 when any call failed.
+    Probe {
+        /// Number of calls (at most 100000).
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        count: u32,
+        /// Pause between calls, e.g. 1s, 50ms.
+        #[arg(long, default_value = "1s", value_parser = parse_duration)]
+        interval: Duration,
+    },
     /// Search packages by name or bundles by provided API.
     Search {
         /// Substring of the package name.
@@ -112,6 +123,27 @@ struct PackageRow {
     channels: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     deprecation: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct ProbeRow {
+    catalog: String,
+    calls: u32,
+    failures: u32,
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    first_error: Option<String>,
+}
+
+/// The `p` quantile of sorted values (nearest rank); 0 when empty.
+fn quantile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
 }
 
 #[derive(Debug, Serialize)]
@@ -189,6 +221,59 @@ impl Client {
             out.push(self.package(&n).await?);
         }
         Ok(out)
+    }
+
+    /// `count` GetPackage calls of the first package, `interval` apart, on this client's
+    /// one connection; each bounded by the timeout.
+    async fn probe(&mut self, count: u32, interval: Duration) -> anyhow::Result<ProbeRow> {
+        let addr = self.addr.clone();
+        let first = tokio::time::timeout(self.timeout, async {
+            let mut s = self
+                .rpc
+                .list_packages(api::ListPackageRequest {})
+                .await?
+                .into_inner();
+            s.message().await
+        })
+        .await
+        .map_err(|_| anyhow::anyhow!("catalog {addr}: ListPackages timed out"))?
+        .with_context(|| format!("catalog {addr}: ListPackages"))?;
+        let Some(pkg) = first.map(|p| p.name) else {
+            bail!("catalog {addr} has no packages to probe");
+        };
+        let (mut lat, mut failures, mut first_error) = (Vec::new(), 0u32, None);
+        for i in 0..count {
+            if i > 0 {
+                tokio::time::sleep(interval).await;
+            }
+            let start = std::time::Instant::now();
+            let call = self
+                .rpc
+                .get_package(api::GetPackageRequest { name: pkg.clone() });
+            let err = match tokio::time::timeout(self.timeout, call).await {
+                Ok(Ok(_)) => None,
+                Ok(Err(e)) => Some(format!("GetPackage: {}", e.message())),
+                Err(_) => Some(format!("GetPackage timed out after {:?}", self.timeout)),
+            };
+            let ms = start.elapsed().as_secs_f64() * 1000.0;
+            match err {
+                None => lat.push(ms),
+                Some(e) => {
+                    failures += 1;
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        lat.sort_by(f64::total_cmp);
+        Ok(ProbeRow {
+            catalog: addr,
+            calls: count,
+            failures,
+            p50_ms: quantile(&lat, 0.5),
+            p99_ms: quantile(&lat, 0.99),
+            max_ms: lat.last().copied().unwrap_or(0.0),
+            first_error,
+        })
     }
 
     async fn package(&mut self, name: &str) -> anyhow::Result<api::Package> {
@@ -293,6 +378,42 @@ pub async fn run(args: &CatalogArgs, out: &mut dyn std::io::Write) -> anyhow::Re
                     ]
                 },
             )
+        }
+        CatalogCommand::Probe { count, interval } => {
+            let mut rows = Vec::new();
+            for c in &mut clients {
+                rows.push(c.probe(*count, *interval).await?);
+            }
+            render(
+                out,
+                args.output,
+                &rows,
+                &["CATALOG", "CALLS", "FAILED", "P50 MS", "P99 MS", "MAX MS"],
+                |r| {
+                    vec![
+                        r.catalog.clone(),
+                        r.calls.to_string(),
+                        r.failures.to_string(),
+                        format!("{:.2}", r.p50_ms),
+                        format!("{:.2}", r.p99_ms),
+                        format!("{:.2}", r.max_ms),
+                    ]
+                },
+            )?;
+            let failed: u32 = rows.iter().map(|r| r.failures).sum();
+            if failed > 0 {
+                let first = rows.iter().find_map(|r| {
+                    r.first_error
+                        .as_ref()
+                        .map(|e| format!("{}: {e}", r.catalog))
+                });
+                bail!(
+                    "{failed} of {} calls failed (first: {})",
+                    rows.iter().map(|r| r.calls).sum::<u32>(),
+                    first.unwrap_or_default()
+                );
+            }
+            Ok(())
         }
         CatalogCommand::Channels { package } => {
             let mut rows = Vec::new();

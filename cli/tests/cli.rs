@@ -409,3 +409,55 @@ where
         .await;
     let _ = tokio::io::copy_bidirectional(&mut c, &mut up).await;
 }
+
+#[test]
+fn probe_reports_latency_and_fails_when_the_catalog_goes_away() {
+    let s = serve(&fixture("small"));
+    let out = ok(&hcp_olm(&[
+        "catalog",
+        "-a",
+        &s.addr,
+        "-o",
+        "json",
+        "probe",
+        "--count",
+        "5",
+        "--interval",
+        "10ms",
+    ]));
+    let rows: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(rows[0]["calls"], 5, "{out}");
+    assert_eq!(rows[0]["failures"], 0, "{out}");
+    assert!(rows[0]["max_ms"].as_f64().unwrap() > 0.0, "{out}");
+
+    // The server stops while the probe runs: the probe counts failures and exits 1.
+    let child = Command::new(env!("CARGO_BIN_EXE_hcp-olm"))
+        .args([
+            "catalog",
+            "-a",
+            &s.addr,
+            "--timeout",
+            "1s",
+            "probe",
+            "--count",
+            "20",
+            "--interval",
+            "100ms",
+        ])
+        .env_remove("HCP_OLM_CATALOG_PROXY")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    std::thread::sleep(Duration::from_millis(700));
+    drop(s);
+    let out = child.wait_with_output().expect("wait");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("calls failed"), "{err}");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.starts_with("CATALOG"), "{table}");
+
+    let out = hcp_olm(&["catalog", "-a", "127.0.0.1:1", "probe", "--count", "0"]);
+    assert_eq!(out.status.code(), Some(64));
+}

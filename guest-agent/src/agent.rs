@@ -21,19 +21,40 @@ use tokio_util::task::TaskTracker;
 use crate::daemon::{self, ConnResult, Proto, TunnelMetrics};
 use crate::dns::ConfigError;
 use crate::stack::{self, Stack, StackConfig, TcpConn, UdpSender};
-use crate::tunnel::{Cidr, Peer, PeerConfig, PrivateKey, PublicKey, driver};
+use crate::tunnel::{Cidr, Keys, Peer, PeerConfig, driver};
 
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 const DNS_TIMEOUT: Duration = Duration::from_secs(3);
 const DNS_PORT: u16 = 53;
+
+/// The agent's keys from its config: its private key (inline or file) and the gateway's
+/// public key.
+pub fn agent_keys(c: &AgentPeerConfig) -> Result<Keys, ConfigError> {
+    use daemon::*;
+    Ok(Keys {
+        private_key: private_key(
+            c.private_key.as_deref(),
+            c.private_key_file.as_deref(),
+            "private_key",
+            "private_key_file",
+        )?,
+        peer_public_key: public_key("gateway_public_key", &c.gateway_public_key)?,
+        preshared_key: None,
+        previous_private_keys: Vec::new(),
+        previous_peer_public_keys: Vec::new(),
+    })
+}
 
 /// Validated agent settings.
 #[derive(Debug)]
 pub struct AgentSettings {
     /// Gateway endpoint as configured (resolved at start).
     pub gateway_endpoint: String,
-    pub private_key: PrivateKey,
-    pub gateway_public_key: PublicKey,
+    /// Own key and the gateway's.
+    pub keys: Keys,
+    /// Where the config was read from, for key reloads (set by the binary).
+    pub config_path: Option<std::path::PathBuf>,
+    pub key_reload: Option<Duration>,
     pub tunnel: (IpAddr, u8),
     pub gateway_ip: IpAddr,
     pub keepalive: u16,
@@ -65,13 +86,7 @@ impl AgentSettings {
                 format!("`{gateway_endpoint}` is not host:port"),
             ));
         }
-        let private_key = private_key(
-            c.private_key.as_deref(),
-            c.private_key_file.as_deref(),
-            "private_key",
-            "private_key_file",
-        )?;
-        let gateway_public_key = public_key("gateway_public_key", &c.gateway_public_key)?;
+        let keys = agent_keys(c)?;
         let tunnel = interface_address("tunnel_address", &c.tunnel_address)?;
         let (gateway_ip, _) =
             interface_address("gateway_tunnel_address", &c.gateway_tunnel_address)?;
@@ -115,8 +130,9 @@ impl AgentSettings {
         }
         Ok(Self {
             gateway_endpoint,
-            private_key,
-            gateway_public_key,
+            keys,
+            config_path: None,
+            key_reload: daemon::reload_interval(c.key_reload_seconds),
             tunnel,
             gateway_ip,
             keepalive: c.persistent_keepalive_seconds,
@@ -284,8 +300,8 @@ pub async fn run(s: AgentSettings) -> anyhow::Result<()> {
     let cancel = CancellationToken::new();
     let keepalive = s.keepalive;
     let peer = Peer::new(PeerConfig {
-        private_key: s.private_key.clone(),
-        peer_public_key: s.gateway_public_key,
+        private_key: s.keys.private_key.clone(),
+        peer_public_key: s.keys.peer_public_key,
         preshared_key: None,
         endpoint: Some(endpoint),
         persistent_keepalive: Some(keepalive),
@@ -345,6 +361,16 @@ pub async fn run(s: AgentSettings) -> anyhow::Result<()> {
         Arc::clone(&stack.counters),
         Arc::clone(&handshake_done),
     );
+    if let (Some(every), Some(path)) = (s.key_reload, s.config_path.clone()) {
+        daemon::spawn_key_reload(
+            every,
+            s.keys.clone(),
+            move || daemon::load_json::<AgentPeerConfig>(&path).and_then(|c| agent_keys(&c)),
+            handle.keys.clone(),
+            metrics.clone(),
+            cancel.clone(),
+        );
+    }
     daemon::spawn_admin(
         admin,
         registry,
@@ -398,7 +424,7 @@ pub async fn run(s: AgentSettings) -> anyhow::Result<()> {
     }
     tracing::info!(
         gateway = %endpoint,
-        public_key = %sh.s.private_key.public_key(),
+        public_key = %sh.s.keys.private_key.public_key(),
         "agent running"
     );
     daemon::terminated().await?;

@@ -22,7 +22,7 @@ use tokio::sync::watch;
 
 use crate::dns::ConfigError;
 use crate::stack::StackCounters;
-use crate::tunnel::{Cidr, PeerStatus, PrivateKey, PublicKey};
+use crate::tunnel::{Cidr, Keys, PeerStatus, PrivateKey, PublicKey};
 
 /// Exit code for configuration errors (EX_CONFIG).
 pub const EX_CONFIG: u8 = 64;
@@ -171,6 +171,73 @@ pub fn config_error(field: &str, reason: impl Into<String>) -> ConfigError {
     err(field, reason)
 }
 
+/// `key_reload_seconds`: default 5 s, 0 disables.
+pub fn reload_interval(s: Option<u64>) -> Option<Duration> {
+    match s.unwrap_or(5) {
+        0 => None,
+        n => Some(Duration::from_secs(n)),
+    }
+}
+
+/// Key rotation: every `interval`, `load` re-reads the config and key files (a Secret
+/// volume's files change in place when the Secret does); keys that differ from the last
+/// ones go to the tunnel. A file that does not parse is reported (field named, never key
+/// bytes) and the keys in use stay.
+pub fn spawn_key_reload<F>(
+    interval: Duration,
+    mut last: Keys,
+    load: F,
+    tx: tokio::sync::mpsc::Sender<Keys>,
+    metrics: TunnelMetrics,
+    cancel: tokio_util::sync::CancellationToken,
+) where
+    F: Fn() -> Result<Keys, ConfigError> + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            match load() {
+                Err(e) => {
+                    metrics.key_reload(ReloadResult::error);
+                    if !failing {
+                        tracing::warn!(field = %e.field, reason = %e.reason,
+                            "cannot reload tunnel keys; keeping the keys in use");
+                    }
+                    failing = true;
+                }
+                Ok(k) => {
+                    if failing {
+                        tracing::info!("tunnel key files readable again");
+                    }
+                    failing = false;
+                    if k == last {
+                        continue;
+                    }
+                    tracing::info!(
+                        public_key = %k.private_key.public_key(),
+                        peer_public_key = %k.peer_public_key,
+                        previous_own = k.previous_private_keys.len(),
+                        previous_peer = k.previous_peer_public_keys.len(),
+                        "tunnel keys changed"
+                    );
+                    metrics.key_reload(ReloadResult::applied);
+                    last = k.clone();
+                    if tx.send(k).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+}
+
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
 pub enum Proto {
@@ -196,6 +263,18 @@ pub struct ConnLabels {
     pub result: ConnResult,
 }
 
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum ReloadResult {
+    applied,
+    error,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReloadLabels {
+    pub result: ReloadResult,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DirLabels {
     pub direction: Dir,
@@ -217,6 +296,9 @@ pub struct TunnelMetrics {
     pub dropped_datagrams: Counter,
     pub inner_packets: Family<DirLabels, Counter>,
     pub inbound_refused: Counter,
+    pub key_reloads: Family<ReloadLabels, Counter>,
+    pub rekeys: Counter,
+    pub key_switches: Counter,
 }
 
 impl TunnelMetrics {
@@ -228,6 +310,9 @@ impl TunnelMetrics {
             dropped_datagrams: Counter::default(),
             inner_packets: Family::default(),
             inbound_refused: Counter::default(),
+            key_reloads: Family::default(),
+            rekeys: Counter::default(),
+            key_switches: Counter::default(),
         };
         r.register(
             "tunnel_handshake_age_seconds",
@@ -259,7 +344,28 @@ impl TunnelMetrics {
             "Connections arriving through the tunnel that no policy allowed",
             m.inbound_refused.clone(),
         );
+        r.register(
+            "tunnel_key_reloads",
+            "Key file reloads that changed the keys (applied) or could not be read (error)",
+            m.key_reloads.clone(),
+        );
+        r.register(
+            "tunnel_rekeys",
+            "Key pairs put in use after a key change (each ends the old session)",
+            m.rekeys.clone(),
+        );
+        r.register(
+            "tunnel_key_switches",
+            "Moves to another accepted key pair because the peer handshook with it",
+            m.key_switches.clone(),
+        );
         m
+    }
+
+    pub fn key_reload(&self, result: ReloadResult) {
+        self.key_reloads
+            .get_or_create(&ReloadLabels { result })
+            .inc();
     }
 
     pub fn conn(&self, proto: Proto, result: ConnResult) {
@@ -279,6 +385,7 @@ impl TunnelMetrics {
         let m = self.clone();
         tokio::spawn(async move {
             let (mut rx0, mut tx0, mut drop0, mut pin0, mut pout0, mut ref0) = (0, 0, 0, 0, 0, 0);
+            let (mut rk0, mut ks0) = (0, 0);
             loop {
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 if status.has_changed().is_err() {
@@ -324,6 +431,8 @@ impl TunnelMetrics {
                     &mut ref0,
                     stack.tcp_refused.load(Ordering::Relaxed),
                 );
+                bump(&m.rekeys, &mut rk0, s.counters.rekeys);
+                bump(&m.key_switches, &mut ks0, s.counters.key_switches);
             }
         });
     }

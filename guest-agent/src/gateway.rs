@@ -23,7 +23,7 @@ use crate::dns::{ConfigError, DnsConfigSpec, Engine, Owner};
 use crate::proxy::{Host, Target, http, policy, socks};
 use crate::server::{DnsMetrics, DnsServer, GuestExchange};
 use crate::stack::{self, Stack, StackConfig, TcpConn};
-use crate::tunnel::{Cidr, Peer, PeerConfig, PeerStatus, PrivateKey, PublicKey, driver};
+use crate::tunnel::{Cidr, Keys, Peer, PeerConfig, PeerStatus, PrivateKey, driver};
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -34,8 +34,11 @@ const DNS_RETRANSMIT: Duration = Duration::from_millis(400);
 #[derive(Debug)]
 pub struct GatewaySettings {
     pub listen: SocketAddr,
-    pub private_key: PrivateKey,
-    pub agent_public_key: PublicKey,
+    /// Own key and the agent's, with the previous ones of a rotation.
+    pub keys: Keys,
+    /// Where the config was read from, for key reloads (set by the binary).
+    pub config_path: Option<std::path::PathBuf>,
+    pub key_reload: Option<Duration>,
     pub tunnel: (IpAddr, u8),
     pub agent_ip: IpAddr,
     pub allowed_sources: Vec<Cidr>,
@@ -71,13 +74,7 @@ impl GatewaySettings {
         let ip: IpAddr = addr
             .parse()
             .map_err(|_| err("listen_address", format!("`{addr}` is not an IP address")))?;
-        let private_key = private_key(
-            c.private_key.as_deref(),
-            c.private_key_file.as_deref(),
-            "private_key",
-            "private_key_file",
-        )?;
-        let agent_public_key = public_key("agent_public_key", &c.agent_public_key)?;
+        let keys = gateway_keys(c)?;
         let tunnel = interface_address("tunnel_address", &c.tunnel_address)?;
         let (agent_ip, _) = interface_address("agent_tunnel_address", &c.agent_tunnel_address)?;
         let mut allowed_sources = cidrs("guest_cidrs", &c.guest_cidrs)?;
@@ -208,8 +205,9 @@ impl GatewaySettings {
         }
         Ok(Self {
             listen: SocketAddr::new(ip, c.listen_port),
-            private_key,
-            agent_public_key,
+            keys,
+            config_path: None,
+            key_reload: daemon::reload_interval(c.key_reload_seconds),
             tunnel,
             agent_ip,
             allowed_sources,
@@ -228,6 +226,40 @@ impl GatewaySettings {
             drain_timeout: Duration::from_secs(c.drain_timeout_seconds.unwrap_or(10)),
         })
     }
+}
+
+/// The gateway's keys from its config: its private key (inline or file), the agent's
+/// public key, and the earlier ones a rotation still accepts.
+pub fn gateway_keys(c: &GatewayConfig) -> Result<Keys, ConfigError> {
+    use daemon::{config_error as err, *};
+    let private_key = private_key(
+        c.private_key.as_deref(),
+        c.private_key_file.as_deref(),
+        "private_key",
+        "private_key_file",
+    )?;
+    let mut previous_private_keys = Vec::new();
+    for (i, f) in c.previous_private_key_files.iter().enumerate() {
+        let field = format!("previous_private_key_files[{i}]");
+        let text =
+            std::fs::read_to_string(f).map_err(|e| err(&field, format!("cannot read {f}: {e}")))?;
+        previous_private_keys
+            .push(PrivateKey::from_base64(&text).map_err(|e| err(&field, e.to_string()))?);
+    }
+    let peer_public_key = public_key("agent_public_key", &c.agent_public_key)?;
+    let previous_peer_public_keys = c
+        .previous_agent_public_keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| public_key(&format!("previous_agent_public_keys[{i}]"), k))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Keys {
+        private_key,
+        peer_public_key,
+        preshared_key: None,
+        previous_private_keys,
+        previous_peer_public_keys,
+    })
 }
 
 /// DNS exchanges with the agent's forwarder through the userspace stack.
@@ -702,16 +734,16 @@ pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
 
     let cancel = CancellationToken::new();
     let peer = Peer::new(PeerConfig {
-        private_key: s.private_key.clone(),
-        peer_public_key: s.agent_public_key,
+        private_key: s.keys.private_key.clone(),
+        peer_public_key: s.keys.peer_public_key,
         preshared_key: None,
         endpoint: None,
         persistent_keepalive: (s.keepalive > 0).then_some(s.keepalive),
         dead_peer_timeout: None,
         allowed_ips: s.allowed_sources.clone(),
         index: rand::random(),
-        previous_private_keys: Vec::new(),
-        previous_peer_public_keys: Vec::new(),
+        previous_private_keys: s.keys.previous_private_keys.clone(),
+        previous_peer_public_keys: s.keys.previous_peer_public_keys.clone(),
     });
     let (handle, _tunnel_task) = driver::spawn(udp, peer, cancel.clone());
     let gw_ip = s.tunnel.0;
@@ -754,6 +786,16 @@ pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
         Arc::clone(&stack.counters),
         Arc::clone(&handshake_done),
     );
+    if let (Some(every), Some(path)) = (s.key_reload, s.config_path.clone()) {
+        daemon::spawn_key_reload(
+            every,
+            s.keys.clone(),
+            move || daemon::load_json::<GatewayConfig>(&path).and_then(|c| gateway_keys(&c)),
+            handle.keys.clone(),
+            metrics.clone(),
+            cancel.clone(),
+        );
+    }
     // Ready once bound, not on a handshake: the agent dials in through a Service, and a
     // Service sends nothing to a pod that is not ready, so a handshake-gated readiness
     // would never let the first handshake arrive. Tunnel state is in the metrics and in
@@ -798,7 +840,7 @@ pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
     }
     tracing::info!(
         wireguard = %sh.s.listen,
-        public_key = %sh.s.private_key.public_key(),
+        public_key = %sh.s.keys.private_key.public_key(),
         "gateway running"
     );
     daemon::terminated().await?;
@@ -884,6 +926,9 @@ mod tests {
             private_key: Some(k.to_base64()),
             private_key_file: None,
             agent_public_key: k.public_key().to_string(),
+            previous_private_key_files: vec![],
+            previous_agent_public_keys: vec![],
+            key_reload_seconds: None,
             tunnel_address: hcp_olm_tunnel_api::GATEWAY_TUNNEL_ADDRESS.into(),
             agent_tunnel_address: hcp_olm_tunnel_api::AGENT_TUNNEL_ADDRESS.into(),
             guest_cidrs: vec!["10.96.0.0/12".into()],
@@ -905,6 +950,39 @@ mod tests {
             mtu: None,
             drain_timeout_seconds: None,
         }
+    }
+
+    #[test]
+    fn rotation_keys_are_read_and_their_errors_name_the_field() {
+        let mut c = config();
+        let old = PrivateKey::generate();
+        let dir = std::env::temp_dir().join(format!("hcp-olm-gw-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("old-key");
+        std::fs::write(&f, format!("{}\n", old.to_base64())).unwrap();
+        c.previous_private_key_files = vec![f.display().to_string()];
+        c.previous_agent_public_keys = vec![PrivateKey::generate().public_key().to_string()];
+        let k = gateway_keys(&c).unwrap();
+        assert_eq!(k.previous_private_keys[0].public_key(), old.public_key());
+        assert_eq!(k.previous_peer_public_keys.len(), 1);
+        assert_eq!(
+            GatewaySettings::from_config(&c).unwrap().key_reload,
+            Some(Duration::from_secs(5))
+        );
+        c.key_reload_seconds = Some(0);
+        assert_eq!(GatewaySettings::from_config(&c).unwrap().key_reload, None);
+
+        c.previous_agent_public_keys.push("short".into());
+        let e = gateway_keys(&c).unwrap_err();
+        assert_eq!(e.field, "previous_agent_public_keys[1]");
+        c.previous_agent_public_keys.pop();
+        std::fs::write(&f, "not a key").unwrap();
+        let e = gateway_keys(&c).unwrap_err();
+        assert_eq!(e.field, "previous_private_key_files[0]");
+        assert!(!e.reason.contains(&old.to_base64()));
+        std::fs::remove_dir_all(&dir).unwrap();
+        let e = gateway_keys(&c).unwrap_err();
+        assert_eq!(e.field, "previous_private_key_files[0]");
     }
 
     fn owner(s: &GatewaySettings, name: &str) -> Owner {

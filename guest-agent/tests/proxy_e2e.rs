@@ -264,7 +264,8 @@ fn setup_with(impaired: bool) -> World {
         "exposed_services": [
             {"name": "mgmt-catalog", "listen_port": EXPOSED_PORT, "target": format!("{MGMT_CAT}:50051")}
         ],
-        "drain_timeout_seconds": 3
+        "drain_timeout_seconds": 3,
+        "key_reload_seconds": 1
     });
     let agent = serde_json::json!({
         "gateway_endpoint": if impaired {
@@ -285,7 +286,8 @@ fn setup_with(impaired: bool) -> World {
         ],
         "exposed_listen_address": "127.0.0.1",
         "health_listen": AGENT_HEALTH,
-        "drain_timeout_seconds": 3
+        "drain_timeout_seconds": 3,
+        "key_reload_seconds": 1
     });
     let gw_conf = dir.path().join("gateway.json");
     let agent_conf = dir.path().join("agent.json");
@@ -625,6 +627,209 @@ fn lossy_delayed_underlay() {
         .unwrap_or_else(|e| panic!("reverse over the lossy path: {e}\n{}", w.logs()));
     assert!(out.contains("tigera-operator"), "{out}");
     eprintln!("catalog calls over 5% loss / 50 ms delay: {times:?}");
+}
+
+/// Rewrites a JSON config the way a Secret volume changes: a new file renamed over the old.
+fn edit_json(path: &Path, f: impl FnOnce(&mut serde_json::Value)) {
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    f(&mut v);
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+fn write_key(dir: &Path, name: &str, k: &PrivateKey) -> String {
+    let f = dir.join(name);
+    std::fs::write(&f, k.to_base64()).unwrap();
+    f.display().to_string()
+}
+
+/// Key rotation as the controller does it, first of the agent's key, then of the gateway's:
+/// (1) the gateway accepts the old and the new key, (2) the agent moves to the new one, (3)
+/// the old one is dropped. Meanwhile one catalog connection through the CONNECT proxy calls
+/// the guest catalog every 50 ms: no call fails, the connection is never re-opened, and
+/// the slowest call is reported. A key file that does not parse is reported and changes
+/// nothing.
+#[test]
+fn key_rotation_keeps_established_catalog_streams() {
+    let w = setup();
+    wait_for("agent ready", Duration::from_secs(20), || {
+        ready(&w.g, AGENT_HEALTH)
+    });
+    let guest = format!("cat.{GUEST_NS}.svc.cluster.local:50051");
+    packages(&w.m, &guest, Some(CONNECT_PROXY)).unwrap_or_else(|e| panic!("{e}\n{}", w.logs()));
+    let dir = w.dir.path();
+    let gw_cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&w.gw_conf).unwrap()).unwrap();
+    let old_gw_key_file = gw_cfg["private_key_file"].as_str().unwrap().to_string();
+    let old_agent_pub = gw_cfg["agent_public_key"].as_str().unwrap().to_string();
+    let (agent2, gw2) = (PrivateKey::generate(), PrivateKey::generate());
+    let agent2_file = write_key(dir, "agent2.key", &agent2);
+    let gw2_file = write_key(dir, "gw2.key", &gw2);
+
+    let mut probe =
+        w.m.command(cli())
+            .args([
+                "catalog",
+                "--addr",
+                &guest,
+                "--proxy",
+                CONNECT_PROXY,
+                "--timeout",
+                "5s",
+                "-o",
+                "json",
+                "probe",
+                "--count",
+                "300",
+                "--interval",
+                "50ms",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+    let connects = |w: &World| {
+        metric(
+            &w.m,
+            GW_HEALTH,
+            "tunnel_proxy_connections_total{proto=\"connect\",result=\"ok\"}",
+        )
+    };
+    let reloads =
+        |ns: &Netns, h: &str| metric(ns, h, "tunnel_key_reloads_total{result=\"applied\"}");
+    let switches = |w: &World| metric(&w.m, GW_HEALTH, "tunnel_key_switches_total");
+    let rekeys = |w: &World| metric(&w.g, AGENT_HEALTH, "tunnel_rekeys_total");
+    std::thread::sleep(Duration::from_secs(2));
+    let connects_before = connects(&w);
+    let limit = Duration::from_secs(10);
+
+    // The agent's key.
+    edit_json(&w.gw_conf, |v| {
+        v["agent_public_key"] = agent2.public_key().to_string().into();
+        v["previous_agent_public_keys"] = serde_json::json!([old_agent_pub]);
+    });
+    wait_for("gateway accepts the new agent key", limit, || {
+        reloads(&w.m, GW_HEALTH) >= 1
+    });
+    edit_json(&w.agent_conf, |v| {
+        v["private_key_file"] = agent2_file.clone().into()
+    });
+    wait_for("agent rekeyed", limit, || rekeys(&w) >= 1);
+    wait_for("gateway switched to the new pair", limit, || {
+        switches(&w) >= 1
+    });
+    edit_json(&w.gw_conf, |v| {
+        v.as_object_mut()
+            .unwrap()
+            .remove("previous_agent_public_keys");
+    });
+    wait_for("old agent key dropped", limit, || {
+        reloads(&w.m, GW_HEALTH) >= 2
+    });
+
+    // The gateway's key.
+    edit_json(&w.gw_conf, |v| {
+        v["private_key_file"] = gw2_file.clone().into();
+        v["previous_private_key_files"] = serde_json::json!([old_gw_key_file]);
+    });
+    wait_for("gateway has its new key", limit, || {
+        reloads(&w.m, GW_HEALTH) >= 3
+    });
+    edit_json(&w.agent_conf, |v| {
+        v["gateway_public_key"] = gw2.public_key().to_string().into();
+    });
+    wait_for("agent rekeyed to the new gateway key", limit, || {
+        rekeys(&w) >= 2
+    });
+    wait_for("gateway switched again", limit, || switches(&w) >= 2);
+    edit_json(&w.gw_conf, |v| {
+        v.as_object_mut()
+            .unwrap()
+            .remove("previous_private_key_files");
+    });
+    wait_for("old gateway key dropped", limit, || {
+        reloads(&w.m, GW_HEALTH) >= 4
+    });
+    assert!(
+        probe.try_wait().unwrap().is_none(),
+        "the probe ended before the rotation did; lengthen it"
+    );
+
+    // Bad input: a key file that does not parse is reported; the keys in use stay.
+    std::fs::write(dir.join("broken.key"), "not a key").unwrap();
+    edit_json(&w.gw_conf, |v| {
+        v["previous_private_key_files"] = serde_json::json!([dir.join("broken.key")]);
+    });
+    wait_for("broken key file reported", limit, || {
+        metric(
+            &w.m,
+            GW_HEALTH,
+            "tunnel_key_reloads_total{result=\"error\"}",
+        ) >= 1
+    });
+    assert!(
+        w.gateway
+            .as_ref()
+            .unwrap()
+            .log_tail(50)
+            .contains("previous_private_key_files[0]"),
+        "{}",
+        w.logs()
+    );
+
+    let out = wait_output(&mut probe, Duration::from_secs(60));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "probe failed: {stdout}{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        w.logs()
+    );
+    let rows: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let max_ms = rows[0]["max_ms"].as_f64().unwrap();
+    eprintln!(
+        "key rotation under load: 300 calls, 0 failed, p50 {} ms, p99 {} ms, slowest {max_ms} ms",
+        rows[0]["p50_ms"], rows[0]["p99_ms"]
+    );
+    assert_eq!(rows[0]["failures"], 0, "{stdout}");
+    assert_eq!(
+        connects(&w),
+        connects_before,
+        "the catalog connection was re-opened during the rotation\n{}",
+        w.logs()
+    );
+    // A handshake on this link takes milliseconds; allow generous scheduling slack.
+    assert!(max_ms < 1000.0, "slowest call {max_ms} ms\n{}", w.logs());
+    // Still working after all of it, in both directions.
+    packages(&w.m, &guest, Some(CONNECT_PROXY)).unwrap_or_else(|e| panic!("{e}\n{}", w.logs()));
+    packages(&w.g, &format!("127.0.0.1:{EXPOSED_PORT}"), None)
+        .unwrap_or_else(|e| panic!("reverse after rotation: {e}\n{}", w.logs()));
+}
+
+/// Waits for a child with a bound; kills it when the bound passes.
+fn wait_output(child: &mut std::process::Child, limit: Duration) -> std::process::Output {
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut out = std::process::Output {
+        status: child.wait().unwrap(),
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+    };
+    use std::io::Read;
+    if let Some(mut s) = child.stdout.take() {
+        let _ = s.read_to_end(&mut out.stdout);
+    }
+    if let Some(mut s) = child.stderr.take() {
+        let _ = s.read_to_end(&mut out.stderr);
+    }
+    out
 }
 
 /// Config errors exit 64 and name the field.

@@ -91,6 +91,17 @@ pub struct GatewayConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub private_key_file: Option<String>,
     pub agent_public_key: String,
+    /// Key rotation: files of earlier gateway private keys it still answers handshakes
+    /// with, until the agent has moved to the new gateway key.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub previous_private_key_files: Vec<String>,
+    /// Key rotation: earlier agent public keys still accepted besides `agent_public_key`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub previous_agent_public_keys: Vec<String>,
+    /// How often the config and key files are re-read for new keys, in seconds (default 5;
+    /// 0: never). Only keys are taken over; other changes need a restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_reload_seconds: Option<u64>,
     /// This end's tunnel address with prefix (`100.127.255.1/30`).
     pub tunnel_address: String,
     pub agent_tunnel_address: String,
@@ -152,6 +163,11 @@ pub struct AgentPeerConfig {
     pub private_key_file: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub private_key: Option<String>,
+    /// How often this document and the key file are re-read for new keys, in seconds
+    /// (default 5; 0: never). A new private key or gateway public key starts a handshake
+    /// at once; other changes need a restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_reload_seconds: Option<u64>,
     pub tunnel_address: String,
     pub gateway_tunnel_address: String,
     pub persistent_keepalive_seconds: u16,
@@ -213,6 +229,9 @@ mod tests {
             private_key: Some("x".into()),
             private_key_file: None,
             agent_public_key: "y".into(),
+            previous_private_key_files: vec![],
+            previous_agent_public_keys: vec![],
+            key_reload_seconds: None,
             tunnel_address: GATEWAY_TUNNEL_ADDRESS.into(),
             agent_tunnel_address: AGENT_TUNNEL_ADDRESS.into(),
             guest_cidrs: vec!["10.96.0.0/12".into()],

@@ -25,6 +25,10 @@ fn main() -> ExitCode {
     daemon::init_logging();
     let args = Args::parse();
     let settings = daemon::load_json::<AgentPeerConfig>(&args.config)
-        .and_then(|c| agent::AgentSettings::from_config(&c));
+        .and_then(|c| agent::AgentSettings::from_config(&c))
+        .map(|mut s| {
+            s.config_path = Some(args.config.clone());
+            s
+        });
     daemon::run_daemon("hcp-olm-agent", settings, agent::run)
 }

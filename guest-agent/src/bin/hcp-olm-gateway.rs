@@ -34,6 +34,10 @@ fn main() -> ExitCode {
             }
             c
         })
-        .and_then(|c| gateway::GatewaySettings::from_config(&c));
+        .and_then(|c| gateway::GatewaySettings::from_config(&c))
+        .map(|mut s| {
+            s.config_path = Some(args.config.clone());
+            s
+        });
     daemon::run_daemon("hcp-olm-gateway", settings, gateway::run)
 }

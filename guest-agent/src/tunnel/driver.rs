@@ -8,7 +8,7 @@ use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::peer::{Output, Peer, PeerStatus};
+use super::peer::{Keys, Output, Peer, PeerStatus};
 
 /// WireGuard's timer granularity; boringtun's own device uses the same.
 pub const TICK: Duration = Duration::from_millis(250);
@@ -23,6 +23,8 @@ pub struct TunnelHandle {
     pub from_peer: mpsc::Receiver<Vec<u8>>,
     /// The latest peer status (updated after every event and tick).
     pub status: watch::Receiver<PeerStatus>,
+    /// New keys for the peer (a rotation; see [`Peer::set_keys`]).
+    pub keys: mpsc::Sender<Keys>,
 }
 
 /// Runs `peer` over `socket` until `cancel` fires; returns the peer so that a caller can
@@ -35,12 +37,16 @@ pub fn spawn(
     let (to_peer, rx_app) = mpsc::channel(CHANNEL_DEPTH);
     let (tx_app, from_peer) = mpsc::channel(CHANNEL_DEPTH);
     let (status_tx, status) = watch::channel(peer.status());
+    let (keys, rx_keys) = mpsc::channel(4);
     let task = tokio::spawn(run(
         Arc::new(socket),
         peer,
-        rx_app,
-        tx_app,
-        status_tx,
+        Channels {
+            rx_app,
+            tx_app,
+            rx_keys,
+            status: status_tx,
+        },
         cancel,
     ));
     (
@@ -48,19 +54,32 @@ pub fn spawn(
             to_peer,
             from_peer,
             status,
+            keys,
         },
         task,
     )
 }
 
+struct Channels {
+    rx_app: mpsc::Receiver<Vec<u8>>,
+    tx_app: mpsc::Sender<Vec<u8>>,
+    rx_keys: mpsc::Receiver<Keys>,
+    status: watch::Sender<PeerStatus>,
+}
+
 async fn run(
     socket: Arc<UdpSocket>,
     mut peer: Peer,
-    mut rx_app: mpsc::Receiver<Vec<u8>>,
-    tx_app: mpsc::Sender<Vec<u8>>,
-    status: watch::Sender<PeerStatus>,
+    ch: Channels,
     cancel: CancellationToken,
 ) -> Peer {
+    let Channels {
+        mut rx_app,
+        tx_app,
+        mut rx_keys,
+        status,
+    } = ch;
+    let mut keys_open = true;
     let mut ticker = tokio::time::interval(TICK);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut buf = vec![0u8; 65_536];
@@ -79,6 +98,10 @@ async fn run(
                     // ICMP port unreachable surfaces here on Linux; not fatal.
                     tracing::debug!(error = %e, "udp receive error");
                 }
+            },
+            k = rx_keys.recv(), if keys_open => match k {
+                Some(k) => { peer.set_keys(k, Instant::now(), &mut out); }
+                None => keys_open = false,
             },
             p = rx_app.recv(), if app_open => match p {
                 Some(p) => { let _ = peer.send_packet(&p, &mut out); }
