@@ -156,6 +156,13 @@ pub struct TunnelSpec {
     /// first); for LoadBalancer the Service's `status.loadBalancer.ingress[0]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
+    /// Changing this value (any string, e.g. a date) rotates the tunnel's WireGuard keys:
+    /// the gateway first accepts the new keys besides the old ones, then the agent moves
+    /// to them, then the old ones are dropped, each step held for the controller's
+    /// `--tunnel-key-propagation`. Neither end restarts; established catalog streams see
+    /// one handshake.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_rotation: Option<String>,
 }
 
 /// Where the guest agent reaches the tunnel gateway, as far as the controller knows.
@@ -170,6 +177,22 @@ pub struct TunnelStatus {
     pub reason: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// The key rotation, once one was asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_rotation: Option<KeyRotationStatus>,
+}
+
+/// State of the tunnel key rotation.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyRotationStatus {
+    /// The `spec.tunnel.keyRotation` value the last rotation was started for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// `NewKeysAccepted` (the gateway accepts the new keys; the agent still uses the old
+    /// ones), `OldKeysAccepted` (the agent uses the new keys; the gateway still accepts
+    /// the old ones) or `Idle` (done).
+    pub phase: String,
 }
 
 /// What the controller observed. Conditions: `Available`, `Progressing`, `Degraded`,

@@ -128,6 +128,10 @@ struct RunArgs {
     /// a tag that moved rolls its catalog Deployment after at most this long.
     #[arg(long, default_value = "6h", value_parser = parse_duration)]
     catalog_refresh_interval: std::time::Duration,
+    /// How long each phase of a tunnel key rotation (HostedOLM spec.tunnel.keyRotation)
+    /// is held: longer than a changed Secret takes to reach a mounted volume.
+    #[arg(long, default_value = "3m", value_parser = parse_duration)]
+    tunnel_key_propagation: std::time::Duration,
 }
 
 /// `90`, `90s`, `15m`, `6h`, `500ms`.
@@ -291,6 +295,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<Result<(), InputError>>
         resync: args.resync_interval,
         waiting: args.waiting_interval,
         catalog_refresh: args.catalog_refresh_interval,
+        key_propagation: args.tunnel_key_propagation,
     };
     let client = kube::Client::try_default()
         .await
@@ -442,8 +447,7 @@ fn offline_input(valid: validate::ValidInput) -> anyhow::Result<RenderInput> {
             gateway_public_key: placeholder.clone(),
             agent_private_key: placeholder.clone(),
             agent_public_key: placeholder,
-            gateway_endpoint: None,
-            gateway_endpoint_wait: None,
+            ..TunnelKeys::default()
         },
         packageserver_cluster_ip: None,
         guest_olm_crds_ready: true,

@@ -219,6 +219,8 @@ pub struct ValidInput {
     pub tunnel_service_type: TunnelServiceType,
     /// HostedOLM `spec.tunnel.address`: where the guest reaches the gateway Service.
     pub tunnel_address: Option<String>,
+    /// `HostedOLM.spec.tunnel.keyRotation`: a new value rotates the tunnel keys.
+    pub tunnel_key_rotation: Option<String>,
     /// The HostedCluster's NodePort publishing address (`spec.services[]`).
     pub node_port_address: Option<String>,
     pub subscription_defaults: SubscriptionDefaults,
@@ -634,6 +636,20 @@ pub fn validate(
             format!("{a:?} is not a host name or IP address"),
         ));
     }
+    let tunnel_key_rotation = ov
+        .tunnel
+        .as_ref()
+        .and_then(|t| t.key_rotation.clone())
+        .filter(|t| !t.is_empty());
+    if let Some(t) = &tunnel_key_rotation
+        && (t.len() > 253 || t.chars().any(char::is_control))
+    {
+        errs.push(ConditionReason::new(
+            InvalidOverride,
+            "HostedOLM.spec.tunnel.keyRotation",
+            "must be at most 253 characters without control characters",
+        ));
+    }
     // operator-registry only matters for bundle unpack Jobs; fall back to the OLM image.
     let operator_registry = operator_registry.or_else(|| olm.clone());
 
@@ -673,6 +689,7 @@ pub fn validate(
                     .and_then(|t| t.service_type)
                     .unwrap_or_default(),
                 tunnel_address,
+                tunnel_key_rotation,
                 node_port_address: hc.node_port_address(),
                 subscription_defaults: ov.subscription_defaults.clone().unwrap_or_default(),
                 image_content_sources: spec

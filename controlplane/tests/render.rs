@@ -512,3 +512,80 @@ fn catalog_server_choice_changes_only_the_server_container() {
     assert!(!args(&init[1]).iter().any(|a| a.starts_with("--cache")));
     assert_eq!(pod["terminationGracePeriodSeconds"], 15);
 }
+
+#[test]
+fn key_rotation_renders_extra_keys_and_rolls_no_pod() {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let hc = common::load_hc("none-minimal.yaml");
+    let input = common::input(common::valid(&hc, None), true);
+    let secret_data = |d: &Desired, objs: fn(&Desired) -> &Vec<Object>, name: &str, key: &str| {
+        find(objs(d), "Secret", name).body["data"][key]
+            .as_str()
+            .map(|v| String::from_utf8(b64.decode(v).unwrap()).unwrap())
+    };
+    let hash = |d: &Desired| {
+        (
+            find(&d.hcp, "Deployment", names::TUNNEL_GATEWAY).body["spec"]["template"]["metadata"]
+                ["annotations"][labels::CONFIG_HASH_ANNOTATION]
+                .clone(),
+            find(&d.guest, "Deployment", names::GUEST_AGENT).body["spec"]["template"]["metadata"]
+                ["annotations"][labels::CONFIG_HASH_ANNOTATION]
+                .clone(),
+        )
+    };
+    let before = render::desired(&input).unwrap();
+    assert_eq!(
+        secret_data(
+            &before,
+            |d| &d.hcp,
+            names::TUNNEL_GATEWAY,
+            "extra-private-key"
+        ),
+        None
+    );
+    // Phase 1: the gateway also accepts new keys; the agent keeps its own.
+    let mut rot = input.clone();
+    rot.tunnel.gateway_extra_private_key =
+        Some("TkVYVC1HQVRFV0FZLUtFWS0wMDAwMDAwMDAwMDAwMDA=".into());
+    rot.tunnel.agent_extra_public_key = Some("TkVYVC1BR0VOVC1QVUJMSUMtMDAwMDAwMDAwMDAwMDA=".into());
+    let during = render::desired(&rot).unwrap();
+    let gw: Value = serde_json::from_str(
+        &secret_data(&during, |d| &d.hcp, names::TUNNEL_GATEWAY, "config.json").unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        gw["previous_private_key_files"],
+        serde_json::json!(["/etc/hcp-olm/tunnel/extra-private-key"])
+    );
+    assert_eq!(
+        gw["previous_agent_public_keys"],
+        serde_json::json!(["TkVYVC1BR0VOVC1QVUJMSUMtMDAwMDAwMDAwMDAwMDA="])
+    );
+    assert_eq!(
+        secret_data(
+            &during,
+            |d| &d.hcp,
+            names::TUNNEL_GATEWAY,
+            "extra-private-key"
+        )
+        .as_deref(),
+        Some("TkVYVC1HQVRFV0FZLUtFWS0wMDAwMDAwMDAwMDAwMDA=")
+    );
+    // Phase 2: the agent's keys change too.
+    let mut moved = rot.clone();
+    moved.tunnel.agent_private_key = "TkVXLUFHRU5ULVBSSVZBVEUtMDAwMDAwMDAwMDAwMDA=".into();
+    moved.tunnel.gateway_public_key = "TkVXLUdBVEVXQVktUFVCTElDLTAwMDAwMDAwMDAwMDA=".into();
+    let after = render::desired(&moved).unwrap();
+    assert_eq!(
+        secret_data(&after, |d| &d.guest, names::GUEST_AGENT_PEER, "private-key").as_deref(),
+        Some("TkVXLUFHRU5ULVBSSVZBVEUtMDAwMDAwMDAwMDAwMDA=")
+    );
+    // Keys are re-read by the running daemons: no pod template changes.
+    assert_eq!(hash(&before), hash(&during));
+    assert_eq!(hash(&before), hash(&after));
+    // Something the daemons do not re-read still rolls them.
+    let mut other = input.clone();
+    other.tunnel.gateway_endpoint = Some("198.18.7.7:31000".into());
+    assert_ne!(hash(&before).1, hash(&render::desired(&other).unwrap()).1);
+}

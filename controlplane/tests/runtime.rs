@@ -704,6 +704,7 @@ async fn secret_changes_trigger_reconciles() -> Result<()> {
         resync: hour,
         waiting: hour,
         catalog_refresh: hour,
+        ..Schedule::default()
     }));
     let (stop_tx, stop_rx) = futures::channel::oneshot::channel::<()>();
     let runner = tokio::spawn(run(ctx.clone(), RunOptions::default(), stop_rx.map(|_| ())));
@@ -1951,5 +1952,236 @@ async fn release_payload_images_and_tunnel_endpoint() -> Result<()> {
         Some("False")
     );
 
+    Ok(())
+}
+
+/// One data item of a Secret, as text.
+async fn secret_item(cluster: &Cluster, ns: &str, name: &str, key: &str) -> Result<Option<String>> {
+    let s = Api::<Secret>::namespaced(cluster.client(), ns)
+        .get(name)
+        .await?;
+    Ok(s.data
+        .and_then(|d| d.get(key).cloned())
+        .map(|v| String::from_utf8_lossy(&v.0).into_owned()))
+}
+
+fn public_of(private_b64: &str) -> String {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let bytes: [u8; 32] = b64.decode(private_b64.trim()).unwrap().try_into().unwrap();
+    let secret = x25519_dalek::StaticSecret::from(bytes);
+    b64.encode(x25519_dalek::PublicKey::from(&secret).as_bytes())
+}
+
+/// `HostedOLM.spec.tunnel.keyRotation` walks the rotation against real API servers, with
+/// the controller's ServiceAccount: (1) the gateway accepts the new keys besides the old
+/// ones while the agent keeps its key; (2) after the propagation hold the agent gets
+/// exactly the keys the gateway accepted in (1) and the gateway still accepts the old
+/// ones; (3) the old ones are dropped. No pod template changes at any step (the daemons
+/// re-read keys), each step converges to 0 writes, status follows the phase, and an
+/// invalid value is Degraded without touching the keys.
+#[tokio::test]
+async fn tunnel_key_rotation_walks_its_phases_without_rolling_pods() -> Result<()> {
+    use hcp_olm_controlplane::runtime::Schedule;
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    let hold = std::time::Duration::from_secs(3);
+    let ctx = ctx(controller_client(&env).await?)
+        .with_schedule(Schedule {
+            key_propagation: hold,
+            ..Schedule::default()
+        })
+        .with_events(None);
+    let name = "rot";
+    let hcp_ns = format!("{HC_NS}-{name}");
+    put_kubeconfig_secret(&env, "rot-admin-kubeconfig").await?;
+    create_hc(&env, name, "rot-admin-kubeconfig").await?;
+    let both = [&env.management, &env.guest];
+    converge(&ctx, &env, name, &both).await?;
+
+    let gw_config = || async {
+        let c = secret_item(
+            &env.management,
+            &hcp_ns,
+            "hcp-olm-tunnel-gateway",
+            "config.json",
+        )
+        .await?
+        .context("gateway config.json")?;
+        Ok::<serde_json::Value, anyhow::Error>(serde_json::from_str(&c)?)
+    };
+    let gw_extra = || {
+        secret_item(
+            &env.management,
+            &hcp_ns,
+            "hcp-olm-tunnel-gateway",
+            "extra-private-key",
+        )
+    };
+    let gw_key = || {
+        secret_item(
+            &env.management,
+            &hcp_ns,
+            "hcp-olm-tunnel-gateway",
+            "private-key",
+        )
+    };
+    let agent_key = || {
+        secret_item(
+            &env.guest,
+            "hcp-olm",
+            "hcp-olm-guest-agent-peer",
+            "private-key",
+        )
+    };
+    let hashes = || async {
+        let gw = Api::<Deployment>::namespaced(env.management.client(), &hcp_ns)
+            .get("hcp-olm-tunnel-gateway")
+            .await?;
+        let agent = Api::<Deployment>::namespaced(env.guest.client(), "hcp-olm")
+            .get("hcp-olm-guest-agent")
+            .await?;
+        Ok::<_, anyhow::Error>((config_hash(&gw), config_hash(&agent)))
+    };
+    let rotation = || async {
+        Ok::<_, anyhow::Error>(
+            holm_of(&env, name)
+                .await?
+                .status
+                .and_then(|s| s.tunnel)
+                .and_then(|t| t.key_rotation)
+                .map(|r| (r.token, r.phase)),
+        )
+    };
+    let hashes0 = hashes().await?;
+    assert!(hashes0.0.is_some() && hashes0.1.is_some(), "{hashes0:?}");
+    let (gw0, agent0) = (gw_key().await?.unwrap(), agent_key().await?.unwrap());
+    let cfg0 = gw_config().await?;
+    assert_eq!(cfg0["agent_public_key"], public_of(&agent0));
+    assert!(cfg0.get("previous_agent_public_keys").is_none(), "{cfg0}");
+    assert_eq!(gw_extra().await?, None);
+    assert_eq!(rotation().await?, None);
+
+    // Bad input first: reported, keys untouched.
+    patch_holm(
+        &env,
+        name,
+        serde_json::json!({"spec": {"tunnel": {"keyRotation": "x".repeat(300)}}}),
+    )
+    .await?;
+    reconcile(&ctx, &env, name).await?;
+    assert_eq!(
+        holm_condition(&env, name, "Degraded").await?,
+        Some(("True".into(), "InvalidOverride".into()))
+    );
+    assert_eq!(
+        (gw_key().await?.unwrap(), agent_key().await?.unwrap()),
+        (gw0.clone(), agent0.clone())
+    );
+
+    // (1) New keys accepted by the gateway; the agent keeps its own.
+    patch_holm(
+        &env,
+        name,
+        serde_json::json!({"spec": {"tunnel": {"keyRotation": "2026-11-22"}}}),
+    )
+    .await?;
+    let o = converge(&ctx, &env, name, &both).await?;
+    assert!(
+        o.requeue <= hold,
+        "requeue {:?} must bring the next phase",
+        o.requeue
+    );
+    assert_eq!(
+        rotation().await?,
+        Some((Some("2026-11-22".into()), "NewKeysAccepted".into()))
+    );
+    let cfg1 = gw_config().await?;
+    let next_agent_pub = cfg1["previous_agent_public_keys"][0]
+        .as_str()
+        .context("accepted agent key")?
+        .to_string();
+    let next_gw = gw_extra().await?.context("gateway extra key in phase 1")?;
+    assert_ne!(next_agent_pub, public_of(&agent0));
+    assert_ne!(next_gw, gw0);
+    assert_eq!(cfg1["agent_public_key"], public_of(&agent0));
+    assert_eq!(
+        cfg1["previous_private_key_files"],
+        serde_json::json!(["/etc/hcp-olm/tunnel/extra-private-key"])
+    );
+    assert_eq!(
+        (gw_key().await?.unwrap(), agent_key().await?.unwrap()),
+        (gw0.clone(), agent0.clone())
+    );
+    assert_eq!(
+        guest_peer_config(&env).await?["gateway_public_key"],
+        public_of(&gw0)
+    );
+    assert_eq!(
+        hashes().await?,
+        hashes0,
+        "phase 1 must not roll the tunnel pods"
+    );
+
+    // (2) After the hold: the agent uses exactly the keys the gateway accepted.
+    tokio::time::sleep(hold).await;
+    converge(&ctx, &env, name, &both).await?;
+    assert_eq!(
+        rotation().await?,
+        Some((Some("2026-11-22".into()), "OldKeysAccepted".into()))
+    );
+    let agent1 = agent_key().await?.unwrap();
+    assert_eq!(public_of(&agent1), next_agent_pub);
+    assert_eq!(
+        guest_peer_config(&env).await?["gateway_public_key"],
+        public_of(&next_gw)
+    );
+    assert_eq!(gw_key().await?.unwrap(), next_gw);
+    assert_eq!(gw_extra().await?.as_deref(), Some(gw0.as_str()));
+    let cfg2 = gw_config().await?;
+    assert_eq!(cfg2["agent_public_key"], next_agent_pub);
+    assert_eq!(
+        cfg2["previous_agent_public_keys"],
+        serde_json::json!([public_of(&agent0)])
+    );
+    assert_eq!(
+        hashes().await?,
+        hashes0,
+        "phase 2 must not roll the tunnel pods"
+    );
+
+    // (3) After another hold: the old keys are gone.
+    tokio::time::sleep(hold).await;
+    let o = converge(&ctx, &env, name, &both).await?;
+    assert!(
+        o.requeue > hold,
+        "no rotation requeue once idle: {:?}",
+        o.requeue
+    );
+    assert_eq!(
+        rotation().await?,
+        Some((Some("2026-11-22".into()), "Idle".into()))
+    );
+    let cfg3 = gw_config().await?;
+    assert!(cfg3.get("previous_agent_public_keys").is_none(), "{cfg3}");
+    assert!(cfg3.get("previous_private_key_files").is_none(), "{cfg3}");
+    assert_eq!(gw_extra().await?, None);
+    assert_eq!(
+        (gw_key().await?.unwrap(), agent_key().await?.unwrap()),
+        (next_gw, agent1)
+    );
+    assert_eq!(
+        hashes().await?,
+        hashes0,
+        "the end of the rotation must not roll the tunnel pods"
+    );
+    let keys = Api::<Secret>::namespaced(env.management.client(), &hcp_ns)
+        .get("hcp-olm-tunnel-keys")
+        .await?;
+    assert_eq!(keys.data.unwrap().len(), 2, "only the current pair is kept");
+    assert_eq!(
+        holm_condition(&env, name, "Degraded").await?.map(|c| c.0),
+        Some("False".into())
+    );
     Ok(())
 }

@@ -7,8 +7,8 @@ use sha2::{Digest, Sha256};
 
 use super::labels::{self, metadata, selector};
 use super::tunnel::{
-    PRIVATE_KEY_KEY, agent_catalog_port, agent_peer_config, exposed_services,
-    network as tunnel_network,
+    PRIVATE_KEY_KEY, agent_catalog_port, agent_peer_config, agent_peer_config_without_keys,
+    exposed_services, network as tunnel_network,
 };
 use super::{
     ApplyPolicy, Desired, Object, Pending, RenderError, RenderInput, ResolvedCatalog, names, ports,
@@ -72,9 +72,17 @@ pub(super) fn render(
             what: "agent peer config",
             source,
         })?;
+    // Keys are left out: the agent re-reads them from the mounted Secret, so a key
+    // rotation must not restart it (that would cut the catalog streams it carries).
     let mut h = Sha256::new();
-    h.update(peer_json.as_bytes());
-    h.update(input.tunnel.agent_private_key.as_bytes());
+    h.update(
+        serde_json::to_string(&agent_peer_config_without_keys(&peer))
+            .map_err(|source| RenderError::Serialize {
+                what: "agent peer config",
+                source,
+            })?
+            .as_bytes(),
+    );
     let peer_hash = hex(&h.finalize()[..16]);
     push(
         out,

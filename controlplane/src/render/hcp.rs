@@ -9,7 +9,10 @@ use sha2::{Digest, Sha256};
 use time::format_description::well_known::Rfc3339;
 
 use super::labels::{self, metadata, selector};
-use super::tunnel::{PRIVATE_KEY_KEY, exposed_services, gateway_config, network as tunnel_network};
+use super::tunnel::{
+    EXTRA_PRIVATE_KEY_KEY, PRIVATE_KEY_KEY, exposed_services, gateway_config,
+    gateway_config_without_keys, network as tunnel_network,
+};
 use super::{
     ApplyPolicy, Desired, Object, Pending, RenderError, RenderInput, ResolvedCatalog, names, ports,
 };
@@ -446,7 +449,23 @@ pub(super) fn render(
         what: "gateway config",
         source,
     })?;
-    let gw_hash = sha(format!("{gw_json}\n{}", input.tunnel.gateway_private_key).as_bytes());
+    // Keys are left out: the gateway re-reads them from the mounted Secret, so a key
+    // rotation must not restart it (that would cut the catalog streams it carries).
+    let gw_hash = sha(serde_json::to_string(&gateway_config_without_keys(&gw))
+        .map_err(|source| RenderError::Serialize {
+            what: "gateway config",
+            source,
+        })?
+        .as_bytes());
+    let mut gw_data = serde_json::Map::new();
+    gw_data.insert("config.json".into(), json!(B64.encode(&gw_json)));
+    gw_data.insert(
+        PRIVATE_KEY_KEY.into(),
+        json!(B64.encode(&input.tunnel.gateway_private_key)),
+    );
+    if let Some(k) = &input.tunnel.gateway_extra_private_key {
+        gw_data.insert(EXTRA_PRIVATE_KEY_KEY.into(), json!(B64.encode(k)));
+    }
     push(
         out,
         json!({
@@ -454,10 +473,7 @@ pub(super) fn render(
             "kind": "Secret",
             "metadata": metadata(v, names::TUNNEL_GATEWAY, Some(&hcp_ns), "tunnel-gateway", owner(input)),
             "type": "Opaque",
-            "data": {
-                "config.json": B64.encode(&gw_json),
-                PRIVATE_KEY_KEY: B64.encode(&input.tunnel.gateway_private_key),
-            },
+            "data": gw_data,
         }),
         "secrets",
     );

@@ -12,6 +12,17 @@ pub struct TunnelKeys {
     pub gateway_public_key: String,
     pub agent_private_key: String,
     pub agent_public_key: String,
+    /// Key rotation: a further gateway private key the gateway accepts handshakes with
+    /// (the next one, then the previous one) ...
+    pub gateway_extra_private_key: Option<String>,
+    /// ... and a further agent public key it accepts.
+    pub agent_extra_public_key: Option<String>,
+    /// `Idle`, `NewKeysAccepted` or `OldKeysAccepted`.
+    pub rotation_phase: &'static str,
+    /// The `spec.tunnel.keyRotation` value the last rotation was started for.
+    pub rotation_token: Option<String>,
+    /// When the rotation wants the next reconcile.
+    pub rotation_recheck: Option<std::time::Duration>,
     pub gateway_endpoint: Option<String>,
     /// Why `gateway_endpoint` is None, when the runtime looked (None in offline
     /// renders: the Service has not been read).
@@ -148,6 +159,8 @@ pub const GATEWAY_CONFIG_DIR: &str = "/etc/hcp-olm/tunnel";
 pub const AGENT_CONFIG_DIR: &str = "/etc/hcp-olm/peer";
 /// Key of the private key in the gateway and agent Secrets.
 pub const PRIVATE_KEY_KEY: &str = "private-key";
+/// Key of the further private key the gateway accepts during a key rotation.
+pub const EXTRA_PRIVATE_KEY_KEY: &str = "extra-private-key";
 
 /// What the two ends need to know about the guest's networks and the HCP namespace.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -240,8 +253,12 @@ pub fn gateway_config(
         private_key: None,
         private_key_file: Some(format!("{GATEWAY_CONFIG_DIR}/{PRIVATE_KEY_KEY}")),
         agent_public_key: keys.agent_public_key.clone(),
-        previous_private_key_files: Vec::new(),
-        previous_agent_public_keys: Vec::new(),
+        previous_private_key_files: keys
+            .gateway_extra_private_key
+            .iter()
+            .map(|_| format!("{GATEWAY_CONFIG_DIR}/{EXTRA_PRIVATE_KEY_KEY}"))
+            .collect(),
+        previous_agent_public_keys: keys.agent_extra_public_key.iter().cloned().collect(),
         key_reload_seconds: None,
         tunnel_address: GATEWAY_TUNNEL_ADDRESS.into(),
         agent_tunnel_address: AGENT_TUNNEL_ADDRESS.into(),
@@ -263,6 +280,25 @@ pub fn gateway_config(
         peer_timeout_seconds: Some(PEER_TIMEOUT_SECONDS),
         mtu: None,
         drain_timeout_seconds: None,
+    }
+}
+
+/// The gateway config without its key fields: what the gateway pods must restart for
+/// (keys are re-read from the mounted Secret while running).
+pub fn gateway_config_without_keys(c: &GatewayConfig) -> GatewayConfig {
+    GatewayConfig {
+        agent_public_key: String::new(),
+        previous_private_key_files: Vec::new(),
+        previous_agent_public_keys: Vec::new(),
+        ..c.clone()
+    }
+}
+
+/// The agent config without its key fields (see [`gateway_config_without_keys`]).
+pub fn agent_peer_config_without_keys(c: &AgentPeerConfig) -> AgentPeerConfig {
+    AgentPeerConfig {
+        gateway_public_key: String::new(),
+        ..c.clone()
     }
 }
 

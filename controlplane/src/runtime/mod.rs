@@ -58,6 +58,10 @@ pub struct Schedule {
     /// reused; after that the next reconcile looks them up again, and a changed digest
     /// rolls the catalog Deployment.
     pub catalog_refresh: Duration,
+    /// How long each phase of a tunnel key rotation is held: longer than a changed Secret
+    /// takes to reach the mounted volumes of the gateway and the agent (the kubelet's
+    /// sync period plus its cache TTL, about a minute by default).
+    pub key_propagation: Duration,
 }
 
 impl Default for Schedule {
@@ -66,6 +70,7 @@ impl Default for Schedule {
             resync: Duration::from_secs(300),
             waiting: Duration::from_secs(30),
             catalog_refresh: Duration::from_secs(6 * 3600),
+            key_propagation: Duration::from_secs(180),
         }
     }
 }

@@ -522,7 +522,8 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
     )
     .await;
     let (pki, _issued) = secrets::pki(&ctx.client, &valid, now).await?;
-    let (mut tunnel, new_keys) = secrets::tunnel_keys(&ctx.client, &valid).await?;
+    let (mut tunnel, new_keys) =
+        secrets::tunnel_keys(&ctx.client, &valid, now, ctx.schedule.key_propagation).await?;
     // The gateway's endpoint as far as the live Service tells (checked again after the
     // HCP objects are applied, so a new Service's node port reaches the guest at once).
     set_endpoint(
@@ -587,6 +588,7 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
         name: name.clone(),
         uid: holm.metadata.uid.clone().unwrap_or_default(),
     };
+    let rotation_recheck = tunnel.rotation_recheck;
     let mut input = RenderInput {
         valid,
         catalog_images,
@@ -712,7 +714,8 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
             // Registry answers expire after catalog_refresh; look again by then so a
             // moved tag rolls the catalog.
             ctx.schedule.resync.min(ctx.schedule.catalog_refresh)
-        },
+        }
+        .min(rotation_recheck.unwrap_or(Duration::MAX)),
     })
 }
 
@@ -933,7 +936,13 @@ fn build_status(
 /// none yet.
 fn tunnel_status(input: &RenderInput) -> crate::hostedolm::TunnelStatus {
     let service_type = tunnel_service_type(&input.valid).to_string();
-    match (
+    let t = &input.tunnel;
+    let key_rotation = (t.rotation_token.is_some() || !matches!(t.rotation_phase, "Idle" | ""))
+        .then(|| crate::hostedolm::KeyRotationStatus {
+            token: t.rotation_token.clone(),
+            phase: t.rotation_phase.to_string(),
+        });
+    let mut st = match (
         &input.tunnel.gateway_endpoint,
         &input.tunnel.gateway_endpoint_wait,
     ) {
@@ -944,20 +953,25 @@ fn tunnel_status(input: &RenderInput) -> crate::hostedolm::TunnelStatus {
             message: format!(
                 "the guest agent's peer config names the gateway endpoint {e}; whether the WireGuard handshake succeeds is not observed here (the tunnel components report it)"
             ),
+            key_rotation: None,
         },
         (None, Some(w)) => crate::hostedolm::TunnelStatus {
             service_type,
             endpoint: None,
             reason: w.reason.into(),
             message: w.message.clone(),
+            key_rotation: None,
         },
         (None, None) => crate::hostedolm::TunnelStatus {
             service_type,
             endpoint: None,
             reason: "WaitingForTunnelEndpoint".into(),
             message: String::new(),
+            key_rotation: None,
         },
-    }
+    };
+    st.key_rotation = key_rotation;
+    st
 }
 
 fn tunnel_service_type(v: &validate::ValidInput) -> &'static str {

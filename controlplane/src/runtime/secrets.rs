@@ -16,10 +16,170 @@ use crate::certs::{self, CertMaterial, StoredCertInfo};
 use crate::render::{PkiInput, TunnelKeys, labels, names};
 use crate::validate::ValidInput;
 
-/// Secret with the tunnel's WireGuard private keys (created once, never updated).
+/// Secret with the tunnel's WireGuard private keys (created once; updated only by a key
+/// rotation, see [`rotation_step`]).
 pub const TUNNEL_KEYS_SECRET: &str = "hcp-olm-tunnel-keys";
 const GATEWAY_KEY: &str = "gateway-private-key";
 const AGENT_KEY: &str = "agent-private-key";
+const NEXT_GATEWAY_KEY: &str = "next-gateway-private-key";
+const NEXT_AGENT_KEY: &str = "next-agent-private-key";
+const PREVIOUS_GATEWAY_KEY: &str = "previous-gateway-private-key";
+const PREVIOUS_AGENT_KEY: &str = "previous-agent-private-key";
+/// The `HostedOLM.spec.tunnel.keyRotation` value the last rotation was started for.
+pub const ROTATION_TOKEN_ANNOTATION: &str = "olm.hcp-olm.io/key-rotation-token";
+/// When the current rotation phase began (RFC 3339).
+pub const ROTATION_SINCE_ANNOTATION: &str = "olm.hcp-olm.io/key-rotation-phase-since";
+
+/// A gateway and agent private key pair (raw bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyPairs {
+    pub gateway: [u8; 32],
+    pub agent: [u8; 32],
+}
+
+/// The tunnel keys as stored, with the state of a rotation.
+///
+/// A rotation has two phases, each held for the propagation time (how long a changed
+/// Secret takes to reach a mounted volume, on both sides):
+/// 1. `next` set: the gateway accepts the next keys besides the current ones; the agent
+///    still uses the current ones.
+/// 2. `previous` set: the next keys became current and the agent uses them; the gateway
+///    still accepts the previous ones, in case the agent's volume is late.
+///
+/// Then `previous` is dropped. The tunnel ends re-read their keys without restarting, so
+/// established catalog streams see one handshake.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredKeys {
+    pub current: KeyPairs,
+    pub next: Option<KeyPairs>,
+    pub previous: Option<KeyPairs>,
+    pub token: Option<String>,
+    pub phase_since: Option<OffsetDateTime>,
+}
+
+/// What a reconcile does to the stored keys.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RotationStep {
+    /// Nothing now; look again after the duration if one is given.
+    Hold(Option<std::time::Duration>),
+    /// Start a rotation for this token with these new keys (phase 1).
+    Start(String),
+    /// Phase 1 → 2.
+    Advance,
+    /// Phase 2 → done.
+    Finish,
+}
+
+/// The next step of a key rotation (pure). A new token while a rotation is under way
+/// waits for it to finish.
+pub fn rotation_step(
+    stored: &StoredKeys,
+    requested: Option<&str>,
+    now: OffsetDateTime,
+    propagation: std::time::Duration,
+) -> RotationStep {
+    let in_phase = stored.next.is_some() || stored.previous.is_some();
+    if in_phase {
+        let since = stored.phase_since.unwrap_or(now);
+        let elapsed = std::time::Duration::try_from(now - since).unwrap_or_default();
+        if elapsed < propagation {
+            return RotationStep::Hold(Some(propagation - elapsed));
+        }
+        return if stored.next.is_some() {
+            RotationStep::Advance
+        } else {
+            RotationStep::Finish
+        };
+    }
+    match requested {
+        Some(t) if !t.is_empty() && stored.token.as_deref() != Some(t) => {
+            RotationStep::Start(t.to_string())
+        }
+        _ => RotationStep::Hold(None),
+    }
+}
+
+/// Applies a step to the stored keys (pure but for the fresh keys passed in).
+pub fn apply_step(
+    stored: &StoredKeys,
+    step: &RotationStep,
+    fresh: KeyPairs,
+    now: OffsetDateTime,
+) -> StoredKeys {
+    let mut s = stored.clone();
+    match step {
+        RotationStep::Hold(_) => {}
+        RotationStep::Start(token) => {
+            s.next = Some(fresh);
+            s.token = Some(token.clone());
+            s.phase_since = Some(now);
+        }
+        RotationStep::Advance => {
+            if let Some(next) = s.next.take() {
+                s.previous = Some(s.current);
+                s.current = next;
+            }
+            s.phase_since = Some(now);
+        }
+        RotationStep::Finish => {
+            s.previous = None;
+            s.phase_since = None;
+        }
+    }
+    s
+}
+
+fn stored_keys(s: &Secret) -> Option<StoredKeys> {
+    let pair = |g: &str, a: &str| {
+        Some(KeyPairs {
+            gateway: decode_key(s, g)?,
+            agent: decode_key(s, a)?,
+        })
+    };
+    let ann = s.metadata.annotations.as_ref();
+    Some(StoredKeys {
+        current: pair(GATEWAY_KEY, AGENT_KEY)?,
+        next: pair(NEXT_GATEWAY_KEY, NEXT_AGENT_KEY),
+        previous: pair(PREVIOUS_GATEWAY_KEY, PREVIOUS_AGENT_KEY),
+        token: ann.and_then(|a| a.get(ROTATION_TOKEN_ANNOTATION)).cloned(),
+        phase_since: ann
+            .and_then(|a| a.get(ROTATION_SINCE_ANNOTATION))
+            .and_then(|t| {
+                OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()
+            }),
+    })
+}
+
+/// Writes `keys` into the fetched Secret `s` (data and annotations; labels kept).
+fn store_keys(mut s: Secret, keys: &StoredKeys) -> Secret {
+    let enc = |k: &[u8; 32]| k8s_openapi::ByteString(B64.encode(k).into_bytes());
+    let mut data = BTreeMap::new();
+    data.insert(GATEWAY_KEY.to_string(), enc(&keys.current.gateway));
+    data.insert(AGENT_KEY.to_string(), enc(&keys.current.agent));
+    if let Some(n) = &keys.next {
+        data.insert(NEXT_GATEWAY_KEY.to_string(), enc(&n.gateway));
+        data.insert(NEXT_AGENT_KEY.to_string(), enc(&n.agent));
+    }
+    if let Some(p) = &keys.previous {
+        data.insert(PREVIOUS_GATEWAY_KEY.to_string(), enc(&p.gateway));
+        data.insert(PREVIOUS_AGENT_KEY.to_string(), enc(&p.agent));
+    }
+    s.data = Some(data);
+    s.string_data = None;
+    let ann = s.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    match &keys.token {
+        Some(t) => ann.insert(ROTATION_TOKEN_ANNOTATION.into(), t.clone()),
+        None => ann.remove(ROTATION_TOKEN_ANNOTATION),
+    };
+    match keys.phase_since.and_then(|t| {
+        t.format(&time::format_description::well_known::Rfc3339)
+            .ok()
+    }) {
+        Some(t) => ann.insert(ROTATION_SINCE_ANNOTATION.into(), t),
+        None => ann.remove(ROTATION_SINCE_ANNOTATION),
+    };
+    s
+}
 
 fn data_str(s: &Secret, key: &str) -> Option<String> {
     let bytes = s.data.as_ref()?.get(key)?;
@@ -126,10 +286,14 @@ fn decode_key(s: &Secret, key: &str) -> Option<[u8; 32]> {
 
 /// Tunnel keys: read from [`TUNNEL_KEYS_SECRET`], or generated. When generated, the
 /// returned body is the Secret to create (create-only; it carries the prune labels so
-/// cleanup removes it).
+/// cleanup removes it). A key rotation (`HostedOLM.spec.tunnel.keyRotation` changed, or
+/// one under way whose phase has lasted `propagation`) updates the Secret here, with the
+/// read resourceVersion (a concurrent writer makes this reconcile fail and retry).
 pub async fn tunnel_keys(
     client: &kube::Client,
     valid: &ValidInput,
+    now: OffsetDateTime,
+    propagation: std::time::Duration,
 ) -> Result<(TunnelKeys, Option<serde_json::Value>), Error> {
     let ns = &valid.cluster.hcp_namespace;
     let api: Api<Secret> = Api::namespaced(client.clone(), ns);
@@ -139,23 +303,52 @@ pub async fn tunnel_keys(
         .map_err(kube_err(format!(
             "reading Secret {ns}/{TUNNEL_KEYS_SECRET}"
         )))?;
-    let existing = stored
-        .as_ref()
-        .and_then(|s| Some((decode_key(s, GATEWAY_KEY)?, decode_key(s, AGENT_KEY)?)));
-    let (gw, agent, body) = match existing {
-        Some((gw, agent)) => (gw, agent, None),
-        None => {
+    let existing = stored.as_ref().and_then(stored_keys);
+    let (keys, body) = match (existing, stored) {
+        (Some(keys), Some(secret)) => {
+            let step = rotation_step(
+                &keys,
+                valid.tunnel_key_rotation.as_deref(),
+                now,
+                propagation,
+            );
+            if let RotationStep::Hold(_) = step {
+                (keys, None)
+            } else {
+                let fresh = KeyPairs {
+                    gateway: new_private_key()?,
+                    agent: new_private_key()?,
+                };
+                let next = apply_step(&keys, &step, fresh, now);
+                tracing::info!(
+                    namespace = %ns,
+                    step = ?std::mem::discriminant(&step),
+                    phase = rotation_phase(&next),
+                    "tunnel key rotation"
+                );
+                let updated = store_keys(secret, &next);
+                api.replace(TUNNEL_KEYS_SECRET, &Default::default(), &updated)
+                    .await
+                    .map_err(kube_err(format!(
+                        "updating Secret {ns}/{TUNNEL_KEYS_SECRET} (key rotation)"
+                    )))?;
+                (next, None)
+            }
+        }
+        (_, stored) => {
             if stored.is_some() {
                 tracing::warn!(
                     namespace = %ns,
                     "tunnel keys Secret is unreadable; generating new keys"
                 );
             }
-            let gw = new_private_key()?;
-            let agent = new_private_key()?;
+            let current = KeyPairs {
+                gateway: new_private_key()?,
+                agent: new_private_key()?,
+            };
             let data = BTreeMap::from([
-                (GATEWAY_KEY, B64.encode(B64.encode(gw))),
-                (AGENT_KEY, B64.encode(B64.encode(agent))),
+                (GATEWAY_KEY, B64.encode(B64.encode(current.gateway))),
+                (AGENT_KEY, B64.encode(B64.encode(current.agent))),
             ]);
             let body = json!({
                 "apiVersion": "v1",
@@ -170,20 +363,55 @@ pub async fn tunnel_keys(
                 "type": "Opaque",
                 "data": data,
             });
-            (gw, agent, Some(body))
+            let keys = StoredKeys {
+                current,
+                next: None,
+                previous: None,
+                token: None,
+                phase_since: None,
+            };
+            (keys, Some(body))
         }
     };
-    Ok((
-        TunnelKeys {
-            gateway_private_key: B64.encode(gw),
-            gateway_public_key: public_of(&gw),
-            agent_private_key: B64.encode(agent),
-            agent_public_key: public_of(&agent),
-            gateway_endpoint: None,
-            gateway_endpoint_wait: None,
-        },
-        body,
-    ))
+    Ok((render_keys(&keys, now, propagation), body))
+}
+
+/// `Idle`, `NewKeysAccepted` (phase 1) or `OldKeysAccepted` (phase 2).
+pub fn rotation_phase(k: &StoredKeys) -> &'static str {
+    if k.next.is_some() {
+        "NewKeysAccepted"
+    } else if k.previous.is_some() {
+        "OldKeysAccepted"
+    } else {
+        "Idle"
+    }
+}
+
+/// What render needs: the keys each end uses, the further ones the gateway accepts, and
+/// when to look again.
+pub fn render_keys(
+    k: &StoredKeys,
+    now: OffsetDateTime,
+    propagation: std::time::Duration,
+) -> TunnelKeys {
+    let extra = k.next.or(k.previous);
+    let recheck = match rotation_step(k, None, now, propagation) {
+        RotationStep::Hold(d) => d,
+        _ => Some(std::time::Duration::ZERO),
+    };
+    TunnelKeys {
+        gateway_private_key: B64.encode(k.current.gateway),
+        gateway_public_key: public_of(&k.current.gateway),
+        agent_private_key: B64.encode(k.current.agent),
+        agent_public_key: public_of(&k.current.agent),
+        gateway_extra_private_key: extra.map(|e| B64.encode(e.gateway)),
+        agent_extra_public_key: extra.map(|e| public_of(&e.agent)),
+        rotation_phase: rotation_phase(k),
+        rotation_token: k.token.clone(),
+        rotation_recheck: recheck,
+        gateway_endpoint: None,
+        gateway_endpoint_wait: None,
+    }
 }
 
 #[cfg(test)]
@@ -204,5 +432,121 @@ mod tests {
         let public = hexd("8520f0098930a754748b7ddcb43ef75a0dbf3a0d26381af4eba4a98eaa9b4e6a");
         assert_eq!(public_of(&private), B64.encode(public));
         assert_ne!(new_private_key().unwrap(), new_private_key().unwrap());
+    }
+
+    fn pairs(n: u8) -> KeyPairs {
+        KeyPairs {
+            gateway: [n; 32],
+            agent: [n + 100; 32],
+        }
+    }
+
+    #[test]
+    fn rotation_walks_two_held_phases() {
+        let t0 = OffsetDateTime::from_unix_timestamp(1_900_000_000).unwrap();
+        let hold = std::time::Duration::from_secs(180);
+        let idle = StoredKeys {
+            current: pairs(1),
+            next: None,
+            previous: None,
+            token: None,
+            phase_since: None,
+        };
+        assert_eq!(
+            rotation_step(&idle, None, t0, hold),
+            RotationStep::Hold(None)
+        );
+        assert_eq!(
+            rotation_step(&idle, Some(""), t0, hold),
+            RotationStep::Hold(None)
+        );
+        let start = rotation_step(&idle, Some("2026-11"), t0, hold);
+        assert_eq!(start, RotationStep::Start("2026-11".into()));
+        let p1 = apply_step(&idle, &start, pairs(2), t0);
+        assert_eq!(
+            (p1.current, p1.next, p1.previous),
+            (pairs(1), Some(pairs(2)), None)
+        );
+        assert_eq!(rotation_phase(&p1), "NewKeysAccepted");
+        // Phase 1: the agent keeps its key, the gateway also accepts the next ones.
+        let r = render_keys(&p1, t0, hold);
+        assert_eq!(r.agent_private_key, B64.encode(pairs(1).agent));
+        assert_eq!(
+            r.gateway_extra_private_key,
+            Some(B64.encode(pairs(2).gateway))
+        );
+        assert_eq!(r.agent_extra_public_key, Some(public_of(&pairs(2).agent)));
+        assert_eq!(r.rotation_recheck, Some(hold));
+        // Held, even when another token arrives meanwhile.
+        let t1 = t0 + time::Duration::seconds(60);
+        assert_eq!(
+            rotation_step(&p1, Some("again"), t1, hold),
+            RotationStep::Hold(Some(std::time::Duration::from_secs(120)))
+        );
+        let t2 = t0 + time::Duration::seconds(180);
+        let adv = rotation_step(&p1, Some("2026-11"), t2, hold);
+        assert_eq!(adv, RotationStep::Advance);
+        let p2 = apply_step(&p1, &adv, pairs(9), t2);
+        assert_eq!(
+            (p2.current, p2.next, p2.previous),
+            (pairs(2), None, Some(pairs(1)))
+        );
+        assert_eq!(rotation_phase(&p2), "OldKeysAccepted");
+        let r = render_keys(&p2, t2, hold);
+        assert_eq!(r.agent_private_key, B64.encode(pairs(2).agent));
+        assert_eq!(
+            r.gateway_extra_private_key,
+            Some(B64.encode(pairs(1).gateway))
+        );
+        let t3 = t2 + time::Duration::seconds(181);
+        let fin = rotation_step(&p2, Some("2026-11"), t3, hold);
+        assert_eq!(fin, RotationStep::Finish);
+        let done = apply_step(&p2, &fin, pairs(9), t3);
+        assert_eq!(
+            (done.current, done.next, done.previous),
+            (pairs(2), None, None)
+        );
+        assert_eq!(
+            rotation_step(&done, Some("2026-11"), t3, hold),
+            RotationStep::Hold(None)
+        );
+        // A new token starts the next rotation.
+        assert_eq!(
+            rotation_step(&done, Some("again"), t3, hold),
+            RotationStep::Start("again".into())
+        );
+        let r = render_keys(&done, t3, hold);
+        assert_eq!(
+            (r.gateway_extra_private_key, r.rotation_recheck),
+            (None, None)
+        );
+    }
+
+    #[test]
+    fn stored_keys_round_trip_through_the_secret() {
+        let t0 = OffsetDateTime::from_unix_timestamp(1_900_000_000).unwrap();
+        let k = StoredKeys {
+            current: pairs(3),
+            next: None,
+            previous: Some(pairs(4)),
+            token: Some("t".into()),
+            phase_since: Some(t0),
+        };
+        let s = store_keys(Secret::default(), &k);
+        assert_eq!(stored_keys(&s), Some(k.clone()));
+        let done = StoredKeys {
+            previous: None,
+            phase_since: None,
+            ..k
+        };
+        let s = store_keys(s, &done);
+        assert_eq!(stored_keys(&s), Some(done));
+        assert!(!s.data.unwrap().contains_key(PREVIOUS_GATEWAY_KEY));
+        assert!(
+            !s.metadata
+                .annotations
+                .unwrap()
+                .contains_key(ROTATION_SINCE_ANNOTATION)
+        );
     }
 }

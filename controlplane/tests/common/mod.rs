@@ -138,8 +138,8 @@ pub fn input(v: ValidInput, ready: bool) -> RenderInput {
             gateway_public_key: "R0FURVdBWS1QVUJMSUMtS0VZLVRFU1QtMDAwMDAwMDA=".into(),
             agent_private_key: "QUdFTlQtUFJJVkFURS1LRVktVEVTVC0wMDAwMDAwMDA=".into(),
             agent_public_key: "QUdFTlQtUFVCTElDLUtFWS1URVNULTAwMDAwMDAwMDA=".into(),
-            gateway_endpoint: None,
-            gateway_endpoint_wait: None,
+            rotation_phase: "Idle",
+            ..TunnelKeys::default()
         },
         packageserver_cluster_ip: None,
         guest_olm_crds_ready: ready,
