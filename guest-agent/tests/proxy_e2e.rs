@@ -32,6 +32,8 @@ const SOCKS_PROXY: &str = "127.0.0.1:1080";
 const GW_HEALTH: &str = "127.0.0.1:9101";
 const AGENT_HEALTH: &str = "127.0.0.1:9102";
 const EXPOSED_PORT: u16 = 50061;
+/// The gateway's split DNS for pods' `dnsConfig`.
+const GW_DNS: &str = "127.0.0.1:5355";
 
 /// The CLI binary, built next to this test by `cargo test --workspace` (or
 /// `cargo build -p hcp-olm-cli`).
@@ -255,7 +257,7 @@ fn setup_with(impaired: bool) -> World {
         "socks_listen": SOCKS_PROXY,
         "health_listen": GW_HEALTH,
         "persistent_keepalive_seconds": 2,
-        "dns": {"local_upstreams": ["127.0.0.1:5354"]},
+        "dns": {"local_upstreams": ["127.0.0.1:5354"], "listen": GW_DNS},
         "allowed_services": [
             {"namespace": GUEST_NS, "name": "*", "port": 50051},
             // Allowed here but not by the agent's ports: the agent must refuse it.
@@ -323,7 +325,14 @@ fn setup_with(impaired: bool) -> World {
         "dnsmasq-mgmt",
         "127.0.0.1",
         5354,
-        &[(&local_cat, MGMT_CAT), (&cat, "198.18.51.99")],
+        &[
+            (&local_cat, MGMT_CAT),
+            (&cat, "198.18.51.99"),
+            (
+                &format!("ghost.{GUEST_NS}.svc.cluster.local"),
+                "198.18.51.98",
+            ),
+        ],
     );
     if impaired {
         let mut cmd = m.command(IMPAIR);
@@ -629,6 +638,118 @@ fn lossy_delayed_underlay() {
     eprintln!("catalog calls over 5% loss / 50 ms delay: {times:?}");
 }
 
+/// A DNS client (Python's standard library only) run inside a namespace: one A query over
+/// UDP or TCP; prints `RCODE addr...`, or `garbage-ok` after sending junk and then a
+/// good query.
+const DNS_CLIENT: &str = r#"
+import socket, struct, sys, random
+host, port, proto, name = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+def query(name):
+    q = struct.pack(">HHHHHH", random.randrange(65536), 0x0100, 1, 0, 0, 0)
+    for l in name.rstrip(".").split("."):
+        q += bytes([len(l)]) + l.encode()
+    return q + b"\0" + struct.pack(">HH", 1, 1)
+def ask(q, proto):
+    if proto == "tcp":
+        s = socket.create_connection((host, port), timeout=5)
+        s.sendall(struct.pack(">H", len(q)) + q)
+        n = struct.unpack(">H", s.recv(2))[0]
+        r = b""
+        while len(r) < n:
+            r += s.recv(n - len(r))
+        return r
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(5)
+    s.sendto(q, (host, port))
+    return s.recv(4096)
+if proto == "garbage":
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    for junk in [b"", b"\x00", b"\xff" * 11, b"\x12\x34\x01\x00\x00\x01" + b"\xc0" * 40]:
+        s.sendto(junk, (host, port))
+    proto = "udp"
+r = ask(query(name), proto)
+rcode = r[3] & 0xF
+an = struct.unpack(">H", r[6:8])[0]
+i = 12
+while r[i] != 0:
+    i += r[i] + 1
+i += 5
+addrs = []
+for _ in range(an):
+    if r[i] & 0xC0 == 0xC0:
+        i += 2
+    else:
+        while r[i] != 0:
+            i += r[i] + 1
+        i += 1
+    t, _, _, rdlen = struct.unpack(">HHIH", r[i:i + 10])
+    i += 10
+    if t == 1:
+        addrs.append(socket.inet_ntoa(r[i:i + rdlen]))
+    i += rdlen
+print(["NOERROR", "FORMERR", "SERVFAIL", "NXDOMAIN", "NOTIMP", "REFUSED"][rcode] if rcode < 6 else rcode, *addrs)
+"#;
+
+fn dns_ask(ns: &Netns, proto: &str, name: &str) -> String {
+    let (host, port) = GW_DNS.rsplit_once(':').unwrap();
+    let out = ns
+        .output("python3", &["-c", DNS_CLIENT, host, port, proto, name])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "dns client: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The gateway's split DNS served on `dns.listen` (UDP and TCP), as pods pointed at it by
+/// `dnsConfig` see it: guest `svc` names are answered by the guest's DNS across the
+/// tunnel (management DNS holds a decoy for the same name), HCP-namespace names locally,
+/// and the guest's NXDOMAIN is final even for a name management DNS knows. Garbage on the
+/// port is dropped and the next query is answered.
+#[test]
+fn gateway_serves_split_dns_to_pods() {
+    let w = setup();
+    wait_for("agent ready", Duration::from_secs(20), || {
+        ready(&w.g, AGENT_HEALTH)
+    });
+    let guest_name = format!("cat.{GUEST_NS}.svc.cluster.local");
+    let mut last = String::new();
+    wait_for(
+        "guest name over the tunnel",
+        Duration::from_secs(20),
+        || {
+            last = dns_ask(&w.m, "udp", &guest_name);
+            last == format!("NOERROR {GUEST_CAT}")
+        },
+    );
+    assert_eq!(
+        dns_ask(&w.m, "tcp", &guest_name),
+        format!("NOERROR {GUEST_CAT}")
+    );
+    assert_eq!(
+        dns_ask(&w.m, "udp", &format!("cat.{HCP_NS}.svc.cluster.local")),
+        format!("NOERROR {MGMT_CAT}")
+    );
+    assert_eq!(
+        dns_ask(&w.m, "udp", &format!("ghost.{GUEST_NS}.svc.cluster.local")),
+        "NXDOMAIN",
+        "the guest owns its svc names: its NXDOMAIN must not fall through\n{}",
+        w.logs()
+    );
+    assert_eq!(
+        dns_ask(&w.m, "garbage", &guest_name),
+        format!("NOERROR {GUEST_CAT}")
+    );
+    assert!(
+        metric(&w.m, GW_HEALTH, "dns_malformed_total") >= 1,
+        "{}",
+        w.logs()
+    );
+    assert!(metric(&w.m, GW_HEALTH, "dns_queries_total") >= 5);
+}
+
 /// Rewrites a JSON config the way a Secret volume changes: a new file renamed over the old.
 fn edit_json(path: &Path, f: impl FnOnce(&mut serde_json::Value)) {
     let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
@@ -861,6 +982,26 @@ fn config_errors_exit_64_naming_the_field() {
                 v
             },
             "agent_public_key",
+        ),
+        (
+            GATEWAY,
+            {
+                let mut v = base_gw.clone();
+                v["guest_cidrs"] = serde_json::json!([]);
+                v["previous_private_key_files"] = serde_json::json!(["/nonexistent/old-key"]);
+                v
+            },
+            "previous_private_key_files[0]",
+        ),
+        (
+            GATEWAY,
+            {
+                let mut v = base_gw.clone();
+                v["guest_cidrs"] = serde_json::json!([]);
+                v["previous_agent_public_keys"] = serde_json::json!([key.to_base64(), "x"]);
+                v
+            },
+            "previous_agent_public_keys[1]",
         ),
         (
             AGENT,
