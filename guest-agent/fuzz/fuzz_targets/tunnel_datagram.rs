@@ -30,6 +30,8 @@ fn establish() -> State {
         dead_peer_timeout: None,
         allowed_ips: vec!["0.0.0.0/0".parse().unwrap()],
         index: 1,
+        previous_private_keys: Vec::new(),
+        previous_peer_public_keys: Vec::new(),
     });
     let mut gw = Peer::new(PeerConfig {
         private_key: gw_key,
@@ -40,6 +42,8 @@ fn establish() -> State {
         dead_peer_timeout: None,
         allowed_ips: vec!["0.0.0.0/0".parse().unwrap()],
         index: 2,
+        previous_private_keys: Vec::new(),
+        previous_peer_public_keys: Vec::new(),
     });
     let now = Instant::now();
     let p = packet::udp_packet(
