@@ -305,4 +305,25 @@ fn guest_networks_come_from_spec_networking_and_bad_cidrs_are_named() {
             "HostedCluster.spec.networking.clusterNetwork[0].cidr".to_string()
         )]
     );
+    // IPv6 only: refused with the field rather than served on the IPv4 defaults
+    hc.spec.networking = Some(
+        serde_json::from_value(serde_json::json!({
+            "serviceNetwork": [{"cidr": "fd02::/112"}],
+            "clusterNetwork": [{"cidr": "10.128.0.0/14"}]
+        }))
+        .unwrap(),
+    );
+    let got = codes(validate::validate(
+        &hc,
+        None,
+        &common::facts(),
+        &common::defaults(),
+    ));
+    assert_eq!(
+        got,
+        [(
+            ReasonCode::InvalidNetworking,
+            "HostedCluster.spec.networking.serviceNetwork".to_string()
+        )]
+    );
 }
