@@ -6,7 +6,10 @@
 #   GetPackage calls) reads it through our gateway (HTTP CONNECT, WireGuard to our agent in G)
 #   and through Konnectivity (proxy-server in M in http-connect mode on a Unix socket, as
 #   HyperShift's clients reach it, proxy-agent in G over mTLS to the server); `direct` is the
-#   same client inside G.
+#   same client inside G. The same three paths are then measured against our catalog server
+#   (hcp-olm-catalog-server, HostedOLM catalogServer: HcpOlm) serving the same catalog, where
+#   the catalog no longer bounds the stream; that ratio is printed on its own line, the final
+#   line keeps the opm figure (the default catalog server).
 # - TUN mode: iperf3 single-stream TCP through our `hcp-olm-tunnel` pair against a
 #   wireguard-go pair, each pair in two fresh network namespaces joined by a veth (MTU 1500,
 #   tunnel MTU 1420), rounds alternating, medians compared.
@@ -31,6 +34,7 @@ echo "bench-tunnel: building hcp-olm-tunnel (release)" >&2
 cargo build --release -q -p hcp-olm-guest-agent --bin hcp-olm-tunnel --bin hcp-olm-dns \
   --bin hcp-olm-gateway --bin hcp-olm-agent
 cargo build --release -q -p hcp-olm-cli --example catalog-rpc-bench
+cargo build --release -q -p hcp-olm-catalog --bin hcp-olm-catalog-server
 rel="${CARGO_TARGET_DIR:-$root/target}/release"
 tools="${HCP_OLM_TOOLS_DIR:-${HCP_OLM_CACHE:-$HOME/.cache/hcp-olm}/bin}"
 for b in opm proxy-server proxy-agent; do
@@ -135,7 +139,7 @@ run_pair() {  # kind -> Mbit/s
 
 # --- catalog leg ---------------------------------------------------------------------------
 M_ADDR=198.18.48.1 G_ADDR=198.18.48.2 CAT_IP=198.18.49.10 GDNS_IP=198.18.49.53
-CAT_NAME=cat.bench.svc.cluster.local
+CAT_NAME=cat.bench.svc.cluster.local CAT2_IP=198.18.49.11 CAT2_NAME=ours.bench.svc.cluster.local
 nm="${tag}m" ng="${tag}g"
 cat_bg() { "$@" >>"$work/catalog.log" 2>&1 & pids+=($!); }
 catalog_setup() {
@@ -145,9 +149,10 @@ catalog_setup() {
   for n in "$nm" "$ng"; do ip -n "$n" link set lo up; done
   ip -n "$nm" link set "${tag}vm" up; ip -n "$ng" link set "${tag}vg" up
   ip -n "$ng" addr add "$CAT_IP/32" dev lo; ip -n "$ng" addr add "$GDNS_IP/32" dev lo
+  ip -n "$ng" addr add "$CAT2_IP/32" dev lo
   mkdir -p "/etc/netns/$ng"; echo "nameserver $GDNS_IP" > "/etc/netns/$ng/resolv.conf"
   cat_bg ip netns exec "$ng" dnsmasq --no-daemon --conf-file=/dev/null --no-resolv --no-hosts \
-    --bind-interfaces --listen-address="$GDNS_IP" --pid-file= --host-record="$CAT_NAME,$CAT_IP"
+    --bind-interfaces --listen-address="$GDNS_IP" --pid-file= --host-record="$CAT_NAME,$CAT_IP" --host-record="$CAT2_NAME,$CAT2_IP"
   # The servable part of the catalog: opm refuses a few packages of the real catalog
   # (stranded bundles); leave those out, as the catalog benchmark does.
   mkdir -p "$work/catalog"
@@ -166,6 +171,8 @@ catalog_setup() {
   echo "bench-tunnel:   catalog $(basename "$catalog"): $(ls "$work/catalog" | wc -l) packages (left out, refused by opm: ${left[*]:-none})" >&2
   cat_bg ip netns exec "$ng" "$tools/opm" serve "$work/catalog" --port 50051 --pprof-addr= \
     --cache-dir "$work/opm-cache" --cache-enforce-integrity=false
+  cat_bg ip netns exec "$ng" "$rel/hcp-olm-catalog-server" --catalog "$work/catalog" \
+    --listen "$CAT2_IP:50052"
   wg genkey > "$work/gw.key"; wg genkey > "$work/ag.key"
   cat >"$work/gateway.json" <<EOF_
 { "listen_port": 51820, "private_key_file": "$work/gw.key",
@@ -174,7 +181,7 @@ catalog_setup() {
   "guest_cidrs": ["198.18.49.0/24"], "hcp_namespace": "clusters-bench",
   "connect_listen": "127.0.0.1:3128", "health_listen": "127.0.0.1:9090",
   "dns": { "local_upstreams": ["127.0.0.1:5354"] },
-  "allowed_services": [{ "namespace": "bench", "name": "*", "port": 50051 }],
+  "allowed_services": [{ "namespace": "bench", "name": "*", "port": 50051 }, { "namespace": "bench", "name": "*", "port": 50052 }],
   "exposed_services": [] }
 EOF_
   cat >"$work/agent.json" <<EOF_
@@ -182,7 +189,7 @@ EOF_
   "private_key_file": "$work/ag.key",
   "tunnel_address": "100.127.255.2/30", "gateway_tunnel_address": "100.127.255.1/30",
   "persistent_keepalive_seconds": 10,
-  "allowed_services": [{ "namespace": "*", "name": "*", "port": 50051 }],
+  "allowed_services": [{ "namespace": "*", "name": "*", "port": 50051 }, { "namespace": "*", "name": "*", "port": 50052 }],
   "allowed_cidrs": ["198.18.49.0/24"], "guest_dns": ["$GDNS_IP"],
   "exposed_services": [], "health_listen": "127.0.0.1:9091" }
 EOF_
@@ -206,7 +213,7 @@ EOF_
     --ca-cert="$k/ca.crt" --agent-cert="$k/agent.crt" --agent-key="$k/agent.key"
   echo "bench-tunnel: catalog leg: waiting for opm (large catalog) and both tunnels" >&2
   local ok
-  for path in "$ng $CAT_NAME:50051 -" "$nm $CAT_NAME:50051 127.0.0.1:3128" "$nm $CAT_NAME:50051 unix:$k/konn.sock"; do
+  for path in "$ng $CAT_NAME:50051 -" "$nm $CAT_NAME:50051 127.0.0.1:3128" "$nm $CAT_NAME:50051 unix:$k/konn.sock" "$ng $CAT2_NAME:50052 -"; do
     read -r ns addr proxy <<<"$path"
     ok=no
     for _ in $(seq 240); do
@@ -323,12 +330,21 @@ for i in $(seq "$rounds"); do
   read -r m p <<<"$(rpc_bench "round $i konnectivity (http-connect, UDS)" "$nm" "$CAT_NAME:50051" "unix:$work/konn/konn.sock")"; c_konn+=("$m"); p_konn+=("$p")
   read -r m p <<<"$(rpc_bench "round $i direct (client in G)" "$ng" "$CAT_NAME:50051" -)"; c_direct+=("$m"); p_direct+=("$p")
 done
+s_ours=() s_konn=() s_direct=()
+for i in $(seq "$rounds"); do
+  read -r m _ <<<"$(rpc_bench "round $i catalog-server backend: ours" "$nm" "$CAT2_NAME:50052" 127.0.0.1:3128)"; s_ours+=("$m")
+  read -r m _ <<<"$(rpc_bench "round $i catalog-server backend: konnectivity" "$nm" "$CAT2_NAME:50052" "unix:$work/konn/konn.sock")"; s_konn+=("$m")
+  read -r m _ <<<"$(rpc_bench "round $i catalog-server backend: direct" "$ng" "$CAT2_NAME:50052" -)"; s_direct+=("$m")
+done
 catalog_stop
 co="$(median "${c_ours[@]}")" ck="$(median "${c_konn[@]}")" cd_="$(median "${c_direct[@]}")"
 po="$(median "${p_ours[@]}")" pk="$(median "${p_konn[@]}")" pd="$(median "${p_direct[@]}")"
 r_cat="$(python3 -c "print('%.3f' % ($co / $ck) if $ck > 0 and $co > 0 else 'na')")"
 r_p99="$(python3 -c "print('%.3f' % ($po / $pk) if $pk > 0 and $po > 0 else 'na')")"
 echo "catalog-bench-path: ours_mbit=$co konn_mbit=$ck direct_mbit=$cd_ ours_p99_ms=$po konn_p99_ms=$pk direct_p99_ms=$pd" >&2
+so="$(median "${s_ours[@]}")" sk="$(median "${s_konn[@]}")" sd="$(median "${s_direct[@]}")"
+r_srv="$(python3 -c "print('%.3f' % ($so / $sk) if $sk > 0 and $so > 0 else 'na')")"
+echo "catalog-bench-path (hcp-olm-catalog-server backend): ours_mbit=$so konn_mbit=$sk direct_mbit=$sd catalog_vs_konnectivity=$r_srv" >&2
 
 echo "bench-tunnel: DNS, cached answers (dnsperf -c 4, ${secs}s per run)" >&2
 dns_setup

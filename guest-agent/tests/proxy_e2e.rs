@@ -32,6 +32,8 @@ const SOCKS_PROXY: &str = "127.0.0.1:1080";
 const GW_HEALTH: &str = "127.0.0.1:9101";
 const AGENT_HEALTH: &str = "127.0.0.1:9102";
 const EXPOSED_PORT: u16 = 50061;
+/// A guest service that pushes a large answer at once (see `bulk_push_...`).
+const BULK_PORT: u16 = 50052;
 /// The gateway's split DNS for pods' `dnsConfig`.
 const GW_DNS: &str = "127.0.0.1:5355";
 
@@ -260,6 +262,7 @@ fn setup_with(impaired: bool) -> World {
         "dns": {"local_upstreams": ["127.0.0.1:5354"], "listen": GW_DNS},
         "allowed_services": [
             {"namespace": GUEST_NS, "name": "*", "port": 50051},
+            {"namespace": GUEST_NS, "name": "bulk", "port": BULK_PORT},
             // Allowed here but not by the agent's ports: the agent must refuse it.
             {"namespace": GUEST_NS, "name": "dns", "port": 53}
         ],
@@ -280,7 +283,10 @@ fn setup_with(impaired: bool) -> World {
         "tunnel_address": hcp_olm_tunnel_api::AGENT_TUNNEL_ADDRESS,
         "gateway_tunnel_address": hcp_olm_tunnel_api::GATEWAY_TUNNEL_ADDRESS,
         "persistent_keepalive_seconds": 2,
-        "allowed_services": [{"namespace": "*", "name": "*", "port": 50051}],
+        "allowed_services": [
+            {"namespace": "*", "name": "*", "port": 50051},
+            {"namespace": "*", "name": "bulk", "port": BULK_PORT}
+        ],
         "allowed_cidrs": ["198.18.52.0/24"],
         "guest_dns": [GUEST_DNS],
         "exposed_services": [
@@ -315,7 +321,11 @@ fn setup_with(impaired: bool) -> World {
         "dnsmasq-guest",
         GUEST_DNS,
         53,
-        &[(&cat, GUEST_CAT), (&dns_name, GUEST_DNS)],
+        &[
+            (&cat, GUEST_CAT),
+            (&dns_name, GUEST_DNS),
+            (&format!("bulk.{GUEST_NS}.svc.cluster.local"), GUEST_CAT),
+        ],
     );
     let local_cat = format!("cat.{HCP_NS}.svc.cluster.local");
     // Management DNS also has a record for the guest name with a wrong address: the split
@@ -1036,4 +1046,106 @@ fn config_errors_exit_64_naming_the_field() {
         assert!(err.contains(field), "case {i}: want {field} in {err}");
         assert!(!err.contains(&key.to_base64()), "key leaked: {err}");
     }
+}
+
+/// Sends `argv[2]` bytes to every connection accepted on `argv[1]` (host:port), then closes.
+const BULK_SERVER: &str = r#"
+import socket, sys
+host, port = sys.argv[1].rsplit(":", 1)
+total = int(sys.argv[2])
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((host, int(port))); s.listen(4)
+chunk = bytes(range(256)) * 256
+while True:
+    c, _ = s.accept()
+    left = total
+    while left > 0:
+        n = c.send(chunk[:min(left, len(chunk))]); left -= n
+    c.close()
+"#;
+
+/// Through the HTTP CONNECT proxy at argv[1] to argv[2]; prints the bytes read until EOF.
+const BULK_CLIENT: &str = r#"
+import socket, sys
+host, port = sys.argv[1].rsplit(":", 1)
+c = socket.create_connection((host, int(port)), timeout=30)
+c.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (sys.argv[2], sys.argv[2])).encode())
+head = b""
+while b"\r\n\r\n" not in head:
+    b = c.recv(1)
+    if not b: sys.exit("proxy closed during the reply header: %r" % head)
+    head += b
+if not head.startswith(b"HTTP/1.1 200"): sys.exit("proxy refused: %r" % head)
+n = 0
+while True:
+    b = c.recv(1 << 16)
+    if not b: break
+    n += len(b)
+print(n)
+"#;
+
+/// `Udp: ... RcvbufErrors` of the namespace (datagrams the kernel dropped because a
+/// socket's receive buffer was full).
+fn udp_rcvbuf_errors(ns: &Netns) -> u64 {
+    let out = ns.output("cat", &["/proc/net/snmp"]).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut udp = text.lines().filter(|l| l.starts_with("Udp: "));
+    let (names, values) = (udp.next().unwrap(), udp.next().unwrap());
+    let i = names
+        .split_whitespace()
+        .position(|n| n == "RcvbufErrors")
+        .unwrap();
+    values.split_whitespace().nth(i).unwrap().parse().unwrap()
+}
+
+/// A guest service answers with 16 MiB at once (as a fast catalog server answers
+/// ListBundles): the userspace TCP sends whole windows back to back, and the tunnel's UDP
+/// sockets must absorb them. Every byte arrives and no datagram is dropped at a socket
+/// buffer (with default-sized buffers the gateway's socket overflowed, and each loss cost the
+/// userspace TCP a retransmission timeout of a second or more: 2.2 MB took 2–5 s).
+#[test]
+fn bulk_push_through_the_tunnel_loses_no_datagrams() {
+    let w = setup();
+    wait_for("tunnel up", Duration::from_secs(30), || {
+        packages(
+            &w.m,
+            &format!("cat.{GUEST_NS}.svc.cluster.local:50051"),
+            Some(CONNECT_PROXY),
+        )
+        .is_ok()
+    });
+    const TOTAL: u64 = 16 << 20;
+    let mut cmd = w.g.command("python3");
+    cmd.args([
+        "-c",
+        BULK_SERVER,
+        &format!("{GUEST_CAT}:{BULK_PORT}"),
+        &TOTAL.to_string(),
+    ]);
+    let _server = w.g.spawn("bulk-server", cmd).unwrap();
+    let target = format!("bulk.{GUEST_NS}.svc.cluster.local:{BULK_PORT}");
+    let (m0, g0) = (udp_rcvbuf_errors(&w.m), udp_rcvbuf_errors(&w.g));
+    for round in 0..3 {
+        let mut got = String::new();
+        wait_for("bulk server", Duration::from_secs(10), || {
+            let out =
+                w.m.output("python3", &["-c", BULK_CLIENT, CONNECT_PROXY, &target])
+                    .unwrap();
+            got = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            out.status.success() || round > 0
+        });
+        assert_eq!(
+            got,
+            TOTAL.to_string(),
+            "round {round}: bytes through the tunnel\n{}",
+            w.logs()
+        );
+    }
+    let (m1, g1) = (udp_rcvbuf_errors(&w.m), udp_rcvbuf_errors(&w.g));
+    assert_eq!(
+        (m1 - m0, g1 - g0),
+        (0, 0),
+        "UDP datagrams dropped at a full socket buffer (management, guest)\n{}",
+        w.logs()
+    );
 }

@@ -114,3 +114,72 @@ fn syn_parse() {
     assert_eq!(syn_of(&[]), None);
     assert_eq!(syn_of(&[0x45; 30]), None);
 }
+
+/// The accepting side pushes a large answer at once (a catalog's ListBundles): it must arrive
+/// without stalls — every segment the window allows, window updates as the reader drains.
+#[tokio::test]
+async fn bulk_push_from_the_accepting_side_does_not_stall() {
+    let cancel = CancellationToken::new();
+    let (a_out, mut wire_a) = mpsc::channel::<Vec<u8>>(1024);
+    let (b_out, mut wire_b) = mpsc::channel::<Vec<u8>>(1024);
+    let (to_a, a_in) = mpsc::channel::<Vec<u8>>(1024);
+    let (to_b, b_in) = mpsc::channel::<Vec<u8>>(1024);
+    tokio::spawn(async move {
+        while let Some(p) = wire_a.recv().await {
+            let _ = to_b.send(p).await;
+        }
+    });
+    tokio::spawn(async move {
+        while let Some(p) = wire_b.recv().await {
+            let _ = to_a.send(p).await;
+        }
+    });
+    let (a, _a_acc) = spawn(
+        cfg("100.127.255.1", false, Arc::new(|_, _| false)),
+        a_in,
+        a_out,
+        cancel.clone(),
+    );
+    let allowed: SocketAddr = "198.18.9.9:50051".parse().unwrap();
+    let (_b, mut b_acc) = spawn(
+        cfg(
+            "100.127.255.2",
+            true,
+            Arc::new(move |dst, _| dst == allowed),
+        ),
+        b_in,
+        b_out,
+        cancel.clone(),
+    );
+    const TOTAL: usize = 4 << 20;
+    tokio::spawn(async move {
+        let c = b_acc.recv().await.unwrap();
+        let chunk = Bytes::from(vec![7u8; 64 * 1024]);
+        for _ in 0..TOTAL / chunk.len() {
+            if c.send(chunk.clone()).await.is_err() {
+                return;
+            }
+        }
+        drop(c);
+    });
+    let mut c = a.connect(allowed).await.unwrap();
+    let t = std::time::Instant::now();
+    let mut got = 0usize;
+    let mut gaps = Vec::new();
+    let mut last = std::time::Instant::now();
+    while let Some(d) = tokio::time::timeout(Duration::from_secs(30), c.recv())
+        .await
+        .unwrap()
+    {
+        got += d.len();
+        gaps.push(last.elapsed());
+        last = std::time::Instant::now();
+    }
+    let worst = gaps.iter().max().copied().unwrap_or_default();
+    eprintln!(
+        "bulk: {got} bytes in {:?}, worst gap {worst:?}",
+        t.elapsed()
+    );
+    assert_eq!(got, TOTAL);
+    cancel.cancel();
+}

@@ -13,6 +13,8 @@ use super::peer::{Keys, Output, Peer, PeerStatus};
 /// WireGuard's timer granularity; boringtun's own device uses the same.
 pub const TICK: Duration = Duration::from_millis(250);
 const CHANNEL_DEPTH: usize = 1024;
+/// Requested UDP socket buffer size (receive and send).
+const SOCKET_BUFFER: usize = 4 << 20;
 
 /// The application side of a running tunnel.
 #[derive(Debug)]
@@ -27,6 +29,28 @@ pub struct TunnelHandle {
     pub keys: mpsc::Sender<Keys>,
 }
 
+/// Asks for `SOCKET_BUFFER` bytes of receive and send buffer on the tunnel socket (the kernel
+/// caps the request at `net.core.rmem_max`/`wmem_max`; no privilege needed). A default-sized
+/// (~208 KiB) receive buffer overflows when a tunnelled TCP connection sends a full window at
+/// once (a catalog's ListBundles from a fast server), and every lost datagram costs the
+/// userspace TCP a retransmission timeout of at least a second.
+fn size_buffers(socket: &UdpSocket) {
+    let s = socket2::SockRef::from(socket);
+    for (what, r) in [
+        ("receive", s.set_recv_buffer_size(SOCKET_BUFFER)),
+        ("send", s.set_send_buffer_size(SOCKET_BUFFER)),
+    ] {
+        if let Err(e) = r {
+            tracing::warn!(error = %e, "could not size the tunnel socket's {what} buffer");
+        }
+    }
+    tracing::debug!(
+        receive = s.recv_buffer_size().unwrap_or(0),
+        send = s.send_buffer_size().unwrap_or(0),
+        "tunnel socket buffers"
+    );
+}
+
 /// Runs `peer` over `socket` until `cancel` fires; returns the peer so that a caller can
 /// rebind to a new socket and keep the session (as a host does when its address changes).
 pub fn spawn(
@@ -34,6 +58,7 @@ pub fn spawn(
     peer: Peer,
     cancel: CancellationToken,
 ) -> (TunnelHandle, tokio::task::JoinHandle<Peer>) {
+    size_buffers(&socket);
     let (to_peer, rx_app) = mpsc::channel(CHANNEL_DEPTH);
     let (tx_app, from_peer) = mpsc::channel(CHANNEL_DEPTH);
     let (status_tx, status) = watch::channel(peer.status());
