@@ -236,6 +236,10 @@ pub struct ValidInput {
 pub const DEFAULT_SERVICE_CIDR: &str = "172.30.0.0/16";
 pub const DEFAULT_POD_CIDR: &str = "10.128.0.0/14";
 
+/// Why a guest network with only IPv6 ranges is refused.
+const IPV6_ONLY: &str = "only IPv6 ranges; the catalog tunnel carries IPv4 \
+    (dual-stack guests work over their IPv4 ranges)";
+
 /// Parses an IPv4 CIDR `a.b.c.d/n` (the tunnel carries IPv4 only).
 pub fn parse_cidr(s: &str) -> Option<(std::net::Ipv4Addr, u8)> {
     let (ip, len) = s.split_once('/')?;
@@ -399,45 +403,44 @@ pub fn validate(
         }
     };
 
-    let mut cidrs = |field: &str,
-                     entries: Option<&Vec<crate::hostedcluster::NetworkEntry>>,
-                     default: &str| {
-        let mut skipped_v6 = 0usize;
-        let list: Vec<String> = entries
-            .into_iter()
-            .flatten()
-            .enumerate()
-            .filter_map(|(i, e)| {
-                if parse_cidr(&e.cidr).is_some() {
-                    Some(e.cidr.clone())
-                } else if e.cidr.contains(':') {
-                    skipped_v6 += 1; // IPv6: not carried by the tunnel
-                    None
-                } else {
-                    errs.push(ConditionReason::new(
-                        InvalidNetworking,
-                        format!("HostedCluster.spec.networking.{field}[{i}].cidr"),
-                        format!("{:?} is not an IPv4 CIDR", e.cidr),
-                    ));
-                    None
-                }
-            })
-            .collect();
-        if list.is_empty() && skipped_v6 > 0 {
-            // An IPv6-only guest: falling back to OpenShift's IPv4 defaults would route
-            // the wrong network. Dual-stack guests are served over their IPv4 ranges.
-            errs.push(ConditionReason::new(
+    let mut cidrs =
+        |field: &str, entries: Option<&Vec<crate::hostedcluster::NetworkEntry>>, default: &str| {
+            let mut skipped_v6 = 0usize;
+            let list: Vec<String> = entries
+                .into_iter()
+                .flatten()
+                .enumerate()
+                .filter_map(|(i, e)| {
+                    if parse_cidr(&e.cidr).is_some() {
+                        Some(e.cidr.clone())
+                    } else if e.cidr.contains(':') {
+                        skipped_v6 += 1; // IPv6: not carried by the tunnel
+                        None
+                    } else {
+                        errs.push(ConditionReason::new(
+                            InvalidNetworking,
+                            format!("HostedCluster.spec.networking.{field}[{i}].cidr"),
+                            format!("{:?} is not an IPv4 CIDR", e.cidr),
+                        ));
+                        None
+                    }
+                })
+                .collect();
+            if list.is_empty() && skipped_v6 > 0 {
+                // An IPv6-only guest: falling back to OpenShift's IPv4 defaults would route
+                // the wrong network. Dual-stack guests are served over their IPv4 ranges.
+                errs.push(ConditionReason::new(
                     InvalidNetworking,
                     format!("HostedCluster.spec.networking.{field}"),
-                    "only IPv6 ranges; the catalog tunnel carries IPv4 (dual-stack guests work over their IPv4 ranges)".to_string(),
+                    IPV6_ONLY.to_string(),
                 ));
-        }
-        if list.is_empty() {
-            vec![default.to_string()]
-        } else {
-            list
-        }
-    };
+            }
+            if list.is_empty() {
+                vec![default.to_string()]
+            } else {
+                list
+            }
+        };
     let guest_service_cidrs = cidrs(
         "serviceNetwork",
         spec.networking.as_ref().map(|n| &n.service_network),

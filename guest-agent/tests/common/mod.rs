@@ -16,13 +16,22 @@ use tokio::net::{TcpStream, UdpSocket};
 
 pub const DNSMASQ: &str = "/usr/sbin/dnsmasq";
 
-/// A free loopback port (UDP and TCP both free at the time of the check).
+/// Ports this test process has handed out (the kernel may offer a released port again, and
+/// tests run in parallel).
+static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+
+/// A free loopback port (UDP and TCP both free at the time of the check), never returned
+/// twice by one test process.
 pub fn free_port() -> u16 {
     for _ in 0..1000 {
         let u = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind udp");
         let port = u.local_addr().unwrap().port();
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
+            let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+            if !given.contains(&port) {
+                given.push(port);
+                return port;
+            }
         }
     }
     panic!("no loopback port free for both UDP and TCP in 1000 tries")
@@ -37,11 +46,27 @@ pub struct Dnsmasq {
 impl Dnsmasq {
     /// Start dnsmasq on 127.0.0.1:<free port> with extra args; waits until it answers.
     /// Panics (fails the test) when dnsmasq is missing: CI must install `dnsmasq-base`.
+    ///
+    /// The free port can be taken by another test between the probe and dnsmasq's bind
+    /// (dnsmasq then exits 2, "address in use"): a few fresh ports are tried.
     pub async fn start(extra: &[String]) -> Self {
-        Self::start_on(free_port(), extra).await
+        let mut last = String::new();
+        for _ in 0..5 {
+            match Self::try_start_on(free_port(), extra).await {
+                Ok(d) => return d,
+                Err(e) => last = e,
+            }
+        }
+        panic!("{last}")
     }
 
     pub async fn start_on(port: u16, extra: &[String]) -> Self {
+        Self::try_start_on(port, extra)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    async fn try_start_on(port: u16, extra: &[String]) -> Result<Self, String> {
         assert!(
             std::path::Path::new(DNSMASQ).exists(),
             "{DNSMASQ} not found: install the Debian package dnsmasq-base"
@@ -78,17 +103,18 @@ impl Dnsmasq {
             )
             .await
             {
-                return d;
+                return Ok(d);
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
             if let Some(c) = d.child.as_mut()
                 && let Ok(Some(status)) = c.try_wait()
             {
-                panic!("dnsmasq exited early: {status}");
+                d.child = None;
+                return Err(format!("dnsmasq on port {port} exited early: {status}"));
             }
         }
         d.kill();
-        panic!("dnsmasq on {} did not become ready", d.addr);
+        Err(format!("dnsmasq on {} did not become ready", d.addr))
     }
 
     pub fn kill(&mut self) {
