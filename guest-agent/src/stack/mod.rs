@@ -31,8 +31,11 @@ use tokio_util::sync::CancellationToken;
 
 use device::QueueDevice;
 
-/// Per-connection smoltcp buffer sizes (window scaling makes use of them).
+/// Per-connection smoltcp send buffer.
 const TCP_BUF: usize = 256 * 1024;
+/// Per-connection smoltcp receive buffer: the window this side advertises, so the most the
+/// peer sends back to back. Kept to what a kernel-default UDP receive buffer absorbs.
+const TCP_RX_BUF: usize = 128 * 1024;
 /// Chunk size moved from a socket to its channel.
 const CHUNK: usize = 16 * 1024;
 /// Chunks buffered per direction in the channels.
@@ -374,7 +377,7 @@ impl Engine {
 
     fn new_tcp_socket() -> tcp::Socket<'static> {
         let mut s = tcp::Socket::new(
-            tcp::SocketBuffer::new(vec![0u8; TCP_BUF]),
+            tcp::SocketBuffer::new(vec![0u8; TCP_RX_BUF]),
             tcp::SocketBuffer::new(vec![0u8; TCP_BUF]),
         );
         s.set_nagle_enabled(false);
