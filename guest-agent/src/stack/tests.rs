@@ -115,10 +115,11 @@ fn syn_parse() {
     assert_eq!(syn_of(&[0x45; 30]), None);
 }
 
-/// The accepting side pushes a large answer at once (a catalog's ListBundles): it must arrive
-/// without stalls — every segment the window allows, window updates as the reader drains.
+/// The accepting side pushes a large answer at once (a catalog's ListBundles): all of it
+/// arrives, the window reopening as the reader drains (no call may wait 30 s; the time and the
+/// longest gap between reads are printed, not asserted).
 #[tokio::test]
-async fn bulk_push_from_the_accepting_side_does_not_stall() {
+async fn bulk_push_from_the_accepting_side_arrives_whole() {
     let cancel = CancellationToken::new();
     let (a_out, mut wire_a) = mpsc::channel::<Vec<u8>>(1024);
     let (b_out, mut wire_b) = mpsc::channel::<Vec<u8>>(1024);
