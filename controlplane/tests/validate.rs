@@ -284,20 +284,24 @@ fn guest_networks_come_from_spec_networking_and_bad_cidrs_are_named() {
     let v = common::valid(&hc, None);
     assert_eq!(v.guest_service_cidrs, [validate::DEFAULT_SERVICE_CIDR]);
     assert_eq!(v.guest_pod_cidrs, [validate::DEFAULT_POD_CIDR]);
+    let networking_codes = |hc: &mut hcp_olm_controlplane::hostedcluster::HostedCluster,
+                            networking: serde_json::Value| {
+        hc.spec.networking = Some(serde_json::from_value(networking).unwrap());
+        codes(validate::validate(
+            hc,
+            None,
+            &common::facts(),
+            &common::defaults(),
+        ))
+    };
     // garbage is refused with the field; IPv6 entries are skipped (IPv4-only tunnel)
-    hc.spec.networking = Some(
-        serde_json::from_value(serde_json::json!({
+    let got = networking_codes(
+        &mut hc,
+        serde_json::json!({
             "serviceNetwork": [{"cidr": "fd02::/112"}, {"cidr": "172.30.0.0/16"}],
             "clusterNetwork": [{"cidr": "10.128.0.0/33"}]
-        }))
-        .unwrap(),
+        }),
     );
-    let got = codes(validate::validate(
-        &hc,
-        None,
-        &common::facts(),
-        &common::defaults(),
-    ));
     assert_eq!(
         got,
         [(
@@ -306,19 +310,13 @@ fn guest_networks_come_from_spec_networking_and_bad_cidrs_are_named() {
         )]
     );
     // IPv6 only: refused with the field rather than served on the IPv4 defaults
-    hc.spec.networking = Some(
-        serde_json::from_value(serde_json::json!({
+    let got = networking_codes(
+        &mut hc,
+        serde_json::json!({
             "serviceNetwork": [{"cidr": "fd02::/112"}],
             "clusterNetwork": [{"cidr": "10.128.0.0/14"}]
-        }))
-        .unwrap(),
+        }),
     );
-    let got = codes(validate::validate(
-        &hc,
-        None,
-        &common::facts(),
-        &common::defaults(),
-    ));
     assert_eq!(
         got,
         [(

@@ -9,11 +9,13 @@ fn cfg(addr: &str, any_ip: bool, accept: AcceptPolicy) -> StackConfig {
     }
 }
 
-/// Two stacks wired back to back (no WireGuard): A dials, B accepts in any-IP mode when
-/// the policy allows, packets larger than the MTU never appear.
-#[tokio::test]
-async fn connect_accept_echo_and_refuse() {
-    let cancel = CancellationToken::new();
+/// Two stacks wired back to back (no WireGuard): A (100.127.255.1) dials; B (.2) accepts in
+/// any-IP mode connections to `allowed`. Returns A, B, B's accepted connections and the
+/// largest packet seen on the wire.
+fn wired_pair(
+    allowed: SocketAddr,
+    cancel: &CancellationToken,
+) -> (Stack, Stack, mpsc::Receiver<TcpConn>, Arc<AtomicU64>) {
     let (a_out, mut wire_a) = mpsc::channel::<Vec<u8>>(1024);
     let (b_out, mut wire_b) = mpsc::channel::<Vec<u8>>(1024);
     let (to_a, a_in) = mpsc::channel::<Vec<u8>>(1024);
@@ -39,8 +41,7 @@ async fn connect_accept_echo_and_refuse() {
         a_out,
         cancel.clone(),
     );
-    let allowed: SocketAddr = "198.18.9.9:50051".parse().unwrap();
-    let (b, mut b_acc) = spawn(
+    let (b, b_acc) = spawn(
         cfg(
             "100.127.255.2",
             true,
@@ -50,6 +51,16 @@ async fn connect_accept_echo_and_refuse() {
         b_out,
         cancel.clone(),
     );
+    (a, b, b_acc, max_len)
+}
+
+/// A dials, B accepts in any-IP mode when the policy allows, packets larger than the MTU
+/// never appear.
+#[tokio::test]
+async fn connect_accept_echo_and_refuse() {
+    let cancel = CancellationToken::new();
+    let allowed: SocketAddr = "198.18.9.9:50051".parse().unwrap();
+    let (a, b, mut b_acc, max_len) = wired_pair(allowed, &cancel);
     // Echo server on B's accepted connections.
     tokio::spawn(async move {
         while let Some(mut c) = b_acc.recv().await {
@@ -121,37 +132,8 @@ fn syn_parse() {
 #[tokio::test]
 async fn bulk_push_from_the_accepting_side_arrives_whole() {
     let cancel = CancellationToken::new();
-    let (a_out, mut wire_a) = mpsc::channel::<Vec<u8>>(1024);
-    let (b_out, mut wire_b) = mpsc::channel::<Vec<u8>>(1024);
-    let (to_a, a_in) = mpsc::channel::<Vec<u8>>(1024);
-    let (to_b, b_in) = mpsc::channel::<Vec<u8>>(1024);
-    tokio::spawn(async move {
-        while let Some(p) = wire_a.recv().await {
-            let _ = to_b.send(p).await;
-        }
-    });
-    tokio::spawn(async move {
-        while let Some(p) = wire_b.recv().await {
-            let _ = to_a.send(p).await;
-        }
-    });
-    let (a, _a_acc) = spawn(
-        cfg("100.127.255.1", false, Arc::new(|_, _| false)),
-        a_in,
-        a_out,
-        cancel.clone(),
-    );
     let allowed: SocketAddr = "198.18.9.9:50051".parse().unwrap();
-    let (_b, mut b_acc) = spawn(
-        cfg(
-            "100.127.255.2",
-            true,
-            Arc::new(move |dst, _| dst == allowed),
-        ),
-        b_in,
-        b_out,
-        cancel.clone(),
-    );
+    let (a, _b, mut b_acc, _) = wired_pair(allowed, &cancel);
     const TOTAL: usize = 4 << 20;
     tokio::spawn(async move {
         let c = b_acc.recv().await.unwrap();

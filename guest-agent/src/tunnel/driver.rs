@@ -13,8 +13,8 @@ use super::peer::{Keys, Output, Peer, PeerStatus};
 /// WireGuard's timer granularity; boringtun's own device uses the same.
 pub const TICK: Duration = Duration::from_millis(250);
 const CHANNEL_DEPTH: usize = 1024;
-/// Requested UDP socket buffer size (receive and send).
-const SOCKET_BUFFER: usize = 4 << 20;
+/// Requested UDP socket buffer size (receive and send), for the userspace and TUN drivers.
+pub(crate) const SOCKET_BUFFER: usize = 4 << 20;
 
 /// The application side of a running tunnel.
 #[derive(Debug)]

@@ -27,7 +27,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tun_rs::{AsyncDevice, GROTable, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN};
 
-use super::driver::TICK;
+use super::driver::{SOCKET_BUFFER, TICK};
 use super::peer::{Output, Peer, PeerStatus};
 
 /// WireGuard's data-message overhead: 16-byte header and 16-byte tag (plus up to 15 padding).
@@ -72,8 +72,8 @@ impl TunTunnel {
     ) -> std::io::Result<Self> {
         let state = Arc::new(UdpSocketState::new((&socket).into())?);
         // Large socket buffers absorb bursts while the other side of the driver is busy.
-        let _ = state.set_recv_buffer_size((&socket).into(), 4 << 20);
-        let _ = state.set_send_buffer_size((&socket).into(), 4 << 20);
+        let _ = state.set_recv_buffer_size((&socket).into(), SOCKET_BUFFER);
+        let _ = state.set_send_buffer_size((&socket).into(), SOCKET_BUFFER);
         let io = Arc::new(Io {
             device,
             socket,
