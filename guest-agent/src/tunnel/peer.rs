@@ -36,6 +36,9 @@ const ALTERNATE_TRIES_PER_SECOND: u32 = 20;
 const ALTERNATE_RATE_LIMIT: u64 = 100;
 /// Sessions of earlier key pairs kept during a rotation.
 const MAX_PARKED: usize = 3;
+/// How long the dialing side still decrypts data of the session it replaced in a rotation
+/// (packets the peer sent before it saw the new handshake).
+const DRAIN_OLD_SESSION: Duration = Duration::from_secs(10);
 
 /// An address prefix such as `198.18.0.0/15`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -331,6 +334,8 @@ pub struct Peer {
     alternate_budget: (Option<Instant>, u32),
     /// Sessions of other accepted pairs used earlier in a rotation.
     parked: Vec<((PublicKey, PublicKey), Tunn)>,
+    /// Dialing side: the session replaced by a rekey and when, for data still in flight.
+    draining: Option<(Tunn, Instant)>,
     keepalive: Option<u16>,
     index: u32,
     generation: u32,
@@ -382,6 +387,7 @@ impl Peer {
             keys,
             alternate_budget: (None, 0),
             parked: Vec::new(),
+            draining: None,
             keepalive: cfg.persistent_keepalive,
             index,
             generation: 0,
@@ -463,7 +469,10 @@ impl Peer {
         }
         let own = self.keys.private_key.clone();
         let peer = self.keys.peer_public_key;
-        self.install(&own, peer);
+        let old = self.install(&own, peer);
+        if self.dialer && !psk_changed {
+            self.draining = Some((old, now));
+        }
         self.counters.rekeys += 1;
         tracing::info!(
             public_key = %self.current.0,
@@ -485,9 +494,10 @@ impl Peer {
 
     /// Puts a fresh `Tunn` for `(own, peer)` in place (a new session index, so stray
     /// messages of the old sessions cannot match).
-    fn install(&mut self, own: &PrivateKey, peer: PublicKey) {
+    /// Returns the replaced `Tunn`.
+    fn install(&mut self, own: &PrivateKey, peer: PublicKey) -> Tunn {
         self.generation = self.generation.wrapping_add(1);
-        self.tunn = new_tunn(
+        let fresh = new_tunn(
             own,
             &peer,
             self.keys.preshared_key.as_ref(),
@@ -495,6 +505,29 @@ impl Peer {
             self.next_index(),
         );
         self.current = (own.public_key(), peer);
+        std::mem::replace(&mut self.tunn, fresh)
+    }
+
+    /// Dialing side of a rotation: a data message the current session rejects may belong to
+    /// the session the rekey replaced (sent by the peer before it answered the new
+    /// handshake); losing it would stall a tunnelled TCP stream for a retransmission timeout.
+    /// Only data is taken from the old session, only for `DRAIN_OLD_SESSION`.
+    fn decap_draining(
+        &mut self,
+        from: SocketAddr,
+        datagram: &[u8],
+        now: Instant,
+        dst: &mut [u8],
+    ) -> Option<Decapsulated> {
+        let (tunn, since) = self.draining.as_mut()?;
+        if now.saturating_duration_since(*since) > DRAIN_OLD_SESSION {
+            self.draining = None;
+            return None;
+        }
+        match decap_with(tunn, from, datagram, dst) {
+            Ok((_, Some(d))) => Some(Ok((None, Some(d)))),
+            _ => None,
+        }
     }
 
     /// Answering side of a rotation: the current session rejected a handshake initiation;
@@ -646,6 +679,9 @@ impl Peer {
         let result = match self.decap(from, datagram, dst) {
             Err(e) if msg_type == HANDSHAKE_INIT => self
                 .adopt_accepted_pair(from, datagram, now, dst)
+                .unwrap_or(Err(e)),
+            Err(e) if msg_type == DATA => self
+                .decap_draining(from, datagram, now, dst)
                 .unwrap_or(Err(e)),
             r => r,
         };
@@ -1090,6 +1126,40 @@ mod tests {
         );
         assert_eq!(ping_through(&mut p, 4), vec![ping(4)]);
         assert_eq!(p.gw.counters().rekeys, 0);
+    }
+
+    /// Data the gateway sent on the old session before it saw the agent's new handshake still
+    /// reaches the agent (for `DRAIN_OLD_SESSION`), instead of being lost to the rekey.
+    #[test]
+    fn dialer_decrypts_data_of_the_replaced_session_for_a_while() {
+        let mut p = established();
+        let g2 = PrivateKey::generate();
+        let now = Instant::now();
+        let mut in_flight = Vec::new();
+        let reply = |seq| packet::icmp_echo_request(GW_IP, GUEST_IP, 7, seq, b"hello");
+        for seq in [7, 8] {
+            let mut out = Vec::new();
+            p.gw.send_packet(&reply(seq), &mut out).unwrap();
+            match &out[..] {
+                [Output::Send { datagram, .. }] => in_flight.push(datagram.clone()),
+                other => panic!("expected one datagram, got {other:?}"),
+            }
+        }
+        let mut out = Vec::new();
+        let k = keys(&g2, p.gw_key.public_key(), &[], &[]);
+        assert_eq!(p.guest.set_keys(k, now, &mut out), KeyChange::Rekeyed);
+        let mut got = Vec::new();
+        p.guest
+            .handle_datagram(sa(GW), &in_flight[0], now, &mut got)
+            .unwrap();
+        assert_eq!(got, vec![Output::Deliver(reply(7))]);
+        // Past the drain window the old session is gone.
+        let later = now + DRAIN_OLD_SESSION + Duration::from_secs(1);
+        assert!(
+            p.guest
+                .handle_datagram(sa(GW), &in_flight[1], later, &mut got)
+                .is_err()
+        );
     }
 
     #[test]
