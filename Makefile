@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 export HCP_OLM_CACHE ?= $(HOME)/.cache/hcp-olm
 
-.PHONY: help build lint fmt tools tools-bench test fuzz demo bench-catalog bench-controller bench-tunnel
+.PHONY: help build lint fmt tools tools-bench test fuzz demo bench-catalog bench-controller bench-tunnel prereqs-demo prereqs-test prereqs-bench
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -21,6 +21,15 @@ lint: ## rustfmt check + clippy -D warnings
 fmt: ## format the code
 	$(CARGO) fmt --all
 
+prereqs-demo: ## check (as root: install) the system packages, Go and Rust that make demo needs; seconds
+	@scripts/prereqs.sh demo
+
+prereqs-test: ## the same for make test (adds the tunnel peers, nightly Rust and cargo-fuzz)
+	@scripts/prereqs.sh test
+
+prereqs-bench: ## the same for the benchmarks (adds dnsperf, iperf3)
+	@scripts/prereqs.sh bench
+
 tools: ## build the pinned upstream binaries (kube-apiserver, etcd, OLM, opm, registry) into $(HCP_OLM_CACHE)
 	@e2e/tools/build.sh
 
@@ -29,7 +38,7 @@ tools-bench: ## also build the benchmark-only peers (Konnectivity proxy-server/a
 
 FUZZ_SECONDS ?= 20
 
-test: lint tools ## everything CI runs: lint, unit tests, real API servers, network namespaces, bounded fuzzing
+test: prereqs-test lint tools ## everything CI runs: lint, unit tests, real API servers, network namespaces, bounded fuzzing
 	@echo "== make test: cargo test (unit, real control planes, registries, network namespaces)"
 	@mkdir -p target && set -o pipefail && $(CARGO) test --workspace --locked --no-fail-fast 2>&1 | tee target/make-test.log
 	@$(MAKE) --no-print-directory fuzz
@@ -39,23 +48,28 @@ fuzz: ## run every cargo-fuzz target for FUZZ_SECONDS each (nightly + cargo-fuzz
 	@echo "== make fuzz: $(FUZZ_SECONDS)s per target"
 	guest-agent/fuzz/run.sh $(FUZZ_SECONDS)
 
-demo: tools ## the end-to-end scenario with real OLM on two local control planes (up until Ctrl-C on a terminal)
-	@echo "== make demo: building the controller, gateway, agent and demo (cargo, debug)"
+# One cargo invocation builds every binary the demo runs; the demo is then started from the target
+# directory (a second `cargo run -p` would resolve features differently and compile crates again).
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
+
+demo: prereqs-demo tools ## the end-to-end scenario with real OLM on two local control planes (up until Ctrl-C on a terminal)
+	@echo "== make demo: building the controller, gateway, agent, CLI and demo (cargo, debug profile;"
+	@echo "   a first build takes about 15 minutes on 2 cores, later ones seconds)"
 	$(CARGO) build --locked -p hcp-olm-controlplane -p hcp-olm-guest-agent -p hcp-olm-cli -p hcp-olm-e2e --bins
 	@echo "== make demo: running the scenario"
-	$(CARGO) run --locked -p hcp-olm-e2e --bin hcp-olm-demo
+	$(TARGET_DIR)/debug/hcp-olm-demo
 
-bench-catalog: tools ## our catalog server vs opm serve on the large real catalog (prints catalog-bench: ...)
+bench-catalog: prereqs-bench tools ## our catalog server vs opm serve on the large real catalog (prints catalog-bench: ...)
 	scripts/bench-catalog.sh
 
 BENCH_ROUNDS ?= 3
 BENCH_SECONDS ?= 6
 
-bench-tunnel: tools-bench ## catalog path vs Konnectivity, TUN mode vs wireguard-go, cached DNS vs dnsmasq/CoreDNS (prints tunnel-bench: ...)
+bench-tunnel: prereqs-bench tools-bench ## catalog path vs Konnectivity, TUN mode vs wireguard-go, cached DNS vs dnsmasq/CoreDNS (prints tunnel-bench: ...)
 	scripts/bench-tunnel.sh $(BENCH_ROUNDS) $(BENCH_SECONDS)
 
 BENCH_N ?= 100
 IDLE_SECONDS ?= 300
 
-bench-controller: tools ## N hosted clusters vs the controller process (BENCH_N=100, IDLE_SECONDS=300; prints controller-bench: ...)
+bench-controller: prereqs-bench tools ## N hosted clusters vs the controller process (BENCH_N=100, IDLE_SECONDS=300; prints controller-bench: ...)
 	BENCH_N=$(BENCH_N) IDLE_SECONDS=$(IDLE_SECONDS) scripts/bench-controller.sh
