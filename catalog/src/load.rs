@@ -59,7 +59,7 @@ pub fn for_each_doc(
     mut f: impl FnMut(Location, Content<'_>) -> Result<(), LoadError>,
 ) -> Result<(), LoadError> {
     let mut files = Vec::new();
-    collect(root, root, &mut files)?;
+    collect(root, &mut files)?;
     files.sort();
     // One buffer for every file, so file texts do not leave holes in the heap.
     let mut text = String::new();
@@ -89,49 +89,26 @@ pub fn for_each_doc(
     Ok(())
 }
 
-fn collect(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), LoadError> {
+/// Every catalog file under `root`, relative to it. Symlinks are followed (kubelet volume layouts
+/// use them) with walkdir's loop detection: a link back to an ancestor is a read error naming it,
+/// never an unbounded walk. Hidden entries (kubelet's `..data` and the like) are skipped.
+fn collect(root: &Path, out: &mut Vec<PathBuf>) -> Result<(), LoadError> {
     let rel = |p: &Path| p.strip_prefix(root).unwrap_or(p).to_path_buf();
-    let entries = std::fs::read_dir(dir).map_err(|e| {
-        LoadError::new(
-            &Location {
-                file: dir.to_path_buf(),
-                doc: 0,
-            },
-            Rule::Read,
-            e.to_string(),
-        )
-    })?;
-    for entry in entries {
+    let walk = walkdir::WalkDir::new(root)
+        .follow_links(true)
+        .into_iter()
+        .filter_entry(|e| e.depth() == 0 || !e.file_name().to_string_lossy().starts_with('.'));
+    for entry in walk {
         let entry = entry.map_err(|e| {
-            LoadError::new(
-                &Location {
-                    file: rel(dir),
-                    doc: 0,
-                },
-                Rule::Read,
-                e.to_string(),
-            )
+            let file = e.path().map(rel).unwrap_or_else(|| PathBuf::from("."));
+            let msg = match e.loop_ancestor() {
+                Some(a) => format!("symlink loop: it leads back to {}", rel(a).display()),
+                None => e.to_string(),
+            };
+            LoadError::new(&Location { file, doc: 0 }, Rule::Read, msg)
         })?;
-        let path = entry.path();
-        let name = entry.file_name();
-        if name.to_string_lossy().starts_with('.') {
-            continue;
-        }
-        // Follow symlinks (kubelet volume layouts use them).
-        let meta = std::fs::metadata(&path).map_err(|e| {
-            LoadError::new(
-                &Location {
-                    file: rel(&path),
-                    doc: 0,
-                },
-                Rule::Read,
-                e.to_string(),
-            )
-        })?;
-        if meta.is_dir() {
-            collect(root, &path, out)?;
-        } else if meta.is_file() && format_of(&path).is_some() {
-            out.push(rel(&path));
+        if entry.file_type().is_file() && format_of(entry.path()).is_some() {
+            out.push(rel(entry.path()));
         }
     }
     Ok(())

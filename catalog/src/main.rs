@@ -10,8 +10,6 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use clap::Parser;
 
-/// Exit code for flag/config errors (EX_USAGE).
-const EXIT_USAGE: u8 = 64;
 /// Exit code for an invalid catalog (EX_DATAERR).
 const EXIT_BAD_CATALOG: u8 = 65;
 
@@ -32,49 +30,19 @@ struct Args {
         default_value = "0.0.0.0:50051"
     )]
     listen: SocketAddr,
-    /// Log format.
-    #[arg(long = "log-format", value_enum, default_value_t = LogFormat::Text)]
-    log_format: LogFormat,
+    #[command(flatten)]
+    log: hcp_olm_binkit::LogArgs,
     /// How long to let in-flight calls finish after SIGTERM/SIGINT.
-    #[arg(long = "shutdown-timeout", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long = "shutdown-timeout", default_value = "10s", value_parser = hcp_olm_binkit::parse_duration)]
     shutdown_timeout: Duration,
 }
 
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s
-        .find(|c: char| !c.is_ascii_digit())
-        .map_or((s, "s"), |i| s.split_at(i));
-    let n: u64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        _ => Err(format!("invalid duration unit in {s:?} (use ms, s or m)")),
-    }
-}
-
 fn main() -> ExitCode {
-    let args = match Args::try_parse() {
+    let args: Args = match hcp_olm_binkit::parse_args() {
         Ok(a) => a,
-        Err(e)
-            if e.kind() == clap::error::ErrorKind::DisplayHelp
-                || e.kind() == clap::error::ErrorKind::DisplayVersion =>
-        {
-            let _ = e.print();
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            let _ = e.print();
-            return ExitCode::from(EXIT_USAGE);
-        }
+        Err(code) => return code,
     };
-    init_logs(args.log_format);
+    args.log.init();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -159,17 +127,5 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
-    }
-}
-
-fn init_logs(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
     }
 }

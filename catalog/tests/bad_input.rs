@@ -371,3 +371,45 @@ fn server_binary_flag_errors_exit_64() {
     assert_eq!(out.status.code(), Some(64), "stderr: {stderr}");
     assert!(stderr.contains("--listen"), "stderr: {stderr}");
 }
+
+/// Symlinks pointing back at an ancestor: the load ends at the first repetition with a read error
+/// that says so. (Before walkdir the loader followed them 40 levels deep, until the kernel's
+/// ELOOP, and reported "Too many levels of symbolic links" on a path like p/b/p/b/…/p/b.)
+/// A symlink to a directory that is not an ancestor is followed as before.
+#[test]
+fn symlink_cycle_is_refused_not_walked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(
+        dir.path(),
+        &[("p/catalog.yaml", &format!("{PKG}{CHANNEL}{BUNDLE}"))],
+    );
+    std::os::unix::fs::symlink(".", dir.path().join("p/a")).expect("symlink");
+    std::os::unix::fs::symlink("..", dir.path().join("p/b")).expect("symlink");
+    let root = dir.path().to_path_buf();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(Catalog::load_dir(&root).map(|_| ()));
+    });
+    // generous: the load itself takes milliseconds; the old walk never ends
+    let res = rx
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("loading a catalog with a symlink cycle did not finish within 30 s");
+    let err = res.expect_err("a symlink cycle must be refused");
+    let msg = err.to_string();
+    assert_eq!(err.rule, Rule::Read, "wrong rule: {msg}");
+    assert!(
+        msg.contains("symlink loop"),
+        "message does not say loop: {msg}"
+    );
+    assert!(msg.len() < 200, "message names a short path: {msg}");
+
+    let ok = tempfile::tempdir().expect("tempdir");
+    write(
+        ok.path(),
+        &[("real/p/catalog.yaml", &format!("{PKG}{CHANNEL}{BUNDLE}"))],
+    );
+    std::os::unix::fs::symlink(ok.path().join("real/p"), ok.path().join("linked"))
+        .expect("symlink");
+    let c = Catalog::load_dir(&ok.path().join("linked")).expect("a symlinked directory loads");
+    assert_eq!(c.packages["p"].channels["stable"].head, "p.v1.0.0");
+}

@@ -27,7 +27,7 @@ pub struct CatalogArgs {
     )]
     pub addrs: Vec<String>,
     /// Give up on a catalog after this long (connect and each call), e.g. 5s, 500ms.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = hcp_olm_binkit::parse_duration)]
     pub timeout: Duration,
     /// HTTP CONNECT proxy to reach the catalogs through: host:port, http://host:port, or
     /// unix:/path for a proxy on a Unix socket (Konnectivity's proxy-server).
@@ -87,7 +87,7 @@ pub enum CatalogCommand {
         #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=100_000))]
         count: u32,
         /// Pause between calls, e.g. 1s, 50ms.
-        #[arg(long, default_value = "1s", value_parser = parse_duration)]
+        #[arg(long, default_value = "1s", value_parser = hcp_olm_binkit::parse_duration)]
         interval: Duration,
     },
     /// Search packages by name or bundles by provided API.
@@ -99,19 +99,6 @@ pub enum CatalogCommand {
         #[arg(long)]
         gvk: Option<String>,
     },
-}
-
-/// Parses 10s, 500ms, 2m.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let i = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(i);
-    let n: u64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "" | "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        _ => Err(format!("invalid duration {s:?} (use ms, s or m)")),
-    }
 }
 
 #[derive(Debug, Serialize)]

@@ -4,9 +4,6 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// Exit code for flag errors (EX_USAGE).
-const EXIT_USAGE: u8 = 64;
-
 #[derive(Debug, Parser)]
 #[command(
     name = "hcp-olm",
@@ -16,6 +13,8 @@ const EXIT_USAGE: u8 = 64;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    log: hcp_olm_binkit::LogArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -25,18 +24,11 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli: Cli = match hcp_olm_binkit::parse_args() {
         Ok(c) => c,
-        Err(e) => {
-            let _ = e.print();
-            return match e.kind() {
-                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
-                    ExitCode::SUCCESS
-                }
-                _ => ExitCode::from(EXIT_USAGE),
-            };
-        }
+        Err(code) => return code,
     };
+    cli.log.init();
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

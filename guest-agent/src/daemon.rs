@@ -25,7 +25,7 @@ use crate::stack::StackCounters;
 use crate::tunnel::{Cidr, Keys, PeerStatus, PrivateKey, PublicKey};
 
 /// Exit code for configuration errors (EX_CONFIG).
-pub const EX_CONFIG: u8 = 64;
+pub const EX_CONFIG: u8 = hcp_olm_binkit::EX_USAGE;
 
 /// What the tunnel binaries' `main` does after parsing flags: a configuration error exits
 /// 64 with the message, then `run` is driven on a multi-threaded tokio runtime; its error is
@@ -505,15 +505,4 @@ pub async fn terminated() -> std::io::Result<()> {
         _ = int.recv() => tracing::info!("SIGINT: draining"),
     }
     Ok(())
-}
-
-/// Logging to stderr, `RUST_LOG` or `info`.
-pub fn init_logging() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
 }

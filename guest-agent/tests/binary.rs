@@ -177,3 +177,75 @@ owner = "local"
     let status = wait_status(child, Duration::from_secs(5)).expect("exited within 5 s of SIGTERM");
     assert_eq!(status.code(), Some(0));
 }
+
+/// Every daemon: an unknown or malformed flag exits 64 naming the flag (clap's own exit 2
+/// before), `--help` exits 0, and `--log-format=json` logs one JSON object per line.
+#[test]
+fn every_daemon_flag_error_exits_64_and_logs_json_on_request() {
+    let bins = [
+        env!("CARGO_BIN_EXE_hcp-olm-dns"),
+        env!("CARGO_BIN_EXE_hcp-olm-agent"),
+        env!("CARGO_BIN_EXE_hcp-olm-gateway"),
+        env!("CARGO_BIN_EXE_hcp-olm-tunnel"),
+    ];
+    for bin in bins {
+        let out = Command::new(bin)
+            .args(["--config", "/nonexistent", "--no-such-flag"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{bin}: {err}");
+        assert!(err.contains("--no-such-flag"), "{bin}: {err}");
+        let out = Command::new(bin)
+            .args(["--config", "/nonexistent", "--log-format", "xml"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{bin}: {err}");
+        assert!(err.contains("--log-format"), "{bin}: {err}");
+        let out = Command::new(bin).arg("--help").output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{bin}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("--log-format"),
+            "{bin}"
+        );
+    }
+    // JSON logs: the DNS daemon logs its config error path as JSON when asked.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ok.yaml");
+    std::fs::write(
+        &path,
+        "listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\ndns:\n  upstreams: { local: ['127.0.0.1:9'] }\n  rules: [{ suffix: '.', owner: local }]\n",
+    )
+    .unwrap();
+    let mut child = Proc(Some(
+        Command::new(BIN)
+            .args(["--log-format", "json", "--config"])
+            .arg(&path)
+            .env_remove("RUST_LOG")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
+    let c = child.0.as_mut().unwrap();
+    let mut stderr = c.stderr.take().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    sigterm(c.id());
+    let st = wait_status(c, Duration::from_secs(10)).expect("exits after SIGTERM");
+    let mut text = String::new();
+    stderr.read_to_string(&mut text).unwrap();
+    assert!(st.success(), "{text}");
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!lines.is_empty(), "no logs at the default level (info)");
+    for l in lines {
+        let v: serde_json::Value =
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+        assert!(v["level"].is_string() && v["fields"].is_object(), "{l}");
+    }
+}
+
+fn sigterm(pid: u32) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+}

@@ -20,7 +20,7 @@ use prometheus_client::registry::Registry;
 use tokio::net::{TcpListener, UdpSocket};
 use tokio::signal::unix::{SignalKind, signal};
 
-const EX_CONFIG: u8 = 64;
+const EX_CONFIG: u8 = hcp_olm_binkit::EX_USAGE;
 
 #[derive(Debug, Parser)]
 #[command(version, about = "hcp-olm split-DNS server")]
@@ -34,6 +34,8 @@ struct Args {
     /// Admin (healthz/readyz/metrics) address; overrides `admin` in the file.
     #[arg(long)]
     admin: Option<SocketAddr>,
+    #[command(flatten)]
+    log: hcp_olm_binkit::LogArgs,
 }
 
 #[derive(Clone)]
@@ -43,14 +45,11 @@ struct AdminState {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let args = Args::parse();
+    let args: Args = match hcp_olm_binkit::parse_args() {
+        Ok(a) => a,
+        Err(code) => return code,
+    };
+    args.log.init();
     let cfg = match file::load(&args.config, args.listen, args.admin) {
         Ok(c) => c,
         Err(e) => {

@@ -19,11 +19,16 @@ struct Args {
     /// JSON config file (hcp_olm_tunnel_api::GatewayConfig).
     #[arg(long, env = "HCP_OLM_GATEWAY_CONFIG")]
     config: PathBuf,
+    #[command(flatten)]
+    log: hcp_olm_binkit::LogArgs,
 }
 
 fn main() -> ExitCode {
-    daemon::init_logging();
-    let args = Args::parse();
+    let args: Args = match hcp_olm_binkit::parse_args() {
+        Ok(a) => a,
+        Err(code) => return code,
+    };
+    args.log.init();
     let settings = daemon::load_json::<GatewayConfig>(&args.config)
         .map(|mut c| {
             // no resolvers given: the pod's own (its cluster DNS), as any process would

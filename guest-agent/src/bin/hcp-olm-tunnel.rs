@@ -28,7 +28,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-const EX_CONFIG: u8 = 64;
+const EX_CONFIG: u8 = hcp_olm_binkit::EX_USAGE;
 /// A session older than this is gone (WireGuard's REJECT_AFTER_TIME).
 const SESSION_LIFETIME: Duration = Duration::from_secs(180);
 
@@ -38,6 +38,8 @@ struct Args {
     /// Config file (.toml, or .yaml/.yml).
     #[arg(long, env = "HCP_OLM_TUNNEL_CONFIG")]
     config: PathBuf,
+    #[command(flatten)]
+    log: hcp_olm_binkit::LogArgs,
 }
 
 #[derive(Clone)]
@@ -49,24 +51,11 @@ struct AdminState {
 }
 
 fn main() -> ExitCode {
-    let args = match Args::try_parse() {
+    let args: Args = match hcp_olm_binkit::parse_args() {
         Ok(a) => a,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::from(EX_CONFIG)
-            } else {
-                ExitCode::SUCCESS
-            };
-        }
+        Err(code) => return code,
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    args.log.init();
     let cfg = match config::load(&args.config) {
         Ok(c) => c,
         Err(e) => {
