@@ -1,8 +1,10 @@
 //! Applies desired objects to one cluster with server-side apply under our field manager,
 //! and prunes objects we made that are no longer desired.
 //!
-//! - An object whose desired fields are already live is not written (reads only), so a
-//!   converged reconcile makes no API writes.
+//! - An object whose desired fields are already live, and which has no field we own but no
+//!   longer render, is not written (reads only), so a converged reconcile makes no API
+//!   writes, while a field we stop rendering is removed by the next apply.
+//! - Applies use strict field validation: an unknown field is an error.
 //! - Errors are collected per object; one failing object does not stop the rest.
 //! - Pruning lists each given kind by label selector and deletes what is not desired.
 
@@ -182,14 +184,18 @@ impl Applier {
                 }
                 (Some(live), Policy::Apply) => {
                     let live = serde_json::to_value(live).unwrap_or(Value::Null);
-                    if compare::contained(&t.body, &live) {
+                    if compare::up_to_date(&t.body, &live, &self.field_manager) {
                         report.unchanged += 1;
                         continue;
                     }
                 }
                 (None, _) => {}
             }
-            let params = PatchParams::apply(&self.field_manager).force();
+            // Strict: a field the server does not know (a typo in what we render) is an
+            // error, not a warning with the field silently dropped.
+            let params = PatchParams::apply(&self.field_manager)
+                .force()
+                .validation_strict();
             match api.patch(&t.name, &params, &Patch::Apply(&t.body)).await {
                 Ok(_) => {
                     tracing::debug!(object = %t.id(), created = !exists, "applied");

@@ -204,3 +204,105 @@ async fn create_only_is_left_alone_and_one_bad_object_does_not_stop_the_rest() -
     );
     Ok(())
 }
+
+/// A field we stop rendering (a label, a nodeSelector entry, an env var, a whole list item)
+/// disappears from the live object; fields of other managers stay; a second pass writes
+/// nothing. A misspelled field is refused by strict field validation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fields_we_stop_rendering_are_removed_and_typos_are_refused() -> Result<()> {
+    let cluster = Cluster::start(ClusterOptions::new("apply3")).await?;
+    cluster.ensure_namespace("apply-test").await?;
+    let client = cluster.client();
+    let applier = Applier::new(client.clone(), "hcp-olm-test");
+    // 2: everything; 1: without the map entries (label, nodeSelector); 0: also without the
+    // list items (env var, sidecar container).
+    let dep = |level: u8| {
+        let mut labels = labels();
+        let mut node_selector = json!({ "kubernetes.io/os": "linux" });
+        let mut env = vec![json!({ "name": "A", "value": "1" })];
+        let mut containers = vec![json!({ "name": "c", "image": "registry.example/x:1" })];
+        if level >= 2 {
+            labels["extra"] = "yes".into();
+            node_selector["pool"] = "infra".into();
+        }
+        if level >= 1 {
+            env.push(json!({ "name": "B", "value": "2" }));
+            containers.push(json!({ "name": "side", "image": "registry.example/y:1" }));
+        }
+        containers[0]["env"] = env.into();
+        Target::new(
+            "apps/v1",
+            "Deployment",
+            "deployments",
+            Policy::Apply,
+            json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": { "name": "shrink", "namespace": "apply-test", "labels": labels },
+            "spec": { "replicas": 1, "selector": { "matchLabels": { "app": "s" } },
+                      "template": { "metadata": { "labels": { "app": "s" } },
+                        "spec": { "nodeSelector": node_selector, "containers": containers } } } }),
+        )
+    };
+    let r = applier.apply(&[dep(2)]).await;
+    ensure!(r.errors.is_empty() && r.created.len() == 1, "{r:?}");
+    // Another manager's label on the same object is not ours to remove.
+    let deps: Api<Deployment> = Api::namespaced(client.clone(), "apply-test");
+    deps.patch(
+        "shrink",
+        &PatchParams::apply("someone-else"),
+        &Patch::Apply(json!({ "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": { "name": "shrink", "labels": { "theirs": "kept" } } })),
+    )
+    .await?;
+
+    // Map entries dropped: the desired object is still contained in the live one, so only
+    // our managed fields show that an apply is needed.
+    let r = applier.apply(&[dep(1)]).await;
+    ensure!(r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!(r.updated, ["Deployment/apply-test/shrink"], "{r:?}");
+    let live = deps.get("shrink").await?;
+    let labels = live.metadata.labels.clone().unwrap_or_default();
+    ensure!(!labels.contains_key("extra"), "label left: {labels:?}");
+    ensure!(
+        labels.get("theirs").map(String::as_str) == Some("kept"),
+        "another manager's label was removed: {labels:?}"
+    );
+    let pod = live.spec.and_then(|s| s.template.spec).expect("pod spec");
+    let ns = pod.node_selector.unwrap_or_default();
+    ensure!(!ns.contains_key("pool"), "nodeSelector entry left: {ns:?}");
+
+    // List items dropped.
+    let r = applier.apply(&[dep(0)]).await;
+    ensure!(r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!(r.updated, ["Deployment/apply-test/shrink"], "{r:?}");
+    let live = deps.get("shrink").await?;
+    let pod = live.spec.and_then(|s| s.template.spec).expect("pod spec");
+    ensure!(
+        pod.containers.len() == 1,
+        "container left: {:?}",
+        pod.containers
+    );
+    let env: Vec<String> = pod.containers[0]
+        .env
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    ensure!(env == ["A"], "env left: {env:?}");
+
+    let before = cluster.api_writes(&["deployments"]).await?;
+    let r = applier.apply(&[dep(0)]).await;
+    assert_eq!((r.writes(), r.unchanged), (0, 1), "{r:?}");
+    assert_eq!(cluster.api_writes(&["deployments"]).await? - before, 0);
+
+    // A typo in a rendered object fails instead of being dropped silently.
+    let mut typo = dep(0);
+    typo.body["spec"]["template"]["spec"]["nodeSelectr"] = json!({ "a": "b" });
+    let r = applier.apply(&[typo]).await;
+    ensure!(
+        r.errors.len() == 1 && r.errors[0].to_string().contains("nodeSelectr"),
+        "typo accepted: {r:?}"
+    );
+    Ok(())
+}
