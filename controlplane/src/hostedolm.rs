@@ -24,7 +24,10 @@ pub const GROUP: &str = "olm.hcp-olm.io";
     kind = "HostedOLM",
     plural = "hostedolms",
     shortname = "holm",
+    category = "hcp-olm",
+    category = "hypershift",
     namespaced,
+    doc = "HostedOLM: OLM for one HyperShift hosted cluster. The hcp-olm controller creates one per HostedCluster, named like it, in the hosted control plane (HCP) namespace, with an empty spec: it runs catalog-operator, olm-operator, packageserver and the default catalogs there and writes the guest's CatalogSources, OperatorHub and packageserver APIService. Set spec fields to override what the HostedCluster says (catalog placement, images, catalog versions, tunnel); status reports each component, each default catalog and the tunnel, with Available, Progressing, Degraded and Upgradeable conditions.",
     status = "HostedOLMStatus",
     printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.hostedCluster.name"}"#,
     printcolumn = r#"{"name":"Placement","type":"string","jsonPath":".status.placement"}"#,
@@ -59,6 +62,7 @@ pub struct HostedOLMSpec {
     pub registry_overrides: Vec<RegistryOverride>,
     /// Newest catalog minor to use (`4.22`); unset means the release minor.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]+\.[0-9]+$"))]
     pub max_catalog_version: Option<String>,
     /// How many earlier minors to try when a catalog tag is missing (default 3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -162,6 +166,7 @@ pub struct TunnelSpec {
     /// `--tunnel-key-propagation`. Neither end restarts; established catalog streams see
     /// one handshake.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
     pub key_rotation: Option<String>,
 }
 
@@ -202,7 +207,9 @@ pub struct KeyRotationStatus {
 pub struct HostedOLMStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// `Available`, `Progressing`, `Degraded`, `Upgradeable`; one per type.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<String>,

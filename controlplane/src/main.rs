@@ -16,8 +16,8 @@ use hcp_olm_controlplane::hostedolm::{self, HostedOLM, HostedOLMSpec};
 use hcp_olm_controlplane::render::{self, PkiInput, RenderInput, TunnelKeys};
 use hcp_olm_controlplane::validate::{self, ControllerDefaults, ReleaseFacts};
 
-/// Exit code for bad input (sysexits EX_USAGE... EX_DATAERR is 65; 64 is the project's choice).
-const EXIT_INPUT: u8 = 64;
+/// Exit code for bad input (flags and input files).
+const EXIT_INPUT: u8 = hcp_olm_binkit::EX_USAGE;
 
 #[derive(Parser)]
 #[command(
@@ -28,6 +28,8 @@ const EXIT_INPUT: u8 = 64;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    log: hcp_olm_binkit::LogArgs,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -62,6 +64,10 @@ enum Command {
     Crd,
     /// Run the controller against the cluster of the ambient kubeconfig / in-cluster config.
     Run(Box<RunArgs>),
+    /// Remove everything hcp-olm created, in every guest and HCP namespace, and release
+    /// every HostedCluster from the hcp-olm.io/cleanup finalizer. Stop the controller
+    /// first (scale it to 0); delete manifests/ afterwards. Uses the ambient kubeconfig.
+    Uninstall,
 }
 
 #[derive(clap::Args)]
@@ -72,6 +78,10 @@ struct RunArgs {
     /// HostedClusters reconciled at once.
     #[arg(long, default_value_t = 4)]
     concurrency: u16,
+    /// /healthz fails when reconciles have been running this long with none finishing
+    /// (a stuck loop; the kubelet's liveness probe then restarts the controller).
+    #[arg(long, default_value = "10m", value_parser = hcp_olm_binkit::parse_duration)]
+    stall_timeout: std::time::Duration,
     /// OLM image for every hosted cluster; unset (the default) takes each release
     /// payload's operator-lifecycle-manager image (needs --registry-lookups). A
     /// HostedOLM spec.images.olm wins over both.
@@ -110,71 +120,41 @@ struct RunArgs {
     #[arg(long)]
     leader_elect_identity: Option<String>,
     /// How long a Lease is honoured after its last change (e.g. 15s).
-    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    #[arg(long, default_value = "15s", value_parser = hcp_olm_binkit::parse_duration)]
     leader_elect_lease_duration: std::time::Duration,
     /// A leader that cannot renew for this long stops reconciling.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = hcp_olm_binkit::parse_duration)]
     leader_elect_renew_deadline: std::time::Duration,
     /// Interval of acquire/renew attempts.
-    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    #[arg(long, default_value = "2s", value_parser = hcp_olm_binkit::parse_duration)]
     leader_elect_retry_period: std::time::Duration,
     /// Requeue of converged HostedClusters (drift correction).
-    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    #[arg(long, default_value = "5m", value_parser = hcp_olm_binkit::parse_duration)]
     resync_interval: std::time::Duration,
     /// Requeue while waiting (guest kubeconfig, guest OLM CRDs, HCP namespace).
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = hcp_olm_binkit::parse_duration)]
     waiting_interval: std::time::Duration,
     /// How long registry answers (catalog tag digests, release labels) are reused;
     /// a tag that moved rolls its catalog Deployment after at most this long.
-    #[arg(long, default_value = "6h", value_parser = parse_duration)]
+    #[arg(long, default_value = "6h", value_parser = hcp_olm_binkit::parse_duration)]
     catalog_refresh_interval: std::time::Duration,
     /// How long each phase of a tunnel key rotation (HostedOLM spec.tunnel.keyRotation)
     /// is held: longer than a changed Secret takes to reach a mounted volume.
-    #[arg(long, default_value = "3m", value_parser = parse_duration)]
+    #[arg(long, default_value = "3m", value_parser = hcp_olm_binkit::parse_duration)]
     tunnel_key_propagation: std::time::Duration,
-}
-
-/// `90`, `90s`, `15m`, `6h`, `500ms`.
-fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?}: expected a number with unit ms, s, m or h"))?;
-    let d = match unit {
-        "ms" => std::time::Duration::from_millis(n),
-        "" | "s" => std::time::Duration::from_secs(n),
-        "m" => std::time::Duration::from_secs(n * 60),
-        "h" => std::time::Duration::from_secs(n * 3600),
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (ms, s, m, h)")),
-    };
-    if d.is_zero() {
-        return Err(format!("{s:?}: must be positive"));
-    }
-    Ok(d)
 }
 
 /// An input problem: printed and mapped to exit code 64.
 struct InputError(Vec<String>);
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .init();
     // Flag errors are input errors (exit 64, naming the flag); help/version exit 0.
-    let cli = match Cli::try_parse() {
+    let cli: Cli = match hcp_olm_binkit::parse_args() {
         Ok(c) => c,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::from(EXIT_INPUT)
-            } else {
-                ExitCode::SUCCESS
-            };
-        }
+        Err(code) => return code,
     };
+    // info unless RUST_LOG says otherwise; --log-format=json for log collectors
+    cli.log.init();
     match run(cli) {
         Ok(Ok(())) => ExitCode::SUCCESS,
         Ok(Err(InputError(msgs))) => {
@@ -199,6 +179,10 @@ fn run(cli: Cli) -> anyhow::Result<Result<(), InputError>> {
         Command::Crd => {
             print!("{}", hostedolm::crd_yaml().context("serializing the CRD")?);
             Ok(Ok(()))
+        }
+        Command::Uninstall => {
+            let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+            rt.block_on(uninstall())
         }
         Command::Render {
             hosted_cluster,
@@ -267,6 +251,39 @@ fn run(cli: Cli) -> anyhow::Result<Result<(), InputError>> {
             }
             Ok(Ok(()))
         }
+    }
+}
+
+async fn uninstall() -> anyhow::Result<Result<(), InputError>> {
+    use hcp_olm_controlplane::runtime;
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the management cluster")?;
+    let ctx = runtime::Context::new(client, runtime::Config::default()).with_events(None);
+    let report = runtime::uninstall::uninstall(&ctx)
+        .await
+        .context("uninstall")?;
+    for c in &report.released {
+        println!("released HostedCluster {c} (hcp-olm objects removed, finalizer removed)");
+    }
+    for h in &report.orphans_deleted {
+        println!("deleted HostedOLM {h}");
+    }
+    for (what, e) in &report.failed {
+        eprintln!("error: {what}: {e}");
+    }
+    if report.failed.is_empty() {
+        println!(
+            "uninstall: {} HostedClusters released; now delete manifests/ (kubectl delete -k manifests/)",
+            report.released.len()
+        );
+        Ok(Ok(()))
+    } else {
+        anyhow::bail!(
+            "{} of {} left in place; fix the cause and run uninstall again",
+            report.failed.len(),
+            report.failed.len() + report.released.len()
+        )
     }
 }
 
@@ -341,7 +358,8 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<Result<(), InputError>>
                 oci,
             },
         )
-        .with_schedule(schedule),
+        .with_schedule(schedule)
+        .with_metrics(metrics::Metrics::with_stall_limit(args.stall_timeout)),
     );
     // One shutdown signal shared by the admin server and the controller.
     let (tx, rx) = futures::channel::oneshot::channel::<()>();

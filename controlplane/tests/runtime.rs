@@ -789,6 +789,33 @@ async fn secret_changes_trigger_reconciles() -> Result<()> {
                 && reasons.iter().any(|r| r == "NotDegraded"),
             "events {reasons:?}"
         );
+        // ... and on the HostedCluster, where admins look (`kubectl describe hostedcluster`).
+        let hc_evs =
+            Api::<k8s_openapi::api::events::v1::Event>::namespaced(env.management.client(), HC_NS)
+                .list(&ListParams::default())
+                .await?;
+        let on_hc: Vec<(String, String)> = hc_evs
+            .items
+            .iter()
+            .filter(|e| {
+                e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("HostedCluster")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+            })
+            .map(|e| {
+                (
+                    e.reason.clone().unwrap_or_default(),
+                    e.note.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        eprintln!("events on the HostedCluster: {on_hc:?}");
+        ensure!(
+            on_hc
+                .iter()
+                .any(|(r, n)| r == "GuestKubeconfigMissing" && n.contains("HostedOLM"))
+                && on_hc.iter().any(|(r, _)| r == "NotDegraded"),
+            "events on the HostedCluster {on_hc:?}"
+        );
         Ok(())
     }
     .await;
@@ -2182,6 +2209,86 @@ async fn tunnel_key_rotation_walks_its_phases_without_rolling_pods() -> Result<(
     assert_eq!(
         holm_condition(&env, name, "Degraded").await?.map(|c| c.0),
         Some("False".into())
+    );
+    Ok(())
+}
+
+/// `hcp-olm-controller uninstall` (run as the cluster admin after the controller is stopped)
+/// removes our objects from both clusters and every HostedCluster's finalizer, so deleting a
+/// HostedCluster no longer waits on a controller that is gone; a HostedOLM whose
+/// HostedCluster lost the finalizer by hand goes too.
+#[tokio::test]
+async fn uninstall_removes_our_objects_and_releases_hosted_clusters() -> Result<()> {
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    let ctx = ctx(controller_client(&env).await?);
+    put_kubeconfig_secret(&env, "example-admin-kubeconfig").await?;
+    for name in ["one", "two"] {
+        create_hc(&env, name, "example-admin-kubeconfig").await?;
+        reconcile(&ctx, &env, name).await?;
+        reconcile(&ctx, &env, name).await?;
+        ensure!(!ours(&env.guest, &guest_kinds(), name).await?.is_empty());
+        ensure!(!ours(&env.management, &hcp_kinds(), name).await?.is_empty());
+    }
+    // "two" lost our finalizer by hand: its HostedOLM and HCP objects are still there.
+    Api::<DynamicObject>::namespaced_with(env.management.client(), HC_NS, &hc_resource())
+        .patch(
+            "two",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+        )
+        .await?;
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-olm-controller"))
+        .arg("uninstall")
+        .env("KUBECONFIG", env.management.kubeconfig())
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    ensure!(out.status.success(), "uninstall failed");
+    ensure!(stdout.contains(&format!("released HostedCluster {HC_NS}/one")));
+    ensure!(stdout.contains(&format!("deleted HostedOLM {HC_NS}-two/two")));
+    ensure!(
+        ours(&env.guest, &guest_kinds(), "one").await?.is_empty(),
+        "guest objects left"
+    );
+    for name in ["one", "two"] {
+        let left = ours(&env.management, &hcp_kinds(), name).await?;
+        ensure!(left.is_empty(), "HCP objects of {name} left: {left:?}");
+        ensure!(
+            Api::<HostedOLM>::namespaced(env.management.client(), &format!("{HC_NS}-{name}"))
+                .get_opt(name)
+                .await?
+                .is_none(),
+            "HostedOLM {name} left"
+        );
+        let hc = get_hc(&env, name).await?;
+        ensure!(
+            !hc.metadata
+                .finalizers
+                .unwrap_or_default()
+                .contains(&FINALIZER.to_string()),
+            "finalizer left on {name}"
+        );
+    }
+    // Deleting the HostedCluster now completes without a controller.
+    let api = Api::<DynamicObject>::namespaced_with(env.management.client(), HC_NS, &hc_resource());
+    api.delete("one", &Default::default()).await?;
+    eventually(
+        std::time::Duration::from_secs(20),
+        "HostedCluster deleted",
+        || async { Ok(api.get_opt("one").await?.is_none().then_some(())) },
+    )
+    .await?;
+    // A second run finds nothing to do and still succeeds.
+    let again = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-olm-controller"))
+        .arg("uninstall")
+        .env("KUBECONFIG", env.management.kubeconfig())
+        .output()?;
+    ensure!(
+        again.status.success()
+            && String::from_utf8_lossy(&again.stdout).contains("0 HostedClusters released"),
+        "second uninstall: {}",
+        String::from_utf8_lossy(&again.stdout)
     );
     Ok(())
 }

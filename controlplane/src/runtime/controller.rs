@@ -61,7 +61,10 @@ async fn reconcile(hc: Arc<HostedCluster>, ctx: Arc<Context>) -> Result<Action, 
         )
     );
     let key = cluster_key(&hc);
-    match reconcile_one(&ctx, &hc).instrument(span).await {
+    ctx.metrics.reconcile_started();
+    let result = reconcile_one(&ctx, &hc).instrument(span).await;
+    ctx.metrics.reconcile_finished();
+    match result {
         Ok(o) => {
             ctx.reset_backoff(&key);
             ctx.metrics
@@ -204,6 +207,18 @@ pub(crate) async fn run_controller(
     let deployments: Api<PartialObjectMeta<Deployment>> = Api::all(client);
     let controller = Controller::new(hcs, watcher::Config::default());
     let store = controller.store();
+    // Ready once the HostedCluster cache has listed everything (the Secret and
+    // Deployment watches only trigger reconciles, which read through the API).
+    let synced = {
+        let store = store.clone();
+        let metrics = ctx.metrics.clone();
+        tokio::spawn(async move {
+            if store.wait_until_ready().await.is_ok() {
+                metrics.set_synced(true);
+                tracing::info!("caches synced");
+            }
+        })
+    };
     let defaults = ctx.config.defaults.clone();
     controller
         .with_config(ControllerConfig::default().concurrency(opts.concurrency))
@@ -237,6 +252,8 @@ pub(crate) async fn run_controller(
             }
         })
         .await;
+    synced.abort();
+    ctx.metrics.set_synced(false);
 }
 
 #[cfg(test)]

@@ -1,11 +1,12 @@
-//! Kubernetes Events (events.k8s.io/v1) on HostedOLM objects, emitted only when a
-//! reported condition changes (status or reason), so an idle controller writes
-//! nothing.
+//! Kubernetes Events (events.k8s.io/v1) on the HostedOLM and on its HostedCluster (where
+//! admins look: `kubectl describe hostedcluster`), emitted only when a reported condition
+//! changes (status or reason), so an idle controller writes nothing.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Resource;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
+use crate::hostedcluster::HostedCluster;
 use crate::hostedolm::HostedOLM;
 use crate::status::{AVAILABLE, DEGRADED};
 
@@ -63,14 +64,7 @@ pub fn transitions(old: &[Condition], new: &[Condition]) -> Vec<Transition> {
                 note.push_str(": ");
                 note.push_str(&c.message);
             }
-            // events.k8s.io limits the note to 1 kB.
-            if note.len() > 1000 {
-                let mut cut = 1000;
-                while !note.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                note.truncate(cut);
-            }
+            truncate_note(&mut note);
             Transition {
                 type_: c.type_.clone(),
                 status: c.status.clone(),
@@ -82,7 +76,7 @@ pub fn transitions(old: &[Condition], new: &[Condition]) -> Vec<Transition> {
         .collect()
 }
 
-/// Publishes transitions as Events regarding a HostedOLM.
+/// Publishes transitions as Events regarding a HostedOLM and its HostedCluster.
 #[derive(Clone)]
 pub struct Events {
     recorder: Recorder,
@@ -95,12 +89,29 @@ impl Events {
         }
     }
 
-    /// Publish one event per transition. Failures are logged, never fatal: events
-    /// are a courtesy, status is the truth.
-    pub async fn publish(&self, holm: &HostedOLM, transitions: &[Transition]) -> usize {
-        let reference = holm.object_ref(&());
+    /// Publish one event per transition on the HostedOLM and one on the HostedCluster
+    /// (its note names the HostedOLM). Failures are logged, never fatal: events are a
+    /// courtesy, status is the truth.
+    pub async fn publish(
+        &self,
+        hc: &HostedCluster,
+        holm: &HostedOLM,
+        transitions: &[Transition],
+    ) -> usize {
+        let on_holm = holm.object_ref(&());
+        let on_hc = hc.object_ref(&());
+        let holm_name = format!(
+            "HostedOLM {}/{}",
+            holm.metadata.namespace.as_deref().unwrap_or(""),
+            holm.metadata.name.as_deref().unwrap_or("")
+        );
         let mut published = 0;
-        for t in transitions {
+        for (t, reference) in transitions.iter().flat_map(|t| {
+            [
+                (t.clone(), &on_holm),
+                (for_hosted_cluster(t, &holm_name), &on_hc),
+            ]
+        }) {
             let ev = Event {
                 type_: if t.warning {
                     EventType::Warning
@@ -112,7 +123,7 @@ impl Events {
                 action: "Reconcile".into(),
                 secondary: None,
             };
-            match self.recorder.publish(&ev, &reference).await {
+            match self.recorder.publish(&ev, reference).await {
                 Ok(()) => published += 1,
                 Err(e) => tracing::warn!(
                     hostedolm = %format!(
@@ -127,6 +138,25 @@ impl Events {
             }
         }
         published
+    }
+}
+
+/// The HostedCluster's copy of a transition: the note says which HostedOLM it is about,
+/// within the 1 kB limit.
+pub fn for_hosted_cluster(t: &Transition, holm: &str) -> Transition {
+    let mut note = format!("{holm}: {}", t.note);
+    truncate_note(&mut note);
+    Transition { note, ..t.clone() }
+}
+
+fn truncate_note(note: &mut String) {
+    // events.k8s.io limits the note to 1 kB.
+    if note.len() > 1000 {
+        let mut cut = 1000;
+        while !note.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        note.truncate(cut);
     }
 }
 

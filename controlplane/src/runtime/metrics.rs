@@ -3,8 +3,9 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::time::Duration;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
@@ -27,9 +28,21 @@ pub struct Metrics {
     duration: Histogram,
     leader_gauge: Gauge,
     ready: AtomicBool,
+    /// The controller's watch caches have listed everything once.
+    synced: AtomicBool,
     /// 0: no leader election, 1: standby, 2: leader.
     role: AtomicU8,
+    /// Reconciles running now.
+    inflight: AtomicUsize,
+    /// When the loop last made progress: a reconcile finished, or work started after idling.
+    last_progress: Mutex<Instant>,
+    /// How long reconciles may run with none finishing before `/healthz` fails.
+    stall_limit: Duration,
 }
+
+/// Default for [`Metrics::with_stall_limit`]: far above one reconcile's own timeouts
+/// (guest connect 10 s, read 60 s per request), so only a loop that stopped moving trips it.
+pub const DEFAULT_STALL_LIMIT: Duration = Duration::from_secs(600);
 
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -71,12 +84,71 @@ impl Default for Metrics {
             duration,
             leader_gauge,
             ready: AtomicBool::new(false),
+            synced: AtomicBool::new(false),
             role: AtomicU8::new(0),
+            inflight: AtomicUsize::new(0),
+            last_progress: Mutex::new(Instant::now()),
+            stall_limit: DEFAULT_STALL_LIMIT,
         }
     }
 }
 
 impl Metrics {
+    /// Metrics whose `/healthz` fails once reconciles have been running for `limit` with
+    /// none finishing.
+    pub fn with_stall_limit(limit: Duration) -> Self {
+        Self {
+            stall_limit: limit,
+            ..Self::default()
+        }
+    }
+
+    /// A reconcile starts (pair with [`Metrics::reconcile_finished`]).
+    pub fn reconcile_started(&self) {
+        self.reconcile_started_at(Instant::now());
+    }
+
+    fn reconcile_started_at(&self, now: Instant) {
+        if self.inflight.fetch_add(1, Ordering::SeqCst) == 0 {
+            // idle time is not a stall
+            *self.last_progress.lock().unwrap_or_else(|e| e.into_inner()) = now;
+        }
+    }
+
+    /// A reconcile finished (either way).
+    pub fn reconcile_finished(&self) {
+        self.reconcile_finished_at(Instant::now());
+    }
+
+    fn reconcile_finished_at(&self, now: Instant) {
+        let _ = self
+            .inflight
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        *self.last_progress.lock().unwrap_or_else(|e| e.into_inner()) = now;
+    }
+
+    /// `Some(how long)` when reconciles are running and none finished for longer than the
+    /// stall limit.
+    pub fn stalled(&self, now: Instant) -> Option<Duration> {
+        if self.inflight.load(Ordering::SeqCst) == 0 {
+            return None;
+        }
+        let since = now.saturating_duration_since(
+            *self.last_progress.lock().unwrap_or_else(|e| e.into_inner()),
+        );
+        (since > self.stall_limit).then_some(since)
+    }
+
+    /// The watch caches have synced (`true`) or the loop stopped (`false`).
+    pub fn set_synced(&self, synced: bool) {
+        self.synced.store(synced, Ordering::Relaxed);
+    }
+
+    /// Ready to serve: running, and, unless a standby, with synced caches.
+    pub fn serving(&self) -> bool {
+        self.is_ready() && (self.leader() == Some(false) || self.synced.load(Ordering::Relaxed))
+    }
+
     /// Count one reconcile with its result (`applied`, `waiting`, `invalid`, ...).
     pub fn observe(&self, result: &str, took: Duration) {
         self.reconciles
@@ -134,13 +206,29 @@ impl Metrics {
 /// The admin router.
 pub fn router(metrics: Arc<Metrics>) -> Router {
     Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/healthz",
+            get(|State(m): State<Arc<Metrics>>| async move {
+                match m.stalled(Instant::now()) {
+                    None => (StatusCode::OK, "ok".to_string()),
+                    Some(d) => (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!(
+                            "reconcile loop stalled: {} reconciles running, none finished for {}s",
+                            m.inflight.load(Ordering::SeqCst),
+                            d.as_secs()
+                        ),
+                    ),
+                }
+            }),
+        )
         .route(
             "/readyz",
             get(|State(m): State<Arc<Metrics>>| async move {
                 // A standby replica is ready too (else a rolling update of a
                 // 2-replica Deployment never completes); the body says which.
-                match (m.is_ready(), m.leader()) {
+                // The leader (or a lone controller) is ready once its caches synced.
+                match (m.serving(), m.leader()) {
                     (true, None) => (StatusCode::OK, "ok"),
                     (true, Some(true)) => (StatusCode::OK, "ok: leader"),
                     (true, Some(false)) => (StatusCode::OK, "ok: standby"),
@@ -175,4 +263,43 @@ pub async fn serve(
     axum::serve(listener, router(metrics))
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn healthz_fails_only_when_running_reconciles_stop_finishing() {
+        let m = Metrics::with_stall_limit(Duration::from_secs(60));
+        let t0 = Instant::now();
+        // idle for longer than the limit: healthy
+        assert_eq!(m.stalled(t0 + Duration::from_secs(3600)), None);
+        m.reconcile_started_at(t0 + Duration::from_secs(3600));
+        assert_eq!(m.stalled(t0 + Duration::from_secs(3630)), None);
+        m.reconcile_started_at(t0 + Duration::from_secs(3640));
+        m.reconcile_finished_at(t0 + Duration::from_secs(3650));
+        // one still running, progress 50 s ago
+        assert_eq!(m.stalled(t0 + Duration::from_secs(3700)), None);
+        assert_eq!(
+            m.stalled(t0 + Duration::from_secs(3711)),
+            Some(Duration::from_secs(61))
+        );
+        m.reconcile_finished_at(t0 + Duration::from_secs(3712));
+        assert_eq!(m.stalled(t0 + Duration::from_secs(9999)), None);
+    }
+
+    #[test]
+    fn ready_after_sync_unless_standby() {
+        let m = Metrics::default();
+        m.set_ready(true);
+        assert!(!m.serving(), "no caches yet");
+        m.set_synced(true);
+        assert!(m.serving());
+        m.set_synced(false);
+        m.set_leader(Some(false));
+        assert!(m.serving(), "a standby is ready without caches");
+        m.set_leader(Some(true));
+        assert!(!m.serving(), "a new leader waits for its caches");
+    }
 }

@@ -8,7 +8,8 @@
 //! - [`controller`]: the kube-runtime `Controller` loop behind `hcp-olm-controller run`;
 //! - [`metrics`]: Prometheus metrics and the admin HTTP endpoints;
 //! - [`leader`]: leader election with a `coordination.k8s.io/v1` Lease;
-//! - [`events`]: Kubernetes Events on HostedOLM condition transitions.
+//! - [`events`]: Kubernetes Events on HostedOLM condition transitions;
+//! - [`uninstall`]: the finalizer's cleanup for every HostedCluster at once.
 
 pub mod controller;
 pub mod events;
@@ -17,6 +18,7 @@ pub mod leader;
 pub mod metrics;
 pub mod reconcile;
 pub mod secrets;
+pub mod uninstall;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -108,6 +110,12 @@ impl Context {
     /// Replace the schedule.
     pub fn with_schedule(mut self, schedule: Schedule) -> Self {
         self.schedule = schedule;
+        self
+    }
+
+    /// Replace the metrics (e.g. with another `/healthz` stall limit).
+    pub fn with_metrics(mut self, metrics: metrics::Metrics) -> Self {
+        self.metrics = Arc::new(metrics);
         self
     }
 

@@ -396,6 +396,7 @@ fn keep_transition_times(old: &[Condition], new: &mut [Condition]) {
 /// Server-side apply of the status subresource, only when it differs from the live one.
 async fn write_status(
     ctx: &Context,
+    hc: &HostedCluster,
     holm: &HostedOLM,
     mut new: HostedOLMStatus,
 ) -> Result<bool, Error> {
@@ -422,7 +423,7 @@ async fn write_status(
     if let Some(events) = &ctx.events {
         let t = super::events::transitions(&old.conditions, &new.conditions);
         if !t.is_empty() {
-            events.publish(holm, &t).await;
+            events.publish(hc, holm, &t).await;
         }
     }
     Ok(true)
@@ -473,7 +474,7 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
                 ..holm.status.clone().unwrap_or_default()
             };
             let mut o = Outcome::new(State::Waiting(access.reason().into()), ctx.schedule.waiting);
-            o.status_written = write_status(ctx, &holm, st).await?;
+            o.status_written = write_status(ctx, hc, &holm, st).await?;
             o.hcp_writes = hcp_writes;
             return Ok(o);
         }
@@ -502,7 +503,7 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
                 ..holm.status.clone().unwrap_or_default()
             };
             let mut o = Outcome::new(State::Invalid(first), ctx.schedule.resync);
-            o.status_written = write_status(ctx, &holm, st).await?;
+            o.status_written = write_status(ctx, hc, &holm, st).await?;
             o.hcp_writes = hcp_writes;
             return Ok(o);
         }
@@ -551,7 +552,7 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
                 ..holm.status.clone().unwrap_or_default()
             };
             let mut o = Outcome::new(State::Waiting(access.reason().into()), ctx.schedule.waiting);
-            o.status_written = write_status(ctx, &holm, st).await?;
+            o.status_written = write_status(ctx, hc, &holm, st).await?;
             o.hcp_writes = hcp_writes;
             return Ok(o);
         }
@@ -674,7 +675,7 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
         generation,
         &now_t,
     );
-    let status_written = write_status(ctx, &holm, st).await?;
+    let status_written = write_status(ctx, hc, &holm, st).await?;
     if let Some(e) = apply_error {
         return Err(e);
     }
