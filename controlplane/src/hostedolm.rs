@@ -166,7 +166,7 @@ pub struct TunnelSpec {
     /// `--tunnel-key-propagation`. Neither end restarts; established catalog streams see
     /// one handshake.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 63))]
+    #[schemars(length(min = 1, max = 253))]
     pub key_rotation: Option<String>,
 }
 

@@ -2089,11 +2089,23 @@ async fn tunnel_key_rotation_walks_its_phases_without_rolling_pods() -> Result<(
     assert_eq!(gw_extra().await?, None);
     assert_eq!(rotation().await?, None);
 
-    // Bad input first: reported, keys untouched.
-    patch_holm(
+    // Bad input first: too long is refused at admission by the CRD schema; a control
+    // character passes the schema and is reported by the controller; keys untouched.
+    let too_long = patch_holm(
         &env,
         name,
         serde_json::json!({"spec": {"tunnel": {"keyRotation": "x".repeat(300)}}}),
+    )
+    .await
+    .expect_err("a 300-character keyRotation passed the CRD schema");
+    ensure!(
+        format!("{too_long:#}").contains("spec.tunnel.keyRotation"),
+        "{too_long:#}"
+    );
+    patch_holm(
+        &env,
+        name,
+        serde_json::json!({"spec": {"tunnel": {"keyRotation": "bad\u{7}token"}}}),
     )
     .await?;
     reconcile(&ctx, &env, name).await?;

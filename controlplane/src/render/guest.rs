@@ -180,11 +180,16 @@ pub(super) fn render(
     } else {
         ApplyPolicy::CreateOnly
     };
-    let hub_spec =
+    let mut hub_spec =
         serde_json::to_value(&v.operator_hub).map_err(|source| RenderError::Serialize {
             what: "OperatorHub spec",
             source,
         })?;
+    // Never an empty spec: once a field we applied is dropped, server-side apply would leave
+    // `spec: null`, which the OperatorHub schema refuses. Unset means "not disabled".
+    if let Some(o) = hub_spec.as_object_mut() {
+        o.entry("disableAllDefaultSources").or_insert(json!(false));
+    }
     push(
         out,
         json!({

@@ -19,7 +19,7 @@ use kube::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 
 use super::reconcile::{State, reconcile_one};
 use super::{Context, Error};
@@ -205,20 +205,23 @@ pub(crate) async fn run_controller(
     // Our Deployments (metadata: a status change changes the resourceVersion), so
     // component availability in status follows the pods.
     let deployments: Api<PartialObjectMeta<Deployment>> = Api::all(client);
-    let controller = Controller::new(hcs, watcher::Config::default());
-    let store = controller.store();
-    // Ready once the HostedCluster cache has listed everything (the Secret and
-    // Deployment watches only trigger reconciles, which read through the API).
-    let synced = {
-        let store = store.clone();
-        let metrics = ctx.metrics.clone();
-        tokio::spawn(async move {
-            if store.wait_until_ready().await.is_ok() {
-                metrics.set_synced(true);
-                tracing::info!("caches synced");
+    // Our own reflector, so readiness can follow its first complete list (InitDone):
+    // Store::wait_until_ready wakes only the last of several waiters, and the Controller
+    // itself waits on it.
+    let (reader, writer) = kube::runtime::reflector::store::<HostedCluster>();
+    let synced_metrics = ctx.metrics.clone();
+    let hc_stream = watcher(hcs, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .inspect(move |ev| {
+            if matches!(ev, Ok(watcher::Event::InitDone)) && !synced_metrics.synced() {
+                synced_metrics.set_synced(true);
+                tracing::info!("HostedCluster cache synced");
             }
         })
-    };
+        .applied_objects();
+    let controller = Controller::for_stream(hc_stream, reader);
+    let store = controller.store();
     let defaults = ctx.config.defaults.clone();
     controller
         .with_config(ControllerConfig::default().concurrency(opts.concurrency))
@@ -252,7 +255,6 @@ pub(crate) async fn run_controller(
             }
         })
         .await;
-    synced.abort();
     ctx.metrics.set_synced(false);
 }
 

@@ -144,9 +144,14 @@ impl Metrics {
         self.synced.store(synced, Ordering::Relaxed);
     }
 
+    /// Whether the watch caches have synced.
+    pub fn synced(&self) -> bool {
+        self.synced.load(Ordering::Relaxed)
+    }
+
     /// Ready to serve: running, and, unless a standby, with synced caches.
     pub fn serving(&self) -> bool {
-        self.is_ready() && (self.leader() == Some(false) || self.synced.load(Ordering::Relaxed))
+        self.is_ready() && (self.leader() == Some(false) || self.synced())
     }
 
     /// Count one reconcile with its result (`applied`, `waiting`, `invalid`, ...).
