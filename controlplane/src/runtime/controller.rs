@@ -69,6 +69,8 @@ async fn reconcile(hc: Arc<HostedCluster>, ctx: Arc<Context>) -> Result<Action, 
             ctx.reset_backoff(&key);
             ctx.metrics
                 .observe(state_label(&o.state), started.elapsed());
+            ctx.metrics
+                .writes(o.hcp_writes, o.guest_writes, o.status_written);
             tracing::debug!(state = ?o.state, hcp = o.hcp_writes, guest = o.guest_writes, status = o.status_written, "reconciled");
             if o.state == State::CleanedUp {
                 Ok(Action::await_change())

@@ -27,6 +27,7 @@ pub struct Metrics {
     errors: Family<Labels, Counter>,
     duration: Histogram,
     leader_gauge: Gauge,
+    writes: Family<Labels, Counter>,
     ready: AtomicBool,
     /// The controller's watch caches have listed everything once.
     synced: AtomicBool,
@@ -71,6 +72,20 @@ impl Default for Metrics {
             "Duration of reconciles",
             duration.clone(),
         );
+        let writes = Family::<Labels, Counter>::default();
+        registry.register(
+            "apply_writes",
+            "API writes by reconciles: cluster (management, guest) and what (objects, status)",
+            writes.clone(),
+        );
+        registry.register(
+            "build",
+            "Build information",
+            prometheus_client::metrics::info::Info::new(vec![
+                ("version".to_string(), env!("CARGO_PKG_VERSION").to_string()),
+                ("binary".to_string(), "hcp-olm-controller".to_string()),
+            ]),
+        );
         let leader_gauge = Gauge::default();
         registry.register(
             "leader",
@@ -83,6 +98,7 @@ impl Default for Metrics {
             errors,
             duration,
             leader_gauge,
+            writes,
             ready: AtomicBool::new(false),
             synced: AtomicBool::new(false),
             role: AtomicU8::new(0),
@@ -160,6 +176,24 @@ impl Metrics {
             .get_or_create(&vec![("result".to_string(), result.to_string())])
             .inc();
         self.duration.observe(took.as_secs_f64());
+    }
+
+    /// Count the writes of one reconcile.
+    pub fn writes(&self, management: usize, guest: usize, status: bool) {
+        for (cluster, what, n) in [
+            ("management", "objects", management),
+            ("guest", "objects", guest),
+            ("management", "status", usize::from(status)),
+        ] {
+            if n > 0 {
+                self.writes
+                    .get_or_create(&vec![
+                        ("cluster".to_string(), cluster.to_string()),
+                        ("what".to_string(), what.to_string()),
+                    ])
+                    .inc_by(n as u64);
+            }
+        }
     }
 
     /// Count one failed reconcile.
@@ -292,6 +326,33 @@ mod tests {
         );
         m.reconcile_finished_at(t0 + Duration::from_secs(3712));
         assert_eq!(m.stalled(t0 + Duration::from_secs(9999)), None);
+    }
+
+    #[test]
+    fn metric_names_follow_prometheus_conventions() {
+        let m = Metrics::default();
+        m.observe("applied", Duration::from_millis(5));
+        m.error("ApplyFailed", Duration::from_millis(5));
+        m.writes(3, 2, true);
+        let text = m.encode();
+        for want in [
+            "hcp_olm_build_info{version=",
+            "hcp_olm_reconciles_total{result=\"applied\"} 1",
+            "hcp_olm_reconcile_errors_total{reason=\"ApplyFailed\"} 1",
+            "hcp_olm_reconcile_duration_seconds_bucket",
+            "hcp_olm_apply_writes_total{cluster=\"management\",what=\"objects\"} 3",
+            "hcp_olm_apply_writes_total{cluster=\"guest\",what=\"objects\"} 2",
+            "hcp_olm_apply_writes_total{cluster=\"management\",what=\"status\"} 1",
+            "hcp_olm_leader 0",
+        ] {
+            assert!(text.contains(want), "{want} missing in\n{text}");
+        }
+        for line in text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
+            assert!(line.starts_with("hcp_olm_"), "unprefixed series: {line}");
+        }
     }
 
     #[test]
