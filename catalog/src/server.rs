@@ -429,7 +429,9 @@ impl Iterator for CatalogBundles {
 
 /// `grpc.health.v1.Health`: SERVING for any service name once the catalog is
 /// loaded (the server only starts then); Watch and List are unimplemented, as
-/// in opm.
+/// in opm. Our own rather than `tonic-health`: that crate implements Watch and
+/// answers NOT_FOUND for unknown service names, both unlike opm, and the
+/// conformance tests hold us to opm's answers.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct HealthService;
 
