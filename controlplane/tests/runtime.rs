@@ -2304,3 +2304,123 @@ async fn uninstall_removes_our_objects_and_releases_hosted_clusters() -> Result<
     );
     Ok(())
 }
+
+/// Security (issue 12, hole 3): a guest kubeconfig Secret is untrusted input. Anything but
+/// inline material (exec plugins, auth providers, token or certificate files, proxies) is
+/// refused as `Degraded GuestKubeconfigUnsafe` naming the field: nothing executed, no local
+/// file read, nothing dialled or written in the guest.
+#[tokio::test]
+async fn security_guest_kubeconfig_only_inline_material() -> Result<()> {
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    let ctx = ctx(controller_client(&env).await?);
+    let name = "unsafe";
+    create_hc(&env, name, "unsafe-kubeconfig").await?;
+    let good: serde_json::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(env.guest.kubeconfig())?)?;
+    let dir = tempfile::tempdir()?;
+    let marker = dir.path().join("exec-ran");
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "the-controllers-own-token")?;
+    let exec = serde_json::json!({
+        "apiVersion": "client.authentication.k8s.io/v1",
+        "command": "/bin/sh",
+        "args": ["-c", format!("touch {}; echo '{{\"apiVersion\":\"client.authentication.k8s.io/v1\",\"kind\":\"ExecCredential\",\"status\":{{\"token\":\"x\"}}}}'", marker.display())],
+        "interactiveMode": "Never",
+    });
+    type Mutate = Box<dyn Fn(&mut serde_json::Value)>;
+    let cases: Vec<(&str, Mutate, &str)> = vec![
+        (
+            "exec",
+            Box::new(move |kc| kc["users"][0]["user"]["exec"] = exec.clone()),
+            "users[0].user.exec",
+        ),
+        (
+            "auth-provider",
+            Box::new(
+                |kc| kc["users"][0]["user"]["auth-provider"] = serde_json::json!({"name": "oidc", "config": {"idp-issuer-url": "https://127.0.0.1:1"}}),
+            ),
+            "users[0].user.auth-provider",
+        ),
+        (
+            "tokenFile",
+            Box::new({
+                let p = token_file.display().to_string();
+                move |kc| kc["users"][0]["user"]["tokenFile"] = p.clone().into()
+            }),
+            "users[0].user.tokenFile",
+        ),
+        (
+            "client-certificate",
+            Box::new(|kc| {
+                kc["users"][0]["user"]["client-certificate"] =
+                    "/etc/kubernetes/pki/apiserver.crt".into()
+            }),
+            "users[0].user.client-certificate",
+        ),
+        (
+            "client-key",
+            Box::new(|kc| {
+                kc["users"][0]["user"]["client-key"] = "/etc/kubernetes/pki/apiserver.key".into()
+            }),
+            "users[0].user.client-key",
+        ),
+        (
+            "certificate-authority",
+            Box::new(|kc| {
+                kc["clusters"][0]["cluster"]["certificate-authority"] =
+                    "/etc/ssl/certs/ca-certificates.crt".into()
+            }),
+            "clusters[0].cluster.certificate-authority",
+        ),
+        (
+            "proxy-url",
+            Box::new(|kc| kc["clusters"][0]["cluster"]["proxy-url"] = "http://127.0.0.1:1".into()),
+            "clusters[0].cluster.proxy-url",
+        ),
+    ];
+    for (what, mutate, field) in cases {
+        let mut kc = good.clone();
+        mutate(&mut kc);
+        put_secret(
+            &env.management,
+            HC_NS,
+            "unsafe-kubeconfig",
+            "kubeconfig",
+            serde_yaml_ng::to_string(&kc)?.into_bytes(),
+        )
+        .await?;
+        let (g0, o) = (
+            env.guest.api_writes(RESOURCES).await?,
+            reconcile(&ctx, &env, name).await?,
+        );
+        let g1 = env.guest.api_writes(RESOURCES).await?;
+        let holm =
+            Api::<HostedOLM>::namespaced(env.management.client(), &format!("{HC_NS}-{name}"))
+                .get(name)
+                .await?;
+        let d = condition(&holm, "Degraded").context("Degraded")?;
+        eprintln!("{what}: {} {}: {}", d.status, d.reason, d.message);
+        ensure!(
+            d.status == "True" && d.reason == "GuestKubeconfigUnsafe" && d.message.contains(field),
+            "{what}: Degraded {} {} {:?}",
+            d.status,
+            d.reason,
+            d.message
+        );
+        ensure!(o.guest_writes == 0 && g1 == g0, "{what}: guest written");
+        ensure!(!marker.exists(), "{what}: the exec plugin ran");
+    }
+    // The inline kubeconfig works again.
+    put_secret(
+        &env.management,
+        HC_NS,
+        "unsafe-kubeconfig",
+        "kubeconfig",
+        serde_yaml_ng::to_string(&good)?.into_bytes(),
+    )
+    .await?;
+    let o = reconcile(&ctx, &env, name).await?;
+    ensure!(o.guest_writes > 0, "{o:?}");
+    Ok(())
+}

@@ -195,6 +195,8 @@ pub enum GuestAccess {
     SecretMissing(String),
     /// The Secret exists but holds no usable kubeconfig.
     Invalid(String),
+    /// The kubeconfig asks for something other than inline material (exec, files, proxy).
+    Unsafe(String),
     /// The guest API server did not answer (connection refused, timeout, TLS).
     Unreachable(String),
 }
@@ -239,6 +241,10 @@ impl GuestAccess {
                 c(PROGRESSING, false, "AsExpected", String::new()),
                 c(DEGRADED, true, "GuestKubeconfigInvalid", msg.clone()),
             ),
+            GuestAccess::Unsafe(msg) => (
+                c(PROGRESSING, false, "AsExpected", String::new()),
+                c(DEGRADED, true, "GuestKubeconfigUnsafe", msg.clone()),
+            ),
             GuestAccess::Unreachable(msg) => (
                 c(PROGRESSING, false, "AsExpected", String::new()),
                 c(DEGRADED, true, "GuestUnreachable", msg.clone()),
@@ -264,6 +270,7 @@ impl GuestAccess {
             GuestAccess::NotPublished => "WaitingForGuestKubeconfig",
             GuestAccess::SecretMissing(_) => "GuestKubeconfigMissing",
             GuestAccess::Invalid(_) => "GuestKubeconfigInvalid",
+            GuestAccess::Unsafe(_) => "GuestKubeconfigUnsafe",
             GuestAccess::Unreachable(_) => "GuestUnreachable",
         }
     }
@@ -295,13 +302,20 @@ pub async fn guest_client(
         ))));
     };
     let invalid = |e: String| GuestAccess::Invalid(format!("Secret {ns}/{name}: {e}"));
-    let text = match std::str::from_utf8(&bytes.0) {
-        Ok(t) => t,
-        Err(e) => return Ok(Err(invalid(e.to_string()))),
-    };
-    let kc = match Kubeconfig::from_yaml(text) {
+    // Untrusted: only inline material, checked before anything is dialled or run.
+    match hcp_olm_kubeconfig_check::check(&bytes.0) {
+        Ok(()) => {}
+        Err(hcp_olm_kubeconfig_check::Refused::Invalid(e)) => return Ok(Err(invalid(e))),
+        Err(e @ hcp_olm_kubeconfig_check::Refused::Unsafe { .. }) => {
+            return Ok(Err(GuestAccess::Unsafe(format!("Secret {ns}/{name}: {e}"))));
+        }
+    }
+    let kc = match std::str::from_utf8(&bytes.0)
+        .map_err(|e| e.to_string())
+        .and_then(|t| Kubeconfig::from_yaml(t).map_err(|e| e.to_string()))
+    {
         Ok(kc) => kc,
-        Err(e) => return Ok(Err(invalid(e.to_string()))),
+        Err(e) => return Ok(Err(invalid(e))),
     };
     let mut config =
         match kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await {
