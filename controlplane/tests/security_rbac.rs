@@ -428,3 +428,134 @@ async fn controller_service_account_is_confined() -> Result<()> {
     );
     Ok(())
 }
+
+/// The controller lists and watches Secrets cluster-wide (RBAC cannot grant less), but
+/// asks only for metadata: the `run` loop (in process, as the ServiceAccount under
+/// manifests/) against an API server whose audit log records the controller's Secret
+/// requests with their responses. Every Secret LIST it makes is answered with a
+/// PartialObjectMetadataList and carries no Secret data. (The audit log records no
+/// response body for WATCH; the watcher sends the same Accept header for its list and
+/// its watch, so the list stands for both.)
+#[tokio::test]
+async fn secret_list_and_watch_are_metadata_only() -> Result<()> {
+    use futures::FutureExt;
+    use hcp_olm_controlplane::runtime::controller::{RunOptions, run};
+    use hcp_olm_controlplane::runtime::{Config, Context};
+
+    let dir = tempfile::tempdir()?;
+    let policy = dir.path().join("audit-policy.yaml");
+    let audit_log = dir.path().join("audit.log");
+    std::fs::write(
+        &policy,
+        format!(
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [\"RequestReceived\"]\n\
+             rules:\n  - level: RequestResponse\n    users: [\"system:serviceaccount:{SA_NS}:{SA}\"]\n\
+             \x20   resources: [{{group: \"\", resources: [\"secrets\"]}}]\n  - level: None\n"
+        ),
+    )?;
+    let mut opts = ClusterOptions::new("audit");
+    opts.extra_apiserver_args = vec![
+        format!("--audit-policy-file={}", policy.display()),
+        format!("--audit-log-path={}", audit_log.display()),
+        "--audit-log-mode=blocking".into(),
+    ];
+    let cluster = Cluster::start(opts).await?;
+    cluster
+        .install_crds(&[
+            fixtures_dir().join("hypershift/crds/hostedclusters-Hypershift-Default.crd.yaml"),
+            repo_file("manifests/crds/hostedolm.yaml"),
+        ])
+        .await?;
+    apply_manifests(&cluster).await?;
+    let sa = cluster
+        .service_account(SA_NS, SA, Duration::from_secs(3600))
+        .await?
+        .client;
+    cluster.ensure_namespace(HC_NS).await?;
+    // A Secret whose value must never show up in a list/watch response.
+    const MARKER: &str = "marker-value-not-for-the-controller";
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(cluster.client(), "default")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "someone-elses"},
+                "stringData": {"password": MARKER},
+            }))?,
+        )
+        .await?;
+    let marker_b64 = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(MARKER)
+    };
+
+    let ctx = std::sync::Arc::new(Context::new(
+        sa,
+        Config {
+            olm_image: Some(format!(
+                "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:{}",
+                "a".repeat(64)
+            )),
+            ..Default::default()
+        },
+    ));
+    let (stop_tx, stop_rx) = futures::channel::oneshot::channel::<()>();
+    let runner = tokio::spawn(run(ctx, RunOptions::default(), stop_rx.map(|_| ())));
+
+    // Bounded wait for the controller's cluster-wide Secret list to be audited.
+    let events = async {
+        let start = Instant::now();
+        loop {
+            let text = std::fs::read_to_string(&audit_log).unwrap_or_default();
+            let events: Vec<serde_json::Value> = text
+                .lines()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .filter(|e: &serde_json::Value| {
+                    e["stage"] == "ResponseComplete"
+                        && (e["verb"] == "list" || e["verb"] == "watch")
+                })
+                .collect();
+            if events
+                .iter()
+                .any(|e| e["verb"] == "list" && e["objectRef"]["namespace"].is_null())
+            {
+                return Ok(events);
+            }
+            ensure!(
+                start.elapsed() < Duration::from_secs(60),
+                "no cluster-wide Secret list by the controller in the audit log after 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    .await;
+    let _ = stop_tx.send(());
+    tokio::time::timeout(Duration::from_secs(30), runner)
+        .await
+        .context("controller did not stop within 30 s")??;
+    let events: Vec<serde_json::Value> = events?;
+
+    for e in &events {
+        let uri = e["requestURI"].as_str().unwrap_or_default();
+        ensure!(
+            e["user"]["username"] == format!("system:serviceaccount:{SA_NS}:{SA}"),
+            "audit policy leaked another user's request: {uri}"
+        );
+        if e["verb"] == "list" && e["responseStatus"]["code"] == 200 {
+            ensure!(
+                e["responseObject"]["kind"] == "PartialObjectMetadataList",
+                "the controller listed full Secret objects: {uri} answered with {}",
+                e["responseObject"]["kind"]
+            );
+        }
+        ensure!(
+            !e.to_string().contains(&marker_b64) && !e.to_string().contains(MARKER),
+            "Secret data reached the controller through {} {uri}",
+            e["verb"]
+        );
+    }
+    eprintln!(
+        "audited Secret list/watch requests by the controller: {}",
+        events.len()
+    );
+    Ok(())
+}
