@@ -137,7 +137,7 @@ fn sample(kind: &str, name: &str) -> (ApiResource, serde_json::Value) {
             serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
                 "spec": {"selector": {"matchLabels": {"app": name}},
                   "template": {"metadata": {"labels": {"app": name}},
-                    "spec": {"serviceAccountName": "default",
+                    "spec": {"serviceAccountName": "hcp-olm-sample",
                       "containers": [{"name": "c", "image": "registry.invalid/x:1"}]}}}}),
         ),
         "NetworkPolicy" => (
@@ -320,6 +320,20 @@ async fn controller_service_account_is_confined() -> Result<()> {
             .await
             .with_context(|| format!("delete {kind} {HCP_NS}/ours as the controller"))?;
     }
+    // Not even there may its Deployments run as a ServiceAccount it does not render
+    // (HyperShift's own in that namespace hold more rights).
+    let (_, mut dep) = sample("Deployment", "borrowed");
+    dep["spec"]["template"]["spec"]["serviceAccountName"] = "control-plane-operator".into();
+    let msg = forbidden(
+        Api::<DynamicObject>::namespaced_with(sa.clone(), HCP_NS, &dep_ar)
+            .create(&PostParams::default(), &serde_json::from_value(dep)?)
+            .await,
+        "create Deployment running as control-plane-operator in the HCP namespace",
+    )?;
+    ensure!(
+        msg.contains("only as its own ServiceAccounts"),
+        "borrowed ServiceAccount: {msg}"
+    );
     // Its own Lease in hcp-olm-system and Events stay allowed.
     let lease = serde_json::json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
         "metadata": {"name": "hcp-olm-controller"}, "spec": {"holderIdentity": "a"}});
