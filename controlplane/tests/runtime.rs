@@ -137,8 +137,17 @@ async fn create_hc_with(
         }})),
     )
     .await?;
-    management
-        .ensure_namespace(&format!("{HC_NS}-{name}"))
+    // The HCP namespace carries HyperShift's label: manifests/controller/
+    // admission-policy.yaml refuses the controller's writes anywhere else.
+    let hcp_ns = format!("{HC_NS}-{name}");
+    management.ensure_namespace(&hcp_ns).await?;
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(management.client())
+        .patch(
+            &hcp_ns,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {
+                "hypershift.openshift.io/hosted-control-plane": "true"}}})),
+        )
         .await?;
     Ok(())
 }
@@ -246,7 +255,8 @@ async fn controller_client(env: &Environment) -> Result<kube::Client> {
 }
 
 /// [`controller_client`] for one cluster, with its kubeconfig; the leader-election
-/// Role and RoleBinding of manifests/controller are installed too.
+/// Role and RoleBinding and the ValidatingAdmissionPolicies of manifests/controller
+/// are installed too.
 async fn controller_identity(cluster: &Cluster) -> Result<hcp_olm_e2e::cluster::Identity> {
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
     let sa = cluster
@@ -288,6 +298,26 @@ async fn controller_identity(cluster: &Cluster) -> Result<hcp_olm_e2e::cluster::
             }
             other => anyhow::bail!("unexpected kind {other:?} in leader-election-role.yaml"),
         }
+    }
+    // The admission policies that confine the controller's writes.
+    let text = std::fs::read_to_string(repo_file("manifests/controller/admission-policy.yaml"))?;
+    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+        let v: serde_json::Value = serde::Deserialize::deserialize(doc)?;
+        let kind = v["kind"].as_str().unwrap_or_default().to_string();
+        let plural = match kind.as_str() {
+            "ValidatingAdmissionPolicy" => "validatingadmissionpolicies",
+            "ValidatingAdmissionPolicyBinding" => "validatingadmissionpolicybindings",
+            other => anyhow::bail!("unexpected kind {other:?} in admission-policy.yaml"),
+        };
+        let ar = ApiResource::from_gvk_with_plural(
+            &kube::api::GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", &kind),
+            plural,
+        );
+        let obj: DynamicObject = serde_json::from_value(v)?;
+        Api::<DynamicObject>::all_with(admin.clone(), &ar)
+            .create(&PostParams::default(), &obj)
+            .await
+            .with_context(|| format!("creating {kind} from admission-policy.yaml"))?;
     }
     Ok(sa)
 }
