@@ -181,11 +181,23 @@ impl GatewaySettings {
                 "namespace": r.namespace,
                 "owner": owner_spec(r.owner),
             })).collect::<Vec<_>>(),
+            "clients": {
+                "allowed": (!c.dns.allowed_clients.is_empty()).then_some(&c.dns.allowed_clients),
+                "rate_limit_qps": c.dns.rate_limit_qps.unwrap_or(200),
+                "rate_limit_burst": 2 * u64::from(c.dns.rate_limit_qps.unwrap_or(200)),
+            },
         });
         let dns: DnsConfigSpec =
             serde_json::from_value(spec).map_err(|e| err("dns", e.to_string()))?;
-        dns.validate()
-            .map_err(|e| err(&format!("dns.{}", e.field), e.reason))?;
+        dns.validate().map_err(|e| {
+            // the client settings come from `dns.allowed_clients` / `dns.rate_limit_qps`
+            let field = match e.field.strip_prefix("clients.allowed") {
+                Some(rest) => format!("dns.allowed_clients{rest}"),
+                None if e.field.starts_with("clients.") => "dns.rate_limit_qps".into(),
+                None => format!("dns.{}", e.field),
+            };
+            err(&field, e.reason)
+        })?;
         for (i, a) in c.allowed_services.iter().enumerate() {
             if a.port == 0 {
                 return Err(err(&format!("allowed_services[{i}].port"), "must not be 0"));
@@ -1092,6 +1104,8 @@ mod tests {
                 local_upstreams: vec!["172.30.0.10".into()],
                 rules: vec![],
                 listen: None,
+                allowed_clients: vec![],
+                rate_limit_qps: None,
             },
             allowed_services: vec![],
             allowed_local_services: vec![],
@@ -1215,6 +1229,18 @@ mod tests {
             set(&mut c);
             assert_eq!(GatewaySettings::from_config(&c).unwrap_err().field, f);
         }
+        let mut c = config();
+        c.dns.allowed_clients = vec!["10.0.0.0/8".into(), "nope".into()];
+        assert_eq!(
+            GatewaySettings::from_config(&c).unwrap_err().field,
+            "dns.allowed_clients[1]"
+        );
+        let mut c = config();
+        c.dns.rate_limit_qps = Some(0);
+        assert_eq!(
+            GatewaySettings::from_config(&c).unwrap_err().field,
+            "dns.rate_limit_qps"
+        );
         let s = GatewaySettings::from_config(&config()).unwrap();
         assert_eq!(
             (s.max_connections, s.handshake_timeout, s.idle_timeout),

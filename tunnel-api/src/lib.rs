@@ -73,6 +73,15 @@ pub struct GatewayDns {
     /// Optional `ip:port` to serve the split DNS on (UDP and TCP) for pods' `dnsConfig`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub listen: Option<String>,
+    /// Source CIDRs `listen` answers; queries from anywhere else get REFUSED (never an open
+    /// resolver). Empty: loopback and private ranges (10/8, 172.16/12, 192.168/16,
+    /// 100.64/10, fc00::/7).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_clients: Vec<String>,
+    /// Queries per second one client address may send to `listen` (default 200, bursts of
+    /// twice that); more are dropped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit_qps: Option<u32>,
 }
 
 /// The gateway's configuration (JSON in `config.json` of the HCP Secret
@@ -267,6 +276,8 @@ mod tests {
                 local_upstreams: vec!["172.30.0.10".into()],
                 rules: vec![],
                 listen: None,
+                allowed_clients: vec![],
+                rate_limit_qps: None,
             },
             allowed_services: vec![],
             allowed_local_services: vec![],

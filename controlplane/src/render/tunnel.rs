@@ -298,6 +298,8 @@ pub fn gateway_config(
             local_upstreams: net.management_dns.clone(),
             rules: Vec::new(),
             listen: None,
+            allowed_clients: Vec::new(),
+            rate_limit_qps: None,
         },
         allowed_services: default_allowed_services(),
         allowed_local_services: local,
