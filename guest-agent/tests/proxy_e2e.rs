@@ -1056,6 +1056,21 @@ fn config_errors_exit_64_naming_the_field() {
             },
             "max_connections",
         ),
+        (
+            AGENT,
+            serde_json::json!({
+                "gateway_endpoint": "127.0.0.1:51820",
+                "gateway_public_key": key.public_key().to_string(),
+                "private_key": key.to_base64(),
+                "tunnel_address": "100.127.255.2/30",
+                "gateway_tunnel_address": "100.127.255.1/30",
+                "persistent_keepalive_seconds": 25,
+                "allowed_services": [],
+                "exposed_services": [],
+                "idle_timeout_seconds": 0
+            }),
+            "idle_timeout_seconds",
+        ),
     ];
     for (i, (bin, doc, field)) in cases.into_iter().enumerate() {
         let f = dir.path().join(format!("c{i}.json"));
