@@ -26,7 +26,7 @@ use crate::stack::{self, Stack, StackConfig, TcpConn};
 use crate::tunnel::{Cidr, Keys, Peer, PeerConfig, PeerStatus, PrivateKey, driver};
 
 /// Defaults of the resource bounds (see `GatewayConfig`).
-pub const DEFAULT_MAX_CONNECTIONS: u32 = 256;
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 128;
 pub const DEFAULT_HANDSHAKE_TIMEOUT_SECONDS: u64 = 10;
 pub const DEFAULT_IDLE_TIMEOUT_SECONDS: u64 = 3600;
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -896,13 +896,27 @@ pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
     let gw_ip = s.tunnel.0;
     let agent_ip = s.agent_ip;
     let ports: Vec<u16> = s.exposed.iter().map(|(p, _)| *p).collect();
+    let mut registry = Registry::default();
+    let dns_metrics = DnsMetrics::register(&mut registry);
+    let metrics = TunnelMetrics::register(&mut registry);
+    let slots = Arc::new(tokio::sync::Semaphore::new(s.max_connections as usize));
+    let syn_slots = Arc::clone(&slots);
+    let syn_metrics = metrics.clone();
     let (stack, mut inbound) = stack::spawn(
         StackConfig {
             addresses: vec![s.tunnel],
             any_ip: false,
             mtu: s.mtu,
             accept: Arc::new(move |dst: SocketAddr, src: SocketAddr| {
-                dst.ip() == gw_ip && src.ip() == agent_ip && ports.contains(&dst.port())
+                if !(dst.ip() == gw_ip && src.ip() == agent_ip && ports.contains(&dst.port())) {
+                    return false;
+                }
+                // over max_connections: reset at the SYN, before any socket exists
+                let room = syn_slots.available_permits() > 0;
+                if !room {
+                    syn_metrics.conn(Proto::exposed, ConnResult::over_limit);
+                }
+                room
             }),
         },
         handle.from_peer,
@@ -910,9 +924,6 @@ pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
         cancel.clone(),
     );
 
-    let mut registry = Registry::default();
-    let dns_metrics = DnsMetrics::register(&mut registry);
-    let metrics = TunnelMetrics::register(&mut registry);
     let engine_cfg = s
         .dns
         .validate()
@@ -955,7 +966,6 @@ pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
     );
 
     let listeners_cancel = CancellationToken::new();
-    let s_max = s.max_connections;
     let sh = Arc::new(Shared {
         s,
         stack,
@@ -964,7 +974,7 @@ pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
         tracker: TaskTracker::new(),
         cancel: listeners_cancel.clone(),
         peer_gone: AtomicBool::new(false),
-        slots: Arc::new(tokio::sync::Semaphore::new(s_max as usize)),
+        slots,
     });
     tokio::spawn(watch_peer(Arc::clone(&sh), handle.status.clone()));
     if let Some(l) = connect {
@@ -1244,7 +1254,7 @@ mod tests {
         let s = GatewaySettings::from_config(&config()).unwrap();
         assert_eq!(
             (s.max_connections, s.handshake_timeout, s.idle_timeout),
-            (256, Duration::from_secs(10), Duration::from_secs(3600))
+            (128, Duration::from_secs(10), Duration::from_secs(3600))
         );
     }
 }

@@ -140,7 +140,7 @@ pub struct GatewayConfig {
     /// must never reach the management network. Default: none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allowed_local_services: Vec<AllowedService>,
-    /// Proxy and exposed-service connections relayed at once (default 256); more are closed
+    /// Proxy and exposed-service connections relayed at once (default 128); more are closed
     /// at once and counted (`result="over_limit"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_connections: Option<u32>,
@@ -219,7 +219,7 @@ pub struct AgentPeerConfig {
     pub mtu: Option<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain_timeout_seconds: Option<u64>,
-    /// Connections relayed at once, both directions together (default 256); more are closed
+    /// Connections relayed at once, both directions together (default 128); more are closed
     /// at once and counted (`result="over_limit"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_connections: Option<u32>,

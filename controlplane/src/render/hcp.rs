@@ -692,7 +692,7 @@ pub(super) fn render(
                     ],
                     "livenessProbe": http_probe("/healthz", ports::TUNNEL_HEALTH, "HTTP", 10, 3),
                     "readinessProbe": http_probe("/readyz", ports::TUNNEL_HEALTH, "HTTP", 0, 3),
-                    // Limit: max_connections (256) stalled relays at ~0.7 MiB each plus the
+                    // Limit: max_connections (128) stalled relays at up to ~1 MiB each plus the
                     // process (security_gateway_stream_flood_keeps_memory_bounded).
                     "resources": {"requests": {"cpu": "10m", "memory": "30Mi"}, "limits": {"memory": super::tunnel::TUNNEL_MEMORY_LIMIT}},
                     "securityContext": container_security(),

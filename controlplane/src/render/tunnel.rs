@@ -192,8 +192,8 @@ pub const KEEPALIVE_SECONDS: u16 = 10;
 /// reports a guest catalog TRANSIENT_FAILURE instead of holding a stalled stream.
 pub const PEER_TIMEOUT_SECONDS: u64 = 25;
 
-/// Memory limit of both tunnel ends' containers: `max_connections` (default 256) stalled
-/// relays at ~0.7 MiB of buffers each plus the process (measured by
+/// Memory limit of both tunnel ends' containers: `max_connections` (default 128) stalled
+/// relays at up to ~1 MiB each plus the process (measured by
 /// `security_gateway_stream_flood_keeps_memory_bounded`).
 pub const TUNNEL_MEMORY_LIMIT: &str = "384Mi";
 
