@@ -67,6 +67,10 @@ pub struct AgentSettings {
     pub health_listen: SocketAddr,
     pub mtu: usize,
     pub drain_timeout: Duration,
+    /// Relayed connections at once (both directions).
+    pub max_connections: u32,
+    /// Relays on which nothing moved for this long are closed.
+    pub idle_timeout: Duration,
 }
 
 impl AgentSettings {
@@ -122,6 +126,14 @@ impl AgentSettings {
             "health_listen",
             c.health_listen.as_deref().unwrap_or("0.0.0.0:9090"),
         )?;
+        let max_connections = match c.max_connections {
+            Some(0) => return Err(err("max_connections", "must be at least 1")),
+            v => v.unwrap_or(crate::gateway::DEFAULT_MAX_CONNECTIONS),
+        };
+        let idle_timeout = match c.idle_timeout_seconds {
+            Some(0) => return Err(err("idle_timeout_seconds", "must be at least 1")),
+            v => Duration::from_secs(v.unwrap_or(crate::gateway::DEFAULT_IDLE_TIMEOUT_SECONDS)),
+        };
         if c.persistent_keepalive_seconds == 0 {
             return Err(err(
                 "persistent_keepalive_seconds",
@@ -144,6 +156,8 @@ impl AgentSettings {
             health_listen,
             mtu: mtu("mtu", c.mtu)?,
             drain_timeout: Duration::from_secs(c.drain_timeout_seconds.unwrap_or(10)),
+            max_connections,
+            idle_timeout,
         })
     }
 
@@ -164,6 +178,23 @@ struct Shared {
     dns_queries: Family<DnsLabels, Counter>,
     tracker: TaskTracker,
     cancel: CancellationToken,
+    /// One permit per relayed connection (`max_connections`).
+    slots: Arc<tokio::sync::Semaphore>,
+}
+
+impl Shared {
+    fn slot(&self, proto: Proto) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let p = Arc::clone(&self.slots).try_acquire_owned().ok();
+        if p.is_none() {
+            self.metrics.conn(proto, ConnResult::over_limit);
+            tracing::warn!(
+                ?proto,
+                max_connections = self.s.max_connections,
+                "connection refused: max_connections reached"
+            );
+        }
+        p
+    }
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
@@ -200,7 +231,9 @@ async fn handle_inbound(sh: Arc<Shared>, c: TcpConn) {
                     })
                     .inc();
             }
-            let _ = c.relay(os).await;
+            if c.relay(os, sh.s.idle_timeout).await.is_err() {
+                tracing::debug!(%target, "idle relay closed");
+            }
         }
         _ => {
             tracing::info!(%target, "guest dial failed");
@@ -258,15 +291,22 @@ async fn exposed_loop(sh: Arc<Shared>, l: TcpListener, port: u16) {
                 }
             },
         };
+        let Some(permit) = sh.slot(Proto::exposed) else {
+            drop(os);
+            continue;
+        };
         let sh2 = Arc::clone(&sh);
         sh.tracker.spawn(async move {
             match tokio::time::timeout(DIAL_TIMEOUT, sh2.stack.connect(target)).await {
                 Ok(Ok(c)) => {
                     sh2.metrics.conn(Proto::exposed, ConnResult::ok);
-                    let _ = c.relay(os).await;
+                    if c.relay(os, sh2.s.idle_timeout).await.is_err() {
+                        tracing::debug!(%target, "idle exposed-service relay closed");
+                    }
                 }
                 _ => sh2.metrics.conn(Proto::exposed, ConnResult::dial_failed),
             }
+            drop(permit);
         });
     }
 }
@@ -380,6 +420,7 @@ pub async fn run(s: AgentSettings) -> anyhow::Result<()> {
     let listeners_cancel = CancellationToken::new();
     let tunnel_ip = s.tunnel.0;
     let has_dns = !s.guest_dns.is_empty();
+    let slots = Arc::new(tokio::sync::Semaphore::new(s.max_connections as usize));
     let sh = Arc::new(Shared {
         s,
         stack: stack.clone(),
@@ -387,6 +428,7 @@ pub async fn run(s: AgentSettings) -> anyhow::Result<()> {
         dns_queries,
         tracker: TaskTracker::new(),
         cancel: listeners_cancel.clone(),
+        slots,
     });
     if has_dns {
         let mut u = stack
@@ -418,7 +460,15 @@ pub async fn run(s: AgentSettings) -> anyhow::Result<()> {
                     _ = sh.cancel.cancelled() => return,
                     c = inbound.recv() => match c { Some(c) => c, None => return },
                 };
-                sh.tracker.spawn(handle_inbound(Arc::clone(&sh), c));
+                let Some(permit) = sh.slot(Proto::tunnel) else {
+                    drop(c);
+                    continue;
+                };
+                let fut = handle_inbound(Arc::clone(&sh), c);
+                sh.tracker.spawn(async move {
+                    fut.await;
+                    drop(permit);
+                });
             }
         });
     }

@@ -255,6 +255,8 @@ pub enum ConnResult {
     bad_request,
     resolve_failed,
     dial_failed,
+    /// Closed at once: `max_connections` relays were already running.
+    over_limit,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -25,7 +25,10 @@ use crate::server::{DnsMetrics, DnsServer, GuestExchange};
 use crate::stack::{self, Stack, StackConfig, TcpConn};
 use crate::tunnel::{Cidr, Keys, Peer, PeerConfig, PeerStatus, PrivateKey, driver};
 
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Defaults of the resource bounds (see `GatewayConfig`).
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 128;
+pub const DEFAULT_HANDSHAKE_TIMEOUT_SECONDS: u64 = 10;
+pub const DEFAULT_IDLE_TIMEOUT_SECONDS: u64 = 3600;
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Retransmission interval of DNS queries to the agent.
 const DNS_RETRANSMIT: Duration = Duration::from_millis(400);
@@ -42,14 +45,22 @@ pub struct GatewaySettings {
     pub tunnel: (IpAddr, u8),
     pub agent_ip: IpAddr,
     pub allowed_sources: Vec<Cidr>,
+    /// Guest Service and pod CIDRs: the only addresses dialed through the tunnel.
+    pub guest_cidrs: Vec<Cidr>,
     pub cluster_domain: String,
     pub connect_listen: Option<SocketAddr>,
     pub socks_listen: Option<SocketAddr>,
     pub health_listen: SocketAddr,
     pub dns_listen: Option<SocketAddr>,
-    pub allow_local_targets: bool,
     pub dns: DnsConfigSpec,
     pub allowed_services: Vec<AllowedService>,
+    /// Management-side Services the proxies may dial (exact names).
+    pub allowed_local_services: Vec<AllowedService>,
+    pub max_connections: u32,
+    /// Total time a proxy client has for its request.
+    pub handshake_timeout: Duration,
+    /// Relays on which nothing moved for this long are closed.
+    pub idle_timeout: Duration,
     /// Tunnel port → HCP-namespace target.
     pub exposed: Vec<(u16, String)>,
     pub keepalive: u16,
@@ -77,7 +88,8 @@ impl GatewaySettings {
         let keys = gateway_keys(c)?;
         let tunnel = interface_address("tunnel_address", &c.tunnel_address)?;
         let (agent_ip, _) = interface_address("agent_tunnel_address", &c.agent_tunnel_address)?;
-        let mut allowed_sources = cidrs("guest_cidrs", &c.guest_cidrs)?;
+        let guest_cidrs = cidrs("guest_cidrs", &c.guest_cidrs)?;
+        let mut allowed_sources = guest_cidrs.clone();
         allowed_sources.push(Cidr::new(
             agent_ip,
             if agent_ip.is_ipv4() { 32 } else { 128 },
@@ -169,16 +181,63 @@ impl GatewaySettings {
                 "namespace": r.namespace,
                 "owner": owner_spec(r.owner),
             })).collect::<Vec<_>>(),
+            "clients": {
+                "allowed": (!c.dns.allowed_clients.is_empty()).then_some(&c.dns.allowed_clients),
+                "rate_limit_qps": c.dns.rate_limit_qps.unwrap_or(200),
+                "rate_limit_burst": 2 * u64::from(c.dns.rate_limit_qps.unwrap_or(200)),
+            },
         });
         let dns: DnsConfigSpec =
             serde_json::from_value(spec).map_err(|e| err("dns", e.to_string()))?;
-        dns.validate()
-            .map_err(|e| err(&format!("dns.{}", e.field), e.reason))?;
+        dns.validate().map_err(|e| {
+            // the client settings come from `dns.allowed_clients` / `dns.rate_limit_qps`
+            let field = match e.field.strip_prefix("clients.allowed") {
+                Some(rest) => format!("dns.allowed_clients{rest}"),
+                None if e.field.starts_with("clients.") => "dns.rate_limit_qps".into(),
+                None => format!("dns.{}", e.field),
+            };
+            err(&field, e.reason)
+        })?;
         for (i, a) in c.allowed_services.iter().enumerate() {
             if a.port == 0 {
                 return Err(err(&format!("allowed_services[{i}].port"), "must not be 0"));
             }
         }
+        for (i, a) in c.allowed_local_services.iter().enumerate() {
+            let f = |k: &str| format!("allowed_local_services[{i}].{k}");
+            if a.port == 0 {
+                return Err(err(&f("port"), "must not be 0"));
+            }
+            for (k, v) in [("namespace", &a.namespace), ("name", &a.name)] {
+                if v == "*" || crate::proxy::valid_name(v).is_none_or(|n| n.contains('.')) {
+                    return Err(err(
+                        &f(k),
+                        format!(
+                            "`{v}` is not a single DNS label (no wildcards on the management side)"
+                        ),
+                    ));
+                }
+            }
+        }
+        let positive = |field: &str, v: Option<u64>, default: u64| match v {
+            Some(0) => Err(err(field, "must be at least 1")),
+            v => Ok(v.unwrap_or(default)),
+        };
+        let max_connections = positive(
+            "max_connections",
+            c.max_connections.map(u64::from),
+            u64::from(DEFAULT_MAX_CONNECTIONS),
+        )? as u32;
+        let handshake_timeout = positive(
+            "handshake_timeout_seconds",
+            c.handshake_timeout_seconds,
+            DEFAULT_HANDSHAKE_TIMEOUT_SECONDS,
+        )?;
+        let idle_timeout = positive(
+            "idle_timeout_seconds",
+            c.idle_timeout_seconds,
+            DEFAULT_IDLE_TIMEOUT_SECONDS,
+        )?;
         let mut exposed = Vec::new();
         for (i, e) in c.exposed_services.iter().enumerate() {
             if e.listen_port == 0 {
@@ -211,14 +270,18 @@ impl GatewaySettings {
             tunnel,
             agent_ip,
             allowed_sources,
+            guest_cidrs,
             cluster_domain: domain,
             connect_listen,
             socks_listen,
             health_listen,
             dns_listen,
-            allow_local_targets: c.allow_local_targets.unwrap_or(true),
             dns,
             allowed_services: c.allowed_services.clone(),
+            allowed_local_services: c.allowed_local_services.clone(),
+            max_connections,
+            handshake_timeout: Duration::from_secs(handshake_timeout),
+            idle_timeout: Duration::from_secs(idle_timeout),
             exposed,
             keepalive,
             peer_timeout: Duration::from_secs(peer_timeout),
@@ -347,10 +410,24 @@ struct Shared {
     cancel: CancellationToken,
     /// Set while the agent is silent for longer than `peer_timeout`.
     peer_gone: AtomicBool,
+    /// One permit per relayed connection (`max_connections`).
+    slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl Shared {
-    /// Decide and resolve a proxy target.
+    fn over_limit(&self, proto: Proto) {
+        self.metrics.conn(proto, ConnResult::over_limit);
+        tracing::warn!(
+            ?proto,
+            max_connections = self.s.max_connections,
+            "connection refused: max_connections reached"
+        );
+    }
+
+    /// Decide and resolve a proxy target. Guest-owned names go into the tunnel, and only to
+    /// an address inside the guest CIDRs; management-owned names only when they are an
+    /// allow-listed Service, and never to loopback or link-local addresses. The address is
+    /// checked after resolving, and exactly that address is dialed (no second lookup).
     async fn route(&self, t: &Target) -> Result<Route, Refusal> {
         let name = match &t.host {
             // An IP literal cannot be checked against the service table.
@@ -376,7 +453,15 @@ impl Shared {
                 }
                 false
             }
-            Owner::Local if self.s.allow_local_targets => true,
+            Owner::Local => {
+                let Some((svc, ns)) = policy::service_of(&name, &self.s.cluster_domain) else {
+                    return Err(Refusal::Denied);
+                };
+                if !policy::service_allowed(&self.s.allowed_local_services, svc, ns, t.port) {
+                    return Err(Refusal::Denied);
+                }
+                true
+            }
             _ => return Err(Refusal::Denied),
         };
         let ips = self
@@ -385,11 +470,18 @@ impl Shared {
             .await
             .map_err(|_| Refusal::ResolveFailed)?;
         let ip = if local {
-            ips.first().copied()
+            ips.iter()
+                .copied()
+                .find(|ip| policy::local_address_allowed(*ip))
         } else {
-            ips.iter().copied().find(|ip| self.stack_family(*ip))
-        }
-        .ok_or(Refusal::ResolveFailed)?;
+            ips.iter().copied().find(|ip| {
+                self.stack_family(*ip) && self.s.guest_cidrs.iter().any(|c| c.contains(*ip))
+            })
+        };
+        let Some(ip) = ip else {
+            tracing::info!(target = %t, addresses = ?ips, "no resolved address is allowed");
+            return Err(Refusal::Denied);
+        };
         let a = SocketAddr::new(ip, t.port);
         Ok(if local {
             Route::Local(a)
@@ -431,21 +523,56 @@ async fn dial(sh: &Shared, r: Route) -> std::io::Result<Dialed> {
     }
 }
 
-async fn splice(d: Dialed, client: TcpStream, early: &[u8]) {
+async fn splice(d: Dialed, client: TcpStream, early: &[u8], idle: Duration) {
     match d {
         Dialed::Tunnel(c) => {
             if !early.is_empty() && c.send(Bytes::copy_from_slice(early)).await.is_err() {
                 return;
             }
-            let _ = c.relay(client).await;
+            if c.relay(client, idle).await.is_err() {
+                tracing::debug!("idle tunnel relay closed");
+            }
         }
         Dialed::Local(mut up) => {
-            let mut client = client;
             if !early.is_empty() && up.write_all(early).await.is_err() {
                 return;
             }
-            let _ = tokio::io::copy_bidirectional(&mut client, &mut up).await;
+            if relay_os(client, up, idle).await.is_err() {
+                tracing::debug!("idle relay closed");
+            }
         }
+    }
+}
+
+/// Relays between two OS streams until both directions end, or until nothing moved either
+/// way for `idle` (then `TimedOut`).
+async fn relay_os(a: TcpStream, b: TcpStream, idle: Duration) -> std::io::Result<()> {
+    use std::sync::atomic::AtomicU64;
+    let moved = Arc::new(AtomicU64::new(0));
+    let copy = |mut from: tokio::net::tcp::OwnedReadHalf,
+                mut to: tokio::net::tcp::OwnedWriteHalf,
+                moved: Arc<AtomicU64>| async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            match from.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    moved.fetch_add(1, Ordering::Relaxed);
+                    if to.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = to.shutdown().await;
+    };
+    let (ar, aw) = a.into_split();
+    let (br, bw) = b.into_split();
+    tokio::select! {
+        _ = async {
+            tokio::join!(copy(ar, bw, Arc::clone(&moved)), copy(br, aw, Arc::clone(&moved)))
+        } => Ok(()),
+        _ = stack::idle_watch(&moved, idle) => Err(std::io::ErrorKind::TimedOut.into()),
     }
 }
 
@@ -470,10 +597,13 @@ async fn linger(mut s: TcpStream) {
 }
 
 async fn handle_connect(sh: Arc<Shared>, mut s: TcpStream) {
+    // One deadline for the whole request, not per read: a client dripping a byte at a
+    // time must not hold the connection.
+    let deadline = tokio::time::Instant::now() + sh.s.handshake_timeout;
     let mut buf = Vec::with_capacity(1024);
     let req = loop {
         let mut chunk = [0u8; 2048];
-        let n = match tokio::time::timeout(HANDSHAKE_TIMEOUT, s.read(&mut chunk)).await {
+        let n = match tokio::time::timeout_at(deadline, s.read(&mut chunk)).await {
             Ok(Ok(n)) if n > 0 => n,
             _ => {
                 sh.metrics.conn(Proto::connect, ConnResult::bad_request);
@@ -495,9 +625,11 @@ async fn handle_connect(sh: Arc<Shared>, mut s: TcpStream) {
     let route = match sh.route(&req.target).await {
         Ok(r) => r,
         Err(Refusal::Denied) => {
+            // Answered like a name that does not resolve: the client (a guest's
+            // CatalogSource status) learns nothing about what exists behind the gateway.
             tracing::info!(target = %req.target, "CONNECT denied");
             sh.metrics.conn(Proto::connect, ConnResult::denied);
-            http_reply(s, "403 Forbidden").await;
+            http_reply(s, "502 Bad Gateway").await;
             return;
         }
         Err(Refusal::ResolveFailed) => {
@@ -523,10 +655,11 @@ async fn handle_connect(sh: Arc<Shared>, mut s: TcpStream) {
     }
     sh.metrics.conn(Proto::connect, ConnResult::ok);
     let early = buf[req.head_len..].to_vec();
-    splice(d, s, &early).await;
+    splice(d, s, &early, sh.s.idle_timeout).await;
 }
 
 async fn handle_socks(sh: Arc<Shared>, mut s: TcpStream) {
+    let deadline = tokio::time::Instant::now() + sh.s.handshake_timeout;
     let mut buf = Vec::with_capacity(512);
     let mut chunk = [0u8; 1024];
     let bad = |sh: &Shared| sh.metrics.conn(Proto::socks, ConnResult::bad_request);
@@ -542,7 +675,7 @@ async fn handle_socks(sh: Arc<Shared>, mut s: TcpStream) {
                 return;
             }
         }
-        match tokio::time::timeout(HANDSHAKE_TIMEOUT, s.read(&mut chunk)).await {
+        match tokio::time::timeout_at(deadline, s.read(&mut chunk)).await {
             Ok(Ok(n)) if n > 0 && buf.len() + n <= 512 => buf.extend_from_slice(&chunk[..n]),
             _ => {
                 bad(&sh);
@@ -565,7 +698,7 @@ async fn handle_socks(sh: Arc<Shared>, mut s: TcpStream) {
                 return;
             }
         }
-        match tokio::time::timeout(HANDSHAKE_TIMEOUT, s.read(&mut chunk)).await {
+        match tokio::time::timeout_at(deadline, s.read(&mut chunk)).await {
             Ok(Ok(n)) if n > 0 && buf.len() + n <= 512 => buf.extend_from_slice(&chunk[..n]),
             _ => {
                 bad(&sh);
@@ -578,7 +711,10 @@ async fn handle_socks(sh: Arc<Shared>, mut s: TcpStream) {
         Err(Refusal::Denied) => {
             tracing::info!(%target, "SOCKS CONNECT denied");
             sh.metrics.conn(Proto::socks, ConnResult::denied);
-            let _ = s.write_all(&socks::reply(socks::REP_NOT_ALLOWED)).await;
+            // like a name that does not resolve (see handle_connect)
+            let _ = s
+                .write_all(&socks::reply(socks::REP_HOST_UNREACHABLE))
+                .await;
             return;
         }
         Err(Refusal::ResolveFailed) => {
@@ -607,7 +743,7 @@ async fn handle_socks(sh: Arc<Shared>, mut s: TcpStream) {
     }
     sh.metrics.conn(Proto::socks, ConnResult::ok);
     let early = buf[used..].to_vec();
-    splice(d, s, &early).await;
+    splice(d, s, &early, sh.s.idle_timeout).await;
 }
 
 /// A connection the agent opened to one of our exposed ports.
@@ -628,7 +764,9 @@ async fn handle_inbound(sh: Arc<Shared>, c: TcpConn) {
         Ok(Ok(os)) => {
             let _ = os.set_nodelay(true);
             sh.metrics.conn(Proto::exposed, ConnResult::ok);
-            let _ = c.relay(os).await;
+            if c.relay(os, sh.s.idle_timeout).await.is_err() {
+                tracing::debug!(%target, "idle exposed-service relay closed");
+            }
         }
         _ => {
             tracing::info!(%target, "exposed service dial failed");
@@ -637,7 +775,7 @@ async fn handle_inbound(sh: Arc<Shared>, c: TcpConn) {
     }
 }
 
-async fn accept_loop<F, Fut>(sh: Arc<Shared>, l: TcpListener, f: F)
+async fn accept_loop<F, Fut>(sh: Arc<Shared>, l: TcpListener, proto: Proto, f: F)
 where
     F: Fn(Arc<Shared>, TcpStream) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = ()> + Send + 'static,
@@ -654,8 +792,17 @@ where
                 }
             },
         };
+        let Ok(permit) = Arc::clone(&sh.slots).try_acquire_owned() else {
+            sh.over_limit(proto);
+            drop(s);
+            continue;
+        };
         let _ = s.set_nodelay(true);
-        sh.tracker.spawn(f(Arc::clone(&sh), s));
+        let fut = f(Arc::clone(&sh), s);
+        sh.tracker.spawn(async move {
+            fut.await;
+            drop(permit);
+        });
     }
 }
 
@@ -749,13 +896,27 @@ pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
     let gw_ip = s.tunnel.0;
     let agent_ip = s.agent_ip;
     let ports: Vec<u16> = s.exposed.iter().map(|(p, _)| *p).collect();
+    let mut registry = Registry::default();
+    let dns_metrics = DnsMetrics::register(&mut registry);
+    let metrics = TunnelMetrics::register(&mut registry);
+    let slots = Arc::new(tokio::sync::Semaphore::new(s.max_connections as usize));
+    let syn_slots = Arc::clone(&slots);
+    let syn_metrics = metrics.clone();
     let (stack, mut inbound) = stack::spawn(
         StackConfig {
             addresses: vec![s.tunnel],
             any_ip: false,
             mtu: s.mtu,
             accept: Arc::new(move |dst: SocketAddr, src: SocketAddr| {
-                dst.ip() == gw_ip && src.ip() == agent_ip && ports.contains(&dst.port())
+                if !(dst.ip() == gw_ip && src.ip() == agent_ip && ports.contains(&dst.port())) {
+                    return false;
+                }
+                // over max_connections: reset at the SYN, before any socket exists
+                let room = syn_slots.available_permits() > 0;
+                if !room {
+                    syn_metrics.conn(Proto::exposed, ConnResult::over_limit);
+                }
+                room
             }),
         },
         handle.from_peer,
@@ -763,9 +924,6 @@ pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
         cancel.clone(),
     );
 
-    let mut registry = Registry::default();
-    let dns_metrics = DnsMetrics::register(&mut registry);
-    let metrics = TunnelMetrics::register(&mut registry);
     let engine_cfg = s
         .dns
         .validate()
@@ -816,15 +974,21 @@ pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
         tracker: TaskTracker::new(),
         cancel: listeners_cancel.clone(),
         peer_gone: AtomicBool::new(false),
+        slots,
     });
     tokio::spawn(watch_peer(Arc::clone(&sh), handle.status.clone()));
     if let Some(l) = connect {
         tracing::info!(addr = %l.local_addr()?, "HTTP CONNECT proxy listening");
-        tokio::spawn(accept_loop(Arc::clone(&sh), l, handle_connect));
+        tokio::spawn(accept_loop(
+            Arc::clone(&sh),
+            l,
+            Proto::connect,
+            handle_connect,
+        ));
     }
     if let Some(l) = socks_l {
         tracing::info!(addr = %l.local_addr()?, "SOCKS5 proxy listening");
-        tokio::spawn(accept_loop(Arc::clone(&sh), l, handle_socks));
+        tokio::spawn(accept_loop(Arc::clone(&sh), l, Proto::socks, handle_socks));
     }
     {
         let sh = Arc::clone(&sh);
@@ -834,7 +998,16 @@ pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
                     _ = sh.cancel.cancelled() => return,
                     c = inbound.recv() => match c { Some(c) => c, None => return },
                 };
-                sh.tracker.spawn(handle_inbound(Arc::clone(&sh), c));
+                let Ok(permit) = Arc::clone(&sh.slots).try_acquire_owned() else {
+                    sh.over_limit(Proto::exposed);
+                    drop(c);
+                    continue;
+                };
+                let fut = handle_inbound(Arc::clone(&sh), c);
+                sh.tracker.spawn(async move {
+                    fut.await;
+                    drop(permit);
+                });
             }
         });
     }
@@ -937,13 +1110,18 @@ mod tests {
             socks_listen: None,
             connect_listen: Some("127.0.0.1:3128".into()),
             health_listen: "127.0.0.1:9090".into(),
-            allow_local_targets: None,
             dns: GatewayDns {
                 local_upstreams: vec!["172.30.0.10".into()],
                 rules: vec![],
                 listen: None,
+                allowed_clients: vec![],
+                rate_limit_qps: None,
             },
             allowed_services: vec![],
+            allowed_local_services: vec![],
+            max_connections: None,
+            handshake_timeout_seconds: None,
+            idle_timeout_seconds: None,
             exposed_services: vec![],
             persistent_keepalive_seconds: None,
             peer_timeout_seconds: None,
@@ -1029,5 +1207,54 @@ mod tests {
         let mut c = config();
         c.mtu = Some(100);
         assert_eq!(GatewaySettings::from_config(&c).unwrap_err().field, "mtu");
+        for (i, (ns, name, port, field)) in [
+            ("*", "cat", 50051, "allowed_local_services[0].namespace"),
+            ("clusters-a", "*", 50051, "allowed_local_services[0].name"),
+            ("clusters-a", "a.b", 50051, "allowed_local_services[0].name"),
+            ("clusters-a", "cat", 0, "allowed_local_services[0].port"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut c = config();
+            c.allowed_local_services = vec![AllowedService {
+                namespace: ns.into(),
+                name: name.into(),
+                port,
+            }];
+            let e = GatewaySettings::from_config(&c).unwrap_err();
+            assert_eq!(e.field, field, "case {i}");
+        }
+        for (f, set) in [
+            (
+                "max_connections",
+                (|c: &mut GatewayConfig| c.max_connections = Some(0)) as fn(&mut GatewayConfig),
+            ),
+            ("handshake_timeout_seconds", |c| {
+                c.handshake_timeout_seconds = Some(0)
+            }),
+            ("idle_timeout_seconds", |c| c.idle_timeout_seconds = Some(0)),
+        ] {
+            let mut c = config();
+            set(&mut c);
+            assert_eq!(GatewaySettings::from_config(&c).unwrap_err().field, f);
+        }
+        let mut c = config();
+        c.dns.allowed_clients = vec!["10.0.0.0/8".into(), "nope".into()];
+        assert_eq!(
+            GatewaySettings::from_config(&c).unwrap_err().field,
+            "dns.allowed_clients[1]"
+        );
+        let mut c = config();
+        c.dns.rate_limit_qps = Some(0);
+        assert_eq!(
+            GatewaySettings::from_config(&c).unwrap_err().field,
+            "dns.rate_limit_qps"
+        );
+        let s = GatewaySettings::from_config(&config()).unwrap();
+        assert_eq!(
+            (s.max_connections, s.handshake_timeout, s.idle_timeout),
+            (128, Duration::from_secs(10), Duration::from_secs(3600))
+        );
     }
 }

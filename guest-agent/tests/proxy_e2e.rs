@@ -266,6 +266,7 @@ fn setup_with(impaired: bool) -> World {
             // Allowed here but not by the agent's ports: the agent must refuse it.
             {"namespace": GUEST_NS, "name": "dns", "port": 53}
         ],
+        "allowed_local_services": [{"namespace": HCP_NS, "name": "cat", "port": 50051}],
         "exposed_services": [
             {"name": "mgmt-catalog", "listen_port": EXPOSED_PORT, "target": format!("{MGMT_CAT}:50051")}
         ],
@@ -450,7 +451,8 @@ fn forward_reverse_isolation_and_bad_input() {
         "SOCKS CONNECT to an allowed guest service: {reply:?}"
     );
 
-    // Isolation, CONNECT: wrong port, other namespace, IP literal → 403.
+    // Isolation, CONNECT: wrong port, other namespace, IP literal → 502, the answer for a
+    // name that does not resolve (refusals are told apart only in metrics and logs).
     let denied_before = metric(
         &w.m,
         GW_HEALTH,
@@ -468,7 +470,7 @@ fn forward_reverse_isolation_and_bad_input() {
             format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes(),
         );
         let r = String::from_utf8_lossy(&r);
-        assert!(r.starts_with("HTTP/1.1 403"), "{target}: {r}");
+        assert!(r.starts_with("HTTP/1.1 502"), "{target}: {r}");
     }
     let denied_after = metric(
         &w.m,
@@ -476,13 +478,14 @@ fn forward_reverse_isolation_and_bad_input() {
         "tunnel_proxy_connections_total{proto=\"connect\",result=\"denied\"}",
     );
     assert_eq!(denied_after - denied_before, 4);
-    // Isolation, SOCKS: IPv4 and IPv6 literals and a non-allowed port → reply 0x02.
+    // Isolation, SOCKS: IPv4 and IPv6 literals → reply 0x04 (as for a name that does not
+    // resolve).
     let mut v6 = vec![5, 1, 0, 5, 1, 0, 4];
     v6.extend_from_slice(&"fd00::1".parse::<std::net::Ipv6Addr>().unwrap().octets());
     v6.extend_from_slice(&50051u16.to_be_bytes());
     for req in [vec![5, 1, 0, 5, 1, 0, 1, 198, 18, 52, 10, 0xc3, 0x83], v6] {
         let r = raw_exchange(&w.m, SOCKS_PROXY, &req);
-        assert_eq!(r.get(..4), Some(&[5, 0, 5, 2][..]), "{r:?}");
+        assert_eq!(r.get(..4), Some(&[5, 0, 5, 4][..]), "{r:?}");
     }
     // Isolation at the agent: the gateway allows dns.<ns>:53, the agent's ports do not.
     let refused_before = metric(&w.g, AGENT_HEALTH, "tunnel_inbound_refused_total");
@@ -1031,6 +1034,42 @@ fn config_errors_exit_64_naming_the_field() {
             AGENT,
             serde_json::json!({"gateway_public_key": 1}),
             "gateway_public_key",
+        ),
+        (
+            GATEWAY,
+            {
+                let mut v = base_gw.clone();
+                v["guest_cidrs"] = serde_json::json!([]);
+                v["allowed_local_services"] =
+                    serde_json::json!([{"namespace": "*", "name": "cat", "port": 50051}]);
+                v
+            },
+            "allowed_local_services[0].namespace",
+        ),
+        (
+            GATEWAY,
+            {
+                let mut v = base_gw.clone();
+                v["guest_cidrs"] = serde_json::json!([]);
+                v["max_connections"] = serde_json::json!(0);
+                v
+            },
+            "max_connections",
+        ),
+        (
+            AGENT,
+            serde_json::json!({
+                "gateway_endpoint": "127.0.0.1:51820",
+                "gateway_public_key": key.public_key().to_string(),
+                "private_key": key.to_base64(),
+                "tunnel_address": "100.127.255.2/30",
+                "gateway_tunnel_address": "100.127.255.1/30",
+                "persistent_keepalive_seconds": 25,
+                "allowed_services": [],
+                "exposed_services": [],
+                "idle_timeout_seconds": 0
+            }),
+            "idle_timeout_seconds",
         ),
     ];
     for (i, (bin, doc, field)) in cases.into_iter().enumerate() {

@@ -73,6 +73,15 @@ pub struct GatewayDns {
     /// Optional `ip:port` to serve the split DNS on (UDP and TCP) for pods' `dnsConfig`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub listen: Option<String>,
+    /// Source CIDRs `listen` answers; queries from anywhere else get REFUSED (never an open
+    /// resolver). Empty: loopback and private ranges (10/8, 172.16/12, 192.168/16,
+    /// 100.64/10, fc00::/7).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_clients: Vec<String>,
+    /// Queries per second one client address may send to `listen` (default 200, bursts of
+    /// twice that); more are dropped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit_qps: Option<u32>,
 }
 
 /// The gateway's configuration (JSON in `config.json` of the HCP Secret
@@ -123,11 +132,26 @@ pub struct GatewayConfig {
     pub connect_listen: Option<String>,
     /// `/healthz` `/readyz` `/metrics`.
     pub health_listen: String,
-    /// Whether CONNECT/SOCKS targets owned by the management side are dialed (default true).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub allow_local_targets: Option<bool>,
     pub dns: GatewayDns,
     pub allowed_services: Vec<AllowedService>,
+    /// Management-side Services (`<name>.<namespace>.svc`, exact names, no `*`) the proxies
+    /// may dial with an OS socket, e.g. the HCP's own catalogs. Every other name the split DNS
+    /// gives to the management side is refused (as if it did not exist): guest-chosen names
+    /// must never reach the management network. Default: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_local_services: Vec<AllowedService>,
+    /// Proxy and exposed-service connections relayed at once (default 128); more are closed
+    /// at once and counted (`result="over_limit"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<u32>,
+    /// Total time a proxy client has to send its CONNECT/SOCKS5 request, in seconds
+    /// (default 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handshake_timeout_seconds: Option<u64>,
+    /// A relayed stream on which no byte moved in either direction for this long is closed,
+    /// in seconds (default 3600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_seconds: Option<u64>,
     pub exposed_services: Vec<ExposedService>,
     /// Keepalive towards the agent once its endpoint is known (default 25); lets the agent
     /// notice a restarted gateway.
@@ -195,6 +219,14 @@ pub struct AgentPeerConfig {
     pub mtu: Option<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain_timeout_seconds: Option<u64>,
+    /// Connections relayed at once, both directions together (default 128); more are closed
+    /// at once and counted (`result="over_limit"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<u32>,
+    /// A relayed stream on which no byte moved in either direction for this long is closed,
+    /// in seconds (default 3600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_seconds: Option<u64>,
 }
 
 #[cfg(test)]
@@ -240,13 +272,18 @@ mod tests {
             socks_listen: Some("0.0.0.0:1080".into()),
             connect_listen: Some("0.0.0.0:3128".into()),
             health_listen: "0.0.0.0:9090".into(),
-            allow_local_targets: None,
             dns: GatewayDns {
                 local_upstreams: vec!["172.30.0.10".into()],
                 rules: vec![],
                 listen: None,
+                allowed_clients: vec![],
+                rate_limit_qps: None,
             },
             allowed_services: vec![],
+            allowed_local_services: vec![],
+            max_connections: None,
+            handshake_timeout_seconds: None,
+            idle_timeout_seconds: None,
             exposed_services: vec![],
             persistent_keepalive_seconds: None,
             peer_timeout_seconds: None,

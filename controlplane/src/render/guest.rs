@@ -140,7 +140,7 @@ pub(super) fn render(
                             "ports": agent_ports,
                             "livenessProbe": {"httpGet": {"path": "/healthz", "port": ports::TUNNEL_HEALTH}, "initialDelaySeconds": 10, "periodSeconds": 10},
                             "readinessProbe": {"httpGet": {"path": "/readyz", "port": ports::TUNNEL_HEALTH}, "periodSeconds": 10},
-                            "resources": {"requests": {"cpu": "10m", "memory": "30Mi"}},
+                            "resources": {"requests": {"cpu": "10m", "memory": "30Mi"}, "limits": {"memory": super::tunnel::TUNNEL_MEMORY_LIMIT}},
                             "securityContext": restricted_container(),
                             "volumeMounts": [{"name": "peer", "mountPath": "/etc/hcp-olm/peer", "readOnly": true}],
                         }],

@@ -10,8 +10,8 @@ use time::format_description::well_known::Rfc3339;
 
 use super::labels::{self, metadata, selector};
 use super::tunnel::{
-    EXTRA_PRIVATE_KEY_KEY, PRIVATE_KEY_KEY, exposed_services, gateway_config,
-    gateway_config_without_keys, network as tunnel_network,
+    EXTRA_PRIVATE_KEY_KEY, PRIVATE_KEY_KEY, allowed_local_services, exposed_services,
+    gateway_config, gateway_config_without_keys, network as tunnel_network,
 };
 use super::{
     ApplyPolicy, Desired, Object, Pending, RenderError, RenderInput, ResolvedCatalog, names, ports,
@@ -444,7 +444,12 @@ pub(super) fn render(
     } else {
         Vec::new()
     };
-    let gw = gateway_config(&input.tunnel, &tunnel_network(input), exposed);
+    let local = if management {
+        allowed_local_services(&v.cluster.hcp_namespace, &enabled)
+    } else {
+        Vec::new()
+    };
+    let gw = gateway_config(&input.tunnel, &tunnel_network(input), exposed, local);
     let gw_json = serde_json::to_string_pretty(&gw).map_err(|source| RenderError::Serialize {
         what: "gateway config",
         source,
@@ -526,6 +531,24 @@ pub(super) fn render(
         "networkpolicies",
     );
     // WireGuard comes from guest nodes (anywhere); SOCKS only from OLM pods.
+    // Egress: DNS (53, and 5353 where the cluster DNS pods listen behind port 53),
+    // WireGuard to the agent (UDP; its NATed address and port are not known in advance) and,
+    // in management placement, this HCP's catalog pods. Nothing else in the management
+    // network, whatever a proxy client asks for.
+    let mut egress = vec![
+        json!({"ports": [
+            {"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53},
+            {"protocol": "UDP", "port": 5353}, {"protocol": "TCP", "port": 5353},
+        ]}),
+        json!({"ports": [{"protocol": "UDP"}]}),
+    ];
+    if management && !catalogs.is_empty() {
+        let to: Vec<Value> = catalogs
+            .iter()
+            .map(|c| json!({"podSelector": {"matchLabels": selector(&names::catalog(c.catalog))}}))
+            .collect();
+        egress.push(json!({"to": to, "ports": [{"protocol": "TCP", "port": ports::CATALOG_GRPC}]}));
+    }
     push(
         out,
         json!({
@@ -534,11 +557,12 @@ pub(super) fn render(
             "metadata": metadata(v, names::TUNNEL_GATEWAY, Some(&hcp_ns), "tunnel-gateway", owner(input)),
             "spec": {
                 "podSelector": {"matchLabels": selector(names::TUNNEL_GATEWAY)},
-                "policyTypes": ["Ingress"],
+                "policyTypes": ["Ingress", "Egress"],
                 "ingress": [
                     {"ports": [{"protocol": "UDP", "port": ports::WIREGUARD}]},
                     {"from": olm_clients, "ports": [{"protocol": "TCP", "port": ports::SOCKS}]},
                 ],
+                "egress": egress,
             }
         }),
         "networkpolicies",
@@ -668,7 +692,9 @@ pub(super) fn render(
                     ],
                     "livenessProbe": http_probe("/healthz", ports::TUNNEL_HEALTH, "HTTP", 10, 3),
                     "readinessProbe": http_probe("/readyz", ports::TUNNEL_HEALTH, "HTTP", 0, 3),
-                    "resources": resources("10m", "30Mi"),
+                    // Limit: max_connections (128) stalled relays at up to ~1 MiB each plus the
+                    // process (security_gateway_stream_flood_keeps_memory_bounded).
+                    "resources": {"requests": {"cpu": "10m", "memory": "30Mi"}, "limits": {"memory": super::tunnel::TUNNEL_MEMORY_LIMIT}},
                     "securityContext": container_security(),
                     "volumeMounts": [{"name": "config", "mountPath": "/etc/hcp-olm/tunnel", "readOnly": true}],
                 })],

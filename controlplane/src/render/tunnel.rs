@@ -192,6 +192,11 @@ pub const KEEPALIVE_SECONDS: u16 = 10;
 /// reports a guest catalog TRANSIENT_FAILURE instead of holding a stalled stream.
 pub const PEER_TIMEOUT_SECONDS: u64 = 25;
 
+/// Memory limit of both tunnel ends' containers: `max_connections` (default 128) stalled
+/// relays at up to ~1 MiB each plus the process (measured by
+/// `security_gateway_stream_flood_keeps_memory_bounded`).
+pub const TUNNEL_MEMORY_LIMIT: &str = "384Mi";
+
 /// Guest catalog pods that OLM creates listen on 50051 in any namespace.
 pub fn default_allowed_services() -> Vec<AllowedService> {
     vec![AllowedService {
@@ -208,6 +213,23 @@ pub fn exposed_services(catalogs: &[DefaultCatalog]) -> Vec<ExposedService> {
             name: names::catalog(*c),
             listen_port: agent_catalog_port(*c),
             target: format!("{}:{}", names::catalog(*c), ports::CATALOG_GRPC),
+        })
+        .collect()
+}
+
+/// The management-side Services the gateway's proxies may dial: the HCP's own catalog
+/// Services (management placement). Every other management name is refused, so a name a
+/// guest puts in a CatalogSource cannot reach the management network.
+pub fn allowed_local_services(
+    hcp_namespace: &str,
+    catalogs: &[DefaultCatalog],
+) -> Vec<AllowedService> {
+    catalogs
+        .iter()
+        .map(|c| AllowedService {
+            namespace: hcp_namespace.to_string(),
+            name: names::catalog(*c),
+            port: ports::CATALOG_GRPC,
         })
         .collect()
 }
@@ -239,13 +261,17 @@ pub fn agent_peer_config(
         health_listen: Some(format!("0.0.0.0:{}", ports::TUNNEL_HEALTH)),
         mtu: None,
         drain_timeout_seconds: None,
+        max_connections: None,
+        idle_timeout_seconds: None,
     }
 }
 
+/// `local`: see [`allowed_local_services`].
 pub fn gateway_config(
     keys: &TunnelKeys,
     net: &TunnelNetwork,
     exposed: Vec<ExposedService>,
+    local: Vec<AllowedService>,
 ) -> GatewayConfig {
     GatewayConfig {
         listen_port: ports::WIREGUARD,
@@ -268,13 +294,18 @@ pub fn gateway_config(
         socks_listen: Some(format!("0.0.0.0:{}", ports::SOCKS)),
         connect_listen: None,
         health_listen: format!("0.0.0.0:{}", ports::TUNNEL_HEALTH),
-        allow_local_targets: None,
         dns: GatewayDns {
             local_upstreams: net.management_dns.clone(),
             rules: Vec::new(),
             listen: None,
+            allowed_clients: Vec::new(),
+            rate_limit_qps: None,
         },
         allowed_services: default_allowed_services(),
+        allowed_local_services: local,
+        max_connections: None,
+        handshake_timeout_seconds: None,
+        idle_timeout_seconds: None,
         exposed_services: exposed,
         persistent_keepalive_seconds: Some(KEEPALIVE_SECONDS),
         peer_timeout_seconds: Some(PEER_TIMEOUT_SECONDS),

@@ -131,6 +131,42 @@ impl Default for LimitsSpec {
     }
 }
 
+/// Who may query the server, and how fast (listeners only; in-process lookups are not
+/// subject to it).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClientsSpec {
+    /// Source CIDRs answered; every query from elsewhere gets REFUSED, whatever the name,
+    /// so the server is never an open resolver. Default: loopback and private ranges
+    /// (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7).
+    pub allowed: Option<Vec<String>>,
+    /// Queries per second one client address may send (token bucket); more are dropped.
+    pub rate_limit_qps: u32,
+    /// Bucket size: queries one client may send at once.
+    pub rate_limit_burst: u32,
+}
+
+impl Default for ClientsSpec {
+    fn default() -> Self {
+        Self {
+            allowed: None,
+            rate_limit_qps: 200,
+            rate_limit_burst: 400,
+        }
+    }
+}
+
+/// Client ranges allowed when `clients.allowed` is not set.
+pub const DEFAULT_ALLOWED_CLIENTS: [&str; 7] = [
+    "127.0.0.0/8",
+    "::1/128",
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "100.64.0.0/10",
+    "fc00::/7",
+];
+
 /// Top-level DNS config (the `dns` part of an agent config, or a whole `hcp-olm-dns` file).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -147,6 +183,8 @@ pub struct DnsConfigSpec {
     pub cache: CacheSpec,
     #[serde(default)]
     pub limits: LimitsSpec,
+    #[serde(default)]
+    pub clients: ClientsSpec,
 }
 
 fn default_true() -> bool {
@@ -172,6 +210,10 @@ pub struct EngineConfig {
     pub max_tcp_connections: usize,
     pub tcp_idle_timeout: Duration,
     pub edns_udp_size: u16,
+    /// Client source ranges answered (others get REFUSED).
+    pub allowed_clients: Vec<crate::tunnel::Cidr>,
+    pub client_rate_qps: u32,
+    pub client_rate_burst: u32,
 }
 
 pub(crate) fn parse_name(field: &str, s: &str) -> Result<Name, ConfigError> {
@@ -311,7 +353,38 @@ impl DnsConfigSpec {
                 "must be between 512 and 4096 (1232 recommended)",
             ));
         }
+        let cl = &self.clients;
+        let allowed_clients = match &cl.allowed {
+            None => DEFAULT_ALLOWED_CLIENTS
+                .iter()
+                .filter_map(|c| c.parse().ok())
+                .collect(),
+            Some(list) => list
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    c.parse().map_err(|_| {
+                        ConfigError::new(
+                            format!("clients.allowed[{i}]"),
+                            format!("`{c}` is not a CIDR"),
+                        )
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        };
+        if cl.rate_limit_qps == 0 {
+            return Err(ConfigError::new("clients.rate_limit_qps", "must be > 0"));
+        }
+        if cl.rate_limit_burst < cl.rate_limit_qps {
+            return Err(ConfigError::new(
+                "clients.rate_limit_burst",
+                "must be >= clients.rate_limit_qps",
+            ));
+        }
         Ok(EngineConfig {
+            allowed_clients,
+            client_rate_qps: cl.rate_limit_qps,
+            client_rate_burst: cl.rate_limit_burst,
             table,
             cluster_domain,
             synthesize_search_nxdomain: self.synthesize_search_nxdomain,
@@ -329,5 +402,44 @@ impl DnsConfigSpec {
             tcp_idle_timeout: Duration::from_millis(l.tcp_idle_timeout_ms),
             edns_udp_size: l.edns_udp_size,
         })
+    }
+}
+
+#[cfg(test)]
+mod client_tests {
+    use super::*;
+
+    fn spec(clients: &str) -> Result<EngineConfig, ConfigError> {
+        let y = format!(
+            "upstreams: {{ local: [\"127.0.0.1\"] }}\nrules: [{{ suffix: \".\", owner: local }}]\nclients: {clients}\n"
+        );
+        serde_yaml_ng::from_str::<DnsConfigSpec>(&y)
+            .unwrap()
+            .validate()
+    }
+
+    #[test]
+    fn client_ranges_default_private_and_errors_name_fields() {
+        let c = spec("{}").unwrap();
+        let ok = |ip: &str| {
+            c.allowed_clients
+                .iter()
+                .any(|r| r.contains(ip.parse().unwrap()))
+        };
+        assert!(ok("127.0.0.1") && ok("10.1.2.3") && ok("fd00::1") && ok("100.64.0.9"));
+        assert!(!ok("198.18.60.2") && !ok("8.8.8.8") && !ok("2001:db8::1"));
+        assert_eq!((c.client_rate_qps, c.client_rate_burst), (200, 400));
+        let c = spec("{ allowed: [\"198.18.0.0/15\"] }").unwrap();
+        assert_eq!(c.allowed_clients.len(), 1);
+        for (bad, field) in [
+            ("{ allowed: [\"nope\"] }", "clients.allowed[0]"),
+            ("{ rate_limit_qps: 0 }", "clients.rate_limit_qps"),
+            (
+                "{ rate_limit_qps: 10, rate_limit_burst: 5 }",
+                "clients.rate_limit_burst",
+            ),
+        ] {
+            assert_eq!(spec(bad).unwrap_err().field, field, "{bad}");
+        }
     }
 }

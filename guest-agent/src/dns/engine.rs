@@ -708,6 +708,17 @@ impl Engine {
     }
 
     /// Minimal error reply built from the raw header only (no question: it may be garbage).
+    /// REFUSED for a client that may not query us (no parsing beyond the header; `None`
+    /// for anything that is not a query we could answer).
+    pub fn refused_reply(&self, bytes: &[u8]) -> Option<Reply> {
+        let header = bytes.get(..12)?;
+        if header[2] & 0x80 != 0 {
+            return None;
+        }
+        let id = u16::from_be_bytes([header[0], header[1]]);
+        Some(self.error_reply(id, (header[2] >> 3) & 0x0f, ResponseCode::Refused))
+    }
+
     fn error_reply(&self, id: u16, opcode_bits: u8, rcode: ResponseCode) -> Reply {
         let mut b = vec![0u8; 12];
         b[0..2].copy_from_slice(&id.to_be_bytes());

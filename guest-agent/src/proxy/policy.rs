@@ -36,6 +36,32 @@ pub fn service_allowed(list: &[AllowedService], svc: &str, ns: &str, port: u16) 
     })
 }
 
+/// Whether a resolved management-side address may be dialed: never loopback, unspecified,
+/// link-local (cloud metadata endpoints live there), multicast or broadcast, whatever name
+/// led to it.
+pub fn local_address_allowed(ip: std::net::IpAddr) -> bool {
+    use std::net::IpAddr;
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    };
+    match ip {
+        IpAddr::V4(a) => {
+            !(a.is_loopback()
+                || a.is_unspecified()
+                || a.is_link_local()
+                || a.is_multicast()
+                || a.is_broadcast())
+        }
+        IpAddr::V6(a) => {
+            !(a.is_loopback()
+                || a.is_unspecified()
+                || a.is_unicast_link_local()
+                || a.is_multicast())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -65,5 +91,24 @@ mod tests {
         assert!(!service_allowed(&t, "cat", "any", 22));
         assert!(service_allowed(&t, "db", "team", 5432));
         assert!(!service_allowed(&t, "db", "other", 5432));
+    }
+
+    #[test]
+    fn local_addresses() {
+        for bad in [
+            "127.0.0.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            "::1",
+            "fe80::1",
+            "::ffff:169.254.169.254",
+            "224.0.0.1",
+            "255.255.255.255",
+        ] {
+            assert!(!local_address_allowed(bad.parse().unwrap()), "{bad}");
+        }
+        for good in ["10.0.0.5", "172.30.12.1", "fd00::10", "198.18.51.10"] {
+            assert!(local_address_allowed(good.parse().unwrap()), "{good}");
+        }
     }
 }

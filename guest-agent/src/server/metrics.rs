@@ -128,6 +128,10 @@ pub struct DnsMetrics {
     pub malformed: Family<MalformedLabels, Counter>,
     pub upstream: Family<UpstreamLabels, Counter>,
     pub overloaded: Counter,
+    /// Queries from sources outside `clients.allowed` (answered REFUSED).
+    pub clients_refused: Counter,
+    /// Queries dropped by the per-client rate limit.
+    pub rate_limited: Counter,
 }
 
 impl DnsMetrics {
@@ -169,6 +173,16 @@ impl DnsMetrics {
             "overloaded",
             "Queries refused because the forwarding limit was reached",
             m.overloaded.clone(),
+        );
+        r.register(
+            "clients_refused",
+            "Queries answered REFUSED because their source is not in clients.allowed",
+            m.clients_refused.clone(),
+        );
+        r.register(
+            "rate_limited",
+            "Queries dropped by the per-client rate limit",
+            m.rate_limited.clone(),
         );
         m
     }

@@ -28,6 +28,48 @@ pub use upstream::{GuestExchange, resolve};
 const UDP_WORKERS: usize = 2;
 /// Forwarded queries in flight per TCP connection (RFC 7766 pipelining).
 const TCP_PIPELINE: usize = 32;
+/// Client addresses whose rate-limit state is kept; when full, idle ones are forgotten and
+/// new ones are dropped until there is room.
+const MAX_TRACKED_CLIENTS: usize = 16_384;
+
+/// Per-client token buckets (queries per second, burst).
+#[derive(Debug)]
+struct ClientLimiter {
+    qps: f64,
+    burst: f64,
+    buckets: std::sync::Mutex<std::collections::HashMap<IpAddr, (f64, std::time::Instant)>>,
+}
+
+impl ClientLimiter {
+    fn new(qps: u32, burst: u32) -> Self {
+        Self {
+            qps: f64::from(qps),
+            burst: f64::from(burst),
+            buckets: std::sync::Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    /// Takes one token for `ip`; false when its bucket is empty.
+    fn allow(&self, ip: IpAddr, now: std::time::Instant) -> bool {
+        let mut b = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        if !b.contains_key(&ip) && b.len() >= MAX_TRACKED_CLIENTS {
+            let (qps, burst) = (self.qps, self.burst);
+            b.retain(|_, (t, at)| *t + now.duration_since(*at).as_secs_f64() * qps < burst);
+            if b.len() >= MAX_TRACKED_CLIENTS {
+                return false;
+            }
+        }
+        let (tokens, at) = b.entry(ip).or_insert((self.burst, now));
+        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * self.qps).min(self.burst);
+        *at = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
 
 /// The DNS server. Clone is cheap; all clones share state.
 #[derive(Clone, Debug)]
@@ -44,6 +86,7 @@ struct Inner {
     tracker: TaskTracker,
     cancel: CancellationToken,
     guest: Option<Arc<dyn GuestExchange>>,
+    limiter: ClientLimiter,
 }
 
 impl DnsServer {
@@ -61,6 +104,7 @@ impl DnsServer {
         let cfg = engine.config();
         let inflight = Arc::new(Semaphore::new(cfg.max_in_flight));
         let tcp_conns = Arc::new(Semaphore::new(cfg.max_tcp_connections));
+        let limiter = ClientLimiter::new(cfg.client_rate_qps, cfg.client_rate_burst);
         Self {
             inner: Arc::new(Inner {
                 engine,
@@ -70,6 +114,7 @@ impl DnsServer {
                 tracker: TaskTracker::new(),
                 cancel: CancellationToken::new(),
                 guest,
+                limiter,
             }),
         }
     }
@@ -115,7 +160,7 @@ impl DnsServer {
     /// Handle one client message end to end (used by listeners and by in-process callers such
     /// as the gateway resolving CONNECT targets). `None` means drop.
     pub async fn answer(&self, bytes: &[u8], transport: Transport) -> Option<Reply> {
-        match self.handle(bytes, transport) {
+        match self.handle(bytes, transport, None) {
             Handled::Done(r) => r,
             Handled::Forward(f, permit) => Some(self.answer_forward(f, permit).await),
         }
@@ -161,8 +206,25 @@ impl DnsServer {
         Err(LookupError::NoAddresses(name.into()))
     }
 
-    fn handle(&self, bytes: &[u8], transport: Transport) -> Handled {
+    /// `client`: the source address of a listener's query (checked against
+    /// `clients.allowed` and the rate limit); None for in-process callers.
+    fn handle(&self, bytes: &[u8], transport: Transport, client: Option<IpAddr>) -> Handled {
         let i = &self.inner;
+        if let Some(ip) = client {
+            let ip = match ip {
+                IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+                v4 => v4,
+            };
+            let cfg = i.engine.config();
+            if !cfg.allowed_clients.iter().any(|c| c.contains(ip)) {
+                i.metrics.clients_refused.inc();
+                return Handled::Done(i.engine.refused_reply(bytes));
+            }
+            if !i.limiter.allow(ip, std::time::Instant::now()) {
+                i.metrics.rate_limited.inc();
+                return Handled::Done(None);
+            }
+        }
         match i
             .engine
             .handle_query(bytes, transport, std::time::Instant::now())
@@ -233,7 +295,7 @@ impl DnsServer {
                     }
                 },
             };
-            match self.handle(&buf[..n], Transport::Udp) {
+            match self.handle(&buf[..n], Transport::Udp, Some(peer.ip())) {
                 Handled::Done(None) => {}
                 Handled::Done(Some(r)) => send_udp(&socket, &r.bytes, peer).await,
                 Handled::Forward(f, permit) => {
@@ -268,7 +330,7 @@ impl DnsServer {
             };
             let this = self.clone();
             self.inner.tracker.spawn(async move {
-                if let Err(e) = this.tcp_conn(stream).await {
+                if let Err(e) = this.tcp_conn(stream, peer.ip()).await {
                     tracing::debug!(%peer, error = %e, "tcp connection ended");
                 }
                 drop(permit);
@@ -276,7 +338,7 @@ impl DnsServer {
         }
     }
 
-    async fn tcp_conn(&self, stream: TcpStream) -> io::Result<()> {
+    async fn tcp_conn(&self, stream: TcpStream, client: IpAddr) -> io::Result<()> {
         let _ = stream.set_nodelay(true);
         let (mut rd, mut wr) = stream.into_split();
         let (tx, mut rx) = mpsc::channel::<Vec<u8>>(TCP_PIPELINE);
@@ -317,7 +379,7 @@ impl DnsServer {
                 Ok(Ok(_)) => {}
                 _ => break,
             }
-            match self.handle(&buf[..n], Transport::Tcp) {
+            match self.handle(&buf[..n], Transport::Tcp, Some(client)) {
                 Handled::Done(None) => {
                     // Garbage on a stream: the framing can no longer be trusted.
                     break;

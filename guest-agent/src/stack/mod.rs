@@ -101,9 +101,10 @@ impl TcpConn {
         r
     }
 
-    /// Relays between this connection and an OS TCP stream until both directions end.
-    /// Returns (bytes stack→os, bytes os→stack).
-    pub async fn relay(self, os: tokio::net::TcpStream) -> io::Result<(u64, u64)> {
+    /// Relays between this connection and an OS TCP stream until both directions end, or
+    /// until no byte moved either way for `idle` (then both sides are closed and
+    /// `ErrorKind::TimedOut` is returned). Returns (bytes stack→os, bytes os→stack).
+    pub async fn relay(self, os: tokio::net::TcpStream, idle: Duration) -> io::Result<(u64, u64)> {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let _ = os.set_nodelay(true);
         let (mut ord, mut owr) = os.into_split();
@@ -111,11 +112,14 @@ impl TcpConn {
             mut rx, tx, notify, ..
         } = self;
         let n2 = Arc::clone(&notify);
+        let moved = Arc::new(AtomicU64::new(0));
+        let (m_down, m_up) = (Arc::clone(&moved), Arc::clone(&moved));
         let down = async move {
             let mut n = 0u64;
             while let Some(b) = rx.recv().await {
                 n2.notify_one();
                 n += b.len() as u64;
+                m_down.fetch_add(1, Ordering::Relaxed);
                 if owr.write_all(&b).await.is_err() {
                     break;
                 }
@@ -134,6 +138,7 @@ impl TcpConn {
                     Ok(r) => r,
                 };
                 n += r as u64;
+                m_up.fetch_add(1, Ordering::Relaxed);
                 if tx.send(Bytes::copy_from_slice(&buf[..r])).await.is_err() {
                     break;
                 }
@@ -143,8 +148,28 @@ impl TcpConn {
             notify.notify_one();
             n
         };
-        let (a, b) = tokio::join!(down, up);
-        Ok((a, b))
+        tokio::select! {
+            (a, b) = async { tokio::join!(down, up) } => Ok((a, b)),
+            _ = idle_watch(&moved, idle) => Err(io::ErrorKind::TimedOut.into()),
+        }
+    }
+}
+
+/// Returns once `moved` (a count of transfers) stayed unchanged for `idle` (checked every
+/// quarter of it, so it returns within 1.25 × `idle` of the last transfer).
+pub async fn idle_watch(moved: &AtomicU64, idle: Duration) {
+    let tick = (idle / 4).max(Duration::from_millis(50));
+    let mut last = moved.load(Ordering::Relaxed);
+    let mut since = tokio::time::Instant::now();
+    loop {
+        tokio::time::sleep(tick).await;
+        let now = moved.load(Ordering::Relaxed);
+        if now != last {
+            last = now;
+            since = tokio::time::Instant::now();
+        } else if since.elapsed() >= idle {
+            return;
+        }
     }
 }
 

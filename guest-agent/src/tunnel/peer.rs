@@ -544,23 +544,30 @@ impl Peer {
         if self.dialer || self.alternates.is_empty() {
             return None;
         }
-        let (start, tries) = &mut self.alternate_budget;
-        if start.is_none_or(|t| now.saturating_duration_since(t) >= Duration::from_secs(1)) {
-            *start = Some(now);
-            *tries = 0;
-        }
-        if *tries >= ALTERNATE_TRIES_PER_SECOND {
-            return None;
-        }
-        *tries += 1;
         let mut cookie = [0u8; 64];
         let mut found = None;
+        let mut charged = false;
         for (own, limiter) in &self.alternates {
+            // MAC1 (keyed with our public key, a hash) first: junk that fails it must not
+            // use up the budget of the x25519 tries below.
             let Ok(Packet::HandshakeInit(init)) =
                 limiter.verify_packet(Some(from.ip()), datagram, &mut cookie)
             else {
                 continue;
             };
+            if !charged {
+                charged = true;
+                let (start, tries) = &mut self.alternate_budget;
+                if start.is_none_or(|t| now.saturating_duration_since(t) >= Duration::from_secs(1))
+                {
+                    *start = Some(now);
+                    *tries = 0;
+                }
+                if *tries >= ALTERNATE_TRIES_PER_SECOND {
+                    return None;
+                }
+                *tries += 1;
+            }
             let public = own.public_key();
             let Ok(half) = parse_handshake_anon(&own.secret(), &public.inner(), &init) else {
                 continue;
@@ -1126,6 +1133,41 @@ mod tests {
         );
         assert_eq!(ping_through(&mut p, 4), vec![ping(4)]);
         assert_eq!(p.gw.counters().rekeys, 0);
+    }
+
+    /// Attack: during a rotation, a flood of junk handshake initiations (right type and
+    /// length, MAC1 not made with the gateway's public key) must not use up the budget of
+    /// tries against the other accepted key pairs: the legitimate initiation of the agent's
+    /// new key, arriving within the same second, still switches the session.
+    #[test]
+    fn security_junk_handshakes_do_not_exhaust_the_rotation_budget() {
+        let mut p = established();
+        let (g1, g2) = (p.guest_key.clone(), PrivateKey::generate());
+        let now = Instant::now();
+        let mut out = Vec::new();
+        let gw_keys = keys(&p.gw_key, g2.public_key(), &[], &[g1.public_key()]);
+        p.gw.set_keys(gw_keys, now, &mut out);
+        let mut junk = vec![0u8; 148];
+        for i in 0..(4 * ALTERNATE_TRIES_PER_SECOND) {
+            junk.iter_mut().for_each(|b| *b = rand::random());
+            junk[0] = HANDSHAKE_INIT;
+            junk[1..4].fill(0);
+            let mut o = Vec::new();
+            let r =
+                p.gw.handle_datagram(sa("198.18.40.66:7"), &junk, now, &mut o);
+            assert!(r.is_err(), "junk {i} accepted");
+            assert!(o.is_empty(), "junk {i} answered");
+        }
+        let k = keys(&g2, p.gw_key.public_key(), &[], &[]);
+        assert_eq!(p.guest.set_keys(k, now, &mut out), KeyChange::Rekeyed);
+        exchange(&mut p, out);
+        assert_eq!(
+            p.gw.counters().key_switches,
+            1,
+            "the legitimate new key pair was refused after the junk flood"
+        );
+        assert_eq!(p.gw.status().peer_public_key, g2.public_key());
+        assert_eq!(ping_through(&mut p, 2), vec![ping(2)]);
     }
 
     /// Data the gateway sent on the old session before it saw the agent's new handshake still
