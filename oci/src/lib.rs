@@ -111,8 +111,10 @@ pub struct ClientOptions {
 pub enum Lookup {
     /// It exists: its manifest digest and the reference that answered (a mirror or the source).
     Found { digest: String, via: String },
-    /// No such manifest, or not authorized: `reason` says which, per candidate.
+    /// No such manifest: `reason` says so, per candidate.
     Missing { reason: String },
+    /// Not found anywhere, and `registry` refused the credentials (401/403).
+    Unauthorized { registry: String, reason: String },
 }
 
 type Body = Full<Bytes>;
@@ -483,11 +485,13 @@ impl Client {
     }
 
     /// Does `image` (a tag or digest reference) exist, and what is its manifest digest?
-    /// Mirrors are tried first. `Missing` covers "manifest unknown" and "not authorized"
-    /// (try another tag); transport errors and 5xx are errors (decide later, not now).
+    /// Mirrors are tried first. `Missing`: "manifest unknown" everywhere (try another
+    /// tag); `Unauthorized`: not found and some registry refused the credentials;
+    /// transport errors and 5xx are errors (decide later, not now).
     pub async fn resolve(&self, image: &str) -> Result<Lookup, OciError> {
         let r = Reference::parse(image)?;
         let mut reasons = Vec::new();
+        let mut unauthorized = None;
         let mut last_error = None;
         for c in self.candidates(&r) {
             let url = format!(
@@ -543,6 +547,7 @@ impl Client {
                 }
                 StatusCode::NOT_FOUND => reasons.push(format!("{c}: manifest unknown")),
                 StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
+                    unauthorized.get_or_insert(c.registry.clone());
                     reasons.push(format!("{c}: not authorized"))
                 }
                 s => {
@@ -553,8 +558,12 @@ impl Client {
                 }
             }
         }
-        match last_error {
-            Some(e) if reasons.is_empty() => Err(e),
+        match (last_error, unauthorized) {
+            (Some(e), _) if reasons.is_empty() => Err(e),
+            (_, Some(registry)) => Ok(Lookup::Unauthorized {
+                registry,
+                reason: reasons.join("; "),
+            }),
             _ => Ok(Lookup::Missing {
                 reason: reasons.join("; "),
             }),
@@ -625,7 +634,7 @@ impl Client {
                 digest: Some(digest),
                 ..Reference::parse(&via)?
             },
-            Lookup::Missing { reason } => {
+            Lookup::Missing { reason } | Lookup::Unauthorized { reason, .. } => {
                 return Err(OciError::NotFound {
                     image: image.to_string(),
                     reason,
