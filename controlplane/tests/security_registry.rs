@@ -300,3 +300,153 @@ async fn an_endless_release_manifest_is_a_clear_reason() -> Result<()> {
     ensure!(message.contains("larger than"), "{message}");
     Ok(())
 }
+
+/// A HostedCluster whose default catalogs come from `registry` (HyperShift's
+/// registry-overrides annotation), with catalog placement `placement`.
+fn catalog_cluster(registry: &str, placement: &str) -> HostedCluster {
+    let mut hc = common::load_hc("none-minimal.yaml");
+    hc.metadata.annotations.get_or_insert_default().insert(
+        "hypershift.openshift.io/olm-catalogs-is-registry-overrides".into(),
+        format!("registry.redhat.io/redhat={registry}/redhat"),
+    );
+    hc.spec.olm_catalog_placement = Some(placement.to_string());
+    hc
+}
+
+fn pull_secret(registry: &str, user: &str, password: &str) -> Result<hcp_olm_oci::PullSecret> {
+    Ok(hcp_olm_oci::PullSecret::parse(
+        serde_json::json!({"auths": {registry: {"username": user, "password": password}}})
+            .to_string()
+            .as_bytes(),
+    )?)
+}
+
+/// Issue 13 item 1: a registry that requires credentials (the real registry with its
+/// htpasswd backend). The controller has no pull secret of its own; each HostedCluster's
+/// pull secret is used: one that can read the catalogs gets them pinned by digest, one
+/// that cannot gets `CatalogImageUnauthorized` naming the registry (not "not found"),
+/// and the rest of OLM is rendered for both. The answers share one cache.
+#[tokio::test]
+async fn catalogs_are_looked_up_with_each_clusters_pull_secret() -> Result<()> {
+    use hcp_olm_controlplane::catalogs::{CatalogImageError, DefaultCatalog};
+    use hcp_olm_e2e::registry::{TEST_USER_HASH, TEST_USER_PASSWORD};
+    let reg = Registry::start_with_htpasswd(&[("reader", TEST_USER_HASH)])?;
+    let a = reg.addr().to_string();
+    let good = pull_secret(&a, "reader", TEST_USER_PASSWORD)?;
+    let bad = pull_secret(&a, "reader", "not-the-password")?;
+    let pusher = hcp_olm_oci::Client::new(hcp_olm_oci::ClientOptions {
+        plain_http: vec![a.clone()],
+        pull_secret: good.clone(),
+        ..Default::default()
+    })?;
+    let mut pushed = BTreeMap::new();
+    for c in [
+        DefaultCatalog::RedhatOperators,
+        DefaultCatalog::CertifiedOperators,
+        DefaultCatalog::CommunityOperators,
+    ] {
+        let repo = c.repository().replace("registry.redhat.io", &a);
+        let d = pusher
+            .push_image(&format!("{repo}:v4.18"), &BTreeMap::new())
+            .await?;
+        pushed.insert(c, format!("{repo}@{d}"));
+    }
+    let config = config(vec![a.clone()])?;
+    let cache = LookupCache::default();
+    let hc = catalog_cluster(&a, "management");
+    let valid = validate::validate(&hc, None, &common::facts(), &common::defaults())
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    ensure!(!valid.enabled_catalogs.is_empty());
+
+    for (who, ps) in [
+        ("reader", &good),
+        ("stranger", &bad),
+        ("reader again", &good),
+    ] {
+        let images =
+            facts::catalog_images_cached(&hc, &valid, &config, Some(ps), &cache, TTL).await;
+        ensure!(
+            images.len() == valid.enabled_catalogs.len(),
+            "{who}: {images:?}"
+        );
+        for (c, img) in &images {
+            if std::ptr::eq(ps, &good) {
+                let img = img
+                    .as_ref()
+                    .map_err(|e| anyhow::anyhow!("{who}: {c}: {e}"))?;
+                assert_eq!(img.pinned_ref.as_ref(), pushed.get(c), "{who}: {c}");
+            } else {
+                match img {
+                    Err(e @ CatalogImageError::Unauthorized { registry, .. }) => {
+                        assert_eq!(registry, &a, "{e}")
+                    }
+                    other => anyhow::bail!("{who}: {c}: expected Unauthorized, got {other:?}"),
+                }
+            }
+        }
+        // The rest of OLM is rendered either way; a refused catalog is a clear reason.
+        let mut input = common::input(valid.clone(), true);
+        input.catalog_images = images;
+        let desired = hcp_olm_controlplane::render::desired(&input)?;
+        for d in [
+            "hcp-olm-olm-operator",
+            "hcp-olm-catalog-operator",
+            "hcp-olm-packageserver",
+        ] {
+            ensure!(
+                desired
+                    .hcp
+                    .iter()
+                    .any(|o| o.kind == "Deployment" && o.name == d),
+                "{who}: {d} not rendered"
+            );
+        }
+        let refused: Vec<_> = desired
+            .pending
+            .iter()
+            .filter(|p| p.reason == "CatalogImageUnauthorized")
+            .collect();
+        if std::ptr::eq(ps, &bad) {
+            ensure!(
+                refused.len() == valid.enabled_catalogs.len(),
+                "{:?}",
+                desired.pending
+            );
+            ensure!(
+                refused.iter().all(|p| p.message.contains(&a)),
+                "{refused:?}"
+            );
+        } else {
+            ensure!(refused.is_empty(), "{who}: {refused:?}");
+        }
+    }
+    Ok(())
+}
+
+/// Issue 13 item 2: with catalogs in the guest, HyperShift looks nothing up (tags with
+/// registryPoll). A registry (STAND-IN, counting requests) must not be asked, and each
+/// catalog runs its tag.
+#[tokio::test]
+async fn guest_placement_makes_no_registry_lookups() -> Result<()> {
+    let stand_in = HostileRegistry::start(|_, _| Reply::status(500)).await?;
+    let h = stand_in.addr().to_string();
+    let config = config(vec![h.clone()])?;
+    let hc = catalog_cluster(&h, "guest");
+    let valid = validate::validate(&hc, None, &common::facts(), &common::defaults())
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    ensure!(!valid.enabled_catalogs.is_empty());
+    let images =
+        facts::catalog_images_cached(&hc, &valid, &config, None, &LookupCache::default(), TTL)
+            .await;
+    assert_eq!(stand_in.requests(), 0, "the registry was asked");
+    for (c, img) in images {
+        let img = img.map_err(|e| anyhow::anyhow!("{c}: {e}"))?;
+        assert_eq!(img.pinned_ref, None, "{c}");
+        ensure!(
+            img.tag_ref.starts_with(&h) && img.tag_ref.ends_with(":v4.18"),
+            "{c}: {}",
+            img.tag_ref
+        );
+    }
+    Ok(())
+}
