@@ -279,8 +279,8 @@ impl Client {
             .map_err(|_| transport(format!("no answer within {timeout:?}")))?
             .map_err(|e| transport(format!("{e}")))?;
         let (parts, body) = resp.into_parts();
-        if !parts.status.is_success() || *method == Method::HEAD {
-            // The body of an error or redirect is not used: not read at all.
+        if !parts.status.is_success() || *method == Method::HEAD || limit == 0 {
+            // A body that is not used (errors, redirects, HEAD, uploads) is not read.
             return Ok(Response {
                 status: parts.status,
                 headers: parts.headers,
