@@ -218,8 +218,10 @@ pub fn candidates(
 pub enum LookupResult {
     /// The tag exists; its manifest digest (`sha256:...`) if known.
     Exists { digest: Option<String> },
-    /// `manifest unknown`, `not found` or `not authorized`: try an earlier minor.
+    /// `manifest unknown` or `not found`: try an earlier minor.
     Missing,
+    /// The registry refused our credentials (401/403): the choice cannot be made.
+    Unauthorized { registry: String },
     /// Anything else (network, 5xx): the choice cannot be made now.
     Error(String),
 }
@@ -291,6 +293,10 @@ pub enum CatalogImageError {
     NotFound { tried: Vec<String> },
     #[error("registry lookup of {image} failed: {message}")]
     Lookup { image: String, message: String },
+    #[error(
+        "registry {registry} refused the pull secret for {image} (HTTP 401/403): the HostedCluster's pull secret cannot read it"
+    )]
+    Unauthorized { image: String, registry: String },
 }
 
 /// Choose the image of one catalog: the first candidate whose tag exists, pinned by
@@ -323,6 +329,9 @@ pub fn select_image(
                 });
             }
             LookupResult::Missing => tried.push(image),
+            LookupResult::Unauthorized { registry } => {
+                return Err(CatalogImageError::Unauthorized { image, registry });
+            }
             LookupResult::Error(message) => {
                 return Err(CatalogImageError::Lookup { image, message });
             }

@@ -37,6 +37,10 @@ pub enum PayloadProblem {
     Unreadable(String),
     /// The payload does not name an `operator-lifecycle-manager` image.
     OLMImageMissing(String),
+    /// A manifest or blob fetched by digest (from any mirror) is not that digest.
+    DigestMismatch(String),
+    /// A registry answer larger than its bound.
+    TooLarge(String),
 }
 
 /// Settings of the controller installation (flags of the controller Deployment).
@@ -92,6 +96,8 @@ pub enum ReasonCode {
     InvalidCatalogPin,
     InvalidNetworking,
     ReleasePayloadUnreadable,
+    ReleasePayloadDigestMismatch,
+    RegistryResponseTooLarge,
     OLMImageNotInPayload,
 }
 
@@ -110,6 +116,8 @@ impl ReasonCode {
             ReasonCode::InvalidCatalogPin => "InvalidCatalogPin",
             ReasonCode::InvalidNetworking => "InvalidNetworking",
             ReasonCode::ReleasePayloadUnreadable => "ReleasePayloadUnreadable",
+            ReasonCode::ReleasePayloadDigestMismatch => "ReleasePayloadDigestMismatch",
+            ReasonCode::RegistryResponseTooLarge => "RegistryResponseTooLarge",
             ReasonCode::OLMImageNotInPayload => "OLMImageNotInPayload",
         }
     }
@@ -627,6 +635,20 @@ pub fn validate(
                 field,
                 format!(
                     "the OLM image cannot be taken from the release payload: {msg} (set HostedOLM spec.images.olm to override)"
+                ),
+            ),
+            Some(PayloadProblem::DigestMismatch(msg)) => ConditionReason::new(
+                ReleasePayloadDigestMismatch,
+                field,
+                format!(
+                    "the release payload was refused: {msg} (a mirror in spec.imageContentSources or the registry serves other content under this digest)"
+                ),
+            ),
+            Some(PayloadProblem::TooLarge(msg)) => ConditionReason::new(
+                RegistryResponseTooLarge,
+                field,
+                format!(
+                    "the release payload cannot be read: {msg} (set HostedOLM spec.images.olm to override)"
                 ),
             ),
             Some(PayloadProblem::OLMImageMissing(msg)) => ConditionReason::new(

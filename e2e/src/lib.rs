@@ -6,11 +6,13 @@
 //! - [`guest_standin`]: a minimal stand-in for many guest API servers (controller benchmark only).
 //! - [`podnet`]: a cluster's pod network: router namespace, pod namespaces, Services, DNS.
 //! - [`registry`]: a real OCI registry on loopback.
+//! - [`hostile_registry`]: a stand-in for a hostile registry (answers chosen by the test).
 //! - [`kubelet`]: a kubelet stand-in that runs rendered pods as processes.
 //! - [`process`]: processes that stand in for pods, killed by PID and waited for.
 
 pub mod cluster;
 pub mod guest_standin;
+pub mod hostile_registry;
 pub mod kubeconfig;
 pub mod kubelet;
 pub mod netns;

@@ -22,6 +22,11 @@ pub enum RegistryError {
     },
 }
 
+/// The password whose bcrypt hash (cost 4, for speed) is [`TEST_USER_HASH`].
+pub const TEST_USER_PASSWORD: &str = "reader-password";
+/// bcrypt of [`TEST_USER_PASSWORD`], for [`Registry::start_with_htpasswd`].
+pub const TEST_USER_HASH: &str = "$2b$04$YTBWyrvuWWpeR9htC8snxOC6bGa7OysKMY95pmO8RYFr/K7.5IojW";
+
 /// A running registry; dropping it kills the process and removes its storage.
 pub struct Registry {
     process: ManagedProcess,
@@ -40,16 +45,36 @@ impl std::fmt::Debug for Registry {
 impl Registry {
     /// Starts a registry with filesystem storage on a free loopback port (plain HTTP).
     pub fn start() -> Result<Self, RegistryError> {
+        Self::start_with(None)
+    }
+
+    /// [`Registry::start`] requiring HTTP basic auth (the registry's htpasswd backend):
+    /// every request, reads included, needs one of `users` (name, bcrypt hash as in an
+    /// htpasswd file, e.g. [`TEST_USER_HASH`]).
+    pub fn start_with_htpasswd(users: &[(&str, &str)]) -> Result<Self, RegistryError> {
+        let lines: String = users.iter().map(|(u, h)| format!("{u}:{h}\n")).collect();
+        Self::start_with(Some(lines))
+    }
+
+    fn start_with(htpasswd: Option<String>) -> Result<Self, RegistryError> {
         let bin = tools::bin("registry")?;
         let dir = tempfile::Builder::new()
             .prefix("hcp-olm-registry-")
             .tempdir()?;
         let port = ports::free_port()?;
         let addr = format!("127.0.0.1:{port}");
-        let config = format!(
+        let mut config = format!(
             "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n",
             dir.path().join("data").display()
         );
+        if let Some(lines) = htpasswd {
+            let path = dir.path().join("htpasswd");
+            std::fs::write(&path, lines)?;
+            config.push_str(&format!(
+                "auth:\n  htpasswd:\n    realm: hcp-olm-test\n    path: {}\n",
+                path.display()
+            ));
+        }
         let config_path = dir.path().join("config.yml");
         std::fs::write(&config_path, config)?;
         let mut cmd = process::command(bin);

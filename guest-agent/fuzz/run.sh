@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run every cargo-fuzz target of hcp-olm-guest-agent for a bounded time.
+# Run every cargo-fuzz target (hcp-olm-guest-agent parsers and the hcp-olm-oci manifest parser) for a bounded time.
 # Usage: guest-agent/fuzz/run.sh SECONDS   (per target; needs a nightly toolchain and cargo-fuzz)
 # Corpora live in a temporary directory seeded from fuzz/seeds/<target>; crashes are written to
 # fuzz/artifacts/<target>/ and make the script exit non-zero.

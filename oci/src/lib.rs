@@ -3,21 +3,24 @@
 //! credentials (basic and bearer-token auth) and repository mirrors (`imageContentSources`).
 
 pub mod auth;
+pub mod manifest;
 pub mod payload;
 pub mod reference;
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, StatusCode, header};
-use http_body_util::{BodyExt as _, Full};
+use http_body_util::{BodyExt as _, Full, LengthLimitError, Limited};
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use sha2::{Digest as _, Sha256};
 
 pub use auth::{Credentials, PullSecret, PullSecretError};
+pub use manifest::{MAX_MANIFEST_BYTES, Manifest};
 pub use reference::{Reference, ReferenceError};
 
 /// The label OpenShift release images carry their version in.
@@ -39,6 +42,26 @@ pub enum OciError {
     Status { url: String, status: u16 },
     #[error("{image}: {message}")]
     Manifest { image: String, message: String },
+    /// Content fetched by digest (from the source or any mirror) is not that digest.
+    #[error(
+        "{image}: content served by {via} does not match the digest {expected} (it is {actual})"
+    )]
+    DigestMismatch {
+        image: String,
+        via: String,
+        expected: String,
+        actual: String,
+    },
+    /// A response body larger than the bound for its kind; reading stopped at the bound.
+    #[error("{url}: response larger than {limit} bytes")]
+    TooLarge { url: String, limit: u64 },
+    /// A redirect or token realm pointing where the client does not go.
+    #[error("{url}: refused {what}: {message}")]
+    UnsafeTarget {
+        url: String,
+        what: &'static str,
+        message: String,
+    },
     #[error("{image} not found ({reason})")]
     NotFound { image: String, reason: String },
     #[error("release image {image} has no version label ({RELEASE_VERSION_LABEL})")]
@@ -88,8 +111,10 @@ pub struct ClientOptions {
 pub enum Lookup {
     /// It exists: its manifest digest and the reference that answered (a mirror or the source).
     Found { digest: String, via: String },
-    /// No such manifest, or not authorized: `reason` says which, per candidate.
+    /// No such manifest: `reason` says so, per candidate.
     Missing { reason: String },
+    /// Not found anywhere, and `registry` refused the credentials (401/403).
+    Unauthorized { registry: String, reason: String },
 }
 
 type Body = Full<Bytes>;
@@ -112,7 +137,71 @@ impl std::fmt::Debug for Client {
 struct Response {
     status: StatusCode,
     headers: http::HeaderMap,
+    /// Read only for 2xx answers (else empty), at most the caller's bound.
     body: Bytes,
+}
+
+/// The largest token response read from a Bearer realm.
+const MAX_TOKEN_BYTES: u64 = 64 << 10;
+
+/// The address class a client must not be sent to unless the registry itself is there.
+fn special_class(ip: IpAddr) -> Option<&'static str> {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) if v4.is_loopback() => Some("loopback"),
+        IpAddr::V4(v4) if v4.is_link_local() => Some("link-local"),
+        IpAddr::V4(v4) if v4.is_unspecified() || v4.is_broadcast() => Some("unspecified"),
+        IpAddr::V6(v6) if v6.is_loopback() => Some("loopback"),
+        IpAddr::V6(v6) if v6.is_unicast_link_local() => Some("link-local"),
+        IpAddr::V6(v6) if v6.is_unspecified() => Some("unspecified"),
+        _ => None,
+    }
+}
+
+/// May a request for `registry` (reached over plain HTTP or not, at `registry_ips`) be
+/// sent on to `scheme://` at `target_ips` (a redirect or a token realm)? Only https (or
+/// the registry's own plain http), and never to loopback / link-local addresses unless
+/// the registry itself is in that class.
+pub fn target_allowed(
+    registry_plain_http: bool,
+    registry_ips: &[IpAddr],
+    scheme: &str,
+    target_ips: &[IpAddr],
+) -> Result<(), String> {
+    match scheme {
+        "https" => {}
+        "http" if registry_plain_http => {}
+        other => return Err(format!("scheme {other:?} (only https)")),
+    }
+    for ip in target_ips {
+        if let Some(class) = special_class(*ip)
+            && (class == "unspecified"
+                || !registry_ips
+                    .iter()
+                    .any(|r| special_class(*r) == Some(class)))
+        {
+            return Err(format!("{ip} is a {class} address and the registry is not"));
+        }
+    }
+    Ok(())
+}
+
+async fn resolve_host(uri: &http::Uri) -> Result<Vec<IpAddr>, String> {
+    let host = uri.host().ok_or("no host")?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let port = uri
+        .port_u16()
+        .unwrap_or(if uri.scheme_str() == Some("http") {
+            80
+        } else {
+            443
+        });
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(vec![ip]);
+    }
+    tokio::net::lookup_host((host, port))
+        .await
+        .map(|a| a.map(|a| a.ip()).collect())
+        .map_err(|e| format!("cannot resolve {host}: {e}"))
 }
 
 impl Client {
@@ -168,6 +257,7 @@ impl Client {
         url: &str,
         headers: &[(header::HeaderName, String)],
         body: &Bytes,
+        limit: u64,
     ) -> Result<Response, OciError> {
         let mut req = Request::builder().method(method.clone()).uri(url);
         for (k, v) in headers {
@@ -189,10 +279,38 @@ impl Client {
             .map_err(|_| transport(format!("no answer within {timeout:?}")))?
             .map_err(|e| transport(format!("{e}")))?;
         let (parts, body) = resp.into_parts();
-        let body = tokio::time::timeout(timeout, body.collect())
+        if !parts.status.is_success() || *method == Method::HEAD || limit == 0 {
+            // A body that is not used (errors, redirects, HEAD, uploads) is not read.
+            return Ok(Response {
+                status: parts.status,
+                headers: parts.headers,
+                body: Bytes::new(),
+            });
+        }
+        let too_large = || OciError::TooLarge {
+            url: url.to_string(),
+            limit,
+        };
+        let declared = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > limit) {
+            return Err(too_large());
+        }
+        // Limited stops reading as soon as more than `limit` bytes arrived.
+        let limited = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX));
+        let body = tokio::time::timeout(timeout, limited.collect())
             .await
             .map_err(|_| transport(format!("body not received within {timeout:?}")))?
-            .map_err(|e| transport(e.to_string()))?
+            .map_err(|e| {
+                if e.downcast_ref::<LengthLimitError>().is_some() {
+                    too_large()
+                } else {
+                    transport(e.to_string())
+                }
+            })?
             .to_bytes();
         Ok(Response {
             status: parts.status,
@@ -210,8 +328,9 @@ impl Client {
         url: &str,
         mut headers: Vec<(header::HeaderName, String)>,
         body: Bytes,
+        limit: u64,
     ) -> Result<Response, OciError> {
-        let resp = self.send_once(&method, url, &headers, &body).await?;
+        let resp = self.send_once(&method, url, &headers, &body, limit).await?;
         if resp.status != StatusCode::UNAUTHORIZED {
             return Ok(resp);
         }
@@ -239,12 +358,19 @@ impl Client {
                         sep = '&';
                     }
                 }
+                self.check_target(registry, &realm, "token realm").await?;
                 let mut th = Vec::new();
                 if let Some(c) = creds {
                     th.push((header::AUTHORIZATION, c.basic()));
                 }
                 let tr = self
-                    .send_once(&Method::GET, &token_url, &th, &Bytes::new())
+                    .send_once(
+                        &Method::GET,
+                        &token_url,
+                        &th,
+                        &Bytes::new(),
+                        MAX_TOKEN_BYTES,
+                    )
                     .await?;
                 if !tr.status.is_success() {
                     return Ok(resp);
@@ -264,7 +390,70 @@ impl Client {
             None => return Ok(resp),
         };
         headers.push((header::AUTHORIZATION, authorization));
-        self.send_once(&method, url, &headers, &body).await
+        self.send_once(&method, url, &headers, &body, limit).await
+    }
+
+    /// Refuses to send a request on `registry`'s behalf to `url` (a redirect or token
+    /// realm) unless [`target_allowed`]. The host is resolved here; the connection
+    /// resolves it again (a name that changes its answer in between is not caught).
+    async fn check_target(
+        &self,
+        registry: &str,
+        url: &str,
+        what: &'static str,
+    ) -> Result<(), OciError> {
+        let refuse = |message: String| OciError::UnsafeTarget {
+            url: url.to_string(),
+            what,
+            message,
+        };
+        let target: http::Uri = url.parse().map_err(|_| refuse("not a URL".into()))?;
+        let base: http::Uri = self
+            .base(registry)
+            .parse()
+            .map_err(|_| refuse(format!("registry {registry} is not a host")))?;
+        let plain = self.opts.plain_http.iter().any(|r| r == registry);
+        let registry_ips = resolve_host(&base).await.unwrap_or_default();
+        let target_ips = resolve_host(&target).await.map_err(refuse)?;
+        target_allowed(
+            plain,
+            &registry_ips,
+            target.scheme_str().unwrap_or(""),
+            &target_ips,
+        )
+        .map_err(refuse)
+    }
+
+    /// A key for cached answers of this client: a hash of everything besides the image
+    /// that changes an answer (mirrors, plain-HTTP registries, credentials). Holds no
+    /// secret.
+    pub fn cache_key(&self) -> String {
+        let mut h = Sha256::new();
+        for m in &self.opts.mirrors {
+            h.update(b"mirror\0");
+            h.update(m.source.as_bytes());
+            for x in &m.mirrors {
+                h.update(b"\0");
+                h.update(x.as_bytes());
+            }
+            h.update(b"\n");
+        }
+        for p in &self.opts.plain_http {
+            h.update(b"plain\0");
+            h.update(p.as_bytes());
+            h.update(b"\n");
+        }
+        h.update(b"creds\0");
+        h.update(self.opts.pull_secret.fingerprint().as_bytes());
+        format!("{:x}", h.finalize())[..32].to_string()
+    }
+
+    /// This client with `pull_secret` instead of its own (a HostedCluster's); shares
+    /// the connection pool.
+    pub fn with_pull_secret(&self, pull_secret: PullSecret) -> Self {
+        let mut c = self.clone();
+        c.opts.pull_secret = pull_secret;
+        c
     }
 
     /// The references to try for `r`: its mirrors in order, then `r` itself.
@@ -296,11 +485,13 @@ impl Client {
     }
 
     /// Does `image` (a tag or digest reference) exist, and what is its manifest digest?
-    /// Mirrors are tried first. `Missing` covers "manifest unknown" and "not authorized"
-    /// (try another tag); transport errors and 5xx are errors (decide later, not now).
+    /// Mirrors are tried first. `Missing`: "manifest unknown" everywhere (try another
+    /// tag); `Unauthorized`: not found and some registry refused the credentials;
+    /// transport errors and 5xx are errors (decide later, not now).
     pub async fn resolve(&self, image: &str) -> Result<Lookup, OciError> {
         let r = Reference::parse(image)?;
         let mut reasons = Vec::new();
+        let mut unauthorized = None;
         let mut last_error = None;
         for c in self.candidates(&r) {
             let url = format!(
@@ -316,6 +507,7 @@ impl Client {
                     &url,
                     vec![(header::ACCEPT, MANIFEST_TYPES.into())],
                     Bytes::new(),
+                    0,
                 )
                 .await
             {
@@ -328,13 +520,25 @@ impl Client {
             };
             match resp.status {
                 s if s.is_success() => {
-                    let digest = match resp
+                    let header = resp
                         .headers
                         .get("docker-content-digest")
                         .and_then(|v| v.to_str().ok())
-                    {
-                        Some(d) => d.to_string(),
-                        None => self.manifest(&c).await?.0,
+                        .filter(|d| manifest::valid_digest(d));
+                    let digest = match (&c.digest, header) {
+                        // Asked by digest: the answer is that digest; a different claim
+                        // is a lie (the content is checked when it is read).
+                        (Some(want), Some(d)) if d != want => {
+                            return Err(OciError::DigestMismatch {
+                                image: r.to_string(),
+                                via: c.to_string(),
+                                expected: want.clone(),
+                                actual: d.to_string(),
+                            });
+                        }
+                        (Some(want), _) => want.clone(),
+                        (None, Some(d)) => d.to_string(),
+                        (None, None) => self.manifest(&c).await?.0,
                     };
                     return Ok(Lookup::Found {
                         digest,
@@ -343,6 +547,7 @@ impl Client {
                 }
                 StatusCode::NOT_FOUND => reasons.push(format!("{c}: manifest unknown")),
                 StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
+                    unauthorized.get_or_insert(c.registry.clone());
                     reasons.push(format!("{c}: not authorized"))
                 }
                 s => {
@@ -353,16 +558,21 @@ impl Client {
                 }
             }
         }
-        match last_error {
-            Some(e) if reasons.is_empty() => Err(e),
+        match (last_error, unauthorized) {
+            (Some(e), _) if reasons.is_empty() => Err(e),
+            (_, Some(registry)) => Ok(Lookup::Unauthorized {
+                registry,
+                reason: reasons.join("; "),
+            }),
             _ => Ok(Lookup::Missing {
                 reason: reasons.join("; "),
             }),
         }
     }
 
-    /// GETs a manifest; returns (digest, JSON).
-    async fn manifest(&self, r: &Reference) -> Result<(String, serde_json::Value), OciError> {
+    /// GETs a manifest (at most [`MAX_MANIFEST_BYTES`]); returns (digest, manifest). A
+    /// reference with a digest must be answered with content of that digest.
+    async fn manifest(&self, r: &Reference) -> Result<(String, Manifest), OciError> {
         let url = format!(
             "{}/v2/{}/manifests/{}",
             self.base(&r.registry),
@@ -376,6 +586,7 @@ impl Client {
                 &url,
                 vec![(header::ACCEPT, MANIFEST_TYPES.into())],
                 Bytes::new(),
+                MAX_MANIFEST_BYTES,
             )
             .await?;
         match resp.status {
@@ -394,52 +605,56 @@ impl Client {
             }
         }
         let digest = format!("sha256:{:x}", Sha256::digest(&resp.body));
-        let json = serde_json::from_slice(&resp.body).map_err(|_| OciError::Manifest {
+        if let Some(want) = &r.digest
+            && *want != digest
+        {
+            return Err(OciError::DigestMismatch {
+                image: r.to_string(),
+                via: r.registry.clone(),
+                expected: want.clone(),
+                actual: digest,
+            });
+        }
+        let parsed = Manifest::parse(&resp.body).map_err(|message| OciError::Manifest {
             image: r.to_string(),
-            message: "manifest is not JSON".into(),
+            message,
         })?;
-        Ok((digest, json))
+        Ok((digest, parsed))
     }
 
-    /// The manifest of `image` (through mirrors), an index resolved to its linux/amd64
-    /// entry (else the first); returns the reference that answered and the manifest.
-    async fn image_manifest(
-        &self,
-        image: &str,
-    ) -> Result<(Reference, serde_json::Value), OciError> {
+    /// The image manifest of `image` (through mirrors), an index resolved to its
+    /// linux/amd64 entry (else the first); returns the reference that answered (with the
+    /// digest read) and the manifest. Every manifest is fetched by digest and checked
+    /// against it, whichever mirror serves it.
+    async fn image_manifest(&self, image: &str) -> Result<(Reference, Manifest), OciError> {
         let r = Reference::parse(image)?;
         let found = match self.resolve(image).await? {
-            Lookup::Found { via, .. } => Reference::parse(&via)?,
-            Lookup::Missing { reason } => {
+            Lookup::Found { via, digest } => Reference {
+                tag: None,
+                digest: Some(digest),
+                ..Reference::parse(&via)?
+            },
+            Lookup::Missing { reason } | Lookup::Unauthorized { reason, .. } => {
                 return Err(OciError::NotFound {
                     image: image.to_string(),
                     reason,
                 });
             }
         };
-        let bad = |message: &str| OciError::Manifest {
-            image: r.to_string(),
-            message: message.to_string(),
-        };
-        let (_, mut manifest) = self.manifest(&found).await?;
-        if let Some(list) = manifest.get("manifests").and_then(|m| m.as_array()) {
-            let pick = list
-                .iter()
-                .find(|m| {
-                    m.pointer("/platform/os").and_then(|v| v.as_str()) == Some("linux")
-                        && m.pointer("/platform/architecture").and_then(|v| v.as_str())
-                            == Some("amd64")
-                })
-                .or_else(|| list.first())
-                .and_then(|m| m.get("digest"))
-                .and_then(|d| d.as_str())
-                .ok_or_else(|| bad("image index has no manifests"))?;
+        let (_, mut manifest) = self.manifest(&found).await.map_err(|e| named(e, &r))?;
+        if let Some(pick) = manifest.pick_platform() {
             let child = Reference {
                 tag: None,
                 digest: Some(pick.to_string()),
                 ..found.clone()
             };
-            manifest = self.manifest(&child).await?.1;
+            manifest = self.manifest(&child).await.map_err(|e| named(e, &r))?.1;
+            if matches!(manifest, Manifest::Index(_)) {
+                return Err(OciError::Manifest {
+                    image: r.to_string(),
+                    message: "image index names another index".into(),
+                });
+            }
         }
         Ok((found, manifest))
     }
@@ -452,8 +667,14 @@ impl Client {
             self.base(&r.registry),
             r.repository
         );
+        if !manifest::valid_digest(digest) {
+            return Err(OciError::Manifest {
+                image: r.to_string(),
+                message: "blob digest is not sha256:<64 hex>".into(),
+            });
+        }
         let mut resp = self
-            .send(&r.registry, Method::GET, &url, vec![], Bytes::new())
+            .send(&r.registry, Method::GET, &url, vec![], Bytes::new(), max)
             .await?;
         if resp.status.is_redirection()
             && let Some(loc) = resp
@@ -466,9 +687,10 @@ impl Client {
             } else {
                 format!("{}{loc}", self.base(&r.registry))
             };
+            self.check_target(&r.registry, &next, "redirect").await?;
             // No credentials to another host: the location carries its own token.
             resp = self
-                .send_once(&Method::GET, &next, &[], &Bytes::new())
+                .send_once(&Method::GET, &next, &[], &Bytes::new(), max)
                 .await?;
         }
         if !resp.status.is_success() {
@@ -477,18 +699,13 @@ impl Client {
                 status: resp.status.as_u16(),
             });
         }
-        if resp.body.len() as u64 > max {
-            return Err(OciError::Manifest {
+        let actual = format!("sha256:{:x}", Sha256::digest(&resp.body));
+        if actual != digest {
+            return Err(OciError::DigestMismatch {
                 image: r.to_string(),
-                message: format!("blob {digest} is larger than {max} bytes"),
-            });
-        }
-        if let Some(hex) = digest.strip_prefix("sha256:")
-            && format!("{:x}", Sha256::digest(&resp.body)) != hex
-        {
-            return Err(OciError::Manifest {
-                image: r.to_string(),
-                message: format!("blob {digest} does not match its digest"),
+                via: r.registry.clone(),
+                expected: digest.to_string(),
+                actual,
             });
         }
         Ok(resp.body)
@@ -502,11 +719,12 @@ impl Client {
             image: image.to_string(),
             message: message.to_string(),
         };
-        let config = manifest
-            .pointer("/config/digest")
-            .and_then(|d| d.as_str())
-            .ok_or_else(|| bad("manifest has no config digest"))?;
-        let body = self.blob(&found, config, 4 << 20).await?;
+        let Manifest::Image { config, .. } = &manifest else {
+            return Err(bad("manifest has no config digest"));
+        };
+        let body = self
+            .blob(&found, &config.digest, MAX_MANIFEST_BYTES)
+            .await?;
         let cfg: serde_json::Value =
             serde_json::from_slice(&body).map_err(|_| bad("image config is not JSON"))?;
         Ok(cfg
@@ -528,20 +746,12 @@ impl Client {
         image: &str,
     ) -> Result<BTreeMap<String, String>, OciError> {
         let (found, manifest) = self.image_manifest(image).await?;
-        let layers: Vec<(String, u64)> = manifest
-            .get("layers")
-            .and_then(|l| l.as_array())
-            .map(|l| {
-                l.iter()
-                    .filter_map(|l| {
-                        Some((
-                            l.get("digest")?.as_str()?.to_string(),
-                            l.get("size").and_then(|s| s.as_u64()).unwrap_or(0),
-                        ))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let layers: Vec<(String, u64)> = match manifest {
+            Manifest::Image { layers, .. } => {
+                layers.into_iter().map(|d| (d.digest, d.size)).collect()
+            }
+            Manifest::Index(_) => vec![],
+        };
         let mut first_error = None;
         for (digest, size) in layers.into_iter().rev() {
             let layer_err = |message: String| OciError::Layer {
@@ -556,7 +766,10 @@ impl Client {
                 )));
                 continue;
             }
-            let blob = self.blob(&found, &digest, payload::MAX_LAYER_BYTES).await?;
+            let blob = self
+                .blob(&found, &digest, payload::MAX_LAYER_BYTES)
+                .await
+                .map_err(|e| named(e, &Reference::parse(image).unwrap_or(found.clone())))?;
             let found_file = tokio::task::spawn_blocking(move || {
                 payload::find_in_layer(&blob, payload::IMAGE_REFERENCES_PATH)
             })
@@ -615,7 +828,7 @@ impl Client {
         let digest = format!("sha256:{:x}", Sha256::digest(&data));
         let start = format!("{base}/v2/{}/blobs/uploads/", r.repository);
         let resp = self
-            .send(&r.registry, Method::POST, &start, vec![], Bytes::new())
+            .send(&r.registry, Method::POST, &start, vec![], Bytes::new(), 0)
             .await?;
         if resp.status != StatusCode::ACCEPTED {
             return Err(OciError::Status {
@@ -645,6 +858,7 @@ impl Client {
                 &put,
                 vec![(header::CONTENT_TYPE, "application/octet-stream".into())],
                 data,
+                0,
             )
             .await?;
         if resp.status != StatusCode::CREATED {
@@ -716,6 +930,7 @@ impl Client {
                     "application/vnd.oci.image.manifest.v1+json".into(),
                 )],
                 manifest.clone(),
+                0,
             )
             .await?;
         if resp.status != StatusCode::CREATED {
@@ -725,6 +940,25 @@ impl Client {
             });
         }
         Ok(format!("sha256:{:x}", Sha256::digest(&manifest)))
+    }
+}
+
+/// `e` about `image` (the reference asked for) rather than the mirror that answered;
+/// the mirror stays named in `via`.
+fn named(e: OciError, image: &Reference) -> OciError {
+    match e {
+        OciError::DigestMismatch {
+            via,
+            expected,
+            actual,
+            ..
+        } => OciError::DigestMismatch {
+            image: image.to_string(),
+            via,
+            expected,
+            actual,
+        },
+        e => e,
     }
 }
 
@@ -741,4 +975,59 @@ fn encode_query(s: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redirects_and_realms_only_to_https_and_not_to_loopback_or_link_local() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let public = [ip("198.18.0.1")];
+        let lo = [ip("127.0.0.1")];
+        // https to a public address: fine; plain http only for a plain-http registry.
+        assert!(target_allowed(false, &public, "https", &public).is_ok());
+        assert!(target_allowed(false, &public, "http", &public).is_err());
+        assert!(target_allowed(true, &lo, "http", &lo).is_ok());
+        assert!(target_allowed(true, &lo, "file", &lo).is_err());
+        // A public registry sending us to the metadata service or to ourselves: refused.
+        for bad in [
+            "169.254.169.254",
+            "127.0.0.1",
+            "::1",
+            "fe80::1",
+            "0.0.0.0",
+            "::ffff:127.0.0.1",
+        ] {
+            let e = target_allowed(false, &public, "https", &[ip(bad)]).unwrap_err();
+            assert!(e.contains(bad) || e.contains("127.0.0.1"), "{bad}: {e}");
+        }
+        // A registry on loopback (tests) may send us to loopback, not to link-local.
+        assert!(target_allowed(true, &lo, "http", &[ip("::1")]).is_ok());
+        assert!(target_allowed(true, &lo, "https", &[ip("169.254.169.254")]).is_err());
+    }
+
+    #[test]
+    fn cache_keys_tell_mirrors_and_credentials_apart_without_holding_them() {
+        let c = Client::new(ClientOptions::default()).unwrap();
+        let m = Mirror {
+            source: "quay.io/ocp".into(),
+            mirrors: vec!["evil.example.com/ocp".into()],
+        };
+        let ps = PullSecret::parse(
+            br#"{"auths":{"quay.io":{"username":"bot","password":"s3cret-token"}}}"#,
+        )
+        .unwrap();
+        let keys = [
+            c.cache_key(),
+            c.with_mirrors(std::slice::from_ref(&m)).cache_key(),
+            c.with_pull_secret(ps.clone()).cache_key(),
+        ];
+        assert_ne!(keys[0], keys[1]);
+        assert_ne!(keys[0], keys[2]);
+        assert_ne!(keys[1], keys[2]);
+        assert_eq!(keys[2], c.with_pull_secret(ps).cache_key());
+        assert!(keys.iter().all(|k| !k.contains("s3cret")));
+    }
 }

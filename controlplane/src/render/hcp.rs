@@ -64,7 +64,12 @@ pub(super) fn resolved_catalogs(
             }
             Some(Err(e)) => pending.push(Pending {
                 component: names::catalog(*c),
-                reason: "CatalogImageUnavailable",
+                reason: match e {
+                    crate::catalogs::CatalogImageError::Unauthorized { .. } => {
+                        "CatalogImageUnauthorized"
+                    }
+                    _ => "CatalogImageUnavailable",
+                },
                 severity: Severity::Degraded,
                 message: e.to_string(),
             }),

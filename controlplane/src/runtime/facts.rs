@@ -1,8 +1,8 @@
 //! Facts from outside the HostedCluster: the release version (release image label)
 //! and catalog images (registry lookups, prefetched so selection stays pure).
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::catalogs::{
@@ -10,16 +10,42 @@ use crate::catalogs::{
     LookupResult, StaticLookup,
 };
 use crate::hostedcluster::HostedCluster;
+use crate::hostedolm::CatalogPlacement;
 use crate::validate::{PayloadProblem, ReleaseFacts, ValidInput};
 
 use super::Config;
 
 /// Registry answers shared by every HostedCluster, each reused for a lifetime (the
 /// catalog refresh interval): 1000 hosted clusters on a few releases need a few
-/// lookups, not thousands. Errors are never cached.
-#[derive(Clone, Debug, Default)]
+/// lookups, not thousands. Keys hold everything that changes an answer: the image and
+/// [`hcp_olm_oci::Client::cache_key`] (a hash of the cluster's mirrors and credentials),
+/// so one tenant's mirror never answers for another. Concurrent misses for one key
+/// make one lookup (single flight). Errors are never cached. Bounded: at most
+/// [`LookupCache::CAPACITY`] fresh answers plus as many last good payload answers.
+#[derive(Clone)]
 pub struct LookupCache {
-    inner: Arc<Mutex<HashMap<String, (Instant, Cached)>>>,
+    fresh: moka::future::Cache<String, (Instant, Cached)>,
+    /// The last good release payload answer per key, served when the payload cannot
+    /// be read now (documented in docs/controller.md).
+    last_good: moka::future::Cache<String, Arc<BTreeMap<String, String>>>,
+}
+
+impl std::fmt::Debug for LookupCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LookupCache")
+            .field("fresh", &self.fresh.entry_count())
+            .field("last_good", &self.last_good.entry_count())
+            .finish()
+    }
+}
+
+impl Default for LookupCache {
+    fn default() -> Self {
+        Self {
+            fresh: moka::future::Cache::new(Self::CAPACITY),
+            last_good: moka::future::Cache::new(Self::CAPACITY),
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -27,58 +53,45 @@ enum Cached {
     Catalog(LookupResult),
     Release(String),
     /// Component → image of a release payload (`image-references`).
-    Payload(BTreeMap<String, String>),
+    Payload(Arc<BTreeMap<String, String>>),
 }
 
 impl LookupCache {
-    fn get(&self, key: &str, ttl: Duration, now: Instant) -> Option<Cached> {
-        let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        match m.get(key) {
-            Some((at, v)) if now.duration_since(*at) < ttl => Some(v.clone()),
-            // Payload answers stay for [`LookupCache::get_stale`].
-            Some((_, Cached::Payload(_))) => None,
-            Some(_) => {
-                m.remove(key);
-                None
+    /// Fresh answers held at most (and as many last good payload answers).
+    pub const CAPACITY: u64 = 4096;
+
+    /// The answer for `key`: fresh from the cache when younger than `ttl`, else from
+    /// `fetch` (one call for all concurrent callers of a key). `ttl` zero: no caching.
+    async fn get_or_fetch<F, E>(&self, key: String, ttl: Duration, fetch: F) -> Result<Cached, E>
+    where
+        F: std::future::Future<Output = Result<Cached, E>>,
+        E: Clone + Send + Sync + 'static,
+    {
+        if ttl.is_zero() {
+            return fetch.await;
+        }
+        if let Some((at, v)) = self.fresh.get(&key).await {
+            if at.elapsed() < ttl {
+                return Ok(v);
             }
-            None => None,
+            self.fresh.invalidate(&key).await;
         }
-    }
-
-    /// An entry regardless of its age (a release payload that cannot be read right
-    /// now is served from the last good answer).
-    fn get_stale(&self, key: &str) -> Option<Cached> {
-        let m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        m.get(key).map(|(_, v)| v.clone())
-    }
-
-    fn put(&self, key: String, v: Cached, now: Instant) {
-        let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        // Bound the map: drop expired-looking old entries when it grows large.
-        if m.len() > 4096 {
-            m.clear();
-        }
-        m.insert(key, (now, v));
-    }
-
-    /// Entries held (expired ones included until looked at).
-    pub fn len(&self) -> usize {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Forget everything (the next reconciles look up again).
-    pub fn clear(&self) {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.fresh
+            .try_get_with(key, async move { fetch.await.map(|v| (Instant::now(), v)) })
+            .await
+            .map(|(_, v)| v)
+            .map_err(|e| e.as_ref().clone())
     }
 }
 
 /// The registry client for one HostedCluster: the controller's, with the
-/// HostedCluster's `imageContentSources` as extra mirrors.
-fn oci_for(hc: &HostedCluster, oci: &hcp_olm_oci::Client) -> hcp_olm_oci::Client {
+/// HostedCluster's `imageContentSources` as extra mirrors and its own pull secret
+/// (when read) instead of the controller's.
+fn oci_for(
+    hc: &HostedCluster,
+    oci: &hcp_olm_oci::Client,
+    pull_secret: Option<&hcp_olm_oci::PullSecret>,
+) -> hcp_olm_oci::Client {
     let extra: Vec<hcp_olm_oci::Mirror> = hc
         .spec
         .image_content_sources
@@ -89,10 +102,25 @@ fn oci_for(hc: &HostedCluster, oci: &hcp_olm_oci::Client) -> hcp_olm_oci::Client
             mirrors: s.mirrors.clone(),
         })
         .collect();
-    if extra.is_empty() {
+    let c = if extra.is_empty() {
         oci.clone()
     } else {
         oci.with_mirrors(&extra)
+    };
+    match pull_secret {
+        Some(ps) => c.with_pull_secret(ps.clone()),
+        None => c,
+    }
+}
+
+/// How a release lookup failed, for the HostedOLM condition.
+fn payload_problem(e: &hcp_olm_oci::OciError) -> PayloadProblem {
+    match e {
+        hcp_olm_oci::OciError::DigestMismatch { .. } => {
+            PayloadProblem::DigestMismatch(e.to_string())
+        }
+        hcp_olm_oci::OciError::TooLarge { .. } => PayloadProblem::TooLarge(e.to_string()),
+        e => PayloadProblem::Unreadable(e.to_string()),
     }
 }
 
@@ -109,10 +137,11 @@ fn payload_image(hc: &HostedCluster) -> String {
 
 /// [`release_facts`] with registry answers (version label, payload component
 /// images) reused from `cache` for `ttl`. `olm_overridden`: the HostedOLM names an OLM
-/// image, so the payload is not read.
+/// image, so the payload is not read. `pull_secret`: the HostedCluster's own.
 pub async fn release_facts_cached(
     hc: &HostedCluster,
     config: &Config,
+    pull_secret: Option<&hcp_olm_oci::PullSecret>,
     olm_overridden: bool,
     cache: &LookupCache,
     ttl: Duration,
@@ -121,22 +150,30 @@ pub async fn release_facts_cached(
     let Some(oci) = config.oci.as_ref() else {
         return facts;
     };
-    let oci = oci_for(hc, oci);
+    let oci = oci_for(hc, oci, pull_secret);
     let image = hc.spec.release.image.clone();
     if !image.is_empty() {
-        let key = format!("release:{image}");
-        if let Some(Cached::Release(v)) = cache.get(&key, ttl, Instant::now()) {
-            facts.version = Some(v);
-        } else {
-            match oci.release_version(&image).await {
-                Ok(v) => {
-                    cache.put(key, Cached::Release(v.clone()), Instant::now());
-                    facts.version = Some(v);
-                }
-                Err(e) => {
-                    tracing::warn!(%image, error = %e, "cannot read the release version label")
-                }
+        let key = format!("release:{}:{image}", oci.cache_key());
+        let got = cache
+            .get_or_fetch(key, ttl, async {
+                oci.release_version(&image)
+                    .await
+                    .map(Cached::Release)
+                    .map_err(|e| {
+                        tracing::warn!(%image, error = %e, "cannot read the release version label");
+                        payload_problem(&e)
+                    })
+            })
+            .await;
+        match got {
+            Ok(Cached::Release(v)) => facts.version = Some(v),
+            Ok(_) => {}
+            // A hostile or oversized answer is reported even when the payload is not
+            // read (an OLM image override).
+            Err(p @ (PayloadProblem::DigestMismatch(_) | PayloadProblem::TooLarge(_))) => {
+                facts.payload_problem = Some(p)
             }
+            Err(_) => {}
         }
     }
     if config.olm_image.is_none() && !olm_overridden {
@@ -157,32 +194,49 @@ async fn payload_images(
     if image.is_empty() {
         return;
     }
-    let key = format!("payload:{image}");
-    let refs = match cache.get(&key, ttl, Instant::now()) {
-        Some(Cached::Payload(m)) => m,
-        _ => match oci.release_image_references(image).await {
-            Ok(m) => {
-                if !ttl.is_zero() {
-                    cache.put(key, Cached::Payload(m.clone()), Instant::now());
-                }
-                m
+    let key = format!("payload:{}:{image}", oci.cache_key());
+    let got = cache
+        .get_or_fetch(key.clone(), ttl, async {
+            oci.release_image_references(image)
+                .await
+                .map(|m| Cached::Payload(Arc::new(m)))
+                .map_err(|e| payload_problem(&e))
+        })
+        .await;
+    let refs = match got {
+        Ok(Cached::Payload(m)) => {
+            if !ttl.is_zero() {
+                cache.last_good.insert(key, m.clone()).await;
             }
-            Err(e) => match cache.get_stale(&key) {
-                Some(Cached::Payload(m)) => {
-                    tracing::warn!(%image, error = %e, "cannot read the release payload's image references; using the last answer");
+            m
+        }
+        Ok(_) => return,
+        Err(problem) => {
+            // A payload that fails its digest is never replaced by an older answer.
+            let stale = match problem {
+                PayloadProblem::Unreadable(_) | PayloadProblem::TooLarge(_) => {
+                    cache.last_good.get(&key).await
+                }
+                _ => None,
+            };
+            match stale {
+                Some(m) => {
+                    tracing::warn!(%image, error = ?problem, "cannot read the release payload's image references; using the last answer");
                     m
                 }
-                _ => {
-                    tracing::warn!(%image, error = %e, "cannot read the release payload's image references");
-                    facts.payload_problem = Some(PayloadProblem::Unreadable(e.to_string()));
+                None => {
+                    tracing::warn!(%image, error = ?problem, "cannot read the release payload's image references");
+                    facts.payload_problem = Some(problem);
                     return;
                 }
-            },
-        },
+            }
+        }
     };
     use hcp_olm_oci::payload::{OLM_COMPONENT, OPERATOR_REGISTRY_COMPONENT};
     match refs.get(OLM_COMPONENT) {
-        Some(olm) => facts.olm_image = Some(olm.clone()),
+        Some(olm) => {
+            facts.olm_image = Some(olm.clone());
+        }
         None => {
             facts.payload_problem = Some(PayloadProblem::OLMImageMissing(format!(
                 "the release payload {image} names no {OLM_COMPONENT} image ({} components)",
@@ -215,22 +269,43 @@ fn release_facts_without_lookup(hc: &HostedCluster, config: &Config) -> ReleaseF
 /// `status.version.desired.version` when the lookup fails); the OLM and
 /// operator-registry images from the flags, else from the release payload.
 pub async fn release_facts(hc: &HostedCluster, config: &Config) -> ReleaseFacts {
-    release_facts_cached(hc, config, false, &LookupCache::default(), Duration::ZERO).await
+    release_facts_cached(
+        hc,
+        config,
+        None,
+        false,
+        &LookupCache::default(),
+        Duration::ZERO,
+    )
+    .await
 }
 
 /// Choose every enabled catalog's image. With a registry client the candidate tags
 /// are looked up first (concurrently); without, tags are assumed to exist.
 pub async fn catalog_images(
+    hc: &HostedCluster,
     valid: &ValidInput,
     config: &Config,
 ) -> BTreeMap<DefaultCatalog, Result<CatalogImage, CatalogImageError>> {
-    catalog_images_cached(valid, config, &LookupCache::default(), Duration::ZERO).await
+    catalog_images_cached(
+        hc,
+        valid,
+        config,
+        None,
+        &LookupCache::default(),
+        Duration::ZERO,
+    )
+    .await
 }
 
-/// [`catalog_images`] with registry answers reused from `cache` for `ttl`.
+/// [`catalog_images`] with registry answers reused from `cache` for `ttl`, looked up
+/// with the HostedCluster's mirrors and `pull_secret`. Guest placement looks nothing
+/// up (HyperShift renders tags with registryPoll there).
 pub async fn catalog_images_cached(
+    hc: &HostedCluster,
     valid: &ValidInput,
     config: &Config,
+    pull_secret: Option<&hcp_olm_oci::PullSecret>,
     cache: &LookupCache,
     ttl: Duration,
 ) -> BTreeMap<DefaultCatalog, Result<CatalogImage, CatalogImageError>> {
@@ -240,9 +315,15 @@ pub async fn catalog_images_cached(
         .copied()
         .filter(|c| !valid.catalog_pins.contains_key(c))
         .collect();
-    let lookup: Box<dyn ImageLookup + Send + Sync> = match &config.oci {
+    let oci = match &config.oci {
+        Some(oci) if valid.placement != CatalogPlacement::Guest => Some(oci),
+        _ => None,
+    };
+    let lookup: Box<dyn ImageLookup + Send + Sync> = match oci {
         None => Box::new(AssumeTagsExist),
         Some(oci) => {
+            let oci = oci_for(hc, oci, pull_secret);
+            let client_key = oci.cache_key();
             let refs: Vec<String> = todo
                 .iter()
                 .flat_map(|c| {
@@ -256,21 +337,30 @@ pub async fn catalog_images_cached(
                 })
                 .map(|(_, image)| image)
                 .collect();
+            let oci = &oci;
+            let client_key = &client_key;
             let answers = futures::future::join_all(refs.into_iter().map(|image| async move {
-                let key = format!("catalog:{image}");
-                if let Some(Cached::Catalog(r)) = cache.get(&key, ttl, Instant::now()) {
-                    return (image, r);
-                }
-                let r = match oci.resolve(&image).await {
-                    Ok(hcp_olm_oci::Lookup::Found { digest, .. }) => LookupResult::Exists {
-                        digest: Some(digest),
-                    },
-                    Ok(hcp_olm_oci::Lookup::Missing { .. }) => LookupResult::Missing,
-                    Err(e) => LookupResult::Error(e.to_string()),
+                let key = format!("catalog:{client_key}:{image}");
+                let r = cache
+                    .get_or_fetch(key, ttl, async {
+                        let r = match oci.resolve(&image).await {
+                            Ok(hcp_olm_oci::Lookup::Found { digest, .. }) => LookupResult::Exists {
+                                digest: Some(digest),
+                            },
+                            Ok(hcp_olm_oci::Lookup::Missing { .. }) => LookupResult::Missing,
+                            Ok(hcp_olm_oci::Lookup::Unauthorized { registry, .. }) => {
+                                LookupResult::Unauthorized { registry }
+                            }
+                            Err(e) => return Err(e.to_string()),
+                        };
+                        Ok(Cached::Catalog(r))
+                    })
+                    .await;
+                let r = match r {
+                    Ok(Cached::Catalog(r)) => r,
+                    Ok(_) => LookupResult::Error("unexpected cached answer".into()),
+                    Err(e) => LookupResult::Error(e),
                 };
-                if !matches!(r, LookupResult::Error(_)) && !ttl.is_zero() {
-                    cache.put(key, Cached::Catalog(r.clone()), Instant::now());
-                }
                 (image, r)
             }))
             .await;
@@ -298,25 +388,52 @@ pub async fn catalog_images_cached(
 mod tests {
     use super::*;
 
-    #[test]
-    fn expired_payload_answers_remain_as_a_fallback_only() {
+    #[tokio::test]
+    async fn answers_expire_errors_are_not_cached_and_last_good_payloads_stay() {
         let c = LookupCache::default();
-        let t0 = Instant::now();
-        let ttl = Duration::from_secs(60);
-        let m = BTreeMap::from([("operator-lifecycle-manager".to_string(), "x".to_string())]);
-        c.put("payload:r".into(), Cached::Payload(m.clone()), t0);
-        c.put("release:r".into(), Cached::Release("4.18.3".into()), t0);
-        assert!(matches!(
-            c.get("payload:r", ttl, t0),
-            Some(Cached::Payload(_))
-        ));
-        let later = t0 + Duration::from_secs(61);
-        assert!(c.get("payload:r", ttl, later).is_none());
-        assert!(c.get("release:r", ttl, later).is_none());
-        assert!(matches!(c.get_stale("payload:r"), Some(Cached::Payload(p)) if p == m));
-        assert!(
-            c.get_stale("release:r").is_none(),
-            "expired release labels are dropped"
+        let ttl = Duration::from_millis(200);
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        let fetch = |v: Result<&str, &str>| {
+            calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let v = v
+                .map(|v| Cached::Release(v.to_string()))
+                .map_err(str::to_string);
+            async move { v }
+        };
+        let got = |r: Result<Cached, String>| match r {
+            Ok(Cached::Release(v)) => Ok(v),
+            Ok(other) => Err(format!("{other:?}")),
+            Err(e) => Err(e),
+        };
+        assert_eq!(
+            got(c.get_or_fetch("k".into(), ttl, fetch(Err("down"))).await),
+            Err("down".into())
         );
+        assert_eq!(
+            got(c.get_or_fetch("k".into(), ttl, fetch(Ok("4.18.3"))).await),
+            Ok("4.18.3".into())
+        );
+        assert_eq!(
+            got(c.get_or_fetch("k".into(), ttl, fetch(Ok("other"))).await),
+            Ok("4.18.3".into())
+        );
+        assert_eq!(
+            calls.load(std::sync::atomic::Ordering::SeqCst),
+            3,
+            "the cached answer is not fetched again"
+        );
+        tokio::time::sleep(ttl + Duration::from_millis(50)).await;
+        assert_eq!(
+            got(c.get_or_fetch("k".into(), ttl, fetch(Ok("4.18.4"))).await),
+            Ok("4.18.4".into())
+        );
+        // Last good payloads survive clearing of fresh answers by capacity or age.
+        let m = Arc::new(BTreeMap::from([(
+            "operator-lifecycle-manager".to_string(),
+            "x".to_string(),
+        )]));
+        c.last_good.insert("payload:k".into(), m.clone()).await;
+        c.fresh.invalidate_all();
+        assert_eq!(c.last_good.get("payload:k").await, Some(m));
     }
 }

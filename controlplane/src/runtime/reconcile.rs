@@ -495,9 +495,17 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
     };
 
     let olm_overridden = holm.spec.images.as_ref().is_some_and(|i| i.olm.is_some());
+    // Registry lookups use this HostedCluster's pull secret (HyperShift's copy in the
+    // HCP namespace), never the controller's when it is there.
+    let pull_secret = if ctx.config.oci.is_some() {
+        read_pull_secret(ctx, &hcp_ns).await?
+    } else {
+        None
+    };
     let facts = facts::release_facts_cached(
         hc,
         &ctx.config,
+        pull_secret.as_ref(),
         olm_overridden,
         &ctx.lookups,
         ctx.schedule.catalog_refresh,
@@ -530,8 +538,10 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
     }
 
     let catalog_images = facts::catalog_images_cached(
+        hc,
         &valid,
         &ctx.config,
+        pull_secret.as_ref(),
         &ctx.lookups,
         ctx.schedule.catalog_refresh,
     )
@@ -732,6 +742,35 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
         }
         .min(rotation_recheck.unwrap_or(Duration::MAX)),
     })
+}
+
+/// The HostedCluster's pull secret (`.dockerconfigjson` of the `pull-secret` Secret
+/// HyperShift keeps in the HCP namespace). Absent: None. Unparseable: logged naming the
+/// Secret, and lookups go without credentials (never with another cluster's).
+async fn read_pull_secret(
+    ctx: &Context,
+    hcp_ns: &str,
+) -> Result<Option<hcp_olm_oci::PullSecret>, Error> {
+    let name = &ctx.config.defaults.pull_secret;
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), hcp_ns);
+    let Some(s) = api
+        .get_opt(name)
+        .await
+        .map_err(kube_err(format!("reading Secret {hcp_ns}/{name}")))?
+    else {
+        return Ok(None);
+    };
+    let Some(data) = s.data.as_ref().and_then(|d| d.get(".dockerconfigjson")) else {
+        tracing::warn!(secret = %format!("{hcp_ns}/{name}"), "pull secret has no .dockerconfigjson; registry lookups go without credentials");
+        return Ok(Some(hcp_olm_oci::PullSecret::default()));
+    };
+    match hcp_olm_oci::PullSecret::parse(&data.0) {
+        Ok(p) => Ok(Some(p)),
+        Err(e) => {
+            tracing::warn!(secret = %format!("{hcp_ns}/{name}"), error = %e, "pull secret .dockerconfigjson is unusable; registry lookups go without credentials");
+            Ok(Some(hcp_olm_oci::PullSecret::default()))
+        }
+    }
 }
 
 /// A short hash of a Secret's data (keys and values).
