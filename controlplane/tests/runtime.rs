@@ -93,6 +93,20 @@ async fn create_hc_with(
     kubeconfig_secret: &str,
     spec: serde_json::Value,
 ) -> Result<()> {
+    create_hc_ns(management, HC_NS, name, kubeconfig_secret, spec, true).await
+}
+
+/// A HostedCluster `hc_ns/name`; with `hcp` its HCP namespace `<hc_ns>-<name>` is made as
+/// HyperShift makes it (label, and a HostedControlPlane annotated with the HostedCluster
+/// when that CRD is served).
+async fn create_hc_ns(
+    management: &Cluster,
+    hc_ns: &str,
+    name: &str,
+    kubeconfig_secret: &str,
+    spec: serde_json::Value,
+    hcp: bool,
+) -> Result<()> {
     let text =
         std::fs::read_to_string(fixtures_dir().join("hypershift/examples/none-minimal.yaml"))?;
     let mut value = None;
@@ -104,7 +118,7 @@ async fn create_hc_with(
     }
     let mut v = value.context("fixture has a HostedCluster")?;
     v["metadata"]["name"] = name.into();
-    v["metadata"]["namespace"] = HC_NS.into();
+    v["metadata"]["namespace"] = hc_ns.into();
     if let (Some(dst), Some(src)) = (v["spec"].as_object_mut(), spec.as_object()) {
         for (k, val) in src {
             dst.insert(k.clone(), val.clone());
@@ -122,7 +136,8 @@ async fn create_hc_with(
     v["spec"]["release"]["image"] =
         "quay.io/openshift-release-dev/ocp-release:4.18.3-x86_64".into();
     let obj: DynamicObject = serde_json::from_value(v)?;
-    let api: Api<DynamicObject> = Api::namespaced_with(management.client(), HC_NS, &hc_resource());
+    management.ensure_namespace(hc_ns).await?;
+    let api: Api<DynamicObject> = Api::namespaced_with(management.client(), hc_ns, &hc_resource());
     api.create(&PostParams::default(), &obj).await?;
     api.patch_status(
         name,
@@ -137,9 +152,18 @@ async fn create_hc_with(
         }})),
     )
     .await?;
-    // The HCP namespace carries HyperShift's label: manifests/controller/
-    // admission-policy.yaml refuses the controller's writes anywhere else.
-    let hcp_ns = format!("{HC_NS}-{name}");
+    if hcp {
+        hcp_namespace_for(management, hc_ns, name).await?;
+    }
+    Ok(())
+}
+
+/// The HCP namespace of `hc_ns/name` as HyperShift makes it: `<hc_ns>-<name>` with its label
+/// (manifests/controller/admission-policy.yaml refuses the controller's writes anywhere
+/// else), and, where the HostedControlPlane CRD is served, a HostedControlPlane annotated
+/// `hypershift.openshift.io/cluster: <hc_ns>/<name>`.
+async fn hcp_namespace_for(management: &Cluster, hc_ns: &str, name: &str) -> Result<()> {
+    let hcp_ns = format!("{hc_ns}-{name}");
     management.ensure_namespace(&hcp_ns).await?;
     Api::<k8s_openapi::api::core::v1::Namespace>::all(management.client())
         .patch(
@@ -149,8 +173,40 @@ async fn create_hc_with(
                 "hypershift.openshift.io/hosted-control-plane": "true"}}})),
         )
         .await?;
+    let hcps: Api<DynamicObject> =
+        Api::namespaced_with(management.client(), &hcp_ns, &hcp_resource());
+    let hcp: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedControlPlane",
+        "metadata": {"name": name, "annotations": {"hypershift.openshift.io/cluster": format!("{hc_ns}/{name}")}},
+        "spec": {},
+    }))?;
+    match hcps.create(&PostParams::default(), &hcp).await {
+        Ok(_) => {}
+        // not served in this environment: the label is all HyperShift's namespace shows
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => return Err(e.into()),
+    }
     Ok(())
 }
+
+fn hcp_resource() -> ApiResource {
+    ApiResource {
+        group: "hypershift.openshift.io".into(),
+        version: "v1beta1".into(),
+        api_version: "hypershift.openshift.io/v1beta1".into(),
+        kind: "HostedControlPlane".into(),
+        plural: "hostedcontrolplanes".into(),
+    }
+}
+
+/// A stand-in for HyperShift's HostedControlPlane CRD (the fixtures carry only the
+/// HostedCluster and NodePool CRDs): same group, version, kind and scope; schema open.
+const HCP_CRD_STANDIN: &str = r#"{"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+ "metadata": {"name": "hostedcontrolplanes.hypershift.openshift.io"},
+ "spec": {"group": "hypershift.openshift.io", "scope": "Namespaced",
+  "names": {"kind": "HostedControlPlane", "plural": "hostedcontrolplanes", "singular": "hostedcontrolplane", "listKind": "HostedControlPlaneList"},
+  "versions": [{"name": "v1beta1", "served": true, "storage": true,
+    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}}"#;
 
 async fn put_kubeconfig_secret(env: &Environment, name: &str) -> Result<()> {
     put_secret(
@@ -300,25 +356,9 @@ async fn controller_identity(cluster: &Cluster) -> Result<hcp_olm_e2e::cluster::
         }
     }
     // The admission policies that confine the controller's writes.
-    let text = std::fs::read_to_string(repo_file("manifests/controller/admission-policy.yaml"))?;
-    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
-        let v: serde_json::Value = serde::Deserialize::deserialize(doc)?;
-        let kind = v["kind"].as_str().unwrap_or_default().to_string();
-        let plural = match kind.as_str() {
-            "ValidatingAdmissionPolicy" => "validatingadmissionpolicies",
-            "ValidatingAdmissionPolicyBinding" => "validatingadmissionpolicybindings",
-            other => anyhow::bail!("unexpected kind {other:?} in admission-policy.yaml"),
-        };
-        let ar = ApiResource::from_gvk_with_plural(
-            &kube::api::GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", &kind),
-            plural,
-        );
-        let obj: DynamicObject = serde_json::from_value(v)?;
-        Api::<DynamicObject>::all_with(admin.clone(), &ar)
-            .create(&PostParams::default(), &obj)
-            .await
-            .with_context(|| format!("creating {kind} from admission-policy.yaml"))?;
-    }
+    cluster
+        .create_admission_policies(&repo_file("manifests/controller/admission-policy.yaml"))
+        .await?;
     Ok(sa)
 }
 
@@ -2452,5 +2492,133 @@ async fn security_guest_kubeconfig_only_inline_material() -> Result<()> {
     .await?;
     let o = reconcile(&ctx, &env, name).await?;
     ensure!(o.guest_writes > 0, "{o:?}");
+    Ok(())
+}
+
+/// Security (issue 12, hole 4): the HCP namespace is computed as `<namespace>-<name>`, so
+/// `team-a/b` and `team/a-b` name the same one and `openshift/config` names
+/// `openshift-config`. The controller writes only into a namespace HyperShift made for this
+/// HostedCluster (label, and the HostedControlPlane annotated with it); otherwise nothing is
+/// written or pruned there, and a Warning Event `ControlPlaneNamespaceNotOwned` lands on the
+/// HostedCluster.
+#[tokio::test]
+async fn security_hcp_namespace_must_belong_to_the_hosted_cluster() -> Result<()> {
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    let crd: serde_json::Value = serde_json::from_str(HCP_CRD_STANDIN)?;
+    let dir = tempfile::tempdir()?;
+    let crd_file = dir.path().join("hcp-crd.yaml");
+    std::fs::write(&crd_file, serde_yaml_ng::to_string(&crd)?)?;
+    env.management.install_crds(&[crd_file]).await?;
+    let ctx = ctx(controller_client(&env).await?);
+    for ns in ["team-a", "team", "openshift"] {
+        env.management.ensure_namespace(ns).await?;
+        put_secret(
+            &env.management,
+            ns,
+            "kc",
+            "kubeconfig",
+            std::fs::read(env.guest.kubeconfig())?,
+        )
+        .await?;
+    }
+    // team-a/b is HyperShift's owner of team-a-b; team/a-b computes the same name.
+    create_hc_ns(
+        &env.management,
+        "team-a",
+        "b",
+        "kc",
+        serde_json::json!({}),
+        true,
+    )
+    .await?;
+    create_hc_ns(
+        &env.management,
+        "team",
+        "a-b",
+        "kc",
+        serde_json::json!({}),
+        false,
+    )
+    .await?;
+    // openshift/config computes openshift-config, a namespace HyperShift never made.
+    env.management.ensure_namespace("openshift-config").await?;
+    create_hc_ns(
+        &env.management,
+        "openshift",
+        "config",
+        "kc",
+        serde_json::json!({}),
+        false,
+    )
+    .await?;
+
+    let reconcile_in = |ns: &'static str, name: &'static str| {
+        let ctx = &ctx;
+        let env = &env;
+        async move {
+            let hc = Api::<HostedCluster>::namespaced(env.management.client(), ns)
+                .get(name)
+                .await?;
+            let o = reconcile_one(ctx, &hc).await?;
+            eprintln!("reconcile {ns}/{name}: {o:?}");
+            Ok::<Outcome, anyhow::Error>(o)
+        }
+    };
+    let owner = reconcile_in("team-a", "b").await?;
+    ensure!(owner.hcp_writes > 0, "the owner was not served: {owner:?}");
+    for (ns, name, hcp_ns) in [
+        ("team", "a-b", "team-a-b"),
+        ("openshift", "config", "openshift-config"),
+    ] {
+        let o = reconcile_in(ns, name).await?;
+        ensure!(
+            o.state == State::Invalid("ControlPlaneNamespaceNotOwned".into()),
+            "{ns}/{name}: {o:?}"
+        );
+        ensure!(o.guest_writes == 0, "{ns}/{name} wrote the guest: {o:?}");
+        // nothing of this HostedCluster's in the namespace, no HostedOLM
+        let sel = selector_for(ns, name)
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        for (ar, _) in hcp_kinds() {
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(env.management.client(), hcp_ns, &ar);
+            if let Ok(l) = api.list_metadata(&ListParams::default().labels(&sel)).await {
+                ensure!(
+                    l.items.is_empty(),
+                    "{ns}/{name} wrote {} into {hcp_ns}",
+                    ar.kind
+                );
+            }
+        }
+        let holms = Api::<HostedOLM>::namespaced(env.management.client(), hcp_ns)
+            .list(&ListParams::default())
+            .await?;
+        ensure!(
+            holms
+                .items
+                .iter()
+                .all(|h| h.metadata.name.as_deref() != Some(name)),
+            "{ns}/{name} created its HostedOLM in {hcp_ns}"
+        );
+        let evs =
+            Api::<k8s_openapi::api::events::v1::Event>::namespaced(env.management.client(), ns)
+                .list(&ListParams::default())
+                .await?;
+        ensure!(
+            evs.items.iter().any(
+                |e| e.reason.as_deref() == Some("ControlPlaneNamespaceNotOwned")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                    && e.note.as_deref().is_some_and(|n| n.contains(hcp_ns))
+            ),
+            "{ns}/{name}: no ControlPlaneNamespaceNotOwned event"
+        );
+    }
+    // The owner is untouched by the others' passes and still converged.
+    let again = reconcile_in("team-a", "b").await?;
+    ensure!(again.hcp_writes == 0, "{again:?}");
     Ok(())
 }

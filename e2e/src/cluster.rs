@@ -33,6 +33,8 @@ pub enum ClusterError {
     },
     #[error("{what}: {source}")]
     Kube { what: String, source: kube::Error },
+    #[error("{0}")]
+    Setup(String),
     #[error("{component} of cluster `{cluster}` {problem}; last log lines:\n{log}")]
     NotReady {
         cluster: String,
@@ -458,6 +460,56 @@ impl Cluster {
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
             Err(e) => Err(kube_err(format!("creating namespace {ns}"))(e)),
         }
+    }
+
+    /// Creates the ValidatingAdmissionPolicies and bindings in the YAML file at `path`
+    /// (`manifests/controller/admission-policy.yaml`).
+    pub async fn create_admission_policies(&self, path: &Path) -> Result<(), ClusterError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ClusterError::Setup(format!("{}: {e}", path.display())))?;
+        for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+            let v: serde_json::Value = serde::Deserialize::deserialize(doc)
+                .map_err(|e| ClusterError::Setup(format!("{}: {e}", path.display())))?;
+            let kind = v["kind"].as_str().unwrap_or_default().to_string();
+            let plural = match kind.as_str() {
+                "ValidatingAdmissionPolicy" => "validatingadmissionpolicies",
+                "ValidatingAdmissionPolicyBinding" => "validatingadmissionpolicybindings",
+                other => {
+                    return Err(ClusterError::Setup(format!(
+                        "{}: unexpected kind {other:?}",
+                        path.display()
+                    )));
+                }
+            };
+            let ar = kube::api::ApiResource::from_gvk_with_plural(
+                &kube::api::GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", &kind),
+                plural,
+            );
+            let obj: kube::api::DynamicObject = serde_json::from_value(v)
+                .map_err(|e| ClusterError::Setup(format!("{}: {e}", path.display())))?;
+            Api::<kube::api::DynamicObject>::all_with(self.client(), &ar)
+                .create(&PostParams::default(), &obj)
+                .await
+                .map_err(kube_err(format!("creating {kind} from {}", path.display())))?;
+        }
+        Ok(())
+    }
+
+    /// A hosted control plane namespace as HyperShift makes it: `ns` with the label
+    /// `hypershift.openshift.io/hosted-control-plane` (the controller writes only into
+    /// namespaces that carry it).
+    pub async fn ensure_hcp_namespace(&self, ns: &str) -> Result<(), ClusterError> {
+        self.ensure_namespace(ns).await?;
+        let nss: Api<Namespace> = Api::all(self.client());
+        nss.patch(
+            ns,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"labels": {
+                "hypershift.openshift.io/hosted-control-plane": "true"}}})),
+        )
+        .await
+        .map_err(kube_err(format!("labelling namespace {ns}")))?;
+        Ok(())
     }
 
     /// Write requests (POST, PUT, PATCH, server-side APPLY, DELETE) the API server itself has

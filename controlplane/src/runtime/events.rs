@@ -141,6 +141,25 @@ impl Events {
     }
 }
 
+impl Events {
+    /// One Warning event on the HostedCluster (for problems that leave no HostedOLM to
+    /// report on, such as an HCP namespace that is not this HostedCluster's).
+    pub async fn warn_hosted_cluster(&self, hc: &HostedCluster, reason: &str, note: &str) {
+        let mut note = note.to_string();
+        truncate_note(&mut note);
+        let ev = Event {
+            type_: EventType::Warning,
+            reason: reason.into(),
+            note: Some(note),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &hc.object_ref(&())).await {
+            tracing::warn!(%reason, error = %e, "cannot publish event");
+        }
+    }
+}
+
 /// The HostedCluster's copy of a transition: the note says which HostedOLM it is about,
 /// within the 1 kB limit.
 pub fn for_hosted_cluster(t: &Transition, holm: &str) -> Transition {

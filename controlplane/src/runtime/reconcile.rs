@@ -358,6 +358,96 @@ async fn ensure_finalizer(ctx: &Context, hc: &HostedCluster, add: bool) -> Resul
     Ok(true)
 }
 
+/// HyperShift's label on every HCP namespace it makes.
+pub const HCP_NAMESPACE_LABEL: &str = "hypershift.openshift.io/hosted-control-plane";
+/// HyperShift's annotation on the HostedControlPlane: `<namespace>/<name>` of its
+/// HostedCluster.
+pub const HOSTED_CLUSTER_ANNOTATION: &str = "hypershift.openshift.io/cluster";
+
+/// Whether the computed HCP namespace is this HostedCluster's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ownership {
+    Owned,
+    /// No such namespace (yet).
+    NoNamespace,
+    /// HyperShift has not created the HostedControlPlane in it yet.
+    WaitingForHostedControlPlane,
+    /// Someone else's: the message says why.
+    NotOwned(String),
+}
+
+/// `<namespace>-<name>` is ambiguous (`team-a/b` and `team/a-b`; `openshift/config` is
+/// `openshift-config`): a namespace is this HostedCluster's only when it carries HyperShift's
+/// HCP label and, where the HostedControlPlane kind is served, holds a HostedControlPlane
+/// annotated with this HostedCluster.
+pub async fn hcp_namespace_ownership(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    hcp_ns: &str,
+) -> Result<Ownership, Error> {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let Some(live) = namespaces
+        .get_metadata_opt(hcp_ns)
+        .await
+        .map_err(kube_err(format!("reading Namespace {hcp_ns}")))?
+    else {
+        return Ok(Ownership::NoNamespace);
+    };
+    let labelled = live
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(HCP_NAMESPACE_LABEL));
+    if !labelled {
+        return Ok(Ownership::NotOwned(format!(
+            "namespace {hcp_ns} (computed from HostedCluster {ns}/{name}) does not carry HyperShift's label {HCP_NAMESPACE_LABEL}: it is not a hosted control plane namespace, so nothing is written there"
+        )));
+    }
+    let hcps: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        hcp_ns,
+        &api_resource(
+            "hypershift.openshift.io/v1beta1",
+            "HostedControlPlane",
+            "hostedcontrolplanes",
+        ),
+    );
+    let list = match hcps.list_metadata(&ListParams::default().limit(50)).await {
+        Ok(l) => l,
+        // The kind is not served: the label is all there is to check.
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Ownership::Owned),
+        Err(e) => {
+            return Err(kube_err(format!("listing HostedControlPlanes in {hcp_ns}"))(e));
+        }
+    };
+    let want = format!("{ns}/{name}");
+    let owners: Vec<String> = list
+        .items
+        .iter()
+        .filter_map(|h| {
+            h.metadata
+                .annotations
+                .as_ref()?
+                .get(HOSTED_CLUSTER_ANNOTATION)
+                .cloned()
+        })
+        .collect();
+    if owners.contains(&want) {
+        Ok(Ownership::Owned)
+    } else if list.items.is_empty() {
+        Ok(Ownership::WaitingForHostedControlPlane)
+    } else {
+        Ok(Ownership::NotOwned(format!(
+            "namespace {hcp_ns} (computed from HostedCluster {want}) holds the hosted control plane of {}: nothing is written there",
+            owners
+                .first()
+                .map(String::as_str)
+                .unwrap_or("another HostedCluster")
+        )))
+    }
+}
+
 async fn ensure_hosted_olm(
     ctx: &Context,
     ns: &str,
@@ -461,6 +551,30 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
         return cleanup(ctx, hc).await;
     }
     let (ns, name, hcp_ns) = identity(hc)?;
+    // Before any write anywhere: is the computed HCP namespace this HostedCluster's?
+    match hcp_namespace_ownership(&ctx.client, &ns, &name, &hcp_ns).await? {
+        Ownership::Owned => {}
+        Ownership::NoNamespace => {}
+        Ownership::WaitingForHostedControlPlane => {
+            return Ok(Outcome::new(
+                State::Waiting("WaitingForHostedControlPlane".into()),
+                ctx.schedule.waiting,
+            ));
+        }
+        Ownership::NotOwned(why) => {
+            tracing::warn!(cluster = %format!("{ns}/{name}"), namespace = %hcp_ns, "{why}");
+            if let Some(events) = &ctx.events {
+                events
+                    .warn_hosted_cluster(hc, "ControlPlaneNamespaceNotOwned", &why)
+                    .await;
+            }
+            // a lasting condition: look again at the resync interval, not every 30 s
+            return Ok(Outcome::new(
+                State::Invalid("ControlPlaneNamespaceNotOwned".into()),
+                ctx.schedule.resync,
+            ));
+        }
+    }
     let mut hcp_writes = usize::from(ensure_finalizer(ctx, hc, true).await?);
 
     let Some((holm, created)) = ensure_hosted_olm(ctx, &ns, &name, &hcp_ns).await? else {
@@ -1103,18 +1217,24 @@ pub async fn cleanup(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error
             "guest unreachable during cleanup; leaving guest objects"
         ),
     }
-    let r = Applier::new(ctx.client.clone(), FIELD_MANAGER)
-        .prune(&hcp_kinds(), Some(&hcp_ns), &selector, &[])
-        .await;
-    out.hcp_writes = writes(&r);
-    if let Some(e) = report_error("management", &r) {
-        return Err(e);
-    }
-    let holms: Api<HostedOLM> = Api::namespaced(ctx.client.clone(), &hcp_ns);
-    match holms.delete(&name, &Default::default()).await {
-        Ok(_) => out.hcp_writes += 1,
-        Err(kube::Error::Api(s)) if s.code == 404 => {}
-        Err(e) => return Err(kube_err(format!("deleting HostedOLM {hcp_ns}/{name}"))(e)),
+    let owned = matches!(
+        hcp_namespace_ownership(&ctx.client, &ns, &name, &hcp_ns).await?,
+        Ownership::Owned | Ownership::WaitingForHostedControlPlane
+    );
+    if owned {
+        let r = Applier::new(ctx.client.clone(), FIELD_MANAGER)
+            .prune(&hcp_kinds(), Some(&hcp_ns), &selector, &[])
+            .await;
+        out.hcp_writes = writes(&r);
+        if let Some(e) = report_error("management", &r) {
+            return Err(e);
+        }
+        let holms: Api<HostedOLM> = Api::namespaced(ctx.client.clone(), &hcp_ns);
+        match holms.delete(&name, &Default::default()).await {
+            Ok(_) => out.hcp_writes += 1,
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(kube_err(format!("deleting HostedOLM {hcp_ns}/{name}"))(e)),
+        }
     }
     out.hcp_writes += usize::from(ensure_finalizer(ctx, hc, false).await?);
     tracing::info!(cluster = %format!("{ns}/{name}"), hcp = out.hcp_writes, guest = out.guest_writes, "cleaned up");

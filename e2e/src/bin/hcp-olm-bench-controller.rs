@@ -340,7 +340,8 @@ async fn create_hosted_cluster(
     Api::<Secret>::namespaced(mgmt.client(), HC_NS)
         .create(&PostParams::default(), &s)
         .await?;
-    mgmt.ensure_namespace(&format!("{HC_NS}-{name}")).await?;
+    mgmt.ensure_hcp_namespace(&format!("{HC_NS}-{name}"))
+        .await?;
     let mut v = template.clone();
     v["metadata"]["name"] = name.clone().into();
     let obj: DynamicObject = serde_json::from_value(v)?;

@@ -383,7 +383,7 @@ async fn setup_crds(env: &Environment) -> Result<()> {
         env.guest.ensure_namespace(ns).await?;
     }
     env.management.ensure_namespace(HC_NS).await?;
-    env.management.ensure_namespace(HCP_NS).await?;
+    env.management.ensure_hcp_namespace(HCP_NS).await?;
     Ok(())
 }
 
@@ -430,7 +430,7 @@ async fn create_hc(env: &Environment, node_address: Ipv4Addr) -> Result<()> {
     Ok(())
 }
 
-/// The controller's ServiceAccount with the ClusterRole from manifests/.
+/// The controller's ServiceAccount with the ClusterRole and admission policies from manifests/.
 async fn controller_kubeconfig(env: &Environment) -> Result<PathBuf> {
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
     let sa = env
@@ -453,6 +453,10 @@ async fn controller_kubeconfig(env: &Environment) -> Result<PathBuf> {
     )?)?;
     Api::<ClusterRoleBinding>::all(admin)
         .create(&PostParams::default(), &binding)
+        .await?;
+    // ... and under the admission policies that confine its writes to HCP namespaces.
+    env.management
+        .create_admission_policies(&repo_file("manifests/controller/admission-policy.yaml"))
         .await?;
     Ok(sa.kubeconfig)
 }
