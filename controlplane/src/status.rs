@@ -29,6 +29,26 @@ fn cond(
     }
 }
 
+/// Sets `Degraded=True` with `reason` (replacing any Degraded condition), other conditions
+/// as they were.
+pub fn set_degraded(
+    conditions: &mut Vec<Condition>,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: &Time,
+) {
+    conditions.retain(|c| c.type_ != DEGRADED);
+    conditions.push(cond(
+        DEGRADED,
+        true,
+        reason,
+        message.to_string(),
+        generation,
+        now,
+    ));
+}
+
 /// Degraded/Progressing from validation problems (render did not run).
 pub fn conditions_from_validation(
     errs: &[ConditionReason],

@@ -2622,3 +2622,67 @@ async fn security_hcp_namespace_must_belong_to_the_hosted_cluster() -> Result<()
     ensure!(again.hcp_writes == 0, "{again:?}");
     Ok(())
 }
+
+/// Security (issue 12, hole 8): a corrupt `hcp-olm-tunnel-keys` Secret (whoever can write
+/// the HCP namespace, or a bad restore) must not make the controller render fresh keys on
+/// every pass, breaking the tunnel each time: `Degraded TunnelKeysInvalid`, the last good
+/// rendered tunnel configs stay as they are, nothing churns.
+#[tokio::test]
+async fn security_corrupt_tunnel_keys_keep_the_last_good_keys() -> Result<()> {
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    let ctx = ctx(controller_client(&env).await?);
+    let name = "keys";
+    let hcp_ns = format!("{HC_NS}-{name}");
+    put_kubeconfig_secret(&env, "keys-kubeconfig").await?;
+    create_hc(&env, name, "keys-kubeconfig").await?;
+    reconcile(&ctx, &env, name).await?;
+    reconcile(&ctx, &env, name).await?;
+    let rendered = || async {
+        let gw = Api::<Secret>::namespaced(env.management.client(), &hcp_ns)
+            .get("hcp-olm-tunnel-gateway")
+            .await?
+            .data;
+        let agent = Api::<Secret>::namespaced(env.guest.client(), "hcp-olm")
+            .get("hcp-olm-guest-agent-peer")
+            .await?
+            .data;
+        Ok::<_, anyhow::Error>((gw, agent))
+    };
+    let good = rendered().await?;
+    Api::<Secret>::namespaced(env.management.client(), &hcp_ns)
+        .patch(
+            "hcp-olm-tunnel-keys",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"data": {"gateway-private-key": "bm90IGEga2V5", "agent-private-key": null}})),
+        )
+        .await?;
+    for pass in 0..2 {
+        let o = reconcile(&ctx, &env, name).await?;
+        ensure!(
+            rendered().await? == good,
+            "pass {pass}: the rendered tunnel configs changed ({o:?})"
+        );
+        ensure!(
+            holm_condition(&env, name, "Degraded").await?
+                == Some(("True".into(), "TunnelKeysInvalid".into())),
+            "pass {pass}: {:?}",
+            holm_condition(&env, name, "Degraded").await?
+        );
+    }
+    // Deleting the corrupt Secret is the remedy: fresh keys, Degraded clears.
+    Api::<Secret>::namespaced(env.management.client(), &hcp_ns)
+        .delete("hcp-olm-tunnel-keys", &Default::default())
+        .await?;
+    reconcile(&ctx, &env, name).await?;
+    reconcile(&ctx, &env, name).await?;
+    ensure!(
+        rendered().await? != good,
+        "no fresh keys after the Secret was deleted"
+    );
+    ensure!(
+        holm_condition(&env, name, "Degraded").await?.map(|d| d.0) == Some("False".into()),
+        "still Degraded"
+    );
+    Ok(())
+}

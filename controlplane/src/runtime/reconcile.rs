@@ -662,7 +662,30 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
     .await;
     let (pki, _issued) = secrets::pki(&ctx.client, &valid, now).await?;
     let (mut tunnel, new_keys) =
-        secrets::tunnel_keys(&ctx.client, &valid, now, ctx.schedule.key_propagation).await?;
+        match secrets::tunnel_keys(&ctx.client, &valid, now, ctx.schedule.key_propagation).await {
+            Ok(k) => k,
+            Err(Error::Keys(msg)) => {
+                // Nothing is applied: the live tunnel configs keep the last good keys.
+                tracing::warn!(cluster = %valid.cluster.key(), "{msg}");
+                let mut st = holm.status.clone().unwrap_or_default();
+                st.observed_generation = generation;
+                crate::status::set_degraded(
+                    &mut st.conditions,
+                    "TunnelKeysInvalid",
+                    &msg,
+                    generation,
+                    &now_t,
+                );
+                let mut o = Outcome::new(
+                    State::Invalid("TunnelKeysInvalid".into()),
+                    ctx.schedule.resync,
+                );
+                o.status_written = write_status(ctx, hc, &holm, st).await?;
+                o.hcp_writes = hcp_writes;
+                return Ok(o);
+            }
+            Err(e) => return Err(e),
+        };
     // The gateway's endpoint as far as the live Service tells (checked again after the
     // HCP objects are applied, so a new Service's node port reaches the guest at once).
     set_endpoint(

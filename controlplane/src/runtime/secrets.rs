@@ -335,13 +335,14 @@ pub async fn tunnel_keys(
                 (next, None)
             }
         }
-        (_, stored) => {
-            if stored.is_some() {
-                tracing::warn!(
-                    namespace = %ns,
-                    "tunnel keys Secret is unreadable; generating new keys"
-                );
-            }
+        (None, Some(_)) => {
+            // Never replace keys we cannot read: fresh keys on every pass would break the
+            // tunnel each time. The caller reports it and keeps the last good render.
+            return Err(Error::Keys(format!(
+                "Secret {ns}/{TUNNEL_KEYS_SECRET} exists but does not hold two 32-byte base64 keys ({GATEWAY_KEY}, {AGENT_KEY}); the tunnel keeps its last good keys. Restore the Secret, or delete it to generate new keys (the agent reconnects)"
+            )));
+        }
+        (_, None) => {
             let current = KeyPairs {
                 gateway: new_private_key()?,
                 agent: new_private_key()?,
