@@ -164,6 +164,9 @@ pub struct InstalledOperator {
 
 /// `Upgradeable`: False, naming the operators, when an installed CSV's
 /// `olm.maxOpenShiftVersion` is below the next minor of `current`, or unparsable.
+/// Operators named in the `Upgradeable` message; the rest are counted.
+const SHOWN: usize = 5;
+
 pub fn upgradeable(
     current: &semver::Version,
     installed: &[InstalledOperator],
@@ -195,17 +198,27 @@ pub fn upgradeable(
             now,
         );
     }
+    // Bounded: a count and the first few names, however many CSVs the guest holds.
+    let some = |v: &[String]| {
+        let shown = v.iter().take(SHOWN).cloned().collect::<Vec<_>>().join(", ");
+        match v.len().saturating_sub(SHOWN) {
+            0 => shown,
+            more => format!("{shown} and {more} more"),
+        }
+    };
     let mut parts = Vec::new();
     if !blocking.is_empty() {
         parts.push(format!(
-            "operators not compatible with {next}: {}",
-            blocking.join(", ")
+            "{} operators not compatible with {next}: {}",
+            blocking.len(),
+            some(&blocking)
         ));
     }
     if !invalid.is_empty() {
         parts.push(format!(
-            "operators with an invalid olm.maxOpenShiftVersion: {}",
-            invalid.join(", ")
+            "{} operators with an invalid olm.maxOpenShiftVersion: {}",
+            invalid.len(),
+            some(&invalid)
         ));
     }
     let reason = if blocking.is_empty() {
@@ -337,5 +350,20 @@ mod tests {
         let bad = upgradeable(&v, &[op("x", Some("soon"))], None, &now());
         assert_eq!(bad.status, "False");
         assert_eq!(bad.reason, "InvalidMaxOpenShiftVersion");
+    }
+
+    #[test]
+    fn upgradeable_message_is_bounded() {
+        let v = semver::Version::new(4, 18, 3);
+        let many: Vec<InstalledOperator> = (0..20_000)
+            .map(|i| op(&format!("op-{i:05}.v1.0.0"), Some("4.18")))
+            .collect();
+        let c = upgradeable(&v, &many, None, &now());
+        assert!(c.message.len() < 400, "{} bytes", c.message.len());
+        assert!(
+            c.message
+                .starts_with("20000 operators not compatible with 4.19: ns/op-00000.v1.0.0")
+        );
+        assert!(c.message.ends_with("and 19995 more"), "{}", c.message);
     }
 }

@@ -2686,3 +2686,78 @@ async fn security_corrupt_tunnel_keys_keep_the_last_good_keys() -> Result<()> {
     );
     Ok(())
 }
+
+/// Security (issue 12, hole 6c): a guest user can create any number of CSVs. The controller
+/// reads their metadata a page at a time and the `Upgradeable` message stays bounded (a
+/// count and the first few names), with 20,000 CSVs that each block the next minor.
+#[tokio::test]
+async fn security_many_guest_csvs_keep_upgradeable_bounded() -> Result<()> {
+    use futures::StreamExt;
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    let ctx = ctx(controller_client(&env).await?);
+    let name = "csvs";
+    put_kubeconfig_secret(&env, "csvs-kubeconfig").await?;
+    create_hc(&env, name, "csvs-kubeconfig").await?;
+    env.guest.ensure_namespace("tenant").await?;
+    let ar = ApiResource {
+        group: "operators.coreos.com".into(),
+        version: "v1alpha1".into(),
+        api_version: "operators.coreos.com/v1alpha1".into(),
+        kind: "ClusterServiceVersion".into(),
+        plural: "clusterserviceversions".into(),
+    };
+    let api: Api<DynamicObject> = Api::namespaced_with(env.guest.client(), "tenant", &ar);
+    const N: usize = 20_000;
+    let started = std::time::Instant::now();
+    let created = futures::stream::iter(0..N)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                let csv: DynamicObject = serde_json::from_value(serde_json::json!({
+                    "apiVersion": "operators.coreos.com/v1alpha1", "kind": "ClusterServiceVersion",
+                    "metadata": {"name": format!("op-{i:05}.v1.0.0"), "annotations": {
+                        "operatorframework.io/properties":
+                            r#"{"properties":[{"type":"olm.maxOpenShiftVersion","value":"4.18"}]}"#}},
+                    "spec": {"displayName": "x", "install": {"strategy": "deployment"}},
+                }))?;
+                api.create(&PostParams::default(), &csv).await?;
+                Ok::<(), anyhow::Error>(())
+            }
+        })
+        .buffer_unordered(16)
+        .fold(Ok(0usize), |acc, r| async move { acc.and_then(|n| r.map(|()| n + 1)) })
+        .await?;
+    eprintln!("created {created} CSVs in {:?}", started.elapsed());
+    reconcile(&ctx, &env, name).await?;
+    let started = std::time::Instant::now();
+    reconcile(&ctx, &env, name).await?;
+    eprintln!("reconcile with {N} CSVs: {:?}", started.elapsed());
+    let holm = holm_of(&env, name).await?;
+    let up = condition(&holm, "Upgradeable").context("Upgradeable")?;
+    eprintln!(
+        "Upgradeable {} {}: {} ({} bytes)",
+        up.status,
+        up.reason,
+        up.message,
+        up.message.len()
+    );
+    ensure!(up.status == "False" && up.reason == "IncompatibleOperatorsInstalled");
+    ensure!(
+        up.message.len() <= 1024,
+        "message of {} bytes",
+        up.message.len()
+    );
+    ensure!(
+        up.message
+            .contains(&format!("{N} operators not compatible")),
+        "{}",
+        up.message
+    );
+    ensure!(
+        up.message.contains("tenant/op-00000.v1.0.0"),
+        "{}",
+        up.message
+    );
+    Ok(())
+}

@@ -547,8 +547,14 @@ fn writes(r: &Report) -> usize {
 
 /// Reconcile one HostedCluster: everything of ours in its HCP namespace and its guest.
 pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error> {
+    // On the heap: the whole pass is a large state machine (debug builds especially), and
+    // whoever awaits it (a test's block_on, a 2 MiB worker thread) keeps only a pointer.
+    Box::pin(reconcile_pass(ctx, hc)).await
+}
+
+async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error> {
     if hc.metadata.deletion_timestamp.is_some() {
-        return cleanup(ctx, hc).await;
+        return Box::pin(cleanup(ctx, hc)).await;
     }
     let (ns, name, hcp_ns) = identity(hc)?;
     // Before any write anywhere: is the computed HCP namespace this HostedCluster's?
@@ -958,6 +964,14 @@ async fn read_guest_catalog_sources(
 }
 
 /// Installed CSVs and their `olm.maxOpenShiftVersion` property.
+/// CSVs read per page, and the most installed operators tracked for `Upgradeable` (a guest
+/// user can create any number of CSVs; only metadata is read, a page at a time, and at most
+/// this many entries of ~100 bytes are kept: CSVs past them are not examined).
+const CSV_PAGE: u32 = 500;
+const MAX_TRACKED_OPERATORS: usize = 50_000;
+
+/// Installed operators that declare `olm.maxOpenShiftVersion` (the others cannot block an
+/// upgrade), from the guest's CSV metadata, paged; at most [`MAX_TRACKED_OPERATORS`].
 async fn read_installed_operators(guest: &kube::Client) -> Vec<InstalledOperator> {
     let ar = api_resource(
         "operators.coreos.com/v1alpha1",
@@ -965,19 +979,21 @@ async fn read_installed_operators(guest: &kube::Client) -> Vec<InstalledOperator
         "clusterserviceversions",
     );
     let api: Api<DynamicObject> = Api::all_with(guest.clone(), &ar);
-    let Ok(list) = api.list(&ListParams::default()).await else {
-        return Vec::new();
-    };
-    list.items
-        .into_iter()
-        .filter(|o| {
+    let mut out = Vec::new();
+    let mut lp = ListParams::default().limit(CSV_PAGE);
+    loop {
+        let Ok(page) = api.list_metadata(&lp).await else {
+            return out;
+        };
+        for o in page.items {
             // Copied CSVs (olm.copiedFrom) are not separate installs.
-            !o.metadata
+            if o.metadata
                 .labels
                 .as_ref()
                 .is_some_and(|l| l.contains_key("olm.copiedFrom"))
-        })
-        .map(|o| {
+            {
+                continue;
+            }
             let max = o
                 .metadata
                 .annotations
@@ -992,13 +1008,23 @@ async fn read_installed_operators(guest: &kube::Client) -> Vec<InstalledOperator
                         })
                     })
                 });
-            InstalledOperator {
+            if max.is_none() {
+                continue;
+            }
+            if out.len() == MAX_TRACKED_OPERATORS {
+                return out;
+            }
+            out.push(InstalledOperator {
                 namespace: o.metadata.namespace.clone().unwrap_or_default(),
                 csv: o.metadata.name.clone().unwrap_or_default(),
                 max_openshift_version: max,
-            }
-        })
-        .collect()
+            });
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(c) => lp = lp.continue_token(&c),
+            None => return out,
+        }
+    }
 }
 
 /// Availability of a rendered Deployment from its live status (pure).
