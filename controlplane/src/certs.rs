@@ -30,12 +30,24 @@ pub enum CertError {
 }
 
 /// A certificate with its key and validity window.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct CertMaterial {
     pub cert_pem: String,
     pub key_pem: String,
     pub not_before: OffsetDateTime,
     pub not_after: OffsetDateTime,
+}
+
+/// The private key never appears in Debug output (logs, panics, error chains).
+impl std::fmt::Debug for CertMaterial {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CertMaterial")
+            .field("cert_pem", &self.cert_pem)
+            .field("key_pem", &"<redacted>")
+            .field("not_before", &self.not_before)
+            .field("not_after", &self.not_after)
+            .finish()
+    }
 }
 
 /// Generate a new ECDSA P-256 key (PKCS#8 PEM). The only non-pure function here.
@@ -149,10 +161,9 @@ pub fn issue_serving_cert(
         KeyUsagePurpose::DigitalSignature,
         KeyUsagePurpose::KeyEncipherment,
     ];
-    p.extended_key_usages = vec![
-        ExtendedKeyUsagePurpose::ServerAuth,
-        ExtendedKeyUsagePurpose::ClientAuth,
-    ];
+    // Serving only: a serving certificate that could also authenticate as a client
+    // would let whoever holds its key log in wherever our CA is trusted for clients.
+    p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     let not_before = now - BACKDATE;
     let not_after = (now + validity).min(ca.not_after);
     p.not_before = not_before;
@@ -351,6 +362,12 @@ mod tests {
             })
             .collect();
         assert_eq!(names, sans);
+        // serving only: no client authentication with this certificate
+        let eku = srv_x.extended_key_usage().unwrap().unwrap().value;
+        assert!(eku.server_auth && !eku.client_auth, "{eku:?}");
+        // the key never shows in Debug output
+        assert!(!format!("{srv:?}").contains(srv.key_pem.trim()));
+        assert!(!format!("{srv:?}").contains("PRIVATE KEY"));
         assert_eq!(
             srv_x.validity().not_after.timestamp(),
             (now + SERVING_VALIDITY).unix_timestamp()

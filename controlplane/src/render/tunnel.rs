@@ -6,7 +6,7 @@ use crate::catalogs::DefaultCatalog;
 
 /// WireGuard keys (base64, as `wg genkey`/`wg pubkey` print them) and the gateway's
 /// externally reachable endpoint (`host:port`, from its Service once known).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct TunnelKeys {
     pub gateway_private_key: String,
     pub gateway_public_key: String,
@@ -27,6 +27,32 @@ pub struct TunnelKeys {
     /// Why `gateway_endpoint` is None, when the runtime looked (None in offline
     /// renders: the Service has not been read).
     pub gateway_endpoint_wait: Option<EndpointWait>,
+}
+
+/// Private keys never appear in Debug output (logs, panics, error chains).
+impl std::fmt::Debug for TunnelKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let redacted = |k: &str| if k.is_empty() { "" } else { "<redacted>" };
+        f.debug_struct("TunnelKeys")
+            .field("gateway_private_key", &redacted(&self.gateway_private_key))
+            .field("gateway_public_key", &self.gateway_public_key)
+            .field("agent_private_key", &redacted(&self.agent_private_key))
+            .field("agent_public_key", &self.agent_public_key)
+            .field(
+                "gateway_extra_private_key",
+                &self
+                    .gateway_extra_private_key
+                    .as_ref()
+                    .map(|_| "<redacted>"),
+            )
+            .field("agent_extra_public_key", &self.agent_extra_public_key)
+            .field("rotation_phase", &self.rotation_phase)
+            .field("rotation_token", &self.rotation_token)
+            .field("rotation_recheck", &self.rotation_recheck)
+            .field("gateway_endpoint", &self.gateway_endpoint)
+            .field("gateway_endpoint_wait", &self.gateway_endpoint_wait)
+            .finish()
+    }
 }
 
 /// Why the gateway's endpoint is not known.
@@ -399,5 +425,31 @@ mod tests {
             gateway_endpoint(Some(&lb), "LoadBalancer", None, Some("a")),
             Ok("lb.example.com:51820".into())
         );
+    }
+}
+
+#[cfg(test)]
+mod debug_tests {
+    use super::TunnelKeys;
+
+    #[test]
+    fn private_keys_never_appear_in_debug_output() {
+        let k = TunnelKeys {
+            gateway_private_key: "R0FURVdBWS1QUklWQVRFLUtFWQ==".into(),
+            gateway_public_key: "gw-public".into(),
+            agent_private_key: "QUdFTlQtUFJJVkFURS1LRVk=".into(),
+            agent_public_key: "agent-public".into(),
+            gateway_extra_private_key: Some("TkVYVC1HQVRFV0FZLUtFWQ==".into()),
+            ..Default::default()
+        };
+        let text = format!("{k:?} {k:#?}");
+        for secret in [
+            "R0FURVdBWS1QUklWQVRFLUtFWQ==",
+            "QUdFTlQtUFJJVkFURS1LRVk=",
+            "TkVYVC1HQVRFV0FZLUtFWQ==",
+        ] {
+            assert!(!text.contains(secret), "{text}");
+        }
+        assert!(text.contains("gw-public") && text.contains("agent-public"));
     }
 }
