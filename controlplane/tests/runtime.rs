@@ -21,6 +21,10 @@ use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 
 const HC_NS: &str = "clusters";
+
+/// One test environment (two API servers, a controller) at a time: run side by side on 2
+/// cores, lease renewals and readiness timings of one test starve in another's load.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const OLM_IMAGE: &str = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 
 /// Resources whose writes we count (everything the controller may touch).
@@ -374,6 +378,7 @@ fn ctx(client: kube::Client) -> Context {
 
 #[tokio::test]
 async fn reconcile_converges_prunes_and_cleans_up() -> Result<()> {
+    let _serial = SERIAL.lock().await;
     let env = Environment::start().await?;
     setup(&env).await?;
     let ctx = ctx(controller_client(&env).await?);
@@ -621,6 +626,7 @@ fn http_get(port: u16, path: &str) -> Result<String> {
 /// serves the admin endpoints and exits cleanly on SIGTERM.
 #[tokio::test]
 async fn run_subcommand_reconciles_and_stops_on_sigterm() -> Result<()> {
+    let _serial = SERIAL.lock().await;
     let env = Environment::start().await?;
     setup(&env).await?;
     put_kubeconfig_secret(&env, "example-admin-kubeconfig").await?;
@@ -760,6 +766,7 @@ fn config_hash(d: &Deployment) -> Option<String> {
 /// a new HCP-namespace kubeconfig Secret rolls the OLM pods (config hash).
 #[tokio::test]
 async fn secret_changes_trigger_reconciles() -> Result<()> {
+    let _serial = SERIAL.lock().await;
     use futures::FutureExt;
     use hcp_olm_controlplane::runtime::Schedule;
     use hcp_olm_controlplane::runtime::controller::{RunOptions, run};
@@ -964,6 +971,7 @@ async fn lease_holder(cluster: &Cluster) -> Result<(Option<String>, i32)> {
 /// leader releases the Lease.
 #[tokio::test]
 async fn leader_election_one_leader_and_takeover() -> Result<()> {
+    let _serial = SERIAL.lock().await;
     use hcp_olm_e2e::cluster::ClusterOptions;
     let mgmt = Cluster::start(ClusterOptions::new("management")).await?;
     mgmt.install_crds(&[
@@ -1111,6 +1119,7 @@ async fn leader_election_one_leader_and_takeover() -> Result<()> {
 /// Degraded without disturbing the first.
 #[tokio::test]
 async fn catalog_digests_refresh_from_a_real_registry() -> Result<()> {
+    let _serial = SERIAL.lock().await;
     use hcp_olm_controlplane::runtime::Schedule;
     let env = Environment::start().await?;
     setup(&env).await?;
@@ -1348,6 +1357,7 @@ fn catalog_source_ar() -> ApiResource {
 /// stays converged (0 writes) and not Degraded throughout.
 #[tokio::test]
 async fn spec_changes_converge_and_bad_input_is_contained() -> Result<()> {
+    let _serial = SERIAL.lock().await;
     use hcp_olm_e2e::cluster::ClusterOptions;
     let env = Environment::start().await?;
     let guest2 = Cluster::start(ClusterOptions::new("guest2")).await?;
@@ -1684,6 +1694,7 @@ async fn spec_changes_converge_and_bad_input_is_contained() -> Result<()> {
 /// another replica in; with the permission back, it leads again.
 #[tokio::test]
 async fn leader_steps_down_when_it_cannot_renew() -> Result<()> {
+    let _serial = SERIAL.lock().await;
     use hcp_olm_e2e::cluster::ClusterOptions;
     use k8s_openapi::api::rbac::v1::RoleBinding;
     let mgmt = Cluster::start(ClusterOptions::new("management")).await?;
@@ -1776,6 +1787,7 @@ async fn patch_holm(env: &Environment, name: &str, patch: serde_json::Value) -> 
 /// second pass writes nothing.
 #[tokio::test]
 async fn release_payload_images_and_tunnel_endpoint() -> Result<()> {
+    let _serial = SERIAL.lock().await;
     use hcp_olm_oci::payload::{IMAGE_REFERENCES_PATH, tar_gz};
     let env = Environment::start().await?;
     setup(&env).await?;
@@ -2079,6 +2091,7 @@ fn public_of(private_b64: &str) -> String {
 /// invalid value is Degraded without touching the keys.
 #[tokio::test]
 async fn tunnel_key_rotation_walks_its_phases_without_rolling_pods() -> Result<()> {
+    let _serial = SERIAL.lock().await;
     use hcp_olm_controlplane::runtime::Schedule;
     let env = Environment::start().await?;
     setup(&env).await?;
@@ -2301,6 +2314,7 @@ async fn tunnel_key_rotation_walks_its_phases_without_rolling_pods() -> Result<(
 /// HostedCluster lost the finalizer by hand goes too.
 #[tokio::test]
 async fn uninstall_removes_our_objects_and_releases_hosted_clusters() -> Result<()> {
+    let _serial = SERIAL.lock().await;
     let env = Environment::start().await?;
     setup(&env).await?;
     let ctx = ctx(controller_client(&env).await?);
@@ -2381,6 +2395,7 @@ async fn uninstall_removes_our_objects_and_releases_hosted_clusters() -> Result<
 /// file read, nothing dialled or written in the guest.
 #[tokio::test]
 async fn security_guest_kubeconfig_only_inline_material() -> Result<()> {
+    let _serial = SERIAL.lock().await;
     let env = Environment::start().await?;
     setup(&env).await?;
     let ctx = ctx(controller_client(&env).await?);
@@ -2503,6 +2518,7 @@ async fn security_guest_kubeconfig_only_inline_material() -> Result<()> {
 /// HostedCluster.
 #[tokio::test]
 async fn security_hcp_namespace_must_belong_to_the_hosted_cluster() -> Result<()> {
+    let _serial = SERIAL.lock().await;
     let env = Environment::start().await?;
     setup(&env).await?;
     let crd: serde_json::Value = serde_json::from_str(HCP_CRD_STANDIN)?;
@@ -2629,6 +2645,7 @@ async fn security_hcp_namespace_must_belong_to_the_hosted_cluster() -> Result<()
 /// rendered tunnel configs stay as they are, nothing churns.
 #[tokio::test]
 async fn security_corrupt_tunnel_keys_keep_the_last_good_keys() -> Result<()> {
+    let _serial = SERIAL.lock().await;
     let env = Environment::start().await?;
     setup(&env).await?;
     let ctx = ctx(controller_client(&env).await?);
@@ -2692,6 +2709,7 @@ async fn security_corrupt_tunnel_keys_keep_the_last_good_keys() -> Result<()> {
 /// count and the first few names), with 20,000 CSVs that each block the next minor.
 #[tokio::test]
 async fn security_many_guest_csvs_keep_upgradeable_bounded() -> Result<()> {
+    let _serial = SERIAL.lock().await;
     use futures::StreamExt;
     let env = Environment::start().await?;
     setup(&env).await?;
