@@ -62,6 +62,14 @@ impl DefaultCatalog {
         }
     }
 
+    /// Name of the index image inside its registry namespace (`redhat-operator-index`).
+    pub fn image_name(self) -> &'static str {
+        self.repository()
+            .rsplit_once('/')
+            .map(|(_, n)| n)
+            .unwrap_or(self.repository())
+    }
+
     pub fn display_name(self) -> &'static str {
         match self {
             DefaultCatalog::RedhatOperators => "Red Hat Operators",
@@ -157,39 +165,86 @@ pub struct RegistryOverride {
     pub mirror: String,
 }
 
-/// Apply the longest matching prefix override (on a path-segment boundary).
-pub fn apply_registry_overrides(image: &str, overrides: &[RegistryOverride]) -> String {
-    overrides
+/// The registry and namespace of the default catalogs (`registry.redhat.io/redhat`).
+pub const DEFAULT_CATALOG_REGISTRY: &str = "registry.redhat.io/redhat";
+const RH_REGISTRY: &str = "registry.redhat.io";
+const RH_NAMESPACE: &str = "redhat";
+
+/// The newest catalog minor HyperShift uses (its `maxCatalogVersion`): a newer release
+/// takes this minor's catalogs, falling back from there.
+pub const HYPERSHIFT_MAX_CATALOG_VERSION: MinorVersion = MinorVersion {
+    major: 4,
+    minor: 22,
+};
+
+/// Parse HyperShift's `source=mirror,source2=mirror2` annotation as HyperShift does
+/// (`support/util.ConvertImageRegistryOverrideStringToMap`): pairs split at `,`, each at its
+/// first `=`; a pair without `=` or with an empty side is skipped, not fatal; one source
+/// may name several mirrors, kept in order. Unlike HyperShift, white space around a pair
+/// and its sides is trimmed. Returns the pairs and the skipped pieces (for a warning).
+pub fn parse_registry_overrides(text: &str) -> (Vec<RegistryOverride>, Vec<String>) {
+    let mut pairs = Vec::new();
+    let mut skipped = Vec::new();
+    if text.trim().is_empty() || text.trim() == "=" {
+        return (pairs, skipped);
+    }
+    for piece in text.split(',') {
+        match piece.split_once('=') {
+            Some((s, m)) if !s.trim().is_empty() && !m.trim().is_empty() => {
+                pairs.push(RegistryOverride {
+                    source: s.trim().to_string(),
+                    mirror: m.trim().to_string(),
+                })
+            }
+            _ => skipped.push(piece.to_string()),
+        }
+    }
+    (pairs, skipped)
+}
+
+/// Whether HyperShift applies an override of this source to the default catalogs.
+pub fn applies_to_catalogs(source: &str) -> bool {
+    source == DEFAULT_CATALOG_REGISTRY || source == RH_REGISTRY
+}
+
+/// The registries (with namespace) the default catalogs are looked for in, in order, with
+/// HyperShift's replacement semantics (`support/catalogs.computeCatalogImages`):
+/// `registry.redhat.io/redhat=M` uses `M` as registry and namespace;
+/// `registry.redhat.io=M` uses `M` when it has a path (`quay.io/org`), else `M/redhat`;
+/// other sources do not apply to catalogs. Without any, `registry.redhat.io/redhat`.
+/// (HyperShift's result with both sources depends on Go's map order; this takes the
+/// `registry.redhat.io/redhat` mirrors first, one of its two outcomes.)
+pub fn catalog_registries(overrides: &[RegistryOverride]) -> Vec<String> {
+    let trim = |m: &str| m.trim_end_matches('/').to_string();
+    let mut out: Vec<String> = overrides
         .iter()
-        .filter(|o| {
-            !o.source.is_empty()
-                && image.starts_with(o.source.as_str())
-                && matches!(
-                    image.as_bytes().get(o.source.len()),
-                    Some(b'/' | b':' | b'@') | None
-                )
-        })
-        .max_by_key(|o| o.source.len())
-        .map(|o| format!("{}{}", o.mirror, &image[o.source.len()..]))
-        .unwrap_or_else(|| image.to_string())
-}
-
-/// Parse HyperShift's `src=dst,src2=dst2` override annotation.
-pub fn parse_registry_overrides(text: &str) -> Result<Vec<RegistryOverride>, String> {
-    text.split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|pair| match pair.split_once('=') {
-            Some((s, d)) if !s.trim().is_empty() && !d.trim().is_empty() => Ok(RegistryOverride {
-                source: s.trim().to_string(),
-                mirror: d.trim().to_string(),
+        .filter(|o| o.source == DEFAULT_CATALOG_REGISTRY)
+        .map(|o| trim(&o.mirror))
+        .collect();
+    out.extend(
+        overrides
+            .iter()
+            .filter(|o| o.source == RH_REGISTRY)
+            .map(|o| {
+                let m = trim(&o.mirror);
+                if m.contains('/') {
+                    m
+                } else {
+                    format!("{m}/{RH_NAMESPACE}")
+                }
             }),
-            _ => Err(format!("{pair:?} is not of the form source=mirror")),
-        })
-        .collect()
+    );
+    let mut seen = std::collections::BTreeSet::new();
+    out.retain(|r| !r.is_empty() && seen.insert(r.clone()));
+    if out.is_empty() {
+        out.push(DEFAULT_CATALOG_REGISTRY.to_string());
+    }
+    out
 }
 
-/// The candidate tag references for one catalog, newest first.
+/// The candidate tag references for one catalog, newest first: `count` minors from the
+/// release minor (capped), and within each minor every registry of
+/// [`catalog_registries`] in order.
 pub fn candidates(
     catalog: DefaultCatalog,
     release: MinorVersion,
@@ -201,10 +256,13 @@ pub fn candidates(
         Some(cap) if cap < release => cap,
         _ => release,
     };
-    let mut out = Vec::with_capacity(count);
+    let registries = catalog_registries(overrides);
+    let name = catalog.image_name();
+    let mut out = Vec::with_capacity(count * registries.len());
     for _ in 0..count.max(1) {
-        let image = format!("{}:{}", catalog.repository(), v.tag());
-        out.push((v, apply_registry_overrides(&image, overrides)));
+        for r in &registries {
+            out.push((v, format!("{r}/{name}:{}", v.tag())));
+        }
         match v.previous() {
             Some(p) => v = p,
             None => break,
@@ -313,6 +371,9 @@ pub fn select_image(
     let cands = candidates(catalog, release, cap, count, overrides);
     let first = cands.first().map(|(v, _)| *v);
     let mut tried = Vec::new();
+    // A mirror that refuses our pull secret is passed over like a missing tag (another
+    // mirror may serve it); refused everywhere it is its own reason, not "not found".
+    let mut refused: Option<(String, String)> = None;
     for (version, image) in cands {
         match lookup.lookup(&image) {
             LookupResult::Exists { digest } => {
@@ -330,14 +391,18 @@ pub fn select_image(
             }
             LookupResult::Missing => tried.push(image),
             LookupResult::Unauthorized { registry } => {
-                return Err(CatalogImageError::Unauthorized { image, registry });
+                refused.get_or_insert((image.clone(), registry));
+                tried.push(image);
             }
             LookupResult::Error(message) => {
                 return Err(CatalogImageError::Lookup { image, message });
             }
         }
     }
-    Err(CatalogImageError::NotFound { tried })
+    match refused {
+        Some((image, registry)) => Err(CatalogImageError::Unauthorized { image, registry }),
+        None => Err(CatalogImageError::NotFound { tried }),
+    }
 }
 
 #[cfg(test)]
@@ -500,28 +565,153 @@ mod tests {
         assert_eq!(c.len(), 1);
     }
 
+    /// HyperShift's cases (`support/catalogs/images_test.go` and `support/util`): the
+    /// annotation's pairs, several mirrors per source in order, malformed pairs skipped, and
+    /// the replacement semantics of its two catalog sources.
     #[test]
-    fn registry_overrides_longest_prefix_on_boundary() {
-        let o = parse_registry_overrides(
-            "registry.redhat.io=mirror.example/rh, registry.redhat.io/redhat=mirror.example/idx",
-        )
-        .unwrap();
+    fn registry_overrides_follow_hypershift() {
+        let regs = |text: &str| catalog_registries(&parse_registry_overrides(text).0);
+        let first = |text: &str| {
+            candidates(
+                DefaultCatalog::RedhatOperators,
+                MinorVersion::new(4, 18),
+                None,
+                1,
+                &parse_registry_overrides(text).0,
+            )
+            .into_iter()
+            .map(|(_, i)| i)
+            .collect::<Vec<_>>()
+        };
+        // no overrides: Red Hat's registry
+        assert_eq!(regs(""), ["registry.redhat.io/redhat"]);
+        assert_eq!(regs("="), ["registry.redhat.io/redhat"]);
+        // registry.redhat.io=<host>: the namespace stays redhat
         assert_eq!(
-            apply_registry_overrides(&format!("{RH}:v4.18"), &o),
-            "mirror.example/idx/redhat-operator-index:v4.18"
+            first("registry.redhat.io=mirror.example"),
+            ["mirror.example/redhat/redhat-operator-index:v4.18"]
+        );
+        // registry.redhat.io=<host>/<org>: replaces registry and namespace (was
+        // quay.io/org/redhat/redhat-operator-index before)
+        assert_eq!(
+            first("registry.redhat.io=quay.io/org"),
+            ["quay.io/org/redhat-operator-index:v4.18"]
+        );
+        // registry.redhat.io/redhat=<anything>: used as registry and namespace
+        assert_eq!(
+            first("registry.redhat.io/redhat=mirror.example/idx"),
+            ["mirror.example/idx/redhat-operator-index:v4.18"]
+        );
+        // several mirrors of one source, tried in order within each minor
+        assert_eq!(
+            first("registry.redhat.io/redhat=a.example/x,registry.redhat.io/redhat=b.example/y"),
+            [
+                "a.example/x/redhat-operator-index:v4.18",
+                "b.example/y/redhat-operator-index:v4.18"
+            ]
+        );
+        // both sources: registry.redhat.io/redhat first
+        assert_eq!(
+            regs("registry.redhat.io=c.example,registry.redhat.io/redhat=a.example/x"),
+            ["a.example/x", "c.example/redhat"]
+        );
+        // other sources do not apply to catalogs
+        assert_eq!(
+            regs("quay.io=mirror.example"),
+            ["registry.redhat.io/redhat"]
+        );
+        assert!(!applies_to_catalogs("registry.redhat.io.evil"));
+        // malformed pairs are skipped, the good ones kept
+        let (pairs, skipped) = parse_registry_overrides(
+            "nonsense,=x,registry.redhat.io=,registry.redhat.io=m.example",
         );
         assert_eq!(
-            apply_registry_overrides("registry.redhat.io.evil/x:1", &o),
-            "registry.redhat.io.evil/x:1"
+            pairs,
+            [RegistryOverride {
+                source: "registry.redhat.io".into(),
+                mirror: "m.example".into()
+            }]
         );
-        assert!(parse_registry_overrides("nonsense").is_err());
+        assert_eq!(skipped, ["nonsense", "=x", "registry.redhat.io="]);
+        // a mirror value may itself hold '=' (split at the first)
+        assert_eq!(
+            parse_registry_overrides("registry.redhat.io/redhat=m.example/a=b").0[0].mirror,
+            "m.example/a=b"
+        );
+        // minors × mirrors, newest minor first
         let c = candidates(
+            DefaultCatalog::CertifiedOperators,
+            MinorVersion::new(4, 18),
+            None,
+            2,
+            &parse_registry_overrides(
+                "registry.redhat.io=a.example/o,registry.redhat.io=b.example",
+            )
+            .0,
+        );
+        let c: Vec<&str> = c.iter().map(|(_, i)| i.as_str()).collect();
+        assert_eq!(
+            c,
+            [
+                "a.example/o/certified-operator-index:v4.18",
+                "b.example/redhat/certified-operator-index:v4.18",
+                "a.example/o/certified-operator-index:v4.17",
+                "b.example/redhat/certified-operator-index:v4.17",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_refusing_mirror_is_passed_over_and_refused_everywhere_is_unauthorized() {
+        let o = parse_registry_overrides(
+            "registry.redhat.io/redhat=closed.example/x,registry.redhat.io/redhat=open.example/y",
+        )
+        .0;
+        let refused = |img: &str| LookupResult::Unauthorized {
+            registry: img.split('/').next().unwrap().to_string(),
+        };
+        let l = lookup(&[
+            (
+                "closed.example/x/redhat-operator-index:v4.18",
+                refused("closed.example"),
+            ),
+            (
+                "open.example/y/redhat-operator-index:v4.18",
+                LookupResult::Exists { digest: None },
+            ),
+        ]);
+        let got = select_image(
             DefaultCatalog::RedhatOperators,
             MinorVersion::new(4, 18),
             None,
             1,
             &o,
+            &l,
+        )
+        .unwrap();
+        assert_eq!(got.tag_ref, "open.example/y/redhat-operator-index:v4.18");
+        let l = lookup(&[
+            (
+                "closed.example/x/redhat-operator-index:v4.18",
+                refused("closed.example"),
+            ),
+            (
+                "open.example/y/redhat-operator-index:v4.18",
+                LookupResult::Missing,
+            ),
+        ]);
+        let err = select_image(
+            DefaultCatalog::RedhatOperators,
+            MinorVersion::new(4, 18),
+            None,
+            1,
+            &o,
+            &l,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&err, CatalogImageError::Unauthorized { registry, .. } if registry == "closed.example"),
+            "{err:?}"
         );
-        assert_eq!(c[0].1, "mirror.example/idx/redhat-operator-index:v4.18");
     }
 }

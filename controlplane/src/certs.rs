@@ -27,6 +27,8 @@ pub enum CertError {
     Build(rcgen::Error),
     #[error("validity must be positive")]
     Validity,
+    #[error("no randomness for a certificate serial: {0}")]
+    Random(String),
 }
 
 /// A certificate with its key and validity window.
@@ -64,15 +66,14 @@ fn ca_dn(cluster: &str) -> DistinguishedName {
     dn
 }
 
-fn serial(parts: &[&str]) -> SerialNumber {
-    let mut h = Sha256::new();
-    for p in parts {
-        h.update(p.as_bytes());
-        h.update([0]);
-    }
-    let mut bytes = h.finalize()[..16].to_vec();
+/// A random positive 128-bit serial (RFC 5280 §4.1.2.2: unique per CA; random so that two
+/// certificates issued with the same inputs in the same second never share one).
+fn random_serial() -> Result<SerialNumber, CertError> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(|e| CertError::Random(e.to_string()))?;
     bytes[0] &= 0x7f; // positive
-    SerialNumber::from_slice(&bytes)
+    bytes[0] |= 0x40; // and a full 16 octets (no leading zero octet to strip)
+    Ok(SerialNumber::from_slice(&bytes))
 }
 
 fn ca_params(
@@ -80,6 +81,8 @@ fn ca_params(
     not_before: OffsetDateTime,
     not_after: OffsetDateTime,
 ) -> CertificateParams {
+    // No serial here: these parameters also describe the issuer when a serving certificate
+    // is signed, and an issuer is named by its DN and key, not its serial.
     let mut p = CertificateParams::default();
     p.distinguished_name = ca_dn(cluster);
     p.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
@@ -90,11 +93,6 @@ fn ca_params(
     ];
     p.not_before = not_before;
     p.not_after = not_after;
-    p.serial_number = Some(serial(&[
-        cluster,
-        "ca",
-        &not_before.unix_timestamp().to_string(),
-    ]));
     p
 }
 
@@ -111,9 +109,9 @@ pub fn issue_ca(
     let key = KeyPair::from_pem(key_pem).map_err(CertError::Key)?;
     let not_before = now - BACKDATE;
     let not_after = now + validity;
-    let cert = ca_params(cluster, not_before, not_after)
-        .self_signed(&key)
-        .map_err(CertError::Build)?;
+    let mut params = ca_params(cluster, not_before, not_after);
+    params.serial_number = Some(random_serial()?);
+    let cert = params.self_signed(&key).map_err(CertError::Build)?;
     Ok(CertMaterial {
         cert_pem: cert.pem(),
         key_pem: key_pem.to_string(),
@@ -168,12 +166,7 @@ pub fn issue_serving_cert(
     let not_after = (now + validity).min(ca.not_after);
     p.not_before = not_before;
     p.not_after = not_after;
-    p.serial_number = Some(serial(&[
-        cluster,
-        common_name,
-        &not_before.unix_timestamp().to_string(),
-        &sans.join(","),
-    ]));
+    p.serial_number = Some(random_serial()?);
     let cert = p.signed_by(&key, &issuer).map_err(CertError::Build)?;
     Ok(CertMaterial {
         cert_pem: cert.pem(),
@@ -316,6 +309,51 @@ mod tests {
             srv2.not_after,
             late + Duration::days(9)
         ));
+    }
+
+    /// Serials are random (RFC 5280 §4.1.2.2 asks for unique ones; CA/B Forum wants 64 bits
+    /// of randomness): the same inputs at the same second must not give the same serial, or
+    /// one certificate could be mistaken for another (revocation, pinning, audits).
+    #[test]
+    fn certificate_serials_are_random_and_positive() {
+        use x509_parser::prelude::*;
+        fn serial_of(pem: &str) -> Vec<u8> {
+            let (_, p) = parse_x509_pem(pem.as_bytes()).unwrap();
+            let (_, c) = X509Certificate::from_der(&p.contents).unwrap();
+            c.tbs_certificate.raw_serial().to_vec()
+        }
+        let now = t(1_800_000_000);
+        let key = generate_key_pem().unwrap();
+        let a = issue_ca("clusters/example", &key, now, CA_VALIDITY).unwrap();
+        let b = issue_ca("clusters/example", &key, now, CA_VALIDITY).unwrap();
+        assert_ne!(serial_of(&a.cert_pem), serial_of(&b.cert_pem), "CA serials");
+        let sans = packageserver_sans("clusters-example", "hcp-olm-packageserver");
+        let issue = || {
+            issue_serving_cert(
+                "clusters/example",
+                &a,
+                "packageserver",
+                &sans,
+                &key,
+                now,
+                SERVING_VALIDITY,
+            )
+            .unwrap()
+        };
+        let (s1, s2) = (issue(), issue());
+        assert_ne!(
+            serial_of(&s1.cert_pem),
+            serial_of(&s2.cert_pem),
+            "serving serials"
+        );
+        for pem in [&a.cert_pem, &b.cert_pem, &s1.cert_pem, &s2.cert_pem] {
+            let raw = serial_of(pem);
+            // positive, at most 20 octets, and at least 64 bits of it random
+            assert!(
+                raw[0] & 0x80 == 0 && raw.len() <= 20 && raw.len() >= 8,
+                "{raw:?}"
+            );
+        }
     }
 
     #[test]

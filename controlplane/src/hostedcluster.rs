@@ -37,9 +37,12 @@ pub struct HostedClusterSpec {
     pub olm_catalog_placement: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub configuration: Option<ClusterConfiguration>,
-    /// `SingleReplica` (default) or `HighlyAvailable`.
+    /// `HighlyAvailable` (default) or `SingleReplica`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub controller_availability_policy: Option<String>,
+    /// The platform (only its type is read: it decides whether zone spread is required).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub platform: Option<PlatformSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<BTreeMap<String, String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -123,6 +126,15 @@ pub struct ClusterConfiguration {
     /// Note the lower-case `h`: HyperShift's field name is `operatorhub`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operatorhub: Option<OperatorHubSpec>,
+    /// The guest API server's settings; its TLS profile also applies to packageserver.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_server: Option<crate::tls::ApiServerConfig>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct PlatformSpec {
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub type_: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]

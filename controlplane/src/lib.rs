@@ -18,4 +18,5 @@ pub mod operatorhub;
 pub mod render;
 pub mod runtime;
 pub mod status;
+pub mod tls;
 pub mod validate;

@@ -459,6 +459,7 @@ fn offline_input(valid: validate::ValidInput) -> anyhow::Result<RenderInput> {
             ca,
             packageserver: ps,
             packageserver_sans_fingerprint: certs::sans_fingerprint(&sans),
+            previous_ca_pem: None,
         },
         tunnel: TunnelKeys {
             gateway_private_key: placeholder.clone(),

@@ -55,7 +55,7 @@ pub struct ControllerDefaults {
     pub kubeconfig_key: String,
     /// Pull secret in the HCP namespace used by catalog pods.
     pub pull_secret: String,
-    /// Newest catalog minor (None: no cap).
+    /// Newest catalog minor (None: no cap). Default: HyperShift's cap (4.22).
     pub max_catalog_version: Option<MinorVersion>,
 }
 
@@ -69,7 +69,7 @@ impl Default for ControllerDefaults {
             kubeconfig_secret: SERVICE_NETWORK_ADMIN_KUBECONFIG.to_string(),
             kubeconfig_key: "kubeconfig".to_string(),
             pull_secret: HCP_PULL_SECRET.to_string(),
-            max_catalog_version: None,
+            max_catalog_version: Some(crate::catalogs::HYPERSHIFT_MAX_CATALOG_VERSION),
         }
     }
 }
@@ -92,9 +92,9 @@ pub enum ReasonCode {
     InvalidAvailabilityPolicy,
     InvalidPausedUntil,
     InvalidOverride,
-    InvalidRegistryOverrides,
     InvalidCatalogPin,
     InvalidNetworking,
+    InvalidTLSSecurityProfile,
     ReleasePayloadUnreadable,
     ReleasePayloadDigestMismatch,
     RegistryResponseTooLarge,
@@ -112,9 +112,9 @@ impl ReasonCode {
             ReasonCode::InvalidAvailabilityPolicy => "InvalidAvailabilityPolicy",
             ReasonCode::InvalidPausedUntil => "InvalidPausedUntil",
             ReasonCode::InvalidOverride => "InvalidOverride",
-            ReasonCode::InvalidRegistryOverrides => "InvalidRegistryOverrides",
             ReasonCode::InvalidCatalogPin => "InvalidCatalogPin",
             ReasonCode::InvalidNetworking => "InvalidNetworking",
+            ReasonCode::InvalidTLSSecurityProfile => "InvalidTLSSecurityProfile",
             ReasonCode::ReleasePayloadUnreadable => "ReleasePayloadUnreadable",
             ReasonCode::ReleasePayloadDigestMismatch => "ReleasePayloadDigestMismatch",
             ReasonCode::RegistryResponseTooLarge => "RegistryResponseTooLarge",
@@ -213,6 +213,15 @@ pub struct ValidInput {
     pub catalog_pins: BTreeMap<DefaultCatalog, String>,
     pub catalog_server: CatalogServerKind,
     pub registry_overrides: Vec<RegistryOverride>,
+    /// Malformed or inapplicable registry overrides that were skipped (bounded; each names
+    /// its field), reported as a warning Event, never Degraded.
+    pub registry_override_warnings: Vec<String>,
+    /// packageserver's `--tls-min-version` / `--tls-cipher-suites` from the guest API
+    /// server's TLS profile.
+    pub packageserver_tls_args: Vec<String>,
+    /// Whether replicas must spread over zones (HyperShift relaxes this to a preference on
+    /// OpenStack and KubeVirt, where zones are often not there).
+    pub zone_spread_required: bool,
     pub max_catalog_version: Option<MinorVersion>,
     /// Number of catalog versions tried (release minor included).
     pub catalog_candidates: usize,
@@ -261,6 +270,28 @@ pub fn guest_dns_address(service_cidrs: &[String]) -> Option<std::net::Ipv4Addr>
     let (ip, len) = parse_cidr(service_cidrs.first()?)?;
     let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
     Some(std::net::Ipv4Addr::from((u32::from(ip) & mask) + 10))
+}
+
+impl ValidInput {
+    /// Follow the guest's live OperatorHub (guest placement, after HyperShift-style
+    /// create-once): its spec decides which default catalogs exist, still limited to the
+    /// HostedOLM's `defaultCatalogs` when set.
+    pub fn follow_operator_hub(&mut self, live: OperatorHubSpec, only: Option<&[DefaultCatalog]>) {
+        let mut enabled = live.enabled_catalogs();
+        if let Some(only) = only {
+            enabled.retain(|c| only.contains(c));
+        }
+        self.operator_hub = live;
+        self.enabled_catalogs = enabled;
+    }
+}
+
+/// Cut `s` to at most `max` characters (untrusted text quoted in messages), marking the cut.
+fn truncate_chars(s: &mut String, max: usize) {
+    if let Some((i, _)) = s.char_indices().nth(max) {
+        s.truncate(i);
+        s.push('…');
+    }
 }
 
 impl ValidInput {
@@ -399,8 +430,9 @@ pub fn validate(
     };
 
     let availability = match spec.controller_availability_policy.as_deref() {
-        None | Some("") | Some("SingleReplica") => AvailabilityPolicy::SingleReplica,
-        Some("HighlyAvailable") => AvailabilityPolicy::HighlyAvailable,
+        // unset: HyperShift's API default (the CRD defaults it too)
+        None | Some("") | Some("HighlyAvailable") => AvailabilityPolicy::HighlyAvailable,
+        Some("SingleReplica") => AvailabilityPolicy::SingleReplica,
         Some(other) => {
             errs.push(ConditionReason::new(
                 InvalidAvailabilityPolicy,
@@ -477,6 +509,23 @@ pub fn validate(
     };
 
     // OperatorHub and the enabled catalogs.
+    // The guest API server's TLS profile also governs packageserver (as in HyperShift).
+    let packageserver_tls_args = match crate::tls::server_args(
+        spec.configuration
+            .as_ref()
+            .and_then(|c| c.api_server.as_ref())
+            .and_then(|a| a.tls_security_profile.as_ref()),
+    ) {
+        Ok(a) => a,
+        Err(e) => {
+            errs.push(ConditionReason::new(
+                InvalidTLSSecurityProfile,
+                "HostedCluster.spec.configuration.apiServer.tlsSecurityProfile",
+                e,
+            ));
+            Vec::new()
+        }
+    };
     let operator_hub = spec
         .configuration
         .as_ref()
@@ -487,23 +536,44 @@ pub fn validate(
         enabled_catalogs.retain(|c| only.contains(c));
     }
 
-    // Registry overrides: annotation first, then HostedOLM (later entries of equal
-    // length lose to earlier ones only by prefix length, see apply_registry_overrides).
+    // Registry overrides: annotation first, then HostedOLM; mirrors are tried in that
+    // order (catalogs::catalog_registries). As in HyperShift, a malformed pair is skipped,
+    // not fatal: it becomes a warning (an Event on the HostedCluster).
     let mut registry_overrides = Vec::new();
+    let mut registry_override_warnings = Vec::new();
     if let Some(text) = hc
         .metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(REGISTRY_OVERRIDES_ANNOTATION))
     {
-        match catalogs::parse_registry_overrides(text) {
-            Ok(o) => registry_overrides.extend(o),
-            Err(e) => errs.push(ConditionReason::new(
-                InvalidRegistryOverrides,
-                format!("HostedCluster.metadata.annotations[{REGISTRY_OVERRIDES_ANNOTATION}]"),
-                e,
-            )),
+        let (pairs, skipped) = catalogs::parse_registry_overrides(text);
+        let field = format!("HostedCluster.metadata.annotations[{REGISTRY_OVERRIDES_ANNOTATION}]");
+        for piece in skipped.iter().take(5) {
+            let mut piece = piece.clone();
+            truncate_chars(&mut piece, 120);
+            registry_override_warnings.push(format!(
+                "{field}: skipped {piece:?}: not of the form source=mirror"
+            ));
         }
+        if skipped.len() > 5 {
+            registry_override_warnings.push(format!(
+                "{field}: {} more malformed pairs skipped",
+                skipped.len() - 5
+            ));
+        }
+        for o in pairs
+            .iter()
+            .filter(|o| !catalogs::applies_to_catalogs(&o.source))
+        {
+            let mut source = o.source.clone();
+            truncate_chars(&mut source, 120);
+            registry_override_warnings.push(format!(
+                "{field}: source {source:?} does not apply to the default catalogs (only {} and registry.redhat.io do, as in HyperShift)",
+                catalogs::DEFAULT_CATALOG_REGISTRY
+            ));
+        }
+        registry_overrides.extend(pairs);
     }
     for (i, o) in ov.registry_overrides.iter().enumerate() {
         if o.source.trim().is_empty() || o.mirror.trim().is_empty() {
@@ -704,6 +774,12 @@ pub fn validate(
                 catalog_pins,
                 catalog_server: ov.catalog_server.unwrap_or_default(),
                 registry_overrides,
+                registry_override_warnings,
+                packageserver_tls_args,
+                zone_spread_required: !matches!(
+                    spec.platform.as_ref().and_then(|p| p.type_.as_deref()),
+                    Some("OpenStack" | "KubeVirt")
+                ),
                 max_catalog_version,
                 catalog_candidates,
                 images: Images {

@@ -44,6 +44,7 @@ fn golden(name: &str, input: &RenderInput) {
 fn hub(hc: &mut HostedCluster, h: OperatorHubSpec) {
     hc.spec.configuration = Some(ClusterConfiguration {
         operatorhub: Some(h),
+        api_server: None,
     });
 }
 

@@ -461,6 +461,7 @@ fn catalog_status_reads_back_connection_state() {
                 disabled: true,
             }],
         }),
+        api_server: None,
     });
     let input = common::input(common::valid(&hc, None), true);
     let d = render::desired(&input).unwrap();
@@ -588,4 +589,191 @@ fn key_rotation_renders_extra_keys_and_rolls_no_pod() {
     let mut other = input.clone();
     other.tunnel.gateway_endpoint = Some("198.18.7.7:31000".into());
     assert_ne!(hash(&before).1, hash(&render::desired(&other).unwrap()).1);
+}
+
+/// Security (issue 12, hole 9): after a CA re-issue the guest APIService trusts the old and
+/// the new CA, and the CA Secret keeps the old certificate (never its key), so packageserver
+/// pods still serving the old certificate keep the packages API available; without a previous
+/// CA the bundle is the current CA alone. Retiring the old CA does not roll packageserver.
+#[test]
+fn ca_bundle_holds_the_previous_ca_while_one_is_set() {
+    use base64::Engine;
+    let b64 = |v: &Value| {
+        String::from_utf8(
+            base64::engine::general_purpose::STANDARD
+                .decode(v.as_str().unwrap())
+                .unwrap(),
+        )
+        .unwrap()
+    };
+    let hc = common::load_hc("none-minimal.yaml");
+    let mut input = common::with_live_facts(common::input(common::valid(&hc, None), true));
+    let d = render::desired(&input).unwrap();
+    let bundle = |d: &Desired| {
+        b64(&find(&d.guest, "APIService", names::APISERVICE).body["spec"]["caBundle"])
+    };
+    assert_eq!(bundle(&d), input.pki.ca.cert_pem);
+    assert!(find(&d.hcp, "Secret", names::CA).body["data"]["previous-ca.crt"].is_null());
+
+    let old = "-----BEGIN CERTIFICATE-----\nT0xELUNB\n-----END CERTIFICATE-----\n".to_string();
+    input.pki.previous_ca_pem = Some(old.clone());
+    let overlap = render::desired(&input).unwrap();
+    let b = bundle(&overlap);
+    assert!(
+        b.starts_with(&input.pki.ca.cert_pem) && b.ends_with(&old),
+        "{b}"
+    );
+    assert_eq!(b.matches("BEGIN CERTIFICATE").count(), 2);
+    let ca_secret = &find(&overlap.hcp, "Secret", names::CA).body["data"];
+    assert_eq!(b64(&ca_secret["previous-ca.crt"]), old);
+    assert_eq!(
+        b64(&ca_secret["tls.key"]),
+        input.pki.ca.key_pem,
+        "only the current key"
+    );
+    let hash = |d: &Desired| {
+        find(&d.hcp, "Deployment", names::PACKAGESERVER).body["spec"]["template"]["metadata"]
+            ["annotations"][labels::CONFIG_HASH_ANNOTATION]
+            .clone()
+    };
+    assert_eq!(hash(&d), hash(&overlap));
+}
+
+/// As HyperShift gives its OLM pods the HCP namespace's pull secret (issue 13, item 5): every
+/// ServiceAccount our HCP pods run as carries it; catalog pods get a writable `/tmp` and Linux
+/// nodes (item 8).
+#[test]
+fn hcp_pods_pull_with_the_hcp_pull_secret_and_catalogs_render_as_hypershift() {
+    let hc = common::load_hc("none-minimal.yaml");
+    let input = common::with_live_facts(common::input(common::valid(&hc, None), true));
+    let d = render::desired(&input).unwrap();
+    let sas: Vec<&Object> = d
+        .hcp
+        .iter()
+        .filter(|o| o.kind == "ServiceAccount")
+        .collect();
+    assert!(sas.len() >= 4);
+    for sa in sas {
+        assert_eq!(
+            sa.body["imagePullSecrets"],
+            serde_json::json!([{"name": input.valid.pull_secret}]),
+            "{}",
+            sa.name
+        );
+    }
+    let catalog = find(&d.hcp, "Deployment", "hcp-olm-redhat-operators");
+    let pod = &catalog.body["spec"]["template"]["spec"];
+    assert_eq!(pod["nodeSelector"]["kubernetes.io/os"], "linux");
+    assert!(
+        pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["name"] == "tmp")
+    );
+    for c in pod["containers"].as_array().unwrap() {
+        assert!(
+            c["volumeMounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m["mountPath"] == "/tmp"),
+            "{}",
+            c["name"]
+        );
+        assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+    }
+    for c in pod["initContainers"].as_array().unwrap() {
+        assert!(
+            !c["volumeMounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m["mountPath"] == "/tmp"),
+            "init container {} must keep the image's /tmp (opm cache)",
+            c["name"]
+        );
+    }
+}
+
+/// packageserver as HyperShift renders it (issue 13, item 6): highly available replicas are
+/// required on different nodes and zones (zones preferred on KubeVirt), and the guest API
+/// server's TLS profile becomes its TLS flags; a bad profile is a reason naming the field.
+#[test]
+fn packageserver_spreads_and_follows_the_tls_profile() {
+    let hc = common::load_hc("kubevirt-complex-flags.yaml");
+    let mut v = common::valid(&hc, None);
+    let anti = |v: &hcp_olm_controlplane::validate::ValidInput| {
+        let d = render::desired(&common::input(v.clone(), true)).unwrap();
+        find(&d.hcp, "Deployment", names::PACKAGESERVER).body["spec"]["template"]["spec"]
+            ["affinity"]["podAntiAffinity"]
+            .clone()
+    };
+    // KubeVirt: hostname required, zone preferred
+    let a = anti(&v);
+    let req = a["requiredDuringSchedulingIgnoredDuringExecution"]
+        .as_array()
+        .unwrap();
+    assert_eq!(req.len(), 1);
+    assert_eq!(req[0]["topologyKey"], "kubernetes.io/hostname");
+    assert_eq!(
+        a["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]["topologyKey"],
+        "topology.kubernetes.io/zone"
+    );
+    v.zone_spread_required = true;
+    let a = anti(&v);
+    let keys: Vec<&str> = a["requiredDuringSchedulingIgnoredDuringExecution"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["topologyKey"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        keys,
+        ["topology.kubernetes.io/zone", "kubernetes.io/hostname"]
+    );
+    // single replica: no spread
+    let single = common::valid(&common::load_hc("none-minimal.yaml"), None);
+    assert!(anti(&single).is_null());
+
+    // TLS: Intermediate by default, Modern from the HostedCluster
+    let d = render::desired(&common::input(single.clone(), true)).unwrap();
+    let a = args(container(&d, names::PACKAGESERVER, "packageserver"));
+    assert!(
+        a.contains(&"--tls-min-version=VersionTLS12".to_string()),
+        "{a:?}"
+    );
+    assert!(
+        a.iter()
+            .any(|x| x.starts_with("--tls-cipher-suites=TLS_ECDHE_"))
+    );
+    let mut modern = common::load_hc("none-minimal.yaml");
+    modern.spec.configuration.get_or_insert_default().api_server = Some(
+        serde_json::from_value(serde_json::json!({"tlsSecurityProfile": {"type": "Modern"}}))
+            .unwrap(),
+    );
+    let d = render::desired(&common::input(common::valid(&modern, None), true)).unwrap();
+    let a = args(container(&d, names::PACKAGESERVER, "packageserver"));
+    assert!(
+        a.contains(&"--tls-min-version=VersionTLS13".to_string()),
+        "{a:?}"
+    );
+    assert!(!a.iter().any(|x| x.starts_with("--tls-cipher-suites")));
+    modern.spec.configuration.get_or_insert_default().api_server = Some(
+        serde_json::from_value(serde_json::json!({"tlsSecurityProfile": {"type": "Paranoid"}}))
+            .unwrap(),
+    );
+    let err = hcp_olm_controlplane::validate::validate(
+        &modern,
+        None,
+        &common::facts(),
+        &common::defaults(),
+    )
+    .unwrap_err();
+    assert!(
+        err.iter()
+            .any(|r| r.code.as_str() == "InvalidTLSSecurityProfile"
+                && r.to_string().contains("tlsSecurityProfile")),
+        "{err:?}"
+    );
 }

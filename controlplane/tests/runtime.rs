@@ -893,6 +893,54 @@ async fn secret_changes_trigger_reconciles() -> Result<()> {
                 && on_hc.iter().any(|(r, _)| r == "NotDegraded"),
             "events on the HostedCluster {on_hc:?}"
         );
+
+        // HyperShift creates the HCP namespace after the HostedCluster (and a namespace may be
+        // labelled after it was created): the namespace watch wakes the HostedCluster at once,
+        // not at the hour-long waiting interval. (CI failed on this race in
+        // leader_election_one_leader_and_takeover before the watch existed.)
+        put_kubeconfig_secret(&env, "later-admin-kubeconfig").await?;
+        create_hc_ns(
+            &env.management,
+            HC_NS,
+            "later",
+            "later-admin-kubeconfig",
+            serde_json::json!({}),
+            false,
+        )
+        .await?;
+        env.management
+            .ensure_namespace(&format!("{HC_NS}-later"))
+            .await?;
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        ensure!(
+            Api::<HostedOLM>::namespaced(env.management.client(), &format!("{HC_NS}-later"))
+                .get_opt("later")
+                .await?
+                .is_none(),
+            "wrote into an unlabelled namespace"
+        );
+        hcp_namespace_for(&env.management, HC_NS, "later").await?;
+        let labelled = std::time::Instant::now();
+        eventually(
+            std::time::Duration::from_secs(20),
+            "the labelled HCP namespace wakes its HostedCluster",
+            || async {
+                Ok(
+                    Api::<HostedOLM>::namespaced(
+                        env.management.client(),
+                        &format!("{HC_NS}-later"),
+                    )
+                    .get_opt("later")
+                    .await?
+                    .map(|_| ()),
+                )
+            },
+        )
+        .await?;
+        eprintln!(
+            "HostedOLM created {:?} after the namespace was labelled",
+            labelled.elapsed()
+        );
         Ok(())
     }
     .await;
@@ -2776,6 +2824,237 @@ async fn security_many_guest_csvs_keep_upgradeable_bounded() -> Result<()> {
         up.message.contains("tenant/op-00000.v1.0.0"),
         "{}",
         up.message
+    );
+    Ok(())
+}
+
+/// Security (issue 12, hole 9): on a CA re-issue the guest APIService `caBundle` holds the old
+/// and the new CA until every packageserver pod serves a certificate of the new one (the
+/// Deployment has rolled out the rendered template), then only the new CA; the second pass
+/// after that writes nothing. On the old code the bundle switched to the new CA at once, so the
+/// aggregator rejected the packageserver pods still serving the old certificate. No kubelet or
+/// kube-controller-manager runs here: the rollout is stood in for by writing the Deployment's
+/// status as its controller would (named stand-in).
+#[tokio::test]
+async fn security_ca_reissue_keeps_the_old_ca_trusted_until_packageserver_rolled() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    let ctx = ctx(controller_client(&env).await?);
+    let name = "carot";
+    let hcp_ns = format!("{HC_NS}-{name}");
+    put_kubeconfig_secret(&env, "carot-kubeconfig").await?;
+    create_hc(&env, name, "carot-kubeconfig").await?;
+    let both = [&env.management, &env.guest];
+    converge(&ctx, &env, name, &both).await?;
+    let apisvc_ar = ApiResource {
+        group: "apiregistration.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "apiregistration.k8s.io/v1".into(),
+        kind: "APIService".into(),
+        plural: "apiservices".into(),
+    };
+    let bundle = || async {
+        let a = Api::<DynamicObject>::all_with(env.guest.client(), &apisvc_ar)
+            .get("v1.packages.operators.coreos.com")
+            .await?;
+        let b64 = a.data["spec"]["caBundle"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        use base64::Engine;
+        Ok::<_, anyhow::Error>(String::from_utf8(
+            base64::engine::general_purpose::STANDARD.decode(b64)?,
+        )?)
+    };
+    let certs_in = |pem: &str| pem.matches("BEGIN CERTIFICATE").count();
+    let old_bundle = bundle().await?;
+    ensure!(certs_in(&old_bundle) == 1, "{old_bundle}");
+    let old_ca = secret_item(&env.management, &hcp_ns, "hcp-olm-ca", "tls.crt")
+        .await?
+        .context("CA Secret")?;
+    ensure!(old_bundle == old_ca);
+
+    // The CA is near its end (an hour left of ten years): the next pass re-issues it (and
+    // the serving certificate).
+    let now = time::OffsetDateTime::now_utc();
+    let rfc = |t: time::OffsetDateTime| t.format(&time::format_description::well_known::Rfc3339);
+    Api::<Secret>::namespaced(env.management.client(), &hcp_ns)
+        .patch(
+            "hcp-olm-ca",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                "hcp-olm.io/not-before": rfc(now - time::Duration::days(3650))?,
+                "hcp-olm.io/not-after": rfc(now + time::Duration::hours(1))?,
+            }}})),
+        )
+        .await?;
+    reconcile(&ctx, &env, name).await?;
+    let new_ca = secret_item(&env.management, &hcp_ns, "hcp-olm-ca", "tls.crt")
+        .await?
+        .context("CA Secret")?;
+    ensure!(new_ca != old_ca, "the CA was not re-issued");
+    let overlap = bundle().await?;
+    ensure!(
+        certs_in(&overlap) == 2 && overlap.contains(&new_ca) && overlap.contains(&old_ca),
+        "right after the re-issue the caBundle must trust both CAs; it has {} certificate(s), new CA {}, old CA {}",
+        certs_in(&overlap),
+        overlap.contains(&new_ca),
+        overlap.contains(&old_ca)
+    );
+    ensure!(
+        secret_item(&env.management, &hcp_ns, "hcp-olm-ca", "previous-ca.crt").await?
+            == Some(old_ca.clone()),
+        "the CA Secret keeps the replaced certificate"
+    );
+    // Passes while packageserver has not rolled keep both.
+    reconcile(&ctx, &env, name).await?;
+    ensure!(
+        bundle().await? == overlap,
+        "the old CA left before packageserver rolled"
+    );
+
+    // Stand-in for the Deployment controller and kubelet: every replica runs the new template.
+    let deployments = Api::<Deployment>::namespaced(env.management.client(), &hcp_ns);
+    let d = deployments.get("hcp-olm-packageserver").await?;
+    let replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    deployments
+        .patch_status(
+            "hcp-olm-packageserver",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {
+                "observedGeneration": d.metadata.generation,
+                "replicas": replicas, "updatedReplicas": replicas,
+                "readyReplicas": replicas, "availableReplicas": replicas,
+            }})),
+        )
+        .await?;
+    converge(&ctx, &env, name, &both).await?;
+    let after = bundle().await?;
+    ensure!(
+        after == new_ca,
+        "after the rollout only the new CA: {after}"
+    );
+    ensure!(
+        secret_item(&env.management, &hcp_ns, "hcp-olm-ca", "previous-ca.crt")
+            .await?
+            .is_none(),
+        "the replaced certificate is dropped from the CA Secret"
+    );
+    Ok(())
+}
+
+/// HyperShift fidelity (issue 13, items 10 and 11). Guest placement: `OperatorHub/cluster` is
+/// created once and then belongs to the guest's admins; their `disableAllDefaultSources` is
+/// honoured (the default CatalogSources go and stay gone across passes, and we never revert
+/// the OperatorHub), and turning it off brings them back. The deprecated `redhat-marketplace`
+/// CatalogSource is deleted, as HyperShift deletes it.
+#[tokio::test]
+async fn guest_placement_follows_the_guests_operatorhub() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    let ctx = ctx(controller_client(&env).await?);
+    let name = "hub";
+    let hcp_ns = format!("{HC_NS}-{name}");
+    put_kubeconfig_secret(&env, "hub-kubeconfig").await?;
+    create_hc(&env, name, "hub-kubeconfig").await?;
+    let both = [&env.management, &env.guest];
+    let sources = Api::<DynamicObject>::namespaced_with(
+        env.guest.client(),
+        "openshift-marketplace",
+        &catalog_source_ar(),
+    );
+    let marketplace: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "operators.coreos.com/v1alpha1", "kind": "CatalogSource",
+        "metadata": {"name": "redhat-marketplace", "namespace": "openshift-marketplace"},
+        "spec": {"sourceType": "grpc", "image": "registry.redhat.io/redhat/redhat-marketplace-index:v4.18"},
+    }))?;
+    sources.create(&PostParams::default(), &marketplace).await?;
+    reconcile(&ctx, &env, name).await?;
+    Api::<HostedOLM>::namespaced(env.management.client(), &hcp_ns)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"catalogPlacement": "guest"}})),
+        )
+        .await?;
+    converge(&ctx, &env, name, &both).await?;
+    let names_now = || async {
+        let mut n: Vec<String> = sources
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|o| o.metadata.name)
+            .collect();
+        n.sort();
+        Ok::<_, anyhow::Error>(n)
+    };
+    assert_eq!(
+        names_now().await?,
+        [
+            "certified-operators",
+            "community-operators",
+            "redhat-operators"
+        ],
+        "redhat-marketplace must be gone, the defaults there"
+    );
+
+    // The guest's admin disables every default source.
+    let hubs = Api::<DynamicObject>::all_with(
+        env.guest.client(),
+        &ApiResource {
+            group: "config.openshift.io".into(),
+            version: "v1".into(),
+            api_version: "config.openshift.io/v1".into(),
+            kind: "OperatorHub".into(),
+            plural: "operatorhubs".into(),
+        },
+    );
+    hubs.patch(
+        "cluster",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"disableAllDefaultSources": true}})),
+    )
+    .await?;
+    converge(&ctx, &env, name, &both).await?;
+    ensure!(
+        names_now().await?.is_empty(),
+        "the guest disabled every default source: {:?}",
+        names_now().await?
+    );
+    for pass in 0..2 {
+        let before = env.guest.api_writes(RESOURCES).await?;
+        reconcile(&ctx, &env, name).await?;
+        ensure!(
+            env.guest.api_writes(RESOURCES).await? == before,
+            "pass {pass} wrote to the guest"
+        );
+        ensure!(
+            names_now().await?.is_empty(),
+            "pass {pass} brought sources back"
+        );
+        ensure!(
+            hubs.get("cluster").await?.data["spec"]["disableAllDefaultSources"] == true,
+            "the guest's OperatorHub was reverted"
+        );
+    }
+    // And back.
+    hubs.patch(
+        "cluster",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"disableAllDefaultSources": false}})),
+    )
+    .await?;
+    converge(&ctx, &env, name, &both).await?;
+    assert_eq!(
+        names_now().await?,
+        [
+            "certified-operators",
+            "community-operators",
+            "redhat-operators"
+        ]
     );
     Ok(())
 }

@@ -168,7 +168,6 @@ fn bad_hosted_cluster_fields_are_each_reported() {
         ReasonCode::InvalidCatalogPlacement,
         ReasonCode::InvalidAvailabilityPolicy,
         ReasonCode::InvalidPausedUntil,
-        ReasonCode::InvalidRegistryOverrides,
         ReasonCode::InvalidCatalogPin,
     ] {
         assert!(got.contains(&want), "missing {want:?} in {c:?}");
@@ -323,5 +322,78 @@ fn guest_networks_come_from_spec_networking_and_bad_cidrs_are_named() {
             ReasonCode::InvalidNetworking,
             "HostedCluster.spec.networking.serviceNetwork".to_string()
         )]
+    );
+}
+
+/// HyperShift skips a malformed `olm-catalogs-is-registry-overrides` pair and keeps the rest;
+/// so do we, with a warning naming the field, never Degraded (issue 13, item 3).
+#[test]
+fn malformed_registry_override_pairs_are_skipped_with_a_warning() {
+    let mut hc = common::load_hc("none-minimal.yaml");
+    hc.metadata.annotations.get_or_insert_default().insert(
+        "hypershift.openshift.io/olm-catalogs-is-registry-overrides".to_string(),
+        "broken,registry.redhat.io=quay.io/org,quay.io=elsewhere.example".to_string(),
+    );
+    let v = common::valid(&hc, None);
+    assert_eq!(v.registry_overrides.len(), 2, "{:?}", v.registry_overrides);
+    assert_eq!(
+        v.registry_override_warnings.len(),
+        2,
+        "{:?}",
+        v.registry_override_warnings
+    );
+    assert!(v.registry_override_warnings[0].contains("\"broken\""));
+    assert!(v.registry_override_warnings[0].contains("olm-catalogs-is-registry-overrides"));
+    assert!(v.registry_override_warnings[1].contains("\"quay.io\" does not apply"));
+    assert_eq!(
+        hcp_olm_controlplane::catalogs::catalog_registries(&v.registry_overrides),
+        ["quay.io/org"]
+    );
+    // a flood of junk is bounded
+    hc.metadata.annotations.get_or_insert_default().insert(
+        "hypershift.openshift.io/olm-catalogs-is-registry-overrides".to_string(),
+        "x,".repeat(10_000),
+    );
+    let v = common::valid(&hc, None);
+    assert!(v.registry_override_warnings.len() <= 6);
+    assert!(
+        v.registry_override_warnings
+            .iter()
+            .map(String::len)
+            .sum::<usize>()
+            < 2_000
+    );
+}
+
+/// Catalog minors are capped as HyperShift caps them (4.22) unless the HostedOLM says
+/// otherwise (issue 13, item 4).
+#[test]
+fn catalog_minor_is_capped_at_hypershifts_newest() {
+    use hcp_olm_controlplane::catalogs::MinorVersion;
+    let hc = common::load_hc("none-minimal.yaml");
+    let mut v = common::valid(&hc, None);
+    v.release_version = semver::Version::new(4, 23, 1);
+    assert_eq!(v.catalog_minor(), MinorVersion::new(4, 22));
+    v.release_version = semver::Version::new(5, 0, 0);
+    assert_eq!(v.catalog_minor(), MinorVersion::new(4, 22));
+    v.release_version = semver::Version::new(4, 18, 3);
+    assert_eq!(v.catalog_minor(), MinorVersion::new(4, 18));
+}
+
+/// An unset `controllerAvailabilityPolicy` is HyperShift's default, HighlyAvailable
+/// (issue 13, item 9).
+#[test]
+fn availability_defaults_to_highly_available_as_in_hypershift() {
+    use hcp_olm_controlplane::validate::AvailabilityPolicy;
+    let mut hc = common::load_hc("none-minimal.yaml");
+    hc.spec.controller_availability_policy = None;
+    assert_eq!(
+        common::valid(&hc, None).availability,
+        AvailabilityPolicy::HighlyAvailable
+    );
+    hc.spec.controller_availability_policy = Some("SingleReplica".into());
+    assert_eq!(
+        common::valid(&hc, None).availability,
+        AvailabilityPolicy::SingleReplica
     );
 }

@@ -313,7 +313,7 @@ pub(super) fn render(
                             "groupPriorityMinimum": 2000,
                             "versionPriority": 15,
                             "service": {"namespace": "default", "name": names::GUEST_PACKAGESERVER, "port": 443},
-                            "caBundle": B64.encode(&input.pki.ca.cert_pem),
+                            "caBundle": B64.encode(input.pki.ca_bundle()),
                         }
                     }),
                     "apiservices",

@@ -23,6 +23,8 @@ use crate::validate::{AvailabilityPolicy, Severity, ValidInput};
 
 const KUBECONFIG_DIR: &str = "/etc/openshift/kubeconfig";
 const PACKAGESERVER_CERT_DIR: &str = "/apiserver.local.config/certificates";
+/// Key of the replaced CA certificate in the CA Secret (see [`super::PkiInput::previous_ca_pem`]).
+pub const PREVIOUS_CA_KEY: &str = "previous-ca.crt";
 const GLOBAL_CATALOG_NAMESPACE: &str = "openshift-marketplace";
 const CONTROL_PLANE_PRIORITY: &str = "hypershift-control-plane";
 const API_CRITICAL_PRIORITY: &str = "hypershift-api-critical";
@@ -218,6 +220,22 @@ fn affinity(v: &ValidInput) -> Value {
     })
 }
 
+/// HyperShift's spread of a highly available component's replicas: at most one per node
+/// (required) and one per zone (required, or preferred where zones may be missing).
+fn spread_replicas(deployment: &mut Value, name: &str, zone_required: bool) {
+    let term = |topology: &str| json!({"labelSelector": {"matchLabels": selector(name)}, "topologyKey": topology});
+    let mut required = vec![term("kubernetes.io/hostname")];
+    let mut anti = json!({});
+    if zone_required {
+        required.insert(0, term("topology.kubernetes.io/zone"));
+    } else {
+        anti["preferredDuringSchedulingIgnoredDuringExecution"] =
+            json!([{"weight": 100, "podAffinityTerm": term("topology.kubernetes.io/zone")}]);
+    }
+    anti["requiredDuringSchedulingIgnoredDuringExecution"] = Value::Array(required);
+    deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"] = anti;
+}
+
 fn container_security() -> Value {
     json!({
         "allowPrivilegeEscalation": false,
@@ -398,27 +416,20 @@ pub(super) fn render(
         });
     }
 
-    // ServiceAccounts.
-    push(
-        out,
-        service_account(input, names::CATALOG_OPERATOR, "catalog-operator", None),
-        "serviceaccounts",
-    );
-    push(
-        out,
-        service_account(input, names::OLM_OPERATOR, "olm-operator", None),
-        "serviceaccounts",
-    );
-    push(
-        out,
-        service_account(input, names::PACKAGESERVER, "packageserver", None),
-        "serviceaccounts",
-    );
-    push(
-        out,
-        service_account(input, names::TUNNEL_GATEWAY, "tunnel-gateway", None),
-        "serviceaccounts",
-    );
+    // ServiceAccounts. Each carries the HCP namespace's pull secret, as HyperShift's OLM
+    // ServiceAccounts do, so nodes without an OpenShift pull secret can pull the images.
+    for (sa, component) in [
+        (names::CATALOG_OPERATOR, "catalog-operator"),
+        (names::OLM_OPERATOR, "olm-operator"),
+        (names::PACKAGESERVER, "packageserver"),
+        (names::TUNNEL_GATEWAY, "tunnel-gateway"),
+    ] {
+        push(
+            out,
+            service_account(input, sa, component, Some(&v.pull_secret)),
+            "serviceaccounts",
+        );
+    }
     if management && !catalogs.is_empty() {
         push(
             out,
@@ -429,7 +440,11 @@ pub(super) fn render(
 
     // Secrets: CA (persisted here so the runtime can sign again), packageserver cert,
     // tunnel gateway config.
-    let (ca_secret, _) = tls_secret(input, names::CA, "pki", &input.pki.ca, None, &[]);
+    let (mut ca_secret, _) = tls_secret(input, names::CA, "pki", &input.pki.ca, None, &[]);
+    if let Some(prev) = &input.pki.previous_ca_pem {
+        // the replaced CA, trusted by the guest APIService until packageserver has rolled
+        ca_secret["data"][PREVIOUS_CA_KEY] = json!(B64.encode(prev));
+    }
     push(out, ca_secret, "secrets");
     let (ps_secret, ps_hash) = tls_secret(
         input,
@@ -839,7 +854,7 @@ pub(super) fn render(
     };
     let mut ps_hash_parts = BTreeMap::from([(v.kubeconfig_secret.clone(), kubeconfig_hash)]);
     ps_hash_parts.insert(names::PACKAGESERVER_CERT.to_string(), ps_hash);
-    let ps_containers = vec![json!({
+    let mut ps_containers = vec![json!({
         "name": "packageserver",
         "image": v.images.olm,
         "imagePullPolicy": "IfNotPresent",
@@ -866,34 +881,42 @@ pub(super) fn render(
             tmp_mount,
         ],
     })];
-    push(
-        out,
-        deployment(
-            input,
-            PodSpec {
-                name: names::PACKAGESERVER,
-                component: "packageserver",
-                replicas: olm_replicas(ps_replicas),
-                service_account: names::PACKAGESERVER,
-                // HyperShift mounts a token for packageserver: its delegating authorizer
-                // builds one in-cluster client even with --authorization-kubeconfig.
-                automount_token: true,
-                priority_class: API_CRITICAL_PRIORITY,
-                init_containers: vec![],
-                containers: ps_containers,
-                volumes: vec![
-                    kubeconfig_volume(v),
-                    json!({"name": "serving-cert", "secret": {"secretName": names::PACKAGESERVER_CERT, "defaultMode": 0o440}}),
-                    tmp_volume(),
-                ],
-                config_hash: config_hash(&ps_hash_parts),
-                image_pull_secrets: vec![],
-                strategy: ps_strategy,
-                termination_grace_seconds: None,
-            },
-        ),
-        "deployments",
+    // The guest API server's TLS profile (validated), as HyperShift passes it on.
+    if let Some(a) = ps_containers[0]["args"].as_array_mut() {
+        a.extend(v.packageserver_tls_args.iter().map(|s| json!(s)));
+    }
+    let mut packageserver = deployment(
+        input,
+        PodSpec {
+            name: names::PACKAGESERVER,
+            component: "packageserver",
+            replicas: olm_replicas(ps_replicas),
+            service_account: names::PACKAGESERVER,
+            // HyperShift mounts a token for packageserver: its delegating authorizer
+            // builds one in-cluster client even with --authorization-kubeconfig.
+            automount_token: true,
+            priority_class: API_CRITICAL_PRIORITY,
+            init_containers: vec![],
+            containers: ps_containers,
+            volumes: vec![
+                kubeconfig_volume(v),
+                json!({"name": "serving-cert", "secret": {"secretName": names::PACKAGESERVER_CERT, "defaultMode": 0o440}}),
+                tmp_volume(),
+            ],
+            config_hash: config_hash(&ps_hash_parts),
+            image_pull_secrets: vec![],
+            strategy: ps_strategy,
+            termination_grace_seconds: None,
+        },
     );
+    if v.availability == AvailabilityPolicy::HighlyAvailable {
+        spread_replicas(
+            &mut packageserver,
+            names::PACKAGESERVER,
+            v.zone_spread_required,
+        );
+    }
+    push(out, packageserver, "deployments");
 
     // PDB by availability policy.
     let mut pdb_spec = match v.availability {
@@ -980,7 +1003,10 @@ fn catalog_deployment(input: &RenderInput, c: &ResolvedCatalog) -> Result<Value,
                 "startupProbe": grpc_probe(0, 1, 10, 15),
                 "resources": resources("10m", c.catalog.memory_request()),
                 "securityContext": container_security(),
-                "volumeMounts": [{"name": "catalog-content", "mountPath": "/extracted-catalog"}],
+                "volumeMounts": [
+                    {"name": "catalog-content", "mountPath": "/extracted-catalog"},
+                    {"name": "tmp", "mountPath": "/tmp"},
+                ],
             }),
             None,
             image.clone(),
@@ -1005,7 +1031,10 @@ fn catalog_deployment(input: &RenderInput, c: &ResolvedCatalog) -> Result<Value,
                 "startupProbe": grpc_probe(0, 1, 2, 60),
                 "resources": resources("10m", c.catalog.memory_request()),
                 "securityContext": container_security(),
-                "volumeMounts": [{"name": "catalog-content", "mountPath": "/extracted-catalog", "readOnly": true}],
+                "volumeMounts": [
+                    {"name": "catalog-content", "mountPath": "/extracted-catalog", "readOnly": true},
+                    {"name": "tmp", "mountPath": "/tmp"},
+                ],
             }),
             Some(15),
             v.images.catalog_server.clone(),
@@ -1020,7 +1049,7 @@ fn catalog_deployment(input: &RenderInput, c: &ResolvedCatalog) -> Result<Value,
         hash_parts.insert(format!("secret/{}", v.pull_secret), h.clone());
     }
     let hash = config_hash(&hash_parts);
-    Ok(deployment(
+    let mut d = deployment(
         input,
         PodSpec {
             name: &name,
@@ -1031,14 +1060,26 @@ fn catalog_deployment(input: &RenderInput, c: &ResolvedCatalog) -> Result<Value,
             priority_class: CONTROL_PLANE_PRIORITY,
             init_containers: init,
             containers: vec![server],
+            // As HyperShift renders catalog pods: a writable /tmp for the server (its root
+            // is read-only; the init containers keep the image's own /tmp, where the opm
+            // cache is copied from) and Linux nodes only.
             volumes: vec![
                 json!({"name": "utilities", "emptyDir": {}}),
                 json!({"name": "catalog-content", "emptyDir": {}}),
+                json!({"name": "tmp", "emptyDir": {}}),
             ],
             config_hash: hash,
             image_pull_secrets: vec![v.pull_secret.clone()],
             strategy: None,
             termination_grace_seconds: grace,
         },
-    ))
+    );
+    let selector = &mut d["spec"]["template"]["spec"]["nodeSelector"];
+    if selector.get(LINUX_NODE_KEY).is_none() {
+        selector[LINUX_NODE_KEY] = json!("linux");
+    }
+    Ok(d)
 }
+
+/// The well-known node label of the operating system.
+const LINUX_NODE_KEY: &str = "kubernetes.io/os";

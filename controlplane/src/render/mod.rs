@@ -21,6 +21,7 @@ use crate::catalogs::{CatalogImage, CatalogImageError, DefaultCatalog};
 use crate::certs::CertMaterial;
 use crate::validate::{Severity, ValidInput};
 
+pub use hcp::PREVIOUS_CA_KEY;
 pub use tunnel::{
     AgentPeerConfig, AllowedService, ExposedService, GatewayConfig, TunnelKeys, TunnelNetwork,
 };
@@ -148,6 +149,25 @@ pub struct PkiInput {
     pub packageserver: CertMaterial,
     /// [`crate::certs::sans_fingerprint`] of the SANs the serving cert was issued for.
     pub packageserver_sans_fingerprint: String,
+    /// The CA this one replaced (certificate only), while packageserver pods serving a
+    /// certificate it signed may still run: the guest APIService `caBundle` trusts both
+    /// until the packageserver Deployment has rolled out the new certificate.
+    pub previous_ca_pem: Option<String>,
+}
+
+impl PkiInput {
+    /// The guest APIService `caBundle`: the current CA, then the previous one while it is
+    /// still trusted.
+    pub fn ca_bundle(&self) -> String {
+        let mut b = self.ca.cert_pem.clone();
+        if let Some(prev) = &self.previous_ca_pem {
+            if !b.ends_with('\n') {
+                b.push('\n');
+            }
+            b.push_str(prev);
+        }
+        b
+    }
 }
 
 /// Everything [`desired`] needs.

@@ -13,7 +13,7 @@ use tracing::Instrument;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::core::PartialObjectMeta;
@@ -115,6 +115,34 @@ pub fn service_triggers(meta: &ObjectMeta) -> Option<ObjectRef<HostedCluster>> {
     labelled_owner(meta)
 }
 
+/// The HostedClusters whose computed HCP namespace (`<namespace>-<name>`) is the
+/// Namespace `meta` names. HyperShift creates (and labels) the HCP namespace after the
+/// HostedCluster, so the first reconcile usually finds it missing or not yet labelled;
+/// this wakes the HostedCluster as soon as it is there. `<namespace>-<name>` is
+/// ambiguous, so several may match: each reconcile checks ownership itself. Pure; `hcs`
+/// is the controller's store.
+pub fn namespace_triggers<'a>(
+    meta: &ObjectMeta,
+    hcs: impl IntoIterator<Item = &'a HostedCluster>,
+) -> Vec<ObjectRef<HostedCluster>> {
+    let Some(ns_name) = meta.name.as_deref() else {
+        return Vec::new();
+    };
+    hcs.into_iter()
+        .filter_map(|hc| {
+            let (ns, name) = (
+                hc.metadata.namespace.as_deref()?,
+                hc.metadata.name.as_deref()?,
+            );
+            (ns.len() + 1 + name.len() == ns_name.len()
+                && ns_name.starts_with(ns)
+                && ns_name[ns.len()..].starts_with('-')
+                && ns_name.ends_with(name))
+            .then(|| ObjectRef::new(name).within(ns))
+        })
+        .collect()
+}
+
 /// The HostedCluster named by an object's cluster labels, for any object we labelled.
 pub fn labelled_owner(meta: &ObjectMeta) -> Option<ObjectRef<HostedCluster>> {
     let l = meta.labels.as_ref()?;
@@ -206,7 +234,11 @@ pub(crate) async fn run_controller(
     let services: Api<PartialObjectMeta<Service>> = Api::all(client.clone());
     // Our Deployments (metadata: a status change changes the resourceVersion), so
     // component availability in status follows the pods.
-    let deployments: Api<PartialObjectMeta<Deployment>> = Api::all(client);
+    let deployments: Api<PartialObjectMeta<Deployment>> = Api::all(client.clone());
+    // HCP namespaces (metadata, HyperShift's label only): a namespace that appears, or
+    // gains the label, after its HostedCluster was first seen wakes that HostedCluster
+    // instead of waiting for the resync.
+    let namespaces: Api<PartialObjectMeta<Namespace>> = Api::all(client);
     // Our own reflector, so readiness can follow its first complete list (InitDone):
     // Store::wait_until_ready wakes only the last of several waiters, and the Controller
     // itself waits on it.
@@ -225,6 +257,7 @@ pub(crate) async fn run_controller(
     let controller = Controller::for_stream(hc_stream, reader);
     let store = controller.store();
     let defaults = ctx.config.defaults.clone();
+    let ns_store = store.clone();
     controller
         .with_config(ControllerConfig::default().concurrency(opts.concurrency))
         .watches(secrets, watcher::Config::default(), move |s| {
@@ -248,6 +281,14 @@ pub(crate) async fn run_controller(
                 labels::MANAGED_BY
             )),
             |d| labelled_owner(&d.metadata),
+        )
+        .watches(
+            namespaces,
+            watcher::Config::default().labels(super::reconcile::HCP_NAMESPACE_LABEL),
+            move |n| {
+                let hcs = ns_store.state();
+                namespace_triggers(&n.metadata, hcs.iter().map(|h| h.as_ref()))
+            },
         )
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx.clone())
@@ -288,6 +329,35 @@ mod tests {
         v.into_iter()
             .map(|r| format!("{}/{}", r.namespace.unwrap_or_default(), r.name))
             .collect()
+    }
+
+    #[test]
+    fn hcp_namespaces_map_to_every_hosted_cluster_computing_them() {
+        let hcs = [
+            hc("team-a", "b", None, None),
+            hc("team", "a-b", None, None),
+            hc("clusters", "x", None, None),
+        ];
+        let ns = |n: &str| ObjectMeta {
+            name: Some(n.into()),
+            ..Default::default()
+        };
+        // ambiguous on purpose: both candidates are woken, each checks ownership itself
+        assert_eq!(
+            names(namespace_triggers(&ns("team-a-b"), hcs.iter())),
+            ["team-a/b", "team/a-b"]
+        );
+        assert_eq!(
+            names(namespace_triggers(&ns("clusters-x"), hcs.iter())),
+            ["clusters/x"]
+        );
+        for other in ["clusters-xy", "clusters", "clustersx", "xclusters-x", "x"] {
+            assert!(
+                namespace_triggers(&ns(other), hcs.iter()).is_empty(),
+                "{other}"
+            );
+        }
+        assert!(namespace_triggers(&ObjectMeta::default(), hcs.iter()).is_empty());
     }
 
     #[test]

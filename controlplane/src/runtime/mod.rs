@@ -92,6 +92,9 @@ pub struct Context {
     pub events: Option<events::Events>,
     /// Consecutive failures per HostedCluster (`namespace/name`), for backoff.
     failures: Arc<std::sync::Mutex<std::collections::HashMap<String, u32>>>,
+    /// The warnings last reported per HostedCluster (`namespace/name`), so a lasting one is
+    /// an Event once, not one per resync.
+    warned: Arc<std::sync::Mutex<std::collections::HashMap<String, Vec<String>>>>,
 }
 
 impl Context {
@@ -104,7 +107,23 @@ impl Context {
             schedule: Schedule::default(),
             lookups: facts::LookupCache::default(),
             failures: Arc::default(),
+            warned: Arc::default(),
         }
+    }
+
+    /// Whether `warnings` for `cluster` differ from the ones last reported (and remember
+    /// them). An empty list forgets the cluster.
+    pub fn warnings_changed(&self, cluster: &str, warnings: &[String]) -> bool {
+        let mut w = self.warned.lock().unwrap_or_else(|p| p.into_inner());
+        if warnings.is_empty() {
+            w.remove(cluster);
+            return false;
+        }
+        if w.get(cluster).is_some_and(|old| old.as_slice() == warnings) {
+            return false;
+        }
+        w.insert(cluster.to_string(), warnings.to_vec());
+        true
     }
 
     /// Replace the schedule.

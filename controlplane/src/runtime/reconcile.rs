@@ -19,7 +19,7 @@ use super::{
 };
 use crate::hostedcluster::HostedCluster;
 use crate::hostedolm::{
-    ComponentStatus, HostedClusterRef, HostedOLM, HostedOLMSpec, HostedOLMStatus,
+    CatalogPlacement, ComponentStatus, HostedClusterRef, HostedOLM, HostedOLMSpec, HostedOLMStatus,
 };
 use crate::render::{self, ApplyPolicy, Desired, Object, Owner, RenderInput, labels, names};
 use crate::status::{self, AVAILABLE, DEGRADED, InstalledOperator, PROGRESSING, UPGRADEABLE};
@@ -650,6 +650,20 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
             return Ok(o);
         }
     };
+    // Skipped registry overrides are warnings, not Degraded: an Event when they change.
+    let key = format!("{ns}/{name}");
+    if ctx.warnings_changed(&key, &valid.registry_override_warnings) {
+        tracing::warn!(cluster = %key, warnings = ?valid.registry_override_warnings, "registry overrides skipped");
+        if let Some(events) = &ctx.events {
+            events
+                .warn_hosted_cluster(
+                    hc,
+                    "RegistryOverrideSkipped",
+                    &valid.registry_override_warnings.join("; "),
+                )
+                .await;
+        }
+    }
     if valid.paused_until.is_paused(now) {
         tracing::info!(cluster = %valid.cluster.key(), "reconciliation paused");
         let mut o = Outcome::new(State::Paused, ctx.schedule.resync);
@@ -725,6 +739,29 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
         }
     };
 
+    // Guest placement: HyperShift creates OperatorHub/cluster once and then leaves it to the
+    // guest's admins, so which default CatalogSources exist follows the guest's live
+    // OperatorHub (never reverted by us). Read once the guest has answered; an error now
+    // fails the pass (retried) rather than briefly restoring sources the guest disabled.
+    // Guest placement looks nothing up in registries, so the catalog choice is redone here.
+    let mut valid = valid;
+    let mut catalog_images = catalog_images;
+    if valid.placement == CatalogPlacement::Guest
+        && let Some(live) = live_operator_hub(&guest).await?
+        && live != valid.operator_hub
+    {
+        valid.follow_operator_hub(live, holm.spec.default_catalogs.as_deref());
+        catalog_images = facts::catalog_images_cached(
+            hc,
+            &valid,
+            &ctx.config,
+            pull_secret.as_ref(),
+            &ctx.lookups,
+            ctx.schedule.catalog_refresh,
+        )
+        .await;
+    }
+
     let svcs: Api<Service> = Api::namespaced(ctx.client.clone(), &hcp_ns);
     let packageserver_cluster_ip = svcs
         .get_opt(names::PACKAGESERVER)
@@ -768,6 +805,29 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
         owner: Some(owner),
     };
     let mut desired = render::desired(&input)?;
+    // A replaced CA stays in the guest's caBundle until every packageserver pod serves a
+    // certificate of the new one, i.e. the live Deployment has rolled out the rendered
+    // template. Read only while a previous CA is held (a converged pass reads nothing more).
+    if input.pki.previous_ca_pem.is_some() {
+        let live = Api::<Deployment>::namespaced(ctx.client.clone(), &hcp_ns)
+            .get_opt(names::PACKAGESERVER)
+            .await
+            .map_err(kube_err(format!(
+                "reading Deployment {hcp_ns}/{}",
+                names::PACKAGESERVER
+            )))?;
+        let rendered = desired
+            .hcp
+            .iter()
+            .find(|o| o.kind == "Deployment" && o.name == names::PACKAGESERVER);
+        if let (Some(live), Some(rendered)) = (live, rendered)
+            && rolled_out(&rendered.body, &live)
+        {
+            tracing::info!(cluster = %input.valid.cluster.key(), "every packageserver pod serves the new CA's certificate: the previous CA leaves the caBundle");
+            input.pki.previous_ca_pem = None;
+            desired = render::desired(&input)?;
+        }
+    }
 
     // Apply and prune, management then guest.
     let selector = labels::prune_selector(&input.valid);
@@ -815,7 +875,15 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
             .await,
     );
     hcp_writes += writes(&hcp_report);
-    let guest_writes = writes(&guest_report);
+    // HyperShift deletes the deprecated redhat-marketplace CatalogSource left by older
+    // releases; so do we (its image is no longer published, so it only fails).
+    let guest_writes = writes(&guest_report)
+        + usize::from(
+            delete_deprecated_marketplace(&guest)
+                .await
+                .inspect_err(|e| tracing::warn!(cluster = %input.valid.cluster.key(), error = %e, "deleting the deprecated redhat-marketplace CatalogSource"))
+                .unwrap_or(false),
+        );
     tracing::info!(
         cluster = %input.valid.cluster.key(),
         hcp_created = hcp_report.created.len(), hcp_updated = hcp_report.updated.len(),
@@ -1025,6 +1093,102 @@ async fn read_installed_operators(guest: &kube::Client) -> Vec<InstalledOperator
             None => return out,
         }
     }
+}
+
+/// The CatalogSource HyperShift deletes as deprecated.
+pub const DEPRECATED_MARKETPLACE: &str = "redhat-marketplace";
+
+/// Delete `openshift-marketplace/redhat-marketplace` in the guest when it exists (a read
+/// when it does not). True when it was deleted.
+async fn delete_deprecated_marketplace(guest: &kube::Client) -> Result<bool, Error> {
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        guest.clone(),
+        names::MARKETPLACE_NAMESPACE,
+        &api_resource(
+            "operators.coreos.com/v1alpha1",
+            "CatalogSource",
+            "catalogsources",
+        ),
+    );
+    let what = || {
+        format!(
+            "CatalogSource {}/{DEPRECATED_MARKETPLACE} in the guest",
+            names::MARKETPLACE_NAMESPACE
+        )
+    };
+    match api.get_metadata_opt(DEPRECATED_MARKETPLACE).await {
+        Ok(Some(_)) => {}
+        Ok(None) => return Ok(false),
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(false),
+        Err(e) => return Err(kube_err(what())(e)),
+    }
+    match api
+        .delete(DEPRECATED_MARKETPLACE, &Default::default())
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(
+                "deleted the deprecated {DEPRECATED_MARKETPLACE} CatalogSource in the guest"
+            );
+            Ok(true)
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(kube_err(what())(e)),
+    }
+}
+
+/// The guest's `OperatorHub/cluster` spec, if the kind is served and the object exists.
+async fn live_operator_hub(
+    guest: &kube::Client,
+) -> Result<Option<crate::operatorhub::OperatorHubSpec>, Error> {
+    let api: Api<DynamicObject> = Api::all_with(
+        guest.clone(),
+        &api_resource("config.openshift.io/v1", "OperatorHub", "operatorhubs"),
+    );
+    let live = match api.get_opt("cluster").await {
+        Ok(o) => o,
+        // the kind is not served in this guest
+        Err(kube::Error::Api(s)) if s.code == 404 => None,
+        Err(e) => {
+            return Err(kube_err(
+                "reading the guest's OperatorHub/cluster".to_string(),
+            )(e));
+        }
+    };
+    Ok(live.map(|o| {
+        // A malformed spec (the guest's admin owns it) reads as "nothing disabled".
+        serde_json::from_value(o.data["spec"].clone()).unwrap_or_default()
+    }))
+}
+
+/// Whether the live Deployment runs only pods of the rendered template (its config hash),
+/// all of them ready: the controller has seen the current spec, every replica is updated,
+/// no old pod is left, and the desired number is ready. Pure.
+pub fn rolled_out(rendered: &Value, live: &Deployment) -> bool {
+    let hash_of = |template_annotations: Option<&Value>| {
+        template_annotations.and_then(|a| {
+            a[labels::CONFIG_HASH_ANNOTATION]
+                .as_str()
+                .map(str::to_owned)
+        })
+    };
+    let want = hash_of(rendered["spec"]["template"]["metadata"].get("annotations"));
+    let have = live
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get(labels::CONFIG_HASH_ANNOTATION).cloned());
+    let Some(status) = live.status.as_ref() else {
+        return false;
+    };
+    let replicas = live.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    want.is_some()
+        && want == have
+        && status.observed_generation >= live.metadata.generation
+        && status.updated_replicas.unwrap_or(0) == replicas
+        && status.replicas.unwrap_or(0) == replicas
+        && status.ready_replicas.unwrap_or(0) >= replicas
 }
 
 /// Availability of a rendered Deployment from its live status (pure).
@@ -1288,4 +1452,47 @@ pub async fn cleanup(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error
     out.hcp_writes += usize::from(ensure_finalizer(ctx, hc, false).await?);
     tracing::info!(cluster = %format!("{ns}/{name}"), hcp = out.hcp_writes, guest = out.guest_writes, "cleaned up");
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn live(hash: &str, generation: i64, status: serde_json::Value) -> Deployment {
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "generation": generation},
+            "spec": {
+                "replicas": 3,
+                "selector": {},
+                "template": {"metadata": {"annotations": {labels::CONFIG_HASH_ANNOTATION: hash}}},
+            },
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn rolled_out_only_when_every_pod_runs_the_rendered_template() {
+        let rendered = json!({"spec": {"template": {"metadata": {"annotations": {
+            labels::CONFIG_HASH_ANNOTATION: "new"}}}}});
+        let done = json!({"observedGeneration": 2, "replicas": 3, "updatedReplicas": 3,
+            "readyReplicas": 3, "availableReplicas": 3});
+        assert!(rolled_out(&rendered, &live("new", 2, done.clone())));
+        // the template has not been applied yet
+        assert!(!rolled_out(&rendered, &live("old", 2, done.clone())));
+        // the Deployment controller has not seen the new spec
+        assert!(!rolled_out(&rendered, &live("new", 3, done.clone())));
+        // an old pod is still there (4 pods: 3 updated + 1 old)
+        let mut surge = done.clone();
+        surge["replicas"] = json!(4);
+        assert!(!rolled_out(&rendered, &live("new", 2, surge)));
+        let mut partial = done.clone();
+        partial["updatedReplicas"] = json!(2);
+        assert!(!rolled_out(&rendered, &live("new", 2, partial)));
+        let mut unready = done;
+        unready["readyReplicas"] = json!(2);
+        assert!(!rolled_out(&rendered, &live("new", 2, unready)));
+        assert!(!rolled_out(&rendered, &live("new", 2, json!(null))));
+        assert!(!rolled_out(&json!({}), &live("new", 2, json!({}))));
+    }
 }

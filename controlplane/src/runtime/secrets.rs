@@ -13,7 +13,7 @@ use time::OffsetDateTime;
 
 use super::{Error, kube_err};
 use crate::certs::{self, CertMaterial, StoredCertInfo};
-use crate::render::{PkiInput, TunnelKeys, labels, names};
+use crate::render::{PREVIOUS_CA_KEY, PkiInput, TunnelKeys, labels, names};
 use crate::validate::ValidInput;
 
 /// Secret with the tunnel's WireGuard private keys (created once; updated only by a key
@@ -207,18 +207,27 @@ pub async fn pki(
     let ns = &valid.cluster.hcp_namespace;
     let api: Api<Secret> = Api::namespaced(client.clone(), ns);
     let cluster = valid.cluster.key();
-    let stored_ca = api
+    let ca_secret = api
         .get_opt(names::CA)
         .await
-        .map_err(kube_err(format!("reading Secret {ns}/{}", names::CA)))?
+        .map_err(kube_err(format!("reading Secret {ns}/{}", names::CA)))?;
+    // A CA replaced earlier, still trusted by the guest until packageserver has rolled
+    // (the reconcile retires it).
+    let mut previous_ca_pem = ca_secret
         .as_ref()
-        .and_then(stored_cert);
+        .and_then(|s| data_str(s, PREVIOUS_CA_KEY))
+        .filter(|p| p.starts_with("-----BEGIN CERTIFICATE-----"));
+    let stored_ca = ca_secret.as_ref().and_then(stored_cert);
     let mut issued = false;
     let ca = match stored_ca {
         Some((ca, info)) if !certs::needs_rotation(info.not_before, info.not_after, now) => ca,
-        _ => {
+        stored => {
             issued = true;
             tracing::info!(%cluster, "issuing the cluster CA");
+            // the replaced CA stays in the guest's caBundle until packageserver has rolled
+            if let Some((old, _)) = stored {
+                previous_ca_pem = Some(old.cert_pem);
+            }
             certs::issue_ca(
                 &cluster,
                 &certs::generate_key_pem()?,
@@ -262,6 +271,7 @@ pub async fn pki(
             ca,
             packageserver,
             packageserver_sans_fingerprint: certs::sans_fingerprint(&sans),
+            previous_ca_pem,
         },
         issued,
     ))

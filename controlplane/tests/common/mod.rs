@@ -132,6 +132,7 @@ pub fn input(v: ValidInput, ready: bool) -> RenderInput {
                 not_after: t(1_830_000_000),
             },
             packageserver_sans_fingerprint: "0011223344556677".into(),
+            previous_ca_pem: None,
         },
         tunnel: TunnelKeys {
             gateway_private_key: "R0FURVdBWS1QUklWQVRFLUtFWS1URVNULTAwMDAwMDA=".into(),
