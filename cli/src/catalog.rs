@@ -586,7 +586,7 @@ fn render_bundles(
     )
 }
 
-fn render<T: Serialize>(
+pub(crate) fn render<T: Serialize>(
     out: &mut dyn std::io::Write,
     fmt: Output,
     rows: &[T],

@@ -1,5 +1,63 @@
-//! hcp-olm CLI library: the `catalog` subcommand (browsing catalogs over the
-//! registry gRPC API), kept out of main.rs so it can be tested.
+//! hcp-olm CLI library: the `catalog` subcommand (browsing catalogs over the registry gRPC
+//! API) and `status` (HostedOLM objects through the kubeconfig), kept out of the binaries
+//! (`hcp-olm` and the kubectl plugin `kubectl-hcp_olm`) so they can be tested.
 
 pub mod catalog;
 pub mod connect;
+pub mod status;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(version, about = "hcp-olm: OLM for HyperShift hosted clusters")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    #[command(flatten)]
+    log: hcp_olm_binkit::LogArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Browse operator catalogs (packages, channels, bundles, upgrade paths).
+    Catalog(catalog::CatalogArgs),
+    /// Show the HostedOLM of each hosted cluster: available, why not, catalogs, tunnel.
+    Status(status::StatusArgs),
+}
+
+/// Run the CLI under the name `program` (what usage and help show).
+pub fn main_as(program: &str) -> ExitCode {
+    let args =
+        std::iter::once(std::ffi::OsString::from(program)).chain(std::env::args_os().skip(1));
+    let cli: Cli = match hcp_olm_binkit::parse_from(args) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    cli.log.init();
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async {
+        let mut out = std::io::stdout().lock();
+        match &cli.command {
+            Command::Catalog(args) => catalog::run(args, &mut out).await,
+            Command::Status(args) => status::run(args, &mut out).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

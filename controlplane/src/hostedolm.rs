@@ -68,7 +68,10 @@ pub struct HostedOLMSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub catalog_fallback_minors: Option<u32>,
     /// Defaults for `spec.config` of guest Subscriptions, so user operators land on a
-    /// chosen node pool.
+    /// chosen node pool: a Subscription that sets no `nodeSelector` (or no `tolerations`)
+    /// of its own gets these written into it by the controller; OLM then places the
+    /// operator's pods accordingly. Changing them later does not rewrite Subscriptions
+    /// that already have values.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subscription_defaults: Option<SubscriptionDefaults>,
     /// Tunnel settings.

@@ -3058,3 +3058,81 @@ async fn guest_placement_follows_the_guests_operatorhub() -> Result<()> {
     );
     Ok(())
 }
+
+/// HostedOLM `subscriptionDefaults` (issue 13, item 12) on the real guest API server: a guest
+/// Subscription without a placement of its own gets the defaults in `spec.config` (OLM copies
+/// them onto the operator's Deployment), one with its own nodeSelector keeps it, and the next
+/// pass writes nothing.
+#[tokio::test]
+async fn subscription_defaults_reach_guest_subscriptions() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    let ctx = ctx(controller_client(&env).await?);
+    let name = "subs";
+    let hcp_ns = format!("{HC_NS}-{name}");
+    put_kubeconfig_secret(&env, "subs-kubeconfig").await?;
+    create_hc(&env, name, "subs-kubeconfig").await?;
+    reconcile(&ctx, &env, name).await?;
+    Api::<HostedOLM>::namespaced(env.management.client(), &hcp_ns)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"subscriptionDefaults": {
+                "nodeSelector": {"node-pool": "operators"},
+                "tolerations": [{"key": "operators", "operator": "Exists", "effect": "NoSchedule"}],
+            }}})),
+        )
+        .await?;
+    env.guest.ensure_namespace("team").await?;
+    let subs_ar = ApiResource {
+        group: "operators.coreos.com".into(),
+        version: "v1alpha1".into(),
+        api_version: "operators.coreos.com/v1alpha1".into(),
+        kind: "Subscription".into(),
+        plural: "subscriptions".into(),
+    };
+    let subs = Api::<DynamicObject>::namespaced_with(env.guest.client(), "team", &subs_ar);
+    for (n, config) in [
+        ("plain", serde_json::json!(null)),
+        ("own", serde_json::json!({"nodeSelector": {"zone": "a"}})),
+    ] {
+        let mut spec = serde_json::json!({"name": n, "source": "redhat-operators",
+            "sourceNamespace": "openshift-marketplace", "channel": "stable"});
+        if !config.is_null() {
+            spec["config"] = config;
+        }
+        let o: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "operators.coreos.com/v1alpha1", "kind": "Subscription",
+            "metadata": {"name": n, "namespace": "team"}, "spec": spec,
+        }))?;
+        subs.create(&PostParams::default(), &o).await?;
+    }
+    converge(&ctx, &env, name, &[&env.management, &env.guest]).await?;
+    let plain = subs.get("plain").await?;
+    assert_eq!(
+        plain.data["spec"]["config"]["nodeSelector"],
+        serde_json::json!({"node-pool": "operators"})
+    );
+    assert_eq!(
+        plain.data["spec"]["config"]["tolerations"][0]["key"],
+        "operators"
+    );
+    let own = subs.get("own").await?;
+    assert_eq!(
+        own.data["spec"]["config"]["nodeSelector"],
+        serde_json::json!({"zone": "a"}),
+        "the user's own nodeSelector wins"
+    );
+    assert_eq!(
+        own.data["spec"]["config"]["tolerations"][0]["key"],
+        "operators"
+    );
+    let before = env.guest.api_writes(&["subscriptions"]).await?;
+    reconcile(&ctx, &env, name).await?;
+    ensure!(
+        env.guest.api_writes(&["subscriptions"]).await? == before,
+        "the second pass wrote Subscriptions"
+    );
+    Ok(())
+}

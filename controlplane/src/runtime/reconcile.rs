@@ -875,9 +875,20 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
             .await,
     );
     hcp_writes += writes(&hcp_report);
+    // subscriptionDefaults: guest Subscriptions without a placement of their own get it.
+    let mut subscription_writes = 0;
+    if guest_olm_crds_ready {
+        match apply_subscription_defaults(&guest, &input.valid.subscription_defaults).await {
+            Ok(n) => subscription_writes = n,
+            Err(e) => {
+                tracing::warn!(cluster = %input.valid.cluster.key(), error = %e, "subscription defaults")
+            }
+        }
+    }
     // HyperShift deletes the deprecated redhat-marketplace CatalogSource left by older
     // releases; so do we (its image is no longer published, so it only fails).
     let guest_writes = writes(&guest_report)
+        + subscription_writes
         + usize::from(
             delete_deprecated_marketplace(&guest)
                 .await
@@ -1091,6 +1102,87 @@ async fn read_installed_operators(guest: &kube::Client) -> Vec<InstalledOperator
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(c) => lp = lp.continue_token(&c),
             None => return out,
+        }
+    }
+}
+
+/// Subscriptions examined per pass for `subscriptionDefaults` (guest users can create any
+/// number), and defaults written per pass (the rest follow on later passes).
+const MAX_SUBSCRIPTIONS_EXAMINED: usize = 10_000;
+const MAX_SUBSCRIPTION_PATCHES: usize = 200;
+
+/// The merge patch giving one guest Subscription the HostedOLM's `subscriptionDefaults`:
+/// only the fields it does not set itself (`spec.config.nodeSelector`,
+/// `spec.config.tolerations`), so a user's own choice always wins and a second pass finds
+/// nothing to do. None when nothing is missing. Pure.
+pub fn subscription_defaults_patch(
+    subscription: &Value,
+    defaults: &crate::hostedolm::SubscriptionDefaults,
+) -> Option<Value> {
+    let config = &subscription["spec"]["config"];
+    let unset = |field: &str| match &config[field] {
+        Value::Null => true,
+        Value::Object(m) => m.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        _ => false,
+    };
+    let mut patch = serde_json::Map::new();
+    if !defaults.node_selector.is_empty() && unset("nodeSelector") {
+        patch.insert("nodeSelector".into(), json!(defaults.node_selector));
+    }
+    if !defaults.tolerations.is_empty() && unset("tolerations") {
+        patch.insert("tolerations".into(), json!(defaults.tolerations));
+    }
+    (!patch.is_empty()).then(|| json!({"spec": {"config": patch}}))
+}
+
+/// Give guest Subscriptions that set no placement of their own the HostedOLM's
+/// `subscriptionDefaults` (OLM copies `spec.config` to the operator's Deployment, so the
+/// operator lands on the chosen nodes). Returns the number of Subscriptions written.
+async fn apply_subscription_defaults(
+    guest: &kube::Client,
+    defaults: &crate::hostedolm::SubscriptionDefaults,
+) -> Result<usize, Error> {
+    if defaults.node_selector.is_empty() && defaults.tolerations.is_empty() {
+        return Ok(0);
+    }
+    let ar = api_resource(
+        "operators.coreos.com/v1alpha1",
+        "Subscription",
+        "subscriptions",
+    );
+    let all: Api<DynamicObject> = Api::all_with(guest.clone(), &ar);
+    let mut lp = ListParams::default().limit(CSV_PAGE);
+    let (mut examined, mut written) = (0usize, 0usize);
+    loop {
+        let page = all
+            .list(&lp)
+            .await
+            .map_err(kube_err("listing guest Subscriptions".to_string()))?;
+        for s in page.items {
+            examined += 1;
+            let Some(patch) = subscription_defaults_patch(&s.data, defaults) else {
+                continue;
+            };
+            let (Some(ns), Some(name)) =
+                (s.metadata.namespace.as_deref(), s.metadata.name.as_deref())
+            else {
+                continue;
+            };
+            Api::<DynamicObject>::namespaced_with(guest.clone(), ns, &ar)
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(kube_err(format!(
+                    "giving Subscription {ns}/{name} the defaults"
+                )))?;
+            written += 1;
+            if written == MAX_SUBSCRIPTION_PATCHES {
+                return Ok(written);
+            }
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(c) if examined < MAX_SUBSCRIPTIONS_EXAMINED => lp = lp.continue_token(&c),
+            _ => return Ok(written),
         }
     }
 }
@@ -1494,5 +1586,37 @@ mod tests {
         assert!(!rolled_out(&rendered, &live("new", 2, unready)));
         assert!(!rolled_out(&rendered, &live("new", 2, json!(null))));
         assert!(!rolled_out(&json!({}), &live("new", 2, json!({}))));
+    }
+
+    #[test]
+    fn subscription_defaults_fill_only_what_the_user_left_unset() {
+        use crate::hostedolm::SubscriptionDefaults;
+        let d: SubscriptionDefaults = serde_json::from_value(json!({
+            "nodeSelector": {"node-pool": "operators"},
+            "tolerations": [{"key": "operators", "operator": "Exists", "effect": "NoSchedule"}],
+        }))
+        .unwrap();
+        let bare = json!({"spec": {"name": "etcd", "source": "x"}});
+        let p = subscription_defaults_patch(&bare, &d).unwrap();
+        assert_eq!(
+            p["spec"]["config"]["nodeSelector"]["node-pool"],
+            "operators"
+        );
+        assert_eq!(p["spec"]["config"]["tolerations"][0]["key"], "operators");
+        // the user's own nodeSelector wins; only tolerations are added
+        let own = json!({"spec": {"config": {"nodeSelector": {"zone": "a"}}}});
+        let p = subscription_defaults_patch(&own, &d).unwrap();
+        assert!(p["spec"]["config"].get("nodeSelector").is_none());
+        assert!(p["spec"]["config"]["tolerations"].is_array());
+        // after the patch nothing is missing: a second pass writes nothing
+        let done = json!({"spec": {"config": {"nodeSelector": {"zone": "a"}, "tolerations": [{"key": "k"}]}}});
+        assert_eq!(subscription_defaults_patch(&done, &d), None);
+        // empty values count as unset; no defaults, no patch
+        let empty = json!({"spec": {"config": {"nodeSelector": {}, "tolerations": []}}});
+        assert!(subscription_defaults_patch(&empty, &d).is_some());
+        assert_eq!(
+            subscription_defaults_patch(&bare, &SubscriptionDefaults::default()),
+            None
+        );
     }
 }
