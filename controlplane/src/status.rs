@@ -49,6 +49,42 @@ pub fn set_degraded(
     ));
 }
 
+/// Nothing can be applied for a lasting reason outside our control: not Available,
+/// Degraded with `reason` and `message`, not Progressing. Other conditions as they were.
+pub fn set_blocked(
+    conditions: &mut Vec<Condition>,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: &Time,
+) {
+    conditions.retain(|c| ![AVAILABLE, DEGRADED, PROGRESSING].contains(&c.type_.as_str()));
+    conditions.push(cond(
+        AVAILABLE,
+        false,
+        reason,
+        message.to_string(),
+        generation,
+        now,
+    ));
+    conditions.push(cond(
+        PROGRESSING,
+        false,
+        "AsExpected",
+        String::new(),
+        generation,
+        now,
+    ));
+    conditions.push(cond(
+        DEGRADED,
+        true,
+        reason,
+        message.to_string(),
+        generation,
+        now,
+    ));
+}
+
 /// Degraded/Progressing from validation problems (render did not run).
 pub fn conditions_from_validation(
     errs: &[ConditionReason],

@@ -3136,3 +3136,78 @@ async fn subscription_defaults_reach_guest_subscriptions() -> Result<()> {
     );
     Ok(())
 }
+
+/// Issue 13, item 13 (detection): while HyperShift's own OLM runs in the HCP namespace, two
+/// OLMs would fight over the guest, so nothing of ours is written to either cluster and the
+/// HostedOLM says why, with the remedy; once HyperShift keeps its OLM at 0 replicas (its
+/// `debug-deployments` annotation; stood in for by scaling the Deployment as the
+/// control-plane-operator would), ours is applied.
+#[tokio::test]
+async fn hypershifts_running_olm_keeps_ours_out() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    let ctx = ctx(controller_client(&env).await?);
+    let name = "hs";
+    let hcp_ns = format!("{HC_NS}-{name}");
+    put_kubeconfig_secret(&env, "hs-kubeconfig").await?;
+    create_hc(&env, name, "hs-kubeconfig").await?;
+    // HyperShift's catalog-operator (as its control-plane-operator labels it).
+    let theirs: Deployment = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "catalog-operator", "namespace": hcp_ns,
+            "labels": {"hypershift.openshift.io/managed-by": "control-plane-operator"}},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "catalog-operator"}},
+            "template": {"metadata": {"labels": {"app": "catalog-operator"}},
+                "spec": {"containers": [{"name": "c", "image": "quay.io/x/olm:1"}]}}},
+    }))?;
+    let deps = Api::<Deployment>::namespaced(env.management.client(), &hcp_ns);
+    deps.create(&PostParams::default(), &theirs).await?;
+    for _ in 0..2 {
+        let o = reconcile(&ctx, &env, name).await?;
+        ensure!(
+            o.state == State::Invalid("HyperShiftOLMActive".into()),
+            "{o:?}"
+        );
+    }
+    let (m, g) = snapshot(&env, name).await?;
+    ensure!(
+        g.is_empty(),
+        "wrote to the guest beside HyperShift's OLM: {g:?}"
+    );
+    ensure!(
+        m.iter().all(|o| o.starts_with("HostedOLM/")),
+        "wrote to the HCP namespace beside HyperShift's OLM: {m:?}"
+    );
+    let (status, reason) = holm_condition(&env, name, "Degraded")
+        .await?
+        .context("Degraded")?;
+    ensure!(status == "True" && reason == "HyperShiftOLMActive");
+    let holm = holm_of(&env, name).await?;
+    let msg = holm
+        .status
+        .unwrap_or_default()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Degraded")
+        .map(|c| c.message)
+        .unwrap_or_default();
+    ensure!(
+        msg.contains("catalog-operator") && msg.contains("debug-deployments"),
+        "{msg}"
+    );
+    // HyperShift keeps its OLM at 0: ours goes in.
+    deps.patch(
+        "catalog-operator",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"replicas": 0}})),
+    )
+    .await?;
+    converge(&ctx, &env, name, &[&env.management, &env.guest]).await?;
+    let (m, g) = snapshot(&env, name).await?;
+    ensure!(m.len() > 10 && !g.is_empty(), "{m:?} {g:?}");
+    ensure!(
+        holm_condition(&env, name, "Degraded").await?.map(|d| d.1)
+            != Some("HyperShiftOLMActive".into())
+    );
+    Ok(())
+}

@@ -671,6 +671,32 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
         return Ok(o);
     }
 
+    // HyperShift runs its own OLM in every HCP namespace, and its hosted-cluster-config-
+    // operator writes the same guest objects. Two OLMs on one guest fight over its
+    // Subscriptions, CatalogSources and packageserver APIService, so while HyperShift's OLM
+    // runs nothing of ours is written (or pruned) and status says so, with the remedy.
+    let active = hypershift_olm_active(&ctx.client, &hcp_ns).await?;
+    if !active.is_empty() {
+        let msg = hypershift_olm_message(&hcp_ns, &active);
+        tracing::warn!(cluster = %valid.cluster.key(), "{msg}");
+        let mut st = holm.status.clone().unwrap_or_default();
+        st.observed_generation = generation;
+        crate::status::set_blocked(
+            &mut st.conditions,
+            HYPERSHIFT_OLM_ACTIVE,
+            &msg,
+            generation,
+            &now_t,
+        );
+        let mut o = Outcome::new(
+            State::Invalid(HYPERSHIFT_OLM_ACTIVE.into()),
+            ctx.schedule.resync,
+        );
+        o.status_written = write_status(ctx, hc, &holm, st).await?;
+        o.hcp_writes = hcp_writes;
+        return Ok(o);
+    }
+
     let catalog_images = facts::catalog_images_cached(
         hc,
         &valid,
@@ -1187,6 +1213,58 @@ async fn apply_subscription_defaults(
     }
 }
 
+/// Reason while HyperShift's own OLM runs in the HCP namespace.
+pub const HYPERSHIFT_OLM_ACTIVE: &str = "HyperShiftOLMActive";
+
+/// HyperShift's OLM Deployments in an HCP namespace (control-plane-operator's component
+/// names; the catalogs only in management placement).
+pub const HYPERSHIFT_OLM_DEPLOYMENTS: &[&str] = &[
+    "catalog-operator",
+    "olm-operator",
+    "packageserver",
+    "redhat-operators-catalog",
+    "certified-operators-catalog",
+    "community-operators-catalog",
+];
+
+/// Whether a live Deployment is one of HyperShift's that runs pods: not ours (no hcp-olm
+/// managed-by label) and not scaled to zero (HyperShift's `debug-deployments` annotation
+/// keeps the named ones at 0). Pure.
+pub fn hypershift_deployment_runs(d: &Deployment) -> bool {
+    let ours = d
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(labels::MANAGED_BY_KEY))
+        .is_some_and(|v| v == labels::MANAGED_BY);
+    !ours && d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1) > 0
+}
+
+/// The names of HyperShift's OLM Deployments running in `hcp_ns`.
+async fn hypershift_olm_active(client: &kube::Client, hcp_ns: &str) -> Result<Vec<String>, Error> {
+    let api: Api<Deployment> = Api::namespaced(client.clone(), hcp_ns);
+    let mut out = Vec::new();
+    for name in HYPERSHIFT_OLM_DEPLOYMENTS {
+        let live = api
+            .get_opt(name)
+            .await
+            .map_err(kube_err(format!("reading Deployment {hcp_ns}/{name}")))?;
+        if live.as_ref().is_some_and(hypershift_deployment_runs) {
+            out.push((*name).to_string());
+        }
+    }
+    Ok(out)
+}
+
+/// What status says while HyperShift's OLM runs, with the remedy. Pure.
+pub fn hypershift_olm_message(hcp_ns: &str, running: &[String]) -> String {
+    format!(
+        "HyperShift's own OLM runs in {hcp_ns} (Deployments {}): two OLMs would fight over the guest's Subscriptions, CatalogSources and packageserver APIService, so hcp-olm writes nothing to this hosted cluster. To use hcp-olm instead, list {} in the HostedCluster annotation hypershift.openshift.io/debug-deployments (HyperShift then keeps them at 0 replicas; docs/controller.md says what HyperShift still writes to the guest); to keep HyperShift's OLM, nothing needs doing",
+        running.join(", "),
+        HYPERSHIFT_OLM_DEPLOYMENTS.join(",")
+    )
+}
+
 /// The CatalogSource HyperShift deletes as deprecated.
 pub const DEPRECATED_MARKETPLACE: &str = "redhat-marketplace";
 
@@ -1617,6 +1695,34 @@ mod tests {
         assert_eq!(
             subscription_defaults_patch(&bare, &SubscriptionDefaults::default()),
             None
+        );
+    }
+
+    #[test]
+    fn hypershifts_running_olm_deployments_are_told_apart_from_ours_and_scaled_down_ones() {
+        let d = |labels: Value, replicas: Value| -> Deployment {
+            serde_json::from_value(json!({
+                "metadata": {"name": "catalog-operator", "labels": labels},
+                "spec": {"replicas": replicas, "selector": {}, "template": {}},
+            }))
+            .unwrap()
+        };
+        assert!(hypershift_deployment_runs(&d(
+            json!({"hypershift.openshift.io/managed-by": "control-plane-operator"}),
+            json!(2)
+        )));
+        // replicas unset means 1
+        assert!(hypershift_deployment_runs(&d(json!({}), Value::Null)));
+        // scaled to 0 by HyperShift's debug-deployments annotation
+        assert!(!hypershift_deployment_runs(&d(json!({}), json!(0))));
+        // ours
+        assert!(!hypershift_deployment_runs(&d(
+            json!({labels::MANAGED_BY_KEY: labels::MANAGED_BY}),
+            json!(1)
+        )));
+        let m = hypershift_olm_message("clusters-a", &["catalog-operator".into()]);
+        assert!(
+            m.contains("hypershift.openshift.io/debug-deployments") && m.contains("clusters-a")
         );
     }
 }
