@@ -133,6 +133,15 @@ pub fn packageserver_sans(hcp_namespace: &str, hcp_service: &str) -> Vec<String>
     ]
 }
 
+/// The SANs of an HCP metrics Service's serving certificate.
+pub fn metrics_sans(hcp_namespace: &str, service: &str) -> Vec<String> {
+    vec![
+        service.to_string(),
+        format!("{service}.{hcp_namespace}.svc"),
+        format!("{service}.{hcp_namespace}.svc.cluster.local"),
+    ]
+}
+
 /// Issue a serving certificate signed by `ca` (which must come from [`issue_ca`] for
 /// the same `cluster`). Its lifetime never exceeds the CA's.
 pub fn issue_serving_cert(
@@ -143,6 +152,51 @@ pub fn issue_serving_cert(
     key_pem: &str,
     now: OffsetDateTime,
     validity: Duration,
+) -> Result<CertMaterial, CertError> {
+    issue_leaf(
+        cluster,
+        ca,
+        common_name,
+        sans,
+        key_pem,
+        now,
+        validity,
+        ExtendedKeyUsagePurpose::ServerAuth,
+    )
+}
+
+/// Issue a client certificate (ClientAuth only, no SANs) signed by `ca`, e.g. for a
+/// metrics scraper that OLM's `--client-ca` accepts. Its lifetime never exceeds the CA's.
+pub fn issue_client_cert(
+    cluster: &str,
+    ca: &CertMaterial,
+    common_name: &str,
+    key_pem: &str,
+    now: OffsetDateTime,
+    validity: Duration,
+) -> Result<CertMaterial, CertError> {
+    issue_leaf(
+        cluster,
+        ca,
+        common_name,
+        &[],
+        key_pem,
+        now,
+        validity,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn issue_leaf(
+    cluster: &str,
+    ca: &CertMaterial,
+    common_name: &str,
+    sans: &[String],
+    key_pem: &str,
+    now: OffsetDateTime,
+    validity: Duration,
+    usage: ExtendedKeyUsagePurpose,
 ) -> Result<CertMaterial, CertError> {
     if validity <= Duration::ZERO {
         return Err(CertError::Validity);
@@ -159,9 +213,9 @@ pub fn issue_serving_cert(
         KeyUsagePurpose::DigitalSignature,
         KeyUsagePurpose::KeyEncipherment,
     ];
-    // Serving only: a serving certificate that could also authenticate as a client
+    // One usage only: a serving certificate that could also authenticate as a client
     // would let whoever holds its key log in wherever our CA is trusted for clients.
-    p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    p.extended_key_usages = vec![usage];
     let not_before = now - BACKDATE;
     let not_after = (now + validity).min(ca.not_after);
     p.not_before = not_before;

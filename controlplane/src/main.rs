@@ -460,6 +460,7 @@ fn offline_input(valid: validate::ValidInput) -> anyhow::Result<RenderInput> {
             packageserver: ps,
             packageserver_sans_fingerprint: certs::sans_fingerprint(&sans),
             previous_ca_pem: None,
+            metrics: None,
         },
         tunnel: TunnelKeys {
             gateway_private_key: placeholder.clone(),
@@ -469,6 +470,7 @@ fn offline_input(valid: validate::ValidInput) -> anyhow::Result<RenderInput> {
             ..TunnelKeys::default()
         },
         packageserver_cluster_ip: None,
+        service_monitors_served: false,
         guest_olm_crds_ready: true,
         external_secret_hashes: BTreeMap::new(),
         owner: None,

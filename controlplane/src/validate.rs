@@ -222,6 +222,9 @@ pub struct ValidInput {
     /// Whether replicas must spread over zones (HyperShift relaxes this to a preference on
     /// OpenStack and KubeVirt, where zones are often not there).
     pub zone_spread_required: bool,
+    /// HyperShift's `hypershift.openshift.io/disable-monitoring-services` annotation is on
+    /// the HostedCluster: no metrics Services, no ServiceMonitors.
+    pub monitoring_disabled: bool,
     pub max_catalog_version: Option<MinorVersion>,
     /// Number of catalog versions tried (release minor included).
     pub catalog_candidates: usize,
@@ -285,6 +288,10 @@ impl ValidInput {
         self.enabled_catalogs = enabled;
     }
 }
+
+/// HyperShift's HostedCluster annotation that turns off metrics Services and ServiceMonitors.
+pub const DISABLE_MONITORING_ANNOTATION: &str =
+    "hypershift.openshift.io/disable-monitoring-services";
 
 /// Cut `s` to at most `max` characters (untrusted text quoted in messages), marking the cut.
 fn truncate_chars(s: &mut String, max: usize) {
@@ -776,6 +783,11 @@ pub fn validate(
                 registry_overrides,
                 registry_override_warnings,
                 packageserver_tls_args,
+                monitoring_disabled: hc
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key(DISABLE_MONITORING_ANNOTATION)),
                 zone_spread_required: !matches!(
                     spec.platform.as_ref().and_then(|p| p.type_.as_deref()),
                     Some("OpenStack" | "KubeVirt")

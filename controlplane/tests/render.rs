@@ -110,7 +110,7 @@ fn typed_objects_round_trip() {
                 "NetworkPolicy" => roundtrip::<net::NetworkPolicy>(o),
                 "PodDisruptionBudget" => roundtrip::<policy::PodDisruptionBudget>(o),
                 "APIService" => roundtrip::<agg::APIService>(o),
-                "CatalogSource" | "OperatorHub" => {}
+                "CatalogSource" | "OperatorHub" | "ServiceMonitor" => {}
                 other => panic!("unexpected kind {other}"),
             }
         }
@@ -776,4 +776,112 @@ fn packageserver_spreads_and_follows_the_tls_profile() {
                 && r.to_string().contains("tlsSecurityProfile")),
         "{err:?}"
     );
+}
+
+/// Metrics as HyperShift serves them (issue 13, item 7): catalog-operator and olm-operator
+/// on 8443 over TLS with `--tls-cert`/`--tls-key`/`--client-ca`, HTTPS probes, metrics
+/// Services on `https-metrics`, ServiceMonitors only where the management cluster serves
+/// them, and none of it with `hypershift.openshift.io/disable-monitoring-services`.
+#[test]
+fn olm_metrics_over_tls_with_service_monitors_unless_disabled() {
+    let hc = common::load_hc("none-minimal.yaml");
+    let mut input = common::with_live_facts(common::input(common::valid(&hc, None), true));
+    let d = render::desired(&input).unwrap();
+    for (deploy, cname, secret) in [
+        (
+            names::CATALOG_OPERATOR,
+            "catalog-operator",
+            names::CATALOG_OPERATOR_METRICS_CERT,
+        ),
+        (
+            names::OLM_OPERATOR,
+            "olm-operator",
+            names::OLM_OPERATOR_METRICS_CERT,
+        ),
+    ] {
+        let c = container(&d, deploy, cname);
+        let a = args(c);
+        for (flag, file) in [
+            ("--tls-cert", "/srv-cert/tls.crt"),
+            ("--tls-key", "/srv-cert/tls.key"),
+            ("--client-ca", "/srv-cert/ca.crt"),
+        ] {
+            let at = a
+                .iter()
+                .position(|x| x == flag)
+                .unwrap_or_else(|| panic!("{cname} {flag}"));
+            assert_eq!(a[at + 1], file);
+        }
+        assert_eq!(c["ports"][0]["containerPort"], 8443);
+        assert_eq!(c["readinessProbe"]["httpGet"]["scheme"], "HTTPS");
+        let pod = &find(&d.hcp, "Deployment", deploy).body["spec"]["template"]["spec"];
+        assert!(
+            pod["volumes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|v| v["secret"]["secretName"] == secret)
+        );
+        find(&d.hcp, "Secret", secret);
+        let svc = find(&d.hcp, "Service", &format!("{deploy}-metrics"));
+        assert_eq!(svc.body["spec"]["ports"][0]["name"], "https-metrics");
+        let sm = find(&d.hcp, "ServiceMonitor", deploy);
+        assert_eq!(
+            sm.body["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"],
+            format!("{deploy}-metrics")
+        );
+        assert_eq!(
+            sm.body["spec"]["endpoints"][0]["tlsConfig"]["serverName"],
+            format!("{deploy}-metrics")
+        );
+    }
+    find(&d.hcp, "Secret", names::METRICS_CLIENT);
+    // a new metrics certificate rolls its operator only
+    let hash = |d: &Desired, n: &str| {
+        find(&d.hcp, "Deployment", n).body["spec"]["template"]["metadata"]["annotations"]
+            [labels::CONFIG_HASH_ANNOTATION]
+            .clone()
+    };
+    let mut rotated = input.clone();
+    rotated
+        .pki
+        .metrics
+        .as_mut()
+        .unwrap()
+        .catalog_operator
+        .cert_pem
+        .push('\n');
+    let r = render::desired(&rotated).unwrap();
+    assert_ne!(
+        hash(&d, names::CATALOG_OPERATOR),
+        hash(&r, names::CATALOG_OPERATOR)
+    );
+    assert_eq!(hash(&d, names::OLM_OPERATOR), hash(&r, names::OLM_OPERATOR));
+
+    // no ServiceMonitor CRD: no ServiceMonitors, Services stay
+    input.service_monitors_served = false;
+    let d = render::desired(&input).unwrap();
+    assert!(!d.hcp.iter().any(|o| o.kind == "ServiceMonitor"));
+    find(
+        &d.hcp,
+        "Service",
+        &format!("{}-metrics", names::CATALOG_OPERATOR),
+    );
+    // HyperShift's disable-monitoring-services: neither
+    input.service_monitors_served = true;
+    input.valid.monitoring_disabled = true;
+    let d = render::desired(&input).unwrap();
+    assert!(
+        !d.hcp
+            .iter()
+            .any(|o| o.kind == "ServiceMonitor" || o.name.ends_with("-metrics"))
+    );
+    // the annotation is read from the HostedCluster
+    let mut hc2 = common::load_hc("none-minimal.yaml");
+    hc2.metadata.annotations.get_or_insert_default().insert(
+        "hypershift.openshift.io/disable-monitoring-services".into(),
+        "true".into(),
+    );
+    assert!(common::valid(&hc2, None).monitoring_disabled);
+    assert!(!common::valid(&hc, None).monitoring_disabled);
 }

@@ -3211,3 +3211,113 @@ async fn hypershifts_running_olm_keeps_ours_out() -> Result<()> {
     );
     Ok(())
 }
+
+/// Issue 13, item 7 on a real API server: with prometheus-operator's ServiceMonitor kind
+/// served (a minimal CRD of that group and kind: its schema is not what is tested), the OLM
+/// operators' ServiceMonitors and TLS metrics Services are applied and a converged pass writes
+/// nothing (the metrics certificates are not re-issued); HyperShift's
+/// `disable-monitoring-services` annotation prunes both.
+#[tokio::test]
+async fn service_monitors_where_served_and_disable_monitoring_prunes_them() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    let dir = tempfile::tempdir()?;
+    let crd = dir.path().join("servicemonitors.yaml");
+    std::fs::write(
+        &crd,
+        r#"apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: servicemonitors.monitoring.coreos.com}
+spec:
+  group: monitoring.coreos.com
+  scope: Namespaced
+  names: {kind: ServiceMonitor, listKind: ServiceMonitorList, plural: servicemonitors, singular: servicemonitor}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+"#,
+    )?;
+    env.management.install_crds(&[crd]).await?;
+    let ctx = ctx(controller_client(&env).await?);
+    let name = "mon";
+    let hcp_ns = format!("{HC_NS}-{name}");
+    put_kubeconfig_secret(&env, "mon-kubeconfig").await?;
+    create_hc(&env, name, "mon-kubeconfig").await?;
+    let both = [&env.management, &env.guest];
+    converge(&ctx, &env, name, &both).await?;
+    let sm_ar = ApiResource {
+        group: "monitoring.coreos.com".into(),
+        version: "v1".into(),
+        api_version: "monitoring.coreos.com/v1".into(),
+        kind: "ServiceMonitor".into(),
+        plural: "servicemonitors".into(),
+    };
+    let sms = Api::<DynamicObject>::namespaced_with(env.management.client(), &hcp_ns, &sm_ar);
+    let names_of = || async {
+        let mut n: Vec<String> = sms
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|o| o.metadata.name)
+            .collect();
+        n.sort();
+        Ok::<_, anyhow::Error>(n)
+    };
+    assert_eq!(
+        names_of().await?,
+        ["hcp-olm-catalog-operator", "hcp-olm-olm-operator"]
+    );
+    let certs = Api::<Secret>::namespaced(env.management.client(), &hcp_ns);
+    let client_cert = secret_item(
+        &env.management,
+        &hcp_ns,
+        "hcp-olm-metrics-client",
+        "tls.crt",
+    )
+    .await?;
+    ensure!(client_cert.is_some());
+    for s in [
+        "hcp-olm-catalog-operator-metrics-cert",
+        "hcp-olm-olm-operator-metrics-cert",
+    ] {
+        certs.get(s).await?;
+    }
+    // converged: no writes, no new certificates
+    let before = env.management.api_writes(RESOURCES).await?;
+    reconcile(&ctx, &env, name).await?;
+    ensure!(
+        env.management.api_writes(RESOURCES).await? == before,
+        "a converged pass wrote to the management cluster"
+    );
+    ensure!(
+        secret_item(
+            &env.management,
+            &hcp_ns,
+            "hcp-olm-metrics-client",
+            "tls.crt"
+        )
+        .await?
+            == client_cert,
+        "the metrics client certificate was re-issued"
+    );
+    // HyperShift's annotation: ServiceMonitors and metrics Services go.
+    patch_hc(
+        &env,
+        name,
+        serde_json::json!({"metadata": {"annotations": {"hypershift.openshift.io/disable-monitoring-services": "true"}}}),
+    )
+    .await?;
+    converge(&ctx, &env, name, &both).await?;
+    ensure!(names_of().await?.is_empty(), "{:?}", names_of().await?);
+    let svcs = Api::<Service>::namespaced(env.management.client(), &hcp_ns);
+    ensure!(
+        svcs.get_opt("hcp-olm-catalog-operator-metrics")
+            .await?
+            .is_none()
+    );
+    Ok(())
+}

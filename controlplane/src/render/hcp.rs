@@ -236,6 +236,77 @@ fn spread_replicas(deployment: &mut Value, name: &str, zone_required: bool) {
     deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"] = anti;
 }
 
+/// catalog-operator / olm-operator serve health and metrics over TLS on 8443 (instead of
+/// HTTP on 8080) with the flags HyperShift passes: `--tls-cert`, `--tls-key`, and
+/// `--client-ca` (our CA: the metrics client certificate is signed by it). The certificate
+/// Secret's hash joins the config hash, so a new certificate rolls the pods.
+fn serve_metrics_over_tls(deployment: &mut Value, secret: &str, cert_hash: &str) {
+    const DIR: &str = "/srv-cert";
+    let pod = &mut deployment["spec"]["template"];
+    let old = pod["metadata"]["annotations"][labels::CONFIG_HASH_ANNOTATION]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    pod["metadata"]["annotations"][labels::CONFIG_HASH_ANNOTATION] =
+        json!(config_hash(&BTreeMap::from([
+            ("base".to_string(), old),
+            (secret.to_string(), cert_hash.to_string())
+        ])));
+    if let Some(v) = pod["spec"]["volumes"].as_array_mut() {
+        v.push(json!({"name": "srv-cert", "secret": {"secretName": secret, "defaultMode": 0o440}}));
+    }
+    let c = &mut pod["spec"]["containers"][0];
+    if let Some(a) = c["args"].as_array_mut() {
+        for (flag, file) in [
+            ("--tls-cert", "tls.crt"),
+            ("--tls-key", "tls.key"),
+            ("--client-ca", "ca.crt"),
+        ] {
+            a.push(json!(flag));
+            a.push(json!(format!("{DIR}/{file}")));
+        }
+    }
+    c["ports"] =
+        json!([{"name": "metrics", "containerPort": ports::OLM_METRICS_TLS, "protocol": "TCP"}]);
+    c["livenessProbe"] = http_probe("/healthz", ports::OLM_METRICS_TLS, "HTTPS", 60, 3);
+    c["readinessProbe"] = http_probe("/healthz", ports::OLM_METRICS_TLS, "HTTPS", 0, 3);
+    if let Some(m) = c["volumeMounts"].as_array_mut() {
+        m.push(json!({"name": "srv-cert", "mountPath": DIR, "readOnly": true}));
+    }
+}
+
+/// A ServiceMonitor scraping an OLM operator's metrics Service over TLS with our metrics
+/// client certificate, verifying the server against our CA (as HyperShift's do, with its
+/// annotations naming the metrics job).
+fn service_monitor(input: &RenderInput, deployment: &str, component: &str, service: &str) -> Value {
+    let v = &input.valid;
+    let mut meta = metadata(v, deployment, Some(ns(input)), component, owner(input));
+    meta["annotations"]["hypershift.openshift.io/metrics-job"] = json!(service);
+    meta["annotations"]["hypershift.openshift.io/metrics-namespace"] =
+        json!("openshift-operator-lifecycle-manager");
+    meta["annotations"]["hypershift.openshift.io/metrics-service"] = json!(service);
+    meta["annotations"]["hypershift.openshift.io/metrics-endpoint"] = json!("https-metrics");
+    json!({
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": meta,
+        "spec": {
+            // the metrics Service (by its labels), not the pods
+            "selector": {"matchLabels": selector(service)},
+            "endpoints": [{
+                "scheme": "https",
+                "targetPort": "metrics",
+                "tlsConfig": {
+                    "ca": {"secret": {"name": names::METRICS_CLIENT, "key": "ca.crt"}},
+                    "cert": {"secret": {"name": names::METRICS_CLIENT, "key": "tls.crt"}},
+                    "keySecret": {"name": names::METRICS_CLIENT, "key": "tls.key"},
+                    "serverName": service,
+                },
+            }],
+        },
+    })
+}
+
 fn container_security() -> Value {
     json!({
         "allowPrivilegeEscalation": false,
@@ -458,6 +529,43 @@ pub(super) fn render(
         )],
     );
     push(out, ps_secret, "secrets");
+    // Metrics TLS of the OLM operators (serving certificates, and the scrapers' client
+    // certificate with the CA the ServiceMonitors verify the servers with).
+    let mut metrics_hashes: BTreeMap<&str, String> = BTreeMap::new();
+    if let Some(m) = &input.pki.metrics {
+        for (secret, component, cert, sans) in [
+            (
+                names::CATALOG_OPERATOR_METRICS_CERT,
+                "catalog-operator",
+                &m.catalog_operator,
+                crate::certs::metrics_sans(
+                    ns(input),
+                    &names::metrics_service(names::CATALOG_OPERATOR),
+                ),
+            ),
+            (
+                names::OLM_OPERATOR_METRICS_CERT,
+                "olm-operator",
+                &m.olm_operator,
+                crate::certs::metrics_sans(ns(input), &names::metrics_service(names::OLM_OPERATOR)),
+            ),
+            (names::METRICS_CLIENT, "metrics", &m.client, Vec::new()),
+        ] {
+            let (body, hash) = tls_secret(
+                input,
+                secret,
+                component,
+                cert,
+                Some(&input.pki.ca.cert_pem),
+                &[(
+                    labels::SANS_ANNOTATION,
+                    crate::certs::sans_fingerprint(&sans),
+                )],
+            );
+            push(out, body, "secrets");
+            metrics_hashes.insert(secret, hash);
+        }
+    }
     let enabled: Vec<DefaultCatalog> = catalogs.iter().map(|c| c.catalog).collect();
     let exposed = if management {
         exposed_services(&enabled)
@@ -588,23 +696,34 @@ pub(super) fn render(
         "networkpolicies",
     );
 
-    // Services.
+    // Services. The metrics Services (and ServiceMonitors where the management cluster
+    // serves them) unless HyperShift's disable-monitoring-services annotation is set.
+    let metrics_tls = input.pki.metrics.is_some();
     for (name, component) in [
         (names::CATALOG_OPERATOR, "catalog-operator"),
         (names::OLM_OPERATOR, "olm-operator"),
     ] {
+        if v.monitoring_disabled {
+            continue;
+        }
+        let svc = names::metrics_service(name);
+        let port = if metrics_tls {
+            json!([{"name": "https-metrics", "protocol": "TCP", "port": ports::OLM_METRICS_TLS, "targetPort": "metrics"}])
+        } else {
+            json!([{"name": "http-metrics", "protocol": "TCP", "port": ports::OLM_HEALTH_METRICS, "targetPort": ports::OLM_HEALTH_METRICS}])
+        };
         push(
             out,
-            service(
-                input,
-                &format!("{name}-metrics"),
-                component,
-                name,
-                json!([{"name": "http-metrics", "protocol": "TCP", "port": ports::OLM_HEALTH_METRICS, "targetPort": ports::OLM_HEALTH_METRICS}]),
-                "ClusterIP",
-            ),
+            service(input, &svc, component, name, port, "ClusterIP"),
             "services",
         );
+        if metrics_tls && input.service_monitors_served {
+            push(
+                out,
+                service_monitor(input, name, component, &svc),
+                "servicemonitors",
+            );
+        }
     }
     push(
         out,
@@ -755,92 +874,96 @@ pub(super) fn render(
     )]));
 
     // catalog-operator: pflag double-dash flags; --kubeconfig is a real flag here.
-    push(
-        out,
-        deployment(
-            input,
-            PodSpec {
-                name: names::CATALOG_OPERATOR,
-                component: "catalog-operator",
-                replicas: olm_replicas(1),
-                service_account: names::CATALOG_OPERATOR,
-                automount_token: false,
-                priority_class: CONTROL_PLANE_PRIORITY,
-                init_containers: vec![],
-                containers: vec![json!({
-                    "name": "catalog-operator",
-                    "image": v.images.olm,
-                    "imagePullPolicy": "IfNotPresent",
-                    "command": ["/bin/catalog"],
-                    "args": [
-                        "--namespace", GLOBAL_CATALOG_NAMESPACE,
-                        "--configmapServerImage", v.images.operator_registry,
-                        "--opmImage", v.images.operator_registry,
-                        "--util-image", v.images.olm,
-                        "--writeStatusName", "operator-lifecycle-manager-catalog",
-                        "--kubeconfig", kubeconfig_path,
-                    ],
-                    "env": common_env(vec![]),
-                    "ports": [{"name": "http-metrics", "containerPort": ports::OLM_HEALTH_METRICS, "protocol": "TCP"}],
-                    "livenessProbe": http_probe("/healthz", ports::OLM_HEALTH_METRICS, "HTTP", 60, 3),
-                    "readinessProbe": http_probe("/healthz", ports::OLM_HEALTH_METRICS, "HTTP", 0, 3),
-                    "resources": resources("10m", "80Mi"),
-                    "securityContext": container_security(),
-                    "volumeMounts": [kube_mount.clone(), tmp_mount.clone()],
-                })],
-                volumes: vec![kubeconfig_volume(v), tmp_volume()],
-                config_hash: operator_hash.clone(),
-                image_pull_secrets: vec![],
-                strategy: None,
-                termination_grace_seconds: None,
-            },
-        ),
-        "deployments",
+    let mut catalog_operator = deployment(
+        input,
+        PodSpec {
+            name: names::CATALOG_OPERATOR,
+            component: "catalog-operator",
+            replicas: olm_replicas(1),
+            service_account: names::CATALOG_OPERATOR,
+            automount_token: false,
+            priority_class: CONTROL_PLANE_PRIORITY,
+            init_containers: vec![],
+            containers: vec![json!({
+                "name": "catalog-operator",
+                "image": v.images.olm,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["/bin/catalog"],
+                "args": [
+                    "--namespace", GLOBAL_CATALOG_NAMESPACE,
+                    "--configmapServerImage", v.images.operator_registry,
+                    "--opmImage", v.images.operator_registry,
+                    "--util-image", v.images.olm,
+                    "--writeStatusName", "operator-lifecycle-manager-catalog",
+                    "--kubeconfig", kubeconfig_path,
+                ],
+                "env": common_env(vec![]),
+                "ports": [{"name": "http-metrics", "containerPort": ports::OLM_HEALTH_METRICS, "protocol": "TCP"}],
+                "livenessProbe": http_probe("/healthz", ports::OLM_HEALTH_METRICS, "HTTP", 60, 3),
+                "readinessProbe": http_probe("/healthz", ports::OLM_HEALTH_METRICS, "HTTP", 0, 3),
+                "resources": resources("10m", "80Mi"),
+                "securityContext": container_security(),
+                "volumeMounts": [kube_mount.clone(), tmp_mount.clone()],
+            })],
+            volumes: vec![kubeconfig_volume(v), tmp_volume()],
+            config_hash: operator_hash.clone(),
+            image_pull_secrets: vec![],
+            strategy: None,
+            termination_grace_seconds: None,
+        },
     );
+    if let Some(h) = metrics_hashes.get(names::CATALOG_OPERATOR_METRICS_CERT) {
+        serve_metrics_over_tls(
+            &mut catalog_operator,
+            names::CATALOG_OPERATOR_METRICS_CERT,
+            h,
+        );
+    }
+    push(out, catalog_operator, "deployments");
 
     // olm-operator: NO --kubeconfig flag (controller-runtime reads KUBECONFIG).
-    push(
-        out,
-        deployment(
-            input,
-            PodSpec {
-                name: names::OLM_OPERATOR,
-                component: "olm-operator",
-                replicas: olm_replicas(1),
-                service_account: names::OLM_OPERATOR,
-                automount_token: false,
-                priority_class: CONTROL_PLANE_PRIORITY,
-                init_containers: vec![],
-                containers: vec![json!({
-                    "name": "olm-operator",
-                    "image": v.images.olm,
-                    "imagePullPolicy": "IfNotPresent",
-                    "command": ["/bin/olm"],
-                    "args": [
-                        "--namespace", "$(OPERATOR_NAMESPACE)",
-                        "--writeStatusName", "operator-lifecycle-manager",
-                        "--writePackageServerStatusName=",
-                    ],
-                    "env": common_env(vec![
-                        json!({"name": "OPERATOR_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}),
-                        json!({"name": "OPERATOR_NAME", "value": "olm-operator"}),
-                    ]),
-                    "ports": [{"name": "http-metrics", "containerPort": ports::OLM_HEALTH_METRICS, "protocol": "TCP"}],
-                    "livenessProbe": http_probe("/healthz", ports::OLM_HEALTH_METRICS, "HTTP", 60, 3),
-                    "readinessProbe": http_probe("/healthz", ports::OLM_HEALTH_METRICS, "HTTP", 0, 3),
-                    "resources": resources("10m", "160Mi"),
-                    "securityContext": container_security(),
-                    "volumeMounts": [kube_mount.clone(), tmp_mount.clone()],
-                })],
-                volumes: vec![kubeconfig_volume(v), tmp_volume()],
-                config_hash: operator_hash,
-                image_pull_secrets: vec![],
-                strategy: None,
-                termination_grace_seconds: None,
-            },
-        ),
-        "deployments",
+    let mut olm_operator = deployment(
+        input,
+        PodSpec {
+            name: names::OLM_OPERATOR,
+            component: "olm-operator",
+            replicas: olm_replicas(1),
+            service_account: names::OLM_OPERATOR,
+            automount_token: false,
+            priority_class: CONTROL_PLANE_PRIORITY,
+            init_containers: vec![],
+            containers: vec![json!({
+                "name": "olm-operator",
+                "image": v.images.olm,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["/bin/olm"],
+                "args": [
+                    "--namespace", "$(OPERATOR_NAMESPACE)",
+                    "--writeStatusName", "operator-lifecycle-manager",
+                    "--writePackageServerStatusName=",
+                ],
+                "env": common_env(vec![
+                    json!({"name": "OPERATOR_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}),
+                    json!({"name": "OPERATOR_NAME", "value": "olm-operator"}),
+                ]),
+                "ports": [{"name": "http-metrics", "containerPort": ports::OLM_HEALTH_METRICS, "protocol": "TCP"}],
+                "livenessProbe": http_probe("/healthz", ports::OLM_HEALTH_METRICS, "HTTP", 60, 3),
+                "readinessProbe": http_probe("/healthz", ports::OLM_HEALTH_METRICS, "HTTP", 0, 3),
+                "resources": resources("10m", "160Mi"),
+                "securityContext": container_security(),
+                "volumeMounts": [kube_mount.clone(), tmp_mount.clone()],
+            })],
+            volumes: vec![kubeconfig_volume(v), tmp_volume()],
+            config_hash: operator_hash,
+            image_pull_secrets: vec![],
+            strategy: None,
+            termination_grace_seconds: None,
+        },
     );
+    if let Some(h) = metrics_hashes.get(names::OLM_OPERATOR_METRICS_CERT) {
+        serve_metrics_over_tls(&mut olm_operator, names::OLM_OPERATOR_METRICS_CERT, h);
+    }
+    push(out, olm_operator, "deployments");
 
     // packageserver: aggregated API server on 5443 with our serving cert.
     let (ps_replicas, ps_strategy) = match v.availability {

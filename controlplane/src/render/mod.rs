@@ -33,6 +33,15 @@ pub mod names {
     pub const OLM_OPERATOR: &str = "hcp-olm-olm-operator";
     pub const PACKAGESERVER: &str = "hcp-olm-packageserver";
     pub const PACKAGESERVER_CERT: &str = "hcp-olm-packageserver-cert";
+    /// Serving certificates of the OLM operators' metrics endpoints.
+    pub const CATALOG_OPERATOR_METRICS_CERT: &str = "hcp-olm-catalog-operator-metrics-cert";
+    pub const OLM_OPERATOR_METRICS_CERT: &str = "hcp-olm-olm-operator-metrics-cert";
+    /// Client certificate a ServiceMonitor scrapes those endpoints with.
+    pub const METRICS_CLIENT: &str = "hcp-olm-metrics-client";
+    /// The metrics Service of an OLM operator Deployment.
+    pub fn metrics_service(deployment: &str) -> String {
+        format!("{deployment}-metrics")
+    }
     pub const PACKAGESERVER_PDB: &str = "hcp-olm-packageserver";
     pub const CA: &str = "hcp-olm-ca";
     pub const CATALOG_SA: &str = "hcp-olm-catalog";
@@ -59,6 +68,8 @@ pub mod ports {
     pub const PACKAGESERVER: u16 = 5443;
     /// OLM operators serve health and metrics on plain :8080 when no TLS flags are set.
     pub const OLM_HEALTH_METRICS: u16 = 8080;
+    /// OLM operators' health and metrics with TLS (`--tls-cert`/`--tls-key`).
+    pub const OLM_METRICS_TLS: u16 = 8443;
     pub const WIREGUARD: u16 = 51820;
     pub const SOCKS: u16 = 1080;
     pub const TUNNEL_HEALTH: u16 = 8081;
@@ -153,6 +164,19 @@ pub struct PkiInput {
     /// certificate it signed may still run: the guest APIService `caBundle` trusts both
     /// until the packageserver Deployment has rolled out the new certificate.
     pub previous_ca_pem: Option<String>,
+    /// TLS for catalog-operator's and olm-operator's metrics (None: plain HTTP on 8080, as
+    /// in offline renders without a CA).
+    pub metrics: Option<MetricsPki>,
+}
+
+/// Certificates of the OLM operators' metrics endpoints, as HyperShift gives them: a
+/// serving certificate each, and a client certificate for scrapers (`--client-ca` is our
+/// CA), all signed by the cluster CA.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetricsPki {
+    pub catalog_operator: CertMaterial,
+    pub olm_operator: CertMaterial,
+    pub client: CertMaterial,
 }
 
 impl PkiInput {
@@ -187,6 +211,9 @@ pub struct RenderInput {
     /// kubeconfig). Feeds the config-hash pod annotations.
     pub external_secret_hashes: BTreeMap<String, String>,
     pub owner: Option<Owner>,
+    /// Whether the management cluster serves `monitoring.coreos.com/v1` ServiceMonitors
+    /// (they are rendered only then, as HyperShift does).
+    pub service_monitors_served: bool,
 }
 
 #[derive(Debug, thiserror::Error)]

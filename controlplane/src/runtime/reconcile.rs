@@ -84,6 +84,12 @@ pub fn hcp_kinds() -> Vec<(ApiResource, bool)> {
         ("v1", "Secret", "secrets"),
         ("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
         ("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
+        // not served everywhere: prune passes over a kind the cluster does not serve
+        (
+            "monitoring.coreos.com/v1",
+            "ServiceMonitor",
+            "servicemonitors",
+        ),
     ]
     .into_iter()
     .map(|(a, k, p)| (api_resource(a, k, p), true))
@@ -826,6 +832,7 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
         pki,
         tunnel,
         packageserver_cluster_ip: packageserver_cluster_ip.clone(),
+        service_monitors_served: service_monitors_served(&ctx.client).await,
         guest_olm_crds_ready,
         external_secret_hashes,
         owner: Some(owner),
@@ -1210,6 +1217,18 @@ async fn apply_subscription_defaults(
             Some(c) if examined < MAX_SUBSCRIPTIONS_EXAMINED => lp = lp.continue_token(&c),
             _ => return Ok(written),
         }
+    }
+}
+
+/// Whether the management cluster serves ServiceMonitors (prometheus-operator's CRD). An
+/// unanswered discovery reads as "not served" (the metrics Services are there anyway).
+async fn service_monitors_served(client: &kube::Client) -> bool {
+    match client
+        .list_api_group_resources("monitoring.coreos.com/v1")
+        .await
+    {
+        Ok(list) => list.resources.iter().any(|r| r.name == "servicemonitors"),
+        Err(_) => false,
     }
 }
 

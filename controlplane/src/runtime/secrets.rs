@@ -266,12 +266,71 @@ pub async fn pki(
             )?
         }
     };
+    // The OLM operators' metrics endpoints (serving) and their scraper (client).
+    let leaf = async |secret: &str, cn: &str, sans: Vec<String>, client: bool| {
+        let stored = api
+            .get_opt(secret)
+            .await
+            .map_err(kube_err(format!("reading Secret {ns}/{secret}")))?
+            .as_ref()
+            .and_then(stored_cert);
+        match stored {
+            Some((cert, info))
+                if !issued && !certs::serving_cert_needs_reissue(Some(&info), &sans, &ca, now) =>
+            {
+                Ok::<_, Error>(cert)
+            }
+            _ => {
+                tracing::info!(%cluster, %secret, "issuing a metrics certificate");
+                let key = certs::generate_key_pem()?;
+                Ok(if client {
+                    certs::issue_client_cert(&cluster, &ca, cn, &key, now, certs::SERVING_VALIDITY)?
+                } else {
+                    certs::issue_serving_cert(
+                        &cluster,
+                        &ca,
+                        cn,
+                        &sans,
+                        &key,
+                        now,
+                        certs::SERVING_VALIDITY,
+                    )?
+                })
+            }
+        }
+    };
+    let catalog_operator = leaf(
+        names::CATALOG_OPERATOR_METRICS_CERT,
+        "catalog-operator-metrics",
+        certs::metrics_sans(ns, &names::metrics_service(names::CATALOG_OPERATOR)),
+        false,
+    )
+    .await?;
+    let olm_operator = leaf(
+        names::OLM_OPERATOR_METRICS_CERT,
+        "olm-operator-metrics",
+        certs::metrics_sans(ns, &names::metrics_service(names::OLM_OPERATOR)),
+        false,
+    )
+    .await?;
+    let client = leaf(
+        names::METRICS_CLIENT,
+        "hcp-olm-metrics-client",
+        Vec::new(),
+        true,
+    )
+    .await?;
     Ok((
         PkiInput {
             ca,
             packageserver,
             packageserver_sans_fingerprint: certs::sans_fingerprint(&sans),
             previous_ca_pem,
+            metrics: Some(crate::render::MetricsPki {
+                catalog_operator,
+                olm_operator,
+                client,
+            }),
         },
         issued,
     ))

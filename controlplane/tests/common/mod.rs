@@ -133,6 +133,7 @@ pub fn input(v: ValidInput, ready: bool) -> RenderInput {
             },
             packageserver_sans_fingerprint: "0011223344556677".into(),
             previous_ca_pem: None,
+            metrics: None,
         },
         tunnel: TunnelKeys {
             gateway_private_key: "R0FURVdBWS1QUklWQVRFLUtFWS1URVNULTAwMDAwMDA=".into(),
@@ -143,6 +144,7 @@ pub fn input(v: ValidInput, ready: bool) -> RenderInput {
             ..TunnelKeys::default()
         },
         packageserver_cluster_ip: None,
+        service_monitors_served: false,
         guest_olm_crds_ready: ready,
         external_secret_hashes: external,
         owner: None,
@@ -152,6 +154,19 @@ pub fn input(v: ValidInput, ready: bool) -> RenderInput {
 
 pub fn with_live_facts(mut i: RenderInput) -> RenderInput {
     i.packageserver_cluster_ip = Some("172.30.12.34".into());
+    // the runtime always has metrics certificates; the cluster serves ServiceMonitors
+    let leaf = |n: &str| CertMaterial {
+        cert_pem: pem("CERTIFICATE", n),
+        key_pem: pem("PRIVATE KEY", &format!("{n}-KEY")),
+        not_before: t(1_800_000_000),
+        not_after: t(1_830_000_000),
+    };
+    i.pki.metrics = Some(hcp_olm_controlplane::render::MetricsPki {
+        catalog_operator: leaf("TEST-CATALOG-OPERATOR-METRICS"),
+        olm_operator: leaf("TEST-OLM-OPERATOR-METRICS"),
+        client: leaf("TEST-METRICS-CLIENT"),
+    });
+    i.service_monitors_served = true;
     i.tunnel.gateway_endpoint = Some("203.0.113.10:31820".into());
     i.owner = Some(Owner {
         api_version: "olm.hcp-olm.io/v1alpha1".into(),
