@@ -56,8 +56,11 @@ pub struct HostedOLMSpec {
     /// Which gRPC catalog server runs the management-side catalogs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub catalog_server: Option<CatalogServerKind>,
-    /// Registry rewrites applied to catalog image candidates (added to the
-    /// HostedCluster's `olm-catalogs-is-registry-overrides` annotation).
+    /// Mirrors of the default catalogs, tried after those of the HostedCluster's
+    /// `olm-catalogs-is-registry-overrides` annotation and with HyperShift's meaning: source
+    /// `registry.redhat.io/redhat` → the mirror replaces registry and namespace; source
+    /// `registry.redhat.io` → the mirror replaces the registry (and the namespace too when
+    /// it has a path). Other sources do not apply (a warning Event says so).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub registry_overrides: Vec<RegistryOverride>,
     /// Newest catalog minor to use (`4.22`); unset means the release minor.

@@ -36,8 +36,9 @@ pub struct CustomTlsProfile {
     pub min_tls_version: Option<String>,
 }
 
-/// The profiles' TLS 1.2 suites (OpenSSL names) as OpenShift defines them; TLS 1.3 suites
-/// are not configurable in Go and are left out, as are suites Go's servers do not offer.
+/// The profiles' TLS 1.2 suites (OpenSSL names) that HyperShift passes on: OpenShift's
+/// profiles also list TLS 1.3 suites (not configurable in Go) and, for Old, suites outside
+/// HyperShift's OpenSSL→IANA map, which it drops; so do we.
 const INTERMEDIATE: &[&str] = &[
     "ECDHE-ECDSA-AES128-GCM-SHA256",
     "ECDHE-RSA-AES128-GCM-SHA256",
@@ -102,6 +103,15 @@ pub fn server_args(profile: Option<&TlsSecurityProfile>) -> Result<Vec<String>, 
                     "{FIELD}.custom.minTLSVersion: {:?} is not one of {}",
                     truncated(min),
                     VERSIONS.join(", ")
+                ));
+            }
+            // Unlike HyperShift (which then passes no suite flag, i.e. Go's defaults), a
+            // Custom list of which nothing can be used is refused: the admin asked for a
+            // narrower set, never for the defaults.
+            if !c.ciphers.is_empty() && !c.ciphers.iter().any(|s| iana(s).is_some()) {
+                return Err(format!(
+                    "{FIELD}.custom.ciphers: none of the {} ciphers is a TLS 1.2 suite packageserver can use (OpenSSL names such as ECDHE-RSA-AES128-GCM-SHA256)",
+                    c.ciphers.len()
                 ));
             }
             (min, c.ciphers.iter().map(String::as_str).collect())
@@ -209,6 +219,15 @@ mod tests {
             e.contains("custom.minTLSVersion") && e.contains("SSLv3"),
             "{e}"
         );
+        let unusable = TlsSecurityProfile {
+            type_: Some("Custom".into()),
+            custom: Some(CustomTlsProfile {
+                ciphers: vec!["NOT-A-CIPHER".into()],
+                min_tls_version: None,
+            }),
+        };
+        let e = server_args(Some(&unusable)).unwrap_err();
+        assert!(e.contains("custom.ciphers"), "{e}");
         let long = "x".repeat(100_000);
         assert!(server_args(Some(&p(&long))).unwrap_err().len() < 300);
     }

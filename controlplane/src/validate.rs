@@ -293,6 +293,29 @@ impl ValidInput {
 pub const DISABLE_MONITORING_ANNOTATION: &str =
     "hypershift.openshift.io/disable-monitoring-services";
 
+/// Warnings (at most five, then a count) for override sources that do not apply to the
+/// default catalogs.
+fn inapplicable_sources(field: &str, pairs: &[RegistryOverride], out: &mut Vec<String>) {
+    let bad: Vec<&RegistryOverride> = pairs
+        .iter()
+        .filter(|o| !o.source.trim().is_empty() && !catalogs::applies_to_catalogs(&o.source))
+        .collect();
+    for o in bad.iter().take(5) {
+        let mut source = o.source.clone();
+        truncate_chars(&mut source, 120);
+        out.push(format!(
+            "{field}: source {source:?} does not apply to the default catalogs (only {} and registry.redhat.io do, as in HyperShift)",
+            catalogs::DEFAULT_CATALOG_REGISTRY
+        ));
+    }
+    if bad.len() > 5 {
+        out.push(format!(
+            "{field}: {} more sources that do not apply",
+            bad.len() - 5
+        ));
+    }
+}
+
 /// Cut `s` to at most `max` characters (untrusted text quoted in messages), marking the cut.
 fn truncate_chars(s: &mut String, max: usize) {
     if let Some((i, _)) = s.char_indices().nth(max) {
@@ -569,19 +592,14 @@ pub fn validate(
                 skipped.len() - 5
             ));
         }
-        for o in pairs
-            .iter()
-            .filter(|o| !catalogs::applies_to_catalogs(&o.source))
-        {
-            let mut source = o.source.clone();
-            truncate_chars(&mut source, 120);
-            registry_override_warnings.push(format!(
-                "{field}: source {source:?} does not apply to the default catalogs (only {} and registry.redhat.io do, as in HyperShift)",
-                catalogs::DEFAULT_CATALOG_REGISTRY
-            ));
-        }
+        inapplicable_sources(&field, &pairs, &mut registry_override_warnings);
         registry_overrides.extend(pairs);
     }
+    inapplicable_sources(
+        "HostedOLM.spec.registryOverrides",
+        &ov.registry_overrides,
+        &mut registry_override_warnings,
+    );
     for (i, o) in ov.registry_overrides.iter().enumerate() {
         if o.source.trim().is_empty() || o.mirror.trim().is_empty() {
             errs.push(ConditionReason::new(

@@ -44,6 +44,8 @@ const RESOURCES: &[&str] = &[
     "operatorhubs",
     "namespaces",
     "events",
+    "servicemonitors",
+    "subscriptions",
 ];
 
 fn repo_file(p: &str) -> PathBuf {
@@ -3209,6 +3211,23 @@ async fn hypershifts_running_olm_keeps_ours_out() -> Result<()> {
         holm_condition(&env, name, "Degraded").await?.map(|d| d.1)
             != Some("HyperShiftOLMActive".into())
     );
+    // HyperShift's OLM comes back (the annotation removed): ours stops, then returns.
+    let replicas = |d: Deployment| d.spec.and_then(|s| s.replicas);
+    for (theirs, ours) in [(1, 0), (0, 1)] {
+        deps.patch(
+            "catalog-operator",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"replicas": theirs}})),
+        )
+        .await?;
+        converge(&ctx, &env, name, &[&env.management, &env.guest]).await?;
+        for d in ["hcp-olm-catalog-operator", "hcp-olm-olm-operator"] {
+            ensure!(
+                replicas(deps.get(d).await?) == Some(ours),
+                "{d}: HyperShift's at {theirs}, ours must be at {ours}"
+            );
+        }
+    }
     Ok(())
 }
 

@@ -397,3 +397,29 @@ fn availability_defaults_to_highly_available_as_in_hypershift() {
         AvailabilityPolicy::SingleReplica
     );
 }
+
+/// A HostedOLM override whose source does not apply to the default catalogs is a warning
+/// too (review finding: it was accepted and silently ignored).
+#[test]
+fn hosted_olm_overrides_that_do_not_apply_are_warned_about() {
+    let hc = common::load_hc("none-minimal.yaml");
+    let ov: hcp_olm_controlplane::hostedolm::HostedOLMSpec = serde_json::from_value(serde_json::json!({
+        "registryOverrides": [
+            {"source": "registry.redhat.io/redhat/redhat-operator-index", "mirror": "m.example/x"},
+            {"source": "registry.redhat.io", "mirror": "m.example"},
+        ]
+    }))
+    .unwrap();
+    let v = common::valid(&hc, Some(&ov));
+    assert_eq!(
+        v.registry_override_warnings.len(),
+        1,
+        "{:?}",
+        v.registry_override_warnings
+    );
+    assert!(v.registry_override_warnings[0].starts_with("HostedOLM.spec.registryOverrides"));
+    assert_eq!(
+        hcp_olm_controlplane::catalogs::catalog_registries(&v.registry_overrides),
+        ["m.example/redhat"]
+    );
+}

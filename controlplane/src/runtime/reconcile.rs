@@ -603,6 +603,35 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     let now = OffsetDateTime::now_utc();
     let now_t = now_time(now);
 
+    // HyperShift runs its own OLM in every HCP namespace, and its hosted-cluster-config-
+    // operator writes the same guest objects. Two OLMs on one guest fight over its
+    // Subscriptions, CatalogSources and packageserver APIService, so while HyperShift's OLM
+    // runs nothing of ours is applied or pruned, our own OLM operators (if an earlier pass
+    // started them) are scaled to 0, and status says so, with the remedy. Checked before
+    // the guest is contacted or any registry is asked.
+    let active = hypershift_olm_active(&ctx.client, &hcp_ns).await?;
+    if !active.is_empty() {
+        let msg = hypershift_olm_message(&hcp_ns, &active);
+        tracing::warn!(cluster = %format!("{ns}/{name}"), "{msg}");
+        hcp_writes += stop_our_olm_operators(&ctx.client, &hcp_ns).await?;
+        let mut st = holm.status.clone().unwrap_or_default();
+        st.observed_generation = generation;
+        crate::status::set_blocked(
+            &mut st.conditions,
+            HYPERSHIFT_OLM_ACTIVE,
+            &msg,
+            generation,
+            &now_t,
+        );
+        let mut o = Outcome::new(
+            State::Invalid(HYPERSHIFT_OLM_ACTIVE.into()),
+            ctx.schedule.resync,
+        );
+        o.status_written = write_status(ctx, hc, &holm, st).await?;
+        o.hcp_writes = hcp_writes;
+        return Ok(o);
+    }
+
     // Guest access first: without it nothing can be rendered usefully.
     let guest = match guest_client(ctx, hc).await? {
         Ok(c) => c,
@@ -673,32 +702,6 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     if valid.paused_until.is_paused(now) {
         tracing::info!(cluster = %valid.cluster.key(), "reconciliation paused");
         let mut o = Outcome::new(State::Paused, ctx.schedule.resync);
-        o.hcp_writes = hcp_writes;
-        return Ok(o);
-    }
-
-    // HyperShift runs its own OLM in every HCP namespace, and its hosted-cluster-config-
-    // operator writes the same guest objects. Two OLMs on one guest fight over its
-    // Subscriptions, CatalogSources and packageserver APIService, so while HyperShift's OLM
-    // runs nothing of ours is written (or pruned) and status says so, with the remedy.
-    let active = hypershift_olm_active(&ctx.client, &hcp_ns).await?;
-    if !active.is_empty() {
-        let msg = hypershift_olm_message(&hcp_ns, &active);
-        tracing::warn!(cluster = %valid.cluster.key(), "{msg}");
-        let mut st = holm.status.clone().unwrap_or_default();
-        st.observed_generation = generation;
-        crate::status::set_blocked(
-            &mut st.conditions,
-            HYPERSHIFT_OLM_ACTIVE,
-            &msg,
-            generation,
-            &now_t,
-        );
-        let mut o = Outcome::new(
-            State::Invalid(HYPERSHIFT_OLM_ACTIVE.into()),
-            ctx.schedule.resync,
-        );
-        o.status_written = write_status(ctx, hc, &holm, st).await?;
         o.hcp_writes = hcp_writes;
         return Ok(o);
     }
@@ -832,7 +835,7 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
         pki,
         tunnel,
         packageserver_cluster_ip: packageserver_cluster_ip.clone(),
-        service_monitors_served: service_monitors_served(&ctx.client).await,
+        service_monitors_served: service_monitors_served(&ctx.client).await?,
         guest_olm_crds_ready,
         external_secret_hashes,
         owner: Some(owner),
@@ -1142,6 +1145,7 @@ async fn read_installed_operators(guest: &kube::Client) -> Vec<InstalledOperator
 /// Subscriptions examined per pass for `subscriptionDefaults` (guest users can create any
 /// number), and defaults written per pass (the rest follow on later passes).
 const MAX_SUBSCRIPTIONS_EXAMINED: usize = 10_000;
+const SUBSCRIPTION_PAGE: u32 = 25;
 const MAX_SUBSCRIPTION_PATCHES: usize = 200;
 
 /// The merge patch giving one guest Subscription the HostedOLM's `subscriptionDefaults`:
@@ -1185,8 +1189,10 @@ async fn apply_subscription_defaults(
         "subscriptions",
     );
     let all: Api<DynamicObject> = Api::all_with(guest.clone(), &ar);
-    let mut lp = ListParams::default().limit(CSV_PAGE);
-    let (mut examined, mut written) = (0usize, 0usize);
+    // Whole objects are needed (spec.config), and a guest user decides their size (up to
+    // the API server's 1.5 MiB each): small pages bound what one answer can hold.
+    let mut lp = ListParams::default().limit(SUBSCRIPTION_PAGE);
+    let (mut examined, mut written, mut refused) = (0usize, 0usize, 0usize);
     loop {
         let page = all
             .list(&lp)
@@ -1202,33 +1208,46 @@ async fn apply_subscription_defaults(
             else {
                 continue;
             };
-            Api::<DynamicObject>::namespaced_with(guest.clone(), ns, &ar)
+            // One Subscription a guest webhook refuses must not hold back the others.
+            match Api::<DynamicObject>::namespaced_with(guest.clone(), ns, &ar)
                 .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
-                .map_err(kube_err(format!(
-                    "giving Subscription {ns}/{name} the defaults"
-                )))?;
-            written += 1;
+            {
+                Ok(_) => written += 1,
+                Err(e) => {
+                    refused += 1;
+                    if refused == 1 {
+                        tracing::warn!(subscription = %format!("{ns}/{name}"), error = %e, "cannot give a guest Subscription the defaults");
+                    }
+                }
+            }
             if written == MAX_SUBSCRIPTION_PATCHES {
                 return Ok(written);
             }
         }
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(c) if examined < MAX_SUBSCRIPTIONS_EXAMINED => lp = lp.continue_token(&c),
-            _ => return Ok(written),
+            _ => {
+                if refused > 0 {
+                    tracing::warn!(refused, "guest Subscriptions refused the defaults");
+                }
+                return Ok(written);
+            }
         }
     }
 }
 
-/// Whether the management cluster serves ServiceMonitors (prometheus-operator's CRD). An
-/// unanswered discovery reads as "not served" (the metrics Services are there anyway).
-async fn service_monitors_served(client: &kube::Client) -> bool {
+/// Whether the management cluster serves ServiceMonitors (prometheus-operator's CRD).
+async fn service_monitors_served(client: &kube::Client) -> Result<bool, Error> {
+    // Only a 404 means "not served"; any other failure fails the pass (retried), so a
+    // discovery hiccup never prunes the ServiceMonitors.
     match client
         .list_api_group_resources("monitoring.coreos.com/v1")
         .await
     {
-        Ok(list) => list.resources.iter().any(|r| r.name == "servicemonitors"),
-        Err(_) => false,
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == "servicemonitors")),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(kube_err("discovering monitoring.coreos.com/v1".to_string())(e)),
     }
 }
 
@@ -1275,10 +1294,39 @@ async fn hypershift_olm_active(client: &kube::Client, hcp_ns: &str) -> Result<Ve
     Ok(out)
 }
 
+/// Scale our catalog-operator and olm-operator to 0 where they run (a merge patch of
+/// `spec.replicas`; the next apply once HyperShift's OLM is gone restores them). Returns the
+/// number of Deployments written.
+async fn stop_our_olm_operators(client: &kube::Client, hcp_ns: &str) -> Result<usize, Error> {
+    let api: Api<Deployment> = Api::namespaced(client.clone(), hcp_ns);
+    let mut written = 0;
+    for name in [names::CATALOG_OPERATOR, names::OLM_OPERATOR] {
+        let live = api
+            .get_opt(name)
+            .await
+            .map_err(kube_err(format!("reading Deployment {hcp_ns}/{name}")))?;
+        if live
+            .and_then(|d| d.spec)
+            .and_then(|s| s.replicas)
+            .is_some_and(|r| r > 0)
+        {
+            api.patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": 0}})),
+            )
+            .await
+            .map_err(kube_err(format!("scaling Deployment {hcp_ns}/{name} to 0")))?;
+            written += 1;
+        }
+    }
+    Ok(written)
+}
+
 /// What status says while HyperShift's OLM runs, with the remedy. Pure.
 pub fn hypershift_olm_message(hcp_ns: &str, running: &[String]) -> String {
     format!(
-        "HyperShift's own OLM runs in {hcp_ns} (Deployments {}): two OLMs would fight over the guest's Subscriptions, CatalogSources and packageserver APIService, so hcp-olm writes nothing to this hosted cluster. To use hcp-olm instead, list {} in the HostedCluster annotation hypershift.openshift.io/debug-deployments (HyperShift then keeps them at 0 replicas; docs/controller.md says what HyperShift still writes to the guest); to keep HyperShift's OLM, nothing needs doing",
+        "HyperShift's own OLM runs in {hcp_ns} (Deployments {}): two OLMs would fight over the guest's Subscriptions, CatalogSources and packageserver APIService, so hcp-olm applies nothing to this hosted cluster and keeps its own catalog-operator and olm-operator at 0 replicas. To keep HyperShift's OLM, nothing needs doing. To use hcp-olm instead (a workaround: HyperShift's debug annotation), list {} in the HostedCluster annotation hypershift.openshift.io/debug-deployments, which makes HyperShift keep them at 0 replicas; its hosted-cluster-config-operator still rewrites some guest objects (docs/controller.md)",
         running.join(", "),
         HYPERSHIFT_OLM_DEPLOYMENTS.join(",")
     )
@@ -1593,6 +1641,7 @@ fn set_endpoint(
 /// HCP namespace, the HostedOLM, then release the HostedCluster.
 pub async fn cleanup(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error> {
     let (ns, name, hcp_ns) = identity(hc)?;
+    ctx.warnings_changed(&format!("{ns}/{name}"), &[]);
     let mut out = Outcome::new(State::CleanedUp, ctx.schedule.resync);
     if !hc
         .metadata

@@ -236,6 +236,8 @@ pub async fn pki(
             )?
         }
     };
+    // A new CA re-issues every leaf; a new packageserver certificate alone does not.
+    let ca_issued = issued;
     let sans = certs::packageserver_sans(ns, names::PACKAGESERVER);
     let stored_ps = api
         .get_opt(names::PACKAGESERVER_CERT)
@@ -276,7 +278,8 @@ pub async fn pki(
             .and_then(stored_cert);
         match stored {
             Some((cert, info))
-                if !issued && !certs::serving_cert_needs_reissue(Some(&info), &sans, &ca, now) =>
+                if !ca_issued
+                    && !certs::serving_cert_needs_reissue(Some(&info), &sans, &ca, now) =>
             {
                 Ok::<_, Error>(cert)
             }
