@@ -5,6 +5,10 @@
 //!   `RUST_LOG`, `info` when unset; logs go to stderr.
 //! - [`parse_duration`]: one duration syntax for every flag and config field (humantime:
 //!   `500ms`, `10s`, `5m`, `1h30m`; a bare number is seconds).
+//! - [`admin`]: the `/healthz`, `/readyz` and `/metrics` endpoints and the `hcp_olm_`
+//!   metrics registry with `hcp_olm_build_info`.
+
+pub mod admin;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -103,6 +107,7 @@ mod tests {
 
     #[derive(Debug, clap::Parser)]
     struct Demo {
+        /// A timeout.
         #[arg(long, value_parser = parse_duration)]
         timeout: Duration,
         #[command(flatten)]

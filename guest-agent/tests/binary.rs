@@ -163,10 +163,19 @@ owner = "local"
     let (code, body) = http_get(admin, "/metrics").unwrap();
     assert_eq!(code, 200);
     assert!(
-        body.contains(r#"dns_queries_total{owner="guest",result="noerror",source="upstream"} 1"#),
+        body.contains(
+            r#"hcp_olm_dns_queries_total{owner="guest",result="noerror",source="upstream"} 1"#
+        ),
         "{body}"
     );
-    assert!(body.contains("dns_cache_hits_total 1"), "{body}");
+    assert!(body.contains("hcp_olm_dns_cache_hits_total 1"), "{body}");
+    assert!(
+        body.contains(&format!(
+            "hcp_olm_build_info{{version=\"{}\",binary=\"hcp-olm-dns\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{body}"
+    );
 
     let child = p.0.as_mut().unwrap();
     let st = Command::new("kill")
