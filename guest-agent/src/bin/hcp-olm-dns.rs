@@ -121,3 +121,15 @@ async fn run(cfg: file::ServerConfig) -> anyhow::Result<()> {
         anyhow::bail!("drain did not finish within {:?}", cfg.drain_timeout)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_flag_has_help() {
+        use clap::CommandFactory;
+        assert_eq!(
+            hcp_olm_binkit::flags_without_help(&super::Args::command()),
+            Vec::<String>::new()
+        );
+    }
+}
