@@ -5,6 +5,11 @@
 //!   `RUST_LOG`, `info` when unset; logs go to stderr.
 //! - [`parse_duration`]: one duration syntax for every flag and config field (humantime:
 //!   `500ms`, `10s`, `5m`, `1h30m`; a bare number is seconds).
+//! - [`admin`]: the `/healthz`, `/readyz` and `/metrics` endpoints and the `hcp_olm_`
+//!   metrics registry with `hcp_olm_build_info`.
+//! - [`flags_without_help`]: for each binary's test that every flag is documented.
+
+pub mod admin;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -97,12 +102,43 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// The flags and positional arguments of `cmd` and its subcommands that have no help text
+/// (`subcommand --flag` or `--flag`); clap's own `--help`/`--version` are not counted.
+pub fn flags_without_help(cmd: &clap::Command) -> Vec<String> {
+    fn walk(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+        for a in cmd.get_arguments() {
+            let id = a.get_id().as_str();
+            if a.is_hide_set() || id == "help" || id == "version" {
+                continue;
+            }
+            if a.get_help().is_none() && a.get_long_help().is_none() {
+                let name = match (a.get_long(), a.get_short()) {
+                    (Some(l), _) => format!("--{l}"),
+                    (None, Some(s)) => format!("-{s}"),
+                    (None, None) => format!("<{id}>"),
+                };
+                out.push(format!("{path}{name}"));
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            if sub.get_name() == "help" {
+                continue;
+            }
+            walk(sub, &format!("{path}{} ", sub.get_name()), out);
+        }
+    }
+    let mut out = Vec::new();
+    walk(cmd, "", &mut out);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[derive(Debug, clap::Parser)]
     struct Demo {
+        /// A timeout.
         #[arg(long, value_parser = parse_duration)]
         timeout: Duration,
         #[command(flatten)]
@@ -128,6 +164,36 @@ mod tests {
             .expect("valid flags");
         assert_eq!(ok.timeout, Duration::from_secs(120));
         assert_eq!(ok.log.log_format, LogFormat::Json);
+    }
+
+    #[test]
+    fn undocumented_flags_are_found() {
+        use clap::CommandFactory;
+        #[derive(Debug, clap::Parser)]
+        struct Sloppy {
+            /// Documented.
+            #[arg(long)]
+            fine: bool,
+            #[arg(short = 'o', long)]
+            output: Option<String>,
+            #[command(subcommand)]
+            sub: Option<Sub>,
+        }
+        #[derive(Debug, clap::Subcommand)]
+        enum Sub {
+            /// A subcommand.
+            Run {
+                #[arg(long)]
+                image: Option<String>,
+                /// Documented.
+                name: Option<String>,
+            },
+        }
+        assert_eq!(
+            flags_without_help(&Sloppy::command()),
+            vec!["--output".to_string(), "run --image".to_string()]
+        );
+        assert!(flags_without_help(&Demo::command()).is_empty());
     }
 
     #[test]

@@ -129,3 +129,15 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_flag_has_help() {
+        use clap::CommandFactory;
+        assert_eq!(
+            hcp_olm_binkit::flags_without_help(&super::Args::command()),
+            Vec::<String>::new()
+        );
+    }
+}

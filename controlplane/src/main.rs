@@ -57,6 +57,7 @@ enum Command {
         /// operator-registry image (normally from the release payload).
         #[arg(long)]
         operator_registry_image: Option<String>,
+        /// Output format: one YAML stream, or one JSON document.
         #[arg(short = 'o', long, value_enum, default_value = "yaml")]
         output: Format,
     },
@@ -101,10 +102,19 @@ struct RunArgs {
     /// Registries (host:port) spoken to over plain HTTP.
     #[arg(long)]
     plain_http: Vec<String>,
+    /// hcp-olm-catalog-server image, the gRPC server of the catalog pods in the HCP
+    /// namespace (default: quay.io/hcp-olm/hcp-olm-catalog-server:v<this version>). A
+    /// HostedOLM spec.images.catalogServer wins.
     #[arg(long)]
     catalog_server_image: Option<String>,
+    /// Tunnel gateway image, run in the HCP namespace (default:
+    /// quay.io/hcp-olm/hcp-olm-tunnel-gateway:v<this version>). A HostedOLM
+    /// spec.images.tunnelGateway wins.
     #[arg(long)]
     tunnel_gateway_image: Option<String>,
+    /// Guest agent image, run in the guest (default:
+    /// quay.io/hcp-olm/hcp-olm-guest-agent:v<this version>). A HostedOLM
+    /// spec.images.guestAgent wins.
     #[arg(long)]
     guest_agent_image: Option<String>,
     /// Reconcile only while holding a coordination.k8s.io/v1 Lease (run 2+ replicas).
@@ -476,4 +486,16 @@ fn offline_input(valid: validate::ValidInput) -> anyhow::Result<RenderInput> {
         owner: None,
         valid,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_flag_has_help() {
+        use clap::CommandFactory;
+        assert_eq!(
+            hcp_olm_binkit::flags_without_help(&super::Cli::command()),
+            Vec::<String>::new()
+        );
+    }
 }

@@ -124,3 +124,21 @@ fn run_flag_errors_exit_64_naming_the_flag() {
         "{err}"
     );
 }
+
+#[test]
+fn every_flag_has_help_text() {
+    // (the binary's unit test checks every flag through clap; this checks what users see)
+    let out = bin().args(["run", "--help"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "hcp-olm-catalog-server image",
+        "Tunnel gateway image",
+        "Guest agent image",
+    ] {
+        assert!(help.contains(want), "{want} missing in\n{help}");
+    }
+    let out = bin().args(["render", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("Output format"), "{help}");
+}

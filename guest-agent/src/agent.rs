@@ -198,9 +198,22 @@ impl Shared {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
-struct DnsLabels {
-    transport: &'static str,
-    result: &'static str,
+pub(crate) struct DnsLabels {
+    pub(crate) transport: &'static str,
+    pub(crate) result: &'static str,
+}
+
+/// The agent's registry: build info, the tunnel metrics and the DNS it forwards.
+pub(crate) fn metrics() -> (Registry, TunnelMetrics, Family<DnsLabels, Counter>) {
+    let mut registry = daemon::registry("hcp-olm-agent");
+    let metrics = TunnelMetrics::register(&mut registry);
+    let dns_queries = Family::<DnsLabels, Counter>::default();
+    registry.register(
+        "agent_dns_queries",
+        "DNS queries from the tunnel forwarded to the guest DNS",
+        dns_queries.clone(),
+    );
+    (registry, metrics, dns_queries)
 }
 
 async fn handle_inbound(sh: Arc<Shared>, c: TcpConn) {
@@ -386,14 +399,7 @@ pub async fn run(s: AgentSettings) -> anyhow::Result<()> {
         cancel.clone(),
     );
 
-    let mut registry = Registry::default();
-    let metrics = TunnelMetrics::register(&mut registry);
-    let dns_queries = Family::<DnsLabels, Counter>::default();
-    registry.register(
-        "agent_dns_queries",
-        "DNS queries from the tunnel forwarded to the guest DNS",
-        dns_queries.clone(),
-    );
+    let (registry, metrics, dns_queries) = metrics();
     let handshake_done = Arc::new(AtomicBool::new(false));
     let draining = Arc::new(AtomicBool::new(false));
     metrics.spawn_updater(

@@ -1,28 +1,41 @@
-//! What the gateway and agent binaries share: config and key loading with field-named
-//! errors, the admin server (/healthz /readyz /metrics), tunnel metrics, and relay tasks.
+//! What the daemons share: config and key loading with field-named errors, the metrics
+//! registry and admin server (/healthz /readyz /metrics, from [`hcp_olm_binkit::admin`]),
+//! the tunnel metrics of the gateway and agent, those of `hcp-olm-tunnel`
+//! ([`tun_registry`]), and relay tasks.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
-use axum::routing::get;
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
-use prometheus_client::metrics::counter::Counter;
+use hcp_olm_binkit::admin::Admin;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric,
+};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::dns::ConfigError;
 use crate::stack::StackCounters;
-use crate::tunnel::{Cidr, Keys, PeerStatus, PrivateKey, PublicKey};
+use crate::tunnel::{Cidr, DropReason, Keys, PeerStatus, PrivateKey, PublicKey};
+
+/// A daemon's metrics registry: names get the `hcp_olm_` prefix, and
+/// `hcp_olm_build_info{version,binary}` is registered.
+pub fn registry(binary: &str) -> Registry {
+    hcp_olm_binkit::admin::registry(binary, env!("CARGO_PKG_VERSION"))
+}
+
+/// Unix seconds of `t` (0 for `None`: never).
+fn unix_seconds(t: Option<SystemTime>) -> i64 {
+    t.and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
 
 /// Exit code for configuration errors (EX_CONFIG).
 pub const EX_CONFIG: u8 = hcp_olm_binkit::EX_USAGE;
@@ -289,10 +302,11 @@ pub enum Dir {
     tx,
 }
 
-/// Metrics both ends export.
+/// Metrics both ends export (`hcp_olm_tunnel_*`).
 #[derive(Debug, Clone)]
 pub struct TunnelMetrics {
-    pub handshake_age: Gauge<f64, AtomicU64>,
+    /// Unix seconds of the last completed handshake, 0 before the first.
+    pub last_handshake: Gauge,
     pub bytes: Family<DirLabels, Counter>,
     pub connections: Family<ConnLabels, Counter>,
     pub dropped_datagrams: Counter,
@@ -306,7 +320,7 @@ pub struct TunnelMetrics {
 impl TunnelMetrics {
     pub fn register(r: &mut Registry) -> Self {
         let m = Self {
-            handshake_age: Gauge::default(),
+            last_handshake: Gauge::default(),
             bytes: Family::default(),
             connections: Family::default(),
             dropped_datagrams: Counter::default(),
@@ -317,9 +331,9 @@ impl TunnelMetrics {
             key_switches: Counter::default(),
         };
         r.register(
-            "tunnel_handshake_age_seconds",
-            "Seconds since the current session's handshake (-1 without a session)",
-            m.handshake_age.clone(),
+            "tunnel_last_handshake_timestamp_seconds",
+            "Unix time of the last completed WireGuard handshake (0: none yet)",
+            m.last_handshake.clone(),
         );
         r.register(
             "tunnel_payload_bytes",
@@ -394,8 +408,7 @@ impl TunnelMetrics {
                     return;
                 }
                 let s = status.borrow_and_update().clone();
-                m.handshake_age
-                    .set(s.handshake_age.map_or(-1.0, |d| d.as_secs_f64()));
+                m.last_handshake.set(unix_seconds(s.last_handshake));
                 handshake_done.store(s.handshake_age.is_some(), Ordering::SeqCst);
                 let bump = |c: &Counter, last: &mut u64, now: u64| {
                     c.inc_by(now.saturating_sub(*last));
@@ -440,60 +453,118 @@ impl TunnelMetrics {
     }
 }
 
-#[derive(Clone)]
-struct AdminState {
-    handshake_done: Arc<AtomicBool>,
-    draining: Arc<AtomicBool>,
-    registry: Arc<Registry>,
-}
-
-/// Serves /healthz, /readyz (handshake done and not draining) and /metrics.
+/// Serves /healthz, /readyz (`ready` set and not draining) and /metrics.
 pub fn spawn_admin(
     listener: TcpListener,
     registry: Registry,
-    handshake_done: Arc<AtomicBool>,
+    ready: Arc<AtomicBool>,
     draining: Arc<AtomicBool>,
 ) {
-    let state = AdminState {
-        handshake_done,
-        draining,
-        registry: Arc::new(registry),
-    };
-    let app = Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics_handler))
-        .with_state(state);
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "admin server failed");
+    let readyz = move || {
+        if draining.load(Ordering::SeqCst) {
+            Err("draining".to_string())
+        } else if ready.load(Ordering::SeqCst) {
+            Ok("ready".to_string())
+        } else {
+            Err("no tunnel handshake yet".to_string())
         }
-    });
+    };
+    Admin::new(registry)
+        .readyz(readyz)
+        .spawn(listener, std::future::pending());
 }
 
-async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
-    if s.draining.load(Ordering::SeqCst) {
-        (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
-    } else if s.handshake_done.load(Ordering::SeqCst) {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "no tunnel handshake yet\n")
+/// The registry of `hcp-olm-tunnel` (TUN mode): `hcp_olm_tunnel_*{tun="<device>"}`, read
+/// from the tunnel's status at each scrape.
+pub fn tun_registry(status: watch::Receiver<PeerStatus>, tun: &str) -> Registry {
+    let mut r = registry("hcp-olm-tunnel");
+    r.sub_registry_with_label(("tun".into(), tun.to_string().into()))
+        .register_collector(Box::new(TunCollector { status }));
+    r
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+#[derive(Debug)]
+struct TunCollector {
+    status: watch::Receiver<PeerStatus>,
+}
+
+impl TunCollector {
+    fn counter(e: &mut DescriptorEncoder<'_>, name: &str, help: &str, v: u64) -> std::fmt::Result {
+        let c = ConstCounter::new(v);
+        c.encode(e.encode_descriptor(name, help, None, c.metric_type())?)
+    }
+
+    fn rx_tx(
+        e: &mut DescriptorEncoder<'_>,
+        name: &str,
+        help: &str,
+        rx: u64,
+        tx: u64,
+    ) -> std::fmt::Result {
+        let mut f = e.encode_descriptor(name, help, None, ConstCounter::new(0u64).metric_type())?;
+        for (direction, v) in [(Dir::rx, rx), (Dir::tx, tx)] {
+            ConstCounter::new(v).encode(f.encode_family(&DirLabels { direction })?)?;
+        }
+        Ok(())
     }
 }
 
-async fn metrics_handler(State(s): State<AdminState>) -> impl IntoResponse {
-    let mut body = String::new();
-    match prometheus_client::encoding::text::encode(&mut body, &s.registry) {
-        Ok(()) => (
-            StatusCode::OK,
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            body,
-        )
-            .into_response(),
-        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+impl Collector for TunCollector {
+    fn encode(&self, mut e: DescriptorEncoder<'_>) -> std::fmt::Result {
+        let st = self.status.borrow().clone();
+        let c = &st.counters;
+        Self::rx_tx(
+            &mut e,
+            "tunnel_datagrams",
+            "WireGuard datagrams received (rx) and sent (tx)",
+            c.datagrams_in,
+            c.datagrams_out,
+        )?;
+        Self::rx_tx(
+            &mut e,
+            "tunnel_datagram_bytes",
+            "WireGuard datagram bytes received (rx) and sent (tx)",
+            c.bytes_in,
+            c.bytes_out,
+        )?;
+        Self::rx_tx(
+            &mut e,
+            "tunnel_inner_packets",
+            "IP packets written to the TUN device (rx) and read from it and encapsulated (tx)",
+            c.packets_delivered,
+            c.packets_sent,
+        )?;
+        Self::counter(&mut e, "tunnel_roams", "Peer endpoint changes", c.roams)?;
+        Self::counter(
+            &mut e,
+            "tunnel_dead_peer_restarts",
+            "Handshakes restarted after the peer went silent",
+            c.dead_peer_restarts,
+        )?;
+        {
+            let mut f = e.encode_descriptor(
+                "tunnel_dropped",
+                "Datagrams or packets dropped, by reason",
+                None,
+                ConstCounter::new(0u64).metric_type(),
+            )?;
+            for r in DropReason::ALL {
+                ConstCounter::new(c.dropped(r))
+                    .encode(f.encode_family(&ReasonLabels { reason: r.as_str() })?)?;
+            }
+        }
+        let g = ConstGauge::new(unix_seconds(st.last_handshake));
+        g.encode(e.encode_descriptor(
+            "tunnel_last_handshake_timestamp_seconds",
+            "Unix time of the last completed WireGuard handshake (0: none yet)",
+            None,
+            g.metric_type(),
+        )?)
     }
 }
 
@@ -507,4 +578,245 @@ pub async fn terminated() -> std::io::Result<()> {
         _ = int.recv() => tracing::info!("SIGINT: draining"),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::server::DnsMetrics;
+    use crate::tunnel::{Peer, PeerConfig};
+
+    /// Checks the exposition `text` against the Prometheus naming conventions and returns
+    /// the exposed names (`name_total` for counters, `name_info` for infos, else `name`),
+    /// sorted. (A family without series is not encoded: touch every one first.)
+    fn exposed_names(text: &str) -> Vec<String> {
+        let mut names = Vec::new();
+        let mut types = std::collections::HashMap::new();
+        for l in text.lines() {
+            let Some(rest) = l.strip_prefix("# TYPE ") else {
+                continue;
+            };
+            let (name, ty) = rest.split_once(' ').expect("TYPE line");
+            assert!(name.starts_with("hcp_olm_"), "unprefixed: {l}");
+            assert!(
+                !name.ends_with("_total"),
+                "a family name ends in _total: {l}"
+            );
+            for unit in ["bytes", "seconds"] {
+                assert!(
+                    !name.contains(unit) || name.ends_with(&format!("_{unit}")),
+                    "{name}: the unit ({unit}) goes last"
+                );
+            }
+            let exposed = match ty {
+                "counter" => format!("{name}_total"),
+                "info" => format!("{name}_info"),
+                "gauge" => name.to_string(),
+                other => panic!("unexpected type {other}: {l}"),
+            };
+            assert!(
+                types.insert(name.to_string(), ty.to_string()).is_none(),
+                "twice: {l}"
+            );
+            names.push(exposed);
+        }
+        names.sort();
+        let mut series = BTreeSet::new();
+        for l in text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
+            let (s, _value) = l.rsplit_once(' ').expect("sample");
+            assert!(series.insert(s.to_string()), "duplicated series: {l}");
+            let name = s.split('{').next().unwrap_or(s);
+            assert!(
+                names.iter().any(|n| n == name),
+                "sample {name} of no declared family (counters end in _total): {l}"
+            );
+        }
+        let build = format!(
+            "hcp_olm_build_info{{version=\"{}\"",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(&build) && l.ends_with("} 1")),
+            "{build}... 1 missing in\n{text}"
+        );
+        assert!(!text.contains("handshake_age"), "{text}");
+        names
+    }
+
+    fn encode(r: &Registry) -> String {
+        hcp_olm_binkit::admin::encode(r).expect("encode")
+    }
+
+    const TUNNEL: [&str; 9] = [
+        "hcp_olm_tunnel_last_handshake_timestamp_seconds",
+        "hcp_olm_tunnel_payload_bytes_total",
+        "hcp_olm_tunnel_proxy_connections_total",
+        "hcp_olm_tunnel_dropped_datagrams_total",
+        "hcp_olm_tunnel_inner_packets_total",
+        "hcp_olm_tunnel_inbound_refused_total",
+        "hcp_olm_tunnel_key_reloads_total",
+        "hcp_olm_tunnel_rekeys_total",
+        "hcp_olm_tunnel_key_switches_total",
+    ];
+
+    const DNS: [&str; 9] = [
+        "hcp_olm_dns_queries_total",
+        "hcp_olm_dns_cache_hits_total",
+        "hcp_olm_dns_stale_answers_total",
+        "hcp_olm_dns_truncated_total",
+        "hcp_olm_dns_malformed_total",
+        "hcp_olm_dns_upstream_attempts_total",
+        "hcp_olm_dns_overloaded_total",
+        "hcp_olm_dns_clients_refused_total",
+        "hcp_olm_dns_rate_limited_total",
+    ];
+
+    fn touch_tunnel(m: &TunnelMetrics) {
+        m.last_handshake.set(1_700_000_000);
+        m.bytes
+            .get_or_create(&DirLabels { direction: Dir::rx })
+            .inc();
+        m.inner_packets
+            .get_or_create(&DirLabels { direction: Dir::tx })
+            .inc();
+        m.conn(Proto::connect, ConnResult::ok);
+        m.key_reload(ReloadResult::applied);
+    }
+
+    fn touch_dns(m: &DnsMetrics) {
+        use crate::server::metrics::{OwnerLabel, QueryLabels, ResultLabel, SourceLabel};
+        m.queries
+            .get_or_create(&QueryLabels {
+                owner: OwnerLabel::guest,
+                result: ResultLabel::noerror,
+                source: SourceLabel::upstream,
+            })
+            .inc();
+        m.dropped();
+        m.upstream(
+            crate::dns::Owner::Guest,
+            crate::server::metrics::UpstreamResultLabel::answer,
+        );
+    }
+
+    /// `rest` and `hcp_olm_build_info`, sorted.
+    fn with_build(rest: &[&str]) -> Vec<String> {
+        let mut v: Vec<String> = std::iter::once("hcp_olm_build_info")
+            .chain(rest.iter().copied())
+            .map(String::from)
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn agent_metric_names_follow_prometheus_conventions() {
+        let (r, tunnel, dns) = crate::agent::metrics();
+        touch_tunnel(&tunnel);
+        dns.get_or_create(&crate::agent::DnsLabels {
+            transport: "udp",
+            result: "forwarded",
+        })
+        .inc();
+        let text = encode(&r);
+        let want: Vec<&str> = TUNNEL
+            .iter()
+            .copied()
+            .chain(["hcp_olm_agent_dns_queries_total"])
+            .collect();
+        assert_eq!(exposed_names(&text), with_build(&want), "{text}");
+        assert!(text.contains("binary=\"hcp-olm-agent\""), "{text}");
+        assert!(
+            text.contains("hcp_olm_tunnel_last_handshake_timestamp_seconds 1700000000"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "hcp_olm_agent_dns_queries_total{transport=\"udp\",result=\"forwarded\"} 1"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn gateway_metric_names_follow_prometheus_conventions() {
+        let (r, dns, tunnel) = crate::gateway::metrics();
+        touch_tunnel(&tunnel);
+        touch_dns(&dns);
+        let text = encode(&r);
+        let want: Vec<&str> = DNS.iter().chain(TUNNEL.iter()).copied().collect();
+        assert_eq!(exposed_names(&text), with_build(&want), "{text}");
+        assert!(text.contains("binary=\"hcp-olm-gateway\""), "{text}");
+        assert!(
+            text.contains("hcp_olm_tunnel_payload_bytes_total{direction=\"rx\"} 1"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn dns_metric_names_follow_prometheus_conventions() {
+        let (r, dns) = DnsMetrics::standalone();
+        touch_dns(&dns);
+        let text = encode(&r);
+        assert_eq!(exposed_names(&text), with_build(&DNS), "{text}");
+        assert!(text.contains("binary=\"hcp-olm-dns\""), "{text}");
+    }
+
+    #[test]
+    fn tun_metric_names_follow_prometheus_conventions() {
+        let peer = Peer::new(PeerConfig {
+            private_key: PrivateKey::generate(),
+            peer_public_key: PrivateKey::generate().public_key(),
+            preshared_key: None,
+            endpoint: None,
+            persistent_keepalive: None,
+            dead_peer_timeout: None,
+            allowed_ips: vec![],
+            index: 1,
+            previous_private_keys: Vec::new(),
+            previous_peer_public_keys: Vec::new(),
+        });
+        let mut st = peer.status();
+        let (tx, rx) = watch::channel(st.clone());
+        let r = tun_registry(rx, "hcpolm0");
+        let text = encode(&r);
+        assert_eq!(
+            exposed_names(&text),
+            with_build(&[
+                "hcp_olm_tunnel_datagrams_total",
+                "hcp_olm_tunnel_datagram_bytes_total",
+                "hcp_olm_tunnel_inner_packets_total",
+                "hcp_olm_tunnel_roams_total",
+                "hcp_olm_tunnel_dead_peer_restarts_total",
+                "hcp_olm_tunnel_dropped_total",
+                "hcp_olm_tunnel_last_handshake_timestamp_seconds",
+            ]),
+            "{text}"
+        );
+        assert!(text.contains("binary=\"hcp-olm-tunnel\""), "{text}");
+        assert!(
+            text.contains("hcp_olm_tunnel_last_handshake_timestamp_seconds{tun=\"hcpolm0\"} 0"),
+            "never: 0\n{text}"
+        );
+        // read at each scrape
+        st.counters.packets_delivered = 1234;
+        st.counters.bytes_out = 99;
+        st.last_handshake = Some(SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000));
+        tx.send_replace(st);
+        let text = encode(&r);
+        for want in [
+            "hcp_olm_tunnel_inner_packets_total{tun=\"hcpolm0\",direction=\"rx\"} 1234",
+            "hcp_olm_tunnel_datagram_bytes_total{tun=\"hcpolm0\",direction=\"tx\"} 99",
+            "hcp_olm_tunnel_dropped_total{tun=\"hcpolm0\",reason=\"unauthenticated\"} 0",
+            "hcp_olm_tunnel_last_handshake_timestamp_seconds{tun=\"hcpolm0\"} 1700000000",
+        ] {
+            assert!(text.contains(want), "{want} missing in\n{text}");
+        }
+    }
 }

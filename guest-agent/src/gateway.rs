@@ -842,6 +842,14 @@ async fn watch_peer(sh: Arc<Shared>, status: tokio::sync::watch::Receiver<PeerSt
 }
 
 /// Binds everything, runs until SIGTERM/SIGINT, drains.
+/// The gateway's registry: build info, the split-DNS metrics and the tunnel metrics.
+pub(crate) fn metrics() -> (Registry, DnsMetrics, TunnelMetrics) {
+    let mut registry = daemon::registry("hcp-olm-gateway");
+    let dns = DnsMetrics::register(&mut registry);
+    let tunnel = TunnelMetrics::register(&mut registry);
+    (registry, dns, tunnel)
+}
+
 pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
     use anyhow::Context;
     let udp = UdpSocket::bind(s.listen)
@@ -896,9 +904,7 @@ pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
     let gw_ip = s.tunnel.0;
     let agent_ip = s.agent_ip;
     let ports: Vec<u16> = s.exposed.iter().map(|(p, _)| *p).collect();
-    let mut registry = Registry::default();
-    let dns_metrics = DnsMetrics::register(&mut registry);
-    let metrics = TunnelMetrics::register(&mut registry);
+    let (registry, dns_metrics, metrics) = metrics();
     let slots = Arc::new(tokio::sync::Semaphore::new(s.max_connections as usize));
     let syn_slots = Arc::clone(&slots);
     let syn_metrics = metrics.clone();

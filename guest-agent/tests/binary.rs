@@ -163,10 +163,19 @@ owner = "local"
     let (code, body) = http_get(admin, "/metrics").unwrap();
     assert_eq!(code, 200);
     assert!(
-        body.contains(r#"dns_queries_total{owner="guest",result="noerror",source="upstream"} 1"#),
+        body.contains(
+            r#"hcp_olm_dns_queries_total{owner="guest",result="noerror",source="upstream"} 1"#
+        ),
         "{body}"
     );
-    assert!(body.contains("dns_cache_hits_total 1"), "{body}");
+    assert!(body.contains("hcp_olm_dns_cache_hits_total 1"), "{body}");
+    assert!(
+        body.contains(&format!(
+            "hcp_olm_build_info{{version=\"{}\",binary=\"hcp-olm-dns\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{body}"
+    );
 
     let child = p.0.as_mut().unwrap();
     let st = Command::new("kill")
@@ -242,6 +251,39 @@ fn every_daemon_flag_error_exits_64_and_logs_json_on_request() {
             serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
         assert!(v["level"].is_string() && v["fields"].is_object(), "{l}");
     }
+}
+
+/// The test tools too: a flag error exits 64 naming the flag, `--help` exits 0;
+/// `hcp-olm-tunnel-ping` takes `--log-format` like the daemons.
+#[test]
+fn tool_flag_errors_exit_64_naming_the_flag() {
+    let impair = env!("CARGO_BIN_EXE_hcp-olm-udp-impair");
+    let ping = env!("CARGO_BIN_EXE_hcp-olm-tunnel-ping");
+    for (bin, args) in [
+        (
+            impair,
+            &["--listen", "127.0.0.1:0", "--server", "nowhere"][..],
+        ),
+        (impair, &["--no-such-flag"][..]),
+        (ping, &["--no-such-flag"][..]),
+        (ping, &["--log-format", "xml"][..]),
+    ] {
+        let out = Command::new(bin).args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{bin} {args:?}: {err}");
+        let flag = if args[0] == "--listen" {
+            "--server"
+        } else {
+            args[0]
+        };
+        assert!(err.contains(flag), "{bin} {args:?}: {err}");
+    }
+    for bin in [impair, ping] {
+        let out = Command::new(bin).arg("--help").output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{bin}");
+    }
+    let out = Command::new(ping).arg("--help").output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--log-format"));
 }
 
 fn sigterm(pid: u32) {

@@ -456,7 +456,7 @@ fn forward_reverse_isolation_and_bad_input() {
     let denied_before = metric(
         &w.m,
         GW_HEALTH,
-        "tunnel_proxy_connections_total{proto=\"connect\",result=\"denied\"}",
+        "hcp_olm_tunnel_proxy_connections_total{proto=\"connect\",result=\"denied\"}",
     );
     for target in [
         format!("cat.{GUEST_NS}.svc.cluster.local:22"),
@@ -475,7 +475,7 @@ fn forward_reverse_isolation_and_bad_input() {
     let denied_after = metric(
         &w.m,
         GW_HEALTH,
-        "tunnel_proxy_connections_total{proto=\"connect\",result=\"denied\"}",
+        "hcp_olm_tunnel_proxy_connections_total{proto=\"connect\",result=\"denied\"}",
     );
     assert_eq!(denied_after - denied_before, 4);
     // Isolation, SOCKS: IPv4 and IPv6 literals → reply 0x04 (as for a name that does not
@@ -488,7 +488,7 @@ fn forward_reverse_isolation_and_bad_input() {
         assert_eq!(r.get(..4), Some(&[5, 0, 5, 4][..]), "{r:?}");
     }
     // Isolation at the agent: the gateway allows dns.<ns>:53, the agent's ports do not.
-    let refused_before = metric(&w.g, AGENT_HEALTH, "tunnel_inbound_refused_total");
+    let refused_before = metric(&w.g, AGENT_HEALTH, "hcp_olm_tunnel_inbound_refused_total");
     let r = raw_exchange(
         &w.m,
         CONNECT_PROXY,
@@ -497,13 +497,13 @@ fn forward_reverse_isolation_and_bad_input() {
     let r = String::from_utf8_lossy(&r);
     assert!(r.starts_with("HTTP/1.1 502"), "{r}");
     std::thread::sleep(Duration::from_millis(1200)); // metrics refresh every second
-    assert!(metric(&w.g, AGENT_HEALTH, "tunnel_inbound_refused_total") > refused_before);
+    assert!(metric(&w.g, AGENT_HEALTH, "hcp_olm_tunnel_inbound_refused_total") > refused_before);
 
     // Bad input: garbage, oversized, wrong method → error replies, counted; still serving.
     let bad_before = metric(
         &w.m,
         GW_HEALTH,
-        "tunnel_proxy_connections_total{proto=\"connect\",result=\"bad_request\"}",
+        "hcp_olm_tunnel_proxy_connections_total{proto=\"connect\",result=\"bad_request\"}",
     );
     let r = raw_exchange(&w.m, CONNECT_PROXY, b"\x16\x03\x01garbage\r\n\r\n");
     assert!(
@@ -523,7 +523,7 @@ fn forward_reverse_isolation_and_bad_input() {
     let bad_after = metric(
         &w.m,
         GW_HEALTH,
-        "tunnel_proxy_connections_total{proto=\"connect\",result=\"bad_request\"}",
+        "hcp_olm_tunnel_proxy_connections_total{proto=\"connect\",result=\"bad_request\"}",
     );
     assert_eq!(bad_after - bad_before, 3);
     let r = raw_exchange(&w.m, SOCKS_PROXY, &[4, 1, 0, 80, 1, 2, 3, 4, 0]);
@@ -540,25 +540,38 @@ fn forward_reverse_isolation_and_bad_input() {
         metric(
             &w.m,
             GW_HEALTH,
-            "tunnel_proxy_connections_total{proto=\"socks\",result=\"bad_request\"}"
+            "hcp_olm_tunnel_proxy_connections_total{proto=\"socks\",result=\"bad_request\"}"
         ) >= 3
     );
     // Still working after all that.
     packages(&w.m, &guest_name, Some(CONNECT_PROXY))
         .unwrap_or_else(|e| panic!("after bad input: {e}\n{}", w.logs()));
 
-    // Metrics: handshake age, bytes, DNS queries.
+    // Metrics: last handshake, bytes, DNS queries.
     let (_, m) = http_get(&w.m, &format!("http://{GW_HEALTH}/metrics"));
-    assert!(m.contains("tunnel_handshake_age_seconds"), "{m}");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let handshake = metric(
+        &w.m,
+        GW_HEALTH,
+        "hcp_olm_tunnel_last_handshake_timestamp_seconds",
+    );
     assert!(
-        metric(&w.m, GW_HEALTH, "tunnel_payload_bytes_total") > 0,
+        handshake <= now && now - handshake < 600,
+        "last handshake {handshake}, now {now}: {m}"
+    );
+    assert!(m.contains("hcp_olm_build_info{version="), "{m}");
+    assert!(
+        metric(&w.m, GW_HEALTH, "hcp_olm_tunnel_payload_bytes_total") > 0,
         "{m}"
     );
     assert!(
         m.contains("owner=\"guest\""),
         "guest DNS queries counted: {m}"
     );
-    assert!(metric(&w.g, AGENT_HEALTH, "agent_dns_queries_total") > 0);
+    assert!(metric(&w.g, AGENT_HEALTH, "hcp_olm_agent_dns_queries_total") > 0);
 
     // No key material in the logs.
     let gw_key = std::fs::read_to_string(w.dir.path().join("gw.key")).unwrap();
@@ -756,11 +769,11 @@ fn gateway_serves_split_dns_to_pods() {
         format!("NOERROR {GUEST_CAT}")
     );
     assert!(
-        metric(&w.m, GW_HEALTH, "dns_malformed_total") >= 1,
+        metric(&w.m, GW_HEALTH, "hcp_olm_dns_malformed_total") >= 1,
         "{}",
         w.logs()
     );
-    assert!(metric(&w.m, GW_HEALTH, "dns_queries_total") >= 5);
+    assert!(metric(&w.m, GW_HEALTH, "hcp_olm_dns_queries_total") >= 5);
 }
 
 /// Rewrites a JSON config the way a Secret volume changes: a new file renamed over the old.
@@ -827,13 +840,18 @@ fn key_rotation_keeps_established_catalog_streams() {
         metric(
             &w.m,
             GW_HEALTH,
-            "tunnel_proxy_connections_total{proto=\"connect\",result=\"ok\"}",
+            "hcp_olm_tunnel_proxy_connections_total{proto=\"connect\",result=\"ok\"}",
         )
     };
-    let reloads =
-        |ns: &Netns, h: &str| metric(ns, h, "tunnel_key_reloads_total{result=\"applied\"}");
-    let switches = |w: &World| metric(&w.m, GW_HEALTH, "tunnel_key_switches_total");
-    let rekeys = |w: &World| metric(&w.g, AGENT_HEALTH, "tunnel_rekeys_total");
+    let reloads = |ns: &Netns, h: &str| {
+        metric(
+            ns,
+            h,
+            "hcp_olm_tunnel_key_reloads_total{result=\"applied\"}",
+        )
+    };
+    let switches = |w: &World| metric(&w.m, GW_HEALTH, "hcp_olm_tunnel_key_switches_total");
+    let rekeys = |w: &World| metric(&w.g, AGENT_HEALTH, "hcp_olm_tunnel_rekeys_total");
     std::thread::sleep(Duration::from_secs(2));
     let connects_before = connects(&w);
     let limit = Duration::from_secs(10);
@@ -899,7 +917,7 @@ fn key_rotation_keeps_established_catalog_streams() {
         metric(
             &w.m,
             GW_HEALTH,
-            "tunnel_key_reloads_total{result=\"error\"}",
+            "hcp_olm_tunnel_key_reloads_total{result=\"error\"}",
         ) >= 1
     });
     assert!(

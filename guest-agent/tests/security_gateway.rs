@@ -460,7 +460,7 @@ fn security_gateway_guest_names_never_reach_the_management_network() {
         metric(
             &w.m,
             GW_HEALTH,
-            "tunnel_proxy_connections_total{proto=\"connect\",result=\"denied\"}"
+            "hcp_olm_tunnel_proxy_connections_total{proto=\"connect\",result=\"denied\"}"
         ) >= 10,
         "refusals are counted for the operator"
     );
@@ -574,7 +574,7 @@ fn security_gateway_stream_flood_keeps_memory_bounded() {
     let refused = metric(
         &w.m,
         GW_HEALTH,
-        "tunnel_proxy_connections_total{proto=\"exposed\",result=\"over_limit\"}",
+        "hcp_olm_tunnel_proxy_connections_total{proto=\"exposed\",result=\"over_limit\"}",
     );
     assert!(
         refused > 0,

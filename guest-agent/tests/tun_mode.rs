@@ -342,14 +342,24 @@ fn ours_in_tun_mode_against_wireguard_go() {
     assert!(http_get(&p.a, "/healthz").ends_with("200"));
     assert!(http_get(&p.a, "/readyz").ends_with("200"));
     let m = http_get(&p.a, "/metrics");
-    let delivered: u64 = m
-        .lines()
-        .find_map(|l| l.strip_prefix("hcp_olm_tunnel_packets_delivered_total{"))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let sample = |prefix: &str, labels: &str| -> u64 {
+        m.lines()
+            .filter(|l| l.starts_with(prefix) && l.contains(labels))
+            .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let delivered = sample("hcp_olm_tunnel_inner_packets_total{", "direction=\"rx\"");
     assert!(delivered > 1000, "metrics:\n{m}");
-    assert!(m.contains("hcp_olm_tunnel_handshake_age_seconds"), "{m}");
+    let handshake = sample("hcp_olm_tunnel_last_handshake_timestamp_seconds{", "tun=");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(
+        handshake <= now && now - handshake < 600,
+        "last handshake {handshake}, now {now}:\n{m}"
+    );
+    assert!(m.contains("hcp_olm_build_info{version="), "{m}");
 
     let st = sigterm_and_wait(&ours);
     assert!(

@@ -1,5 +1,5 @@
-//! Prometheus metrics of reconciles and the admin HTTP endpoints
-//! (`/healthz`, `/readyz`, `/metrics`).
+//! Prometheus metrics of reconciles and what the admin HTTP endpoints (`/healthz`,
+//! `/readyz`, `/metrics`; served by [`hcp_olm_binkit::admin`]) answer.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -7,11 +7,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
-use axum::routing::get;
+use hcp_olm_binkit::admin::Admin;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -22,7 +18,7 @@ type Labels = Vec<(String, String)>;
 
 /// Reconcile metrics.
 pub struct Metrics {
-    registry: Registry,
+    registry: Arc<Registry>,
     reconciles: Family<Labels, Counter>,
     errors: Family<Labels, Counter>,
     duration: Histogram,
@@ -53,7 +49,8 @@ impl std::fmt::Debug for Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("hcp_olm");
+        let mut registry =
+            hcp_olm_binkit::admin::registry("hcp-olm-controller", env!("CARGO_PKG_VERSION"));
         let reconciles = Family::<Labels, Counter>::default();
         let errors = Family::<Labels, Counter>::default();
         let duration = Histogram::new(exponential_buckets(0.01, 2.0, 14));
@@ -78,14 +75,6 @@ impl Default for Metrics {
             "API writes by reconciles: cluster (management, guest) and what (objects, status)",
             writes.clone(),
         );
-        registry.register(
-            "build",
-            "Build information",
-            prometheus_client::metrics::info::Info::new(vec![
-                ("version".to_string(), env!("CARGO_PKG_VERSION").to_string()),
-                ("binary".to_string(), "hcp-olm-controller".to_string()),
-            ]),
-        );
         let leader_gauge = Gauge::default();
         registry.register(
             "leader",
@@ -93,7 +82,7 @@ impl Default for Metrics {
             leader_gauge.clone(),
         );
         Self {
-            registry,
+            registry: Arc::new(registry),
             reconciles,
             errors,
             duration,
@@ -234,61 +223,44 @@ impl Metrics {
 
     /// OpenMetrics text.
     pub fn encode(&self) -> String {
-        let mut s = String::new();
-        if let Err(e) = prometheus_client::encoding::text::encode(&mut s, &self.registry) {
+        hcp_olm_binkit::admin::encode(&self.registry).unwrap_or_else(|e| {
             tracing::warn!(error = %e, "encoding metrics");
+            String::new()
+        })
+    }
+
+    /// `/healthz`: fails while the reconcile loop is stalled.
+    fn health(&self) -> Result<String, String> {
+        match self.stalled(Instant::now()) {
+            None => Ok("ok".to_string()),
+            Some(d) => Err(format!(
+                "reconcile loop stalled: {} reconciles running, none finished for {}s",
+                self.inflight.load(Ordering::SeqCst),
+                d.as_secs()
+            )),
         }
-        s
+    }
+
+    /// `/readyz`: a standby replica is ready too (else a rolling update of a 2-replica
+    /// Deployment never completes); the body says which. The leader (or a lone
+    /// controller) is ready once its caches synced.
+    fn readiness(&self) -> Result<String, String> {
+        match (self.serving(), self.leader()) {
+            (true, None) => Ok("ok".to_string()),
+            (true, Some(true)) => Ok("ok: leader".to_string()),
+            (true, Some(false)) => Ok("ok: standby".to_string()),
+            (false, _) => Err("not ready".to_string()),
+        }
     }
 }
 
-/// The admin router.
-pub fn router(metrics: Arc<Metrics>) -> Router {
-    Router::new()
-        .route(
-            "/healthz",
-            get(|State(m): State<Arc<Metrics>>| async move {
-                match m.stalled(Instant::now()) {
-                    None => (StatusCode::OK, "ok".to_string()),
-                    Some(d) => (
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        format!(
-                            "reconcile loop stalled: {} reconciles running, none finished for {}s",
-                            m.inflight.load(Ordering::SeqCst),
-                            d.as_secs()
-                        ),
-                    ),
-                }
-            }),
-        )
-        .route(
-            "/readyz",
-            get(|State(m): State<Arc<Metrics>>| async move {
-                // A standby replica is ready too (else a rolling update of a
-                // 2-replica Deployment never completes); the body says which.
-                // The leader (or a lone controller) is ready once its caches synced.
-                match (m.serving(), m.leader()) {
-                    (true, None) => (StatusCode::OK, "ok"),
-                    (true, Some(true)) => (StatusCode::OK, "ok: leader"),
-                    (true, Some(false)) => (StatusCode::OK, "ok: standby"),
-                    (false, _) => (StatusCode::SERVICE_UNAVAILABLE, "not ready"),
-                }
-            }),
-        )
-        .route(
-            "/metrics",
-            get(|State(m): State<Arc<Metrics>>| async move {
-                (
-                    [(
-                        header::CONTENT_TYPE,
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    )],
-                    m.encode(),
-                )
-                    .into_response()
-            }),
-        )
-        .with_state(metrics)
+/// The admin endpoints: `/healthz` fails on a stalled reconcile loop, `/readyz` waits for
+/// the caches (`ok`, `ok: leader`, `ok: standby`), `/metrics` is [`Metrics::encode`].
+pub fn admin(metrics: Arc<Metrics>) -> Admin {
+    let (h, r) = (Arc::clone(&metrics), Arc::clone(&metrics));
+    Admin::new(Arc::clone(&metrics.registry))
+        .healthz(move || h.health())
+        .readyz(move || r.readiness())
 }
 
 /// Serve the admin endpoints until `shutdown` resolves.
@@ -299,9 +271,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(addr = %listener.local_addr()?, "admin endpoints listening");
-    axum::serve(listener, router(metrics))
-        .with_graceful_shutdown(shutdown)
-        .await
+    admin(metrics).serve(listener, shutdown).await
 }
 
 #[cfg(test)]
@@ -326,6 +296,14 @@ mod tests {
         );
         m.reconcile_finished_at(t0 + Duration::from_secs(3712));
         assert_eq!(m.stalled(t0 + Duration::from_secs(9999)), None);
+        assert_eq!(m.health(), Ok("ok".to_string()));
+        let stuck = Metrics::with_stall_limit(Duration::from_millis(1));
+        stuck.reconcile_started_at(Instant::now() - Duration::from_secs(5));
+        let why = stuck.health().unwrap_err();
+        assert!(
+            why.starts_with("reconcile loop stalled: 1 reconciles running"),
+            "{why}"
+        );
     }
 
     #[test]
@@ -360,12 +338,16 @@ mod tests {
         let m = Metrics::default();
         m.set_ready(true);
         assert!(!m.serving(), "no caches yet");
+        assert_eq!(m.readiness(), Err("not ready".to_string()));
         m.set_synced(true);
         assert!(m.serving());
         m.set_synced(false);
         m.set_leader(Some(false));
         assert!(m.serving(), "a standby is ready without caches");
+        assert_eq!(m.readiness(), Ok("ok: standby".to_string()));
         m.set_leader(Some(true));
         assert!(!m.serving(), "a new leader waits for its caches");
+        m.set_synced(true);
+        assert_eq!(m.readiness(), Ok("ok: leader".to_string()));
     }
 }

@@ -37,3 +37,15 @@ fn main() -> ExitCode {
         });
     daemon::run_daemon("hcp-olm-agent", settings, agent::run)
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_flag_has_help() {
+        use clap::CommandFactory;
+        assert_eq!(
+            hcp_olm_binkit::flags_without_help(&super::Args::command()),
+            Vec::<String>::new()
+        );
+    }
+}

@@ -8,15 +8,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
-use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
-use axum::routing::get;
 use clap::Parser;
+use hcp_olm_binkit::admin::{self, Admin};
 use hcp_olm_guest_agent::dns::Engine;
 use hcp_olm_guest_agent::server::{DnsMetrics, DnsServer, file};
-use prometheus_client::registry::Registry;
 use tokio::net::{TcpListener, UdpSocket};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -36,12 +31,6 @@ struct Args {
     admin: Option<SocketAddr>,
     #[command(flatten)]
     log: hcp_olm_binkit::LogArgs,
-}
-
-#[derive(Clone)]
-struct AdminState {
-    ready: Arc<AtomicBool>,
-    registry: Arc<Registry>,
 }
 
 fn main() -> ExitCode {
@@ -94,8 +83,7 @@ async fn run(cfg: file::ServerConfig) -> anyhow::Result<()> {
         None => None,
     };
 
-    let mut registry = Registry::default();
-    let metrics = DnsMetrics::register(&mut registry);
+    let (registry, metrics) = DnsMetrics::standalone();
     let engine = Arc::new(Engine::new(cfg.engine));
     let server = DnsServer::new(engine, metrics);
     server.spawn_udp(udp);
@@ -105,20 +93,9 @@ async fn run(cfg: file::ServerConfig) -> anyhow::Result<()> {
     let admin_addr = match admin {
         Some(listener) => {
             let addr = listener.local_addr()?;
-            let state = AdminState {
-                ready: Arc::clone(&ready),
-                registry: Arc::new(registry),
-            };
-            let app = Router::new()
-                .route("/healthz", get(|| async { "ok\n" }))
-                .route("/readyz", get(readyz))
-                .route("/metrics", get(metrics_handler))
-                .with_state(state);
-            tokio::spawn(async move {
-                if let Err(e) = axum::serve(listener, app).await {
-                    tracing::error!(error = %e, "admin server failed");
-                }
-            });
+            Admin::new(registry)
+                .readyz(admin::ready_until_draining(Arc::clone(&ready)))
+                .spawn(listener, std::future::pending());
             Some(addr)
         }
         None => None,
@@ -145,26 +122,14 @@ async fn run(cfg: file::ServerConfig) -> anyhow::Result<()> {
     }
 }
 
-async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
-    if s.ready.load(Ordering::SeqCst) {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
-    }
-}
-
-async fn metrics_handler(State(s): State<AdminState>) -> impl IntoResponse {
-    let mut body = String::new();
-    match prometheus_client::encoding::text::encode(&mut body, &s.registry) {
-        Ok(()) => (
-            StatusCode::OK,
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            body,
-        )
-            .into_response(),
-        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_flag_has_help() {
+        use clap::CommandFactory;
+        assert_eq!(
+            hcp_olm_binkit::flags_without_help(&super::Args::command()),
+            Vec::<String>::new()
+        );
     }
 }

@@ -57,24 +57,16 @@ struct Args {
     /// The address to rebind to.
     #[arg(long)]
     rebind_listen: Option<SocketAddr>,
+    #[command(flatten)]
+    log: hcp_olm_binkit::LogArgs,
 }
 
 fn main() -> ExitCode {
-    let args = match Args::try_parse() {
+    let args: Args = match hcp_olm_binkit::parse_args() {
         Ok(a) => a,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::from(64)
-            } else {
-                ExitCode::SUCCESS
-            };
-        }
+        Err(code) => return code,
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
+    args.log.init();
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -184,5 +176,17 @@ fn reply_seq(p: &[u8], args: &Args, id: u16) -> Option<u16> {
             let e = IcmpEcho::parse(ip.payload).ok()?;
             (e.reply && e.id == id).then_some(e.seq)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_flag_has_help() {
+        use clap::CommandFactory;
+        assert_eq!(
+            hcp_olm_binkit::flags_without_help(&super::Args::command()),
+            Vec::<String>::new()
+        );
     }
 }

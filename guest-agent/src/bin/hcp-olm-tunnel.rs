@@ -14,15 +14,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
-use axum::routing::get;
 use clap::Parser;
+use hcp_olm_binkit::admin::Admin;
+use hcp_olm_guest_agent::daemon;
 use hcp_olm_guest_agent::tunnel::config::{self, TunnelConfig};
 use hcp_olm_guest_agent::tunnel::tun::{TunOptions, TunTunnel};
-use hcp_olm_guest_agent::tunnel::{DropReason, Peer, PeerStatus};
+use hcp_olm_guest_agent::tunnel::{Peer, PeerStatus};
 use tokio::net::{TcpListener, UdpSocket};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
@@ -40,14 +37,6 @@ struct Args {
     config: PathBuf,
     #[command(flatten)]
     log: hcp_olm_binkit::LogArgs,
-}
-
-#[derive(Clone)]
-struct AdminState {
-    ready: Arc<AtomicBool>,
-    dialer: bool,
-    status: watch::Receiver<PeerStatus>,
-    tun_name: Arc<str>,
 }
 
 fn main() -> ExitCode {
@@ -151,26 +140,11 @@ async fn run(cfg: TunnelConfig) -> anyhow::Result<()> {
     let admin_addr = match admin {
         Some(listener) => {
             let addr = listener.local_addr()?;
-            let state = AdminState {
-                ready: Arc::clone(&ready),
-                dialer,
-                status: tunnel.status.clone(),
-                tun_name: Arc::from(t.name.as_str()),
-            };
-            let app = Router::new()
-                .route("/healthz", get(|| async { "ok\n" }))
-                .route("/readyz", get(readyz))
-                .route("/metrics", get(metrics))
-                .with_state(state);
+            let (ready, status) = (Arc::clone(&ready), tunnel.status.clone());
             let admin_cancel = cancel.clone();
-            tokio::spawn(async move {
-                let r = axum::serve(listener, app)
-                    .with_graceful_shutdown(async move { admin_cancel.cancelled().await })
-                    .await;
-                if let Err(e) = r {
-                    tracing::error!(error = %e, "admin server failed");
-                }
-            });
+            Admin::new(daemon::tun_registry(tunnel.status.clone(), &t.name))
+                .readyz(move || readiness(&ready, dialer, &status))
+                .spawn(listener, async move { admin_cancel.cancelled().await });
             Some::<SocketAddr>(addr)
         }
         None => None,
@@ -205,98 +179,32 @@ async fn run(cfg: TunnelConfig) -> anyhow::Result<()> {
 
 /// Ready when draining has not started and, on the dialing side, a session is live. The
 /// answering side is ready as soon as it listens (the peer must be able to reach it).
-async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
-    if !s.ready.load(Ordering::SeqCst) {
-        return (StatusCode::SERVICE_UNAVAILABLE, "draining\n");
+fn readiness(
+    ready: &AtomicBool,
+    dialer: bool,
+    status: &watch::Receiver<PeerStatus>,
+) -> Result<String, String> {
+    if !ready.load(Ordering::SeqCst) {
+        return Err("draining".to_string());
     }
-    let live = s
-        .status
+    let live = status
         .borrow()
         .handshake_age
         .is_some_and(|a| a < SESSION_LIFETIME);
-    if s.dialer && !live {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "no session with the peer\n",
-        );
+    if dialer && !live {
+        return Err("no session with the peer".to_string());
     }
-    (StatusCode::OK, "ready\n")
+    Ok("ready".to_string())
 }
 
-async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
-    use std::fmt::Write as _;
-    let st = s.status.borrow().clone();
-    let c = &st.counters;
-    let tun = &s.tun_name;
-    let mut b = String::new();
-    let mut counter = |name: &str, help: &str, v: u64| {
-        let _ = writeln!(b, "# TYPE {name} counter\n# HELP {name} {help}");
-        let _ = writeln!(b, "{name}_total{{tun=\"{tun}\"}} {v}");
-    };
-    counter(
-        "hcp_olm_tunnel_datagrams_in",
-        "WireGuard datagrams received.",
-        c.datagrams_in,
-    );
-    counter(
-        "hcp_olm_tunnel_datagrams_out",
-        "WireGuard datagrams sent.",
-        c.datagrams_out,
-    );
-    counter(
-        "hcp_olm_tunnel_bytes_in",
-        "WireGuard datagram bytes received.",
-        c.bytes_in,
-    );
-    counter(
-        "hcp_olm_tunnel_bytes_out",
-        "WireGuard datagram bytes sent.",
-        c.bytes_out,
-    );
-    counter(
-        "hcp_olm_tunnel_packets_delivered",
-        "IP packets written to the TUN device.",
-        c.packets_delivered,
-    );
-    counter(
-        "hcp_olm_tunnel_packets_sent",
-        "IP packets read from the TUN device and encapsulated.",
-        c.packets_sent,
-    );
-    counter("hcp_olm_tunnel_roams", "Peer endpoint changes.", c.roams);
-    counter(
-        "hcp_olm_tunnel_dead_peer_restarts",
-        "Handshakes restarted after the peer went silent.",
-        c.dead_peer_restarts,
-    );
-    let _ = writeln!(
-        b,
-        "# TYPE hcp_olm_tunnel_dropped counter\n# HELP hcp_olm_tunnel_dropped Datagrams or packets dropped, by reason."
-    );
-    for r in DropReason::ALL {
-        let _ = writeln!(
-            b,
-            "hcp_olm_tunnel_dropped_total{{tun=\"{tun}\",reason=\"{}\"}} {}",
-            r.as_str(),
-            c.dropped(r)
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_flag_has_help() {
+        use clap::CommandFactory;
+        assert_eq!(
+            hcp_olm_binkit::flags_without_help(&super::Args::command()),
+            Vec::<String>::new()
         );
     }
-    let _ = writeln!(
-        b,
-        "# TYPE hcp_olm_tunnel_handshake_age_seconds gauge\n# HELP hcp_olm_tunnel_handshake_age_seconds Age of the current session's handshake (-1 without a session)."
-    );
-    let age = st.handshake_age.map_or(-1.0, |a| a.as_secs_f64());
-    let _ = writeln!(
-        b,
-        "hcp_olm_tunnel_handshake_age_seconds{{tun=\"{tun}\"}} {age}"
-    );
-    b.push_str("# EOF\n");
-    (
-        StatusCode::OK,
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        b,
-    )
 }

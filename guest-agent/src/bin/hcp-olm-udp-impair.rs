@@ -1,8 +1,10 @@
 //! `hcp-olm-udp-impair`: a test tool that relays UDP between one client and one server with
 //! random loss and a fixed delay in both directions (the kernel here has no netem qdisc).
-//! Bounded by `--duration-secs`. Not part of any deployment.
+//! Bounded by `--duration-secs`. Not part of any deployment. Exit codes: 0 when the
+//! duration is over, 64 on a flag error (naming the flag), 1 otherwise.
 
 use std::net::SocketAddr;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -11,6 +13,10 @@ use clap::Parser;
 use tokio::net::UdpSocket;
 
 #[derive(Debug, Parser)]
+#[command(
+    version,
+    about = "Test tool: relay UDP between one client and one server with loss and delay"
+)]
 struct Args {
     /// Address clients send to.
     #[arg(long)]
@@ -29,9 +35,31 @@ struct Args {
     duration_secs: u64,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let a = Args::parse();
+fn main() -> ExitCode {
+    let args: Args = match hcp_olm_binkit::parse_args() {
+        Ok(a) => a,
+        Err(code) => return code,
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("hcp-olm-udp-impair: cannot start runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("hcp-olm-udp-impair: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(a: Args) -> anyhow::Result<()> {
     let front = Arc::new(UdpSocket::bind(a.listen).await?);
     let back_bind: SocketAddr = if a.server.is_ipv4() {
         "0.0.0.0:0".parse()?
@@ -86,4 +114,16 @@ async fn main() -> anyhow::Result<()> {
     up.abort();
     down.abort();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_flag_has_help() {
+        use clap::CommandFactory;
+        assert_eq!(
+            hcp_olm_binkit::flags_without_help(&super::Args::command()),
+            Vec::<String>::new()
+        );
+    }
 }

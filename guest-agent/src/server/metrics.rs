@@ -135,7 +135,14 @@ pub struct DnsMetrics {
 }
 
 impl DnsMetrics {
-    /// Create and register under `registry` (names get the `dns_` prefix).
+    /// The registry of `hcp-olm-dns`: build info and these counters.
+    pub fn standalone() -> (Registry, Self) {
+        let mut registry = crate::daemon::registry("hcp-olm-dns");
+        let m = Self::register(&mut registry);
+        (registry, m)
+    }
+
+    /// Create and register under `registry` (names get `dns_` after the registry's prefix).
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self::default();
         let r = registry.sub_registry_with_prefix("dns");

@@ -12,7 +12,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use boringtun::noise::errors::WireGuardError;
 use boringtun::noise::handshake::parse_handshake_anon;
@@ -308,6 +308,9 @@ pub struct PeerStatus {
     pub endpoint: Option<SocketAddr>,
     /// Time since the current session's handshake (`Tunn::stats`); `None` without a session.
     pub handshake_age: Option<Duration>,
+    /// When the last handshake completed (kept after its session ended); `None` before the
+    /// first.
+    pub last_handshake: Option<SystemTime>,
     /// Time since the last authenticated datagram from the peer; `None` before the first.
     pub since_authenticated: Option<Duration>,
     /// Payload bytes encapsulated (from `Tunn`).
@@ -345,6 +348,8 @@ pub struct Peer {
     allowed_ips: Vec<Cidr>,
     last_authenticated: Option<Instant>,
     last_restart: Option<Instant>,
+    /// The last completed handshake seen (by [`Peer::tick`] or a session replacement).
+    last_handshake: Option<SystemTime>,
     counters: Counters,
     buf: Box<[u8]>,
     /// Where [`Peer::handle_datagram`] decapsulates into; separate from `buf`, which the
@@ -397,6 +402,7 @@ impl Peer {
             allowed_ips: cfg.allowed_ips,
             last_authenticated: None,
             last_restart: None,
+            last_handshake: None,
             counters: Counters::default(),
             buf: vec![0u8; BUF_LEN].into_boxed_slice(),
             rx_buf: vec![0u8; BUF_LEN].into_boxed_slice(),
@@ -418,12 +424,23 @@ impl Peer {
         self.tunn.time_since_last_handshake()
     }
 
+    /// When the last handshake completed: the current session's, else the last one
+    /// recorded; `None` before the first.
+    pub fn last_handshake(&self) -> Option<SystemTime> {
+        let current = self
+            .tunn
+            .time_since_last_handshake()
+            .and_then(|age| SystemTime::now().checked_sub(age));
+        self.last_handshake.max(current)
+    }
+
     /// A snapshot for health and metrics.
     pub fn status(&self) -> PeerStatus {
         let (age, tx, rx, _loss, _rtt) = self.tunn.stats();
         PeerStatus {
             endpoint: self.endpoint,
             handshake_age: age,
+            last_handshake: self.last_handshake(),
             since_authenticated: self.last_authenticated.map(|t| t.elapsed()),
             tx_bytes: tx as u64,
             rx_bytes: rx as u64,
@@ -505,6 +522,7 @@ impl Peer {
             self.next_index(),
         );
         self.current = (own.public_key(), peer);
+        self.last_handshake = self.last_handshake();
         std::mem::replace(&mut self.tunn, fresh)
     }
 
@@ -603,6 +621,7 @@ impl Peer {
             peer_public_key = %pair.1,
             "peer handshakes with another accepted key pair; switching to it"
         );
+        self.last_handshake = self.last_handshake();
         let old = std::mem::replace(&mut self.tunn, candidate);
         let old_pair = std::mem::replace(&mut self.current, pair);
         self.park(old_pair, old);
@@ -815,6 +834,8 @@ impl Peer {
 
     /// Runs WireGuard's timers; call every 250 ms.
     pub fn tick(&mut self, now: Instant, out: &mut Vec<Output>) {
+        // before the timers can expire the session
+        self.last_handshake = self.last_handshake();
         for (_, limiter) in &self.alternates {
             limiter.reset_count();
         }
@@ -1023,9 +1044,15 @@ mod tests {
 
     #[test]
     fn handshake_then_transport_both_ways() {
+        assert_eq!(pair().guest.status().last_handshake, None);
+        let before = std::time::SystemTime::now() - Duration::from_secs(1);
         let mut p = established();
         assert!(p.guest.handshake_age().is_some());
         assert!(p.gw.handshake_age().is_some());
+        for side in [&p.guest, &p.gw] {
+            let at = side.status().last_handshake.expect("handshake time");
+            assert!(at >= before && at <= std::time::SystemTime::now(), "{at:?}");
+        }
         assert_eq!(
             p.gw.endpoint(),
             Some(sa(GUEST)),
@@ -1280,8 +1307,26 @@ mod tests {
         assert_eq!(p.gw.counters().key_switches, 0);
         assert_eq!(ping_through(&mut p, 2), vec![ping(2)]);
         // The old agent key is revoked before the agent moved: its session ends at once.
+        let handshook = p.gw.last_handshake();
+        assert!(handshook.is_some());
         let revoked = keys(&p.gw_key, g2.public_key(), &[], &[]);
         assert_eq!(p.gw.set_keys(revoked, now, &mut out), KeyChange::Rekeyed);
+        assert_eq!(
+            p.gw.handshake_age(),
+            None,
+            "no session with the new pair yet"
+        );
+        let kept = p.gw.status().last_handshake;
+        let apart = |a: std::time::SystemTime, b: std::time::SystemTime| {
+            a.duration_since(b)
+                .or_else(|_| b.duration_since(a))
+                .unwrap()
+        };
+        assert!(
+            kept.zip(handshook)
+                .is_some_and(|(k, h)| apart(k, h) < Duration::from_millis(100)),
+            "the last handshake is remembered after its session ended: {kept:?} vs {handshook:?}"
+        );
         let mut out = Vec::new();
         p.guest.send_packet(&ping(3), &mut out).unwrap();
         let Some(Output::Send { datagram, .. }) = out.pop() else {
