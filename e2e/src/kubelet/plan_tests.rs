@@ -315,6 +315,19 @@ fn rendered_catalog_operator_plans_unchanged() {
         ),
         [("kubeconfig".to_string(), b"k".to_vec())].into(),
     );
+    // its metrics serving certificate (--tls-cert/--tls-key/--client-ca)
+    objs.secrets.insert(
+        (
+            "clusters-cesar".into(),
+            "hcp-olm-catalog-operator-metrics-cert".into(),
+        ),
+        [
+            ("tls.crt".to_string(), b"c".to_vec()),
+            ("tls.key".to_string(), b"k".to_vec()),
+            ("ca.crt".to_string(), b"a".to_vec()),
+        ]
+        .into(),
+    );
     let labels = tmpl.metadata.unwrap().labels.unwrap_or_default();
     let p = plan(
         &PodInput {
