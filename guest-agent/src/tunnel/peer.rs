@@ -26,6 +26,10 @@ pub const MAX_PACKET: usize = 65_535 - 32;
 const BUF_LEN: usize = 65_536 + 64;
 /// WireGuard's REKEY_TIMEOUT: the spacing of our own handshake restarts.
 const REKEY_TIMEOUT: Duration = Duration::from_secs(5);
+/// While no session has ever existed (the agent started before its gateway), the first
+/// handshake is retried after 1, 2 and 4 s before settling at [`REKEY_TIMEOUT`]: doubling,
+/// so a slow path (a round trip near a second) still completes an attempt.
+const FIRST_HANDSHAKE_RETRY: Duration = Duration::from_secs(1);
 const HANDSHAKE_INIT: u8 = 1;
 const COOKIE_REPLY: u8 = 3;
 const DATA: u8 = 4;
@@ -348,6 +352,9 @@ pub struct Peer {
     allowed_ips: Vec<Cidr>,
     last_authenticated: Option<Instant>,
     last_restart: Option<Instant>,
+    /// First-handshake attempts made while no session ever existed (see
+    /// [`FIRST_HANDSHAKE_RETRY`]).
+    first_attempts: u32,
     /// The last completed handshake seen (by [`Peer::tick`] or a session replacement).
     last_handshake: Option<SystemTime>,
     counters: Counters,
@@ -402,6 +409,7 @@ impl Peer {
             allowed_ips: cfg.allowed_ips,
             last_authenticated: None,
             last_restart: None,
+            first_attempts: 0,
             last_handshake: None,
             counters: Counters::default(),
             buf: vec![0u8; BUF_LEN].into_boxed_slice(),
@@ -859,16 +867,29 @@ impl Peer {
         let silent = self
             .last_authenticated
             .is_none_or(|t| now.saturating_duration_since(t) >= timeout);
+        // Never had a session: retry sooner than Tunn would (it waits REKEY_TIMEOUT), by
+        // forcing a fresh initiation; afterwards, WireGuard's own spacing.
+        let first = self.last_authenticated.is_none() && self.last_handshake.is_none();
+        let spacing = if first {
+            (FIRST_HANDSHAKE_RETRY * 2u32.saturating_pow(self.first_attempts.saturating_sub(1)))
+                .min(REKEY_TIMEOUT)
+        } else {
+            REKEY_TIMEOUT
+        };
         let may_restart = self
             .last_restart
-            .is_none_or(|t| now.saturating_duration_since(t) >= REKEY_TIMEOUT);
+            .is_none_or(|t| now.saturating_duration_since(t) >= spacing);
         if silent && may_restart {
-            // Returns Done while a handshake is already in progress (Tunn retries those).
+            // Without force, Done while a handshake is already in progress (Tunn retries
+            // those itself).
             if let TunnResult::WriteToNetwork(d) =
-                self.tunn.format_handshake_initiation(&mut self.buf, false)
+                self.tunn.format_handshake_initiation(&mut self.buf, first)
             {
                 let d = d.to_vec();
                 self.last_restart = Some(now);
+                if first {
+                    self.first_attempts = self.first_attempts.saturating_add(1);
+                }
                 if self.last_authenticated.is_some() {
                     self.counters.dead_peer_restarts += 1;
                     tracing::info!(endpoint = ?self.endpoint, "peer silent, new handshake");
@@ -1385,6 +1406,36 @@ mod tests {
         let (_, at_gw) = exchange(&mut p, out);
         assert!(at_gw.is_empty());
         assert_eq!(p.gw.counters().dropped(DropReason::SourceNotAllowed), 1);
+    }
+
+    /// Issue 17: an agent that starts before its gateway must not wait out WireGuard's 5 s
+    /// REKEY_TIMEOUT between first attempts: while no session ever existed it retries after
+    /// 1, 2 and 4 s, then every 5 s; once the gateway answers, the session comes up.
+    #[test]
+    fn first_handshake_is_retried_sooner_while_no_session_ever_existed() {
+        let mut p = pair();
+        let t0 = Instant::now();
+        let is_init =
+            |o: &Output| matches!(o, Output::Send { datagram, .. } if datagram.len() == 148);
+        let mut at_ms = Vec::new();
+        let mut last = Vec::new();
+        for step in 0..=48u64 {
+            let mut out = Vec::new();
+            p.guest
+                .tick(t0 + Duration::from_millis(250 * step), &mut out);
+            if out.iter().any(is_init) {
+                at_ms.push(250 * step);
+                last = out;
+            }
+        }
+        assert_eq!(
+            at_ms,
+            [0, 1000, 3000, 7000, 12000],
+            "initiations at {at_ms:?} ms"
+        );
+        // the gateway is there now: the latest initiation completes a session
+        let (_, _) = exchange(&mut p, last);
+        assert!(p.guest.handshake_age().is_some());
     }
 
     #[test]
