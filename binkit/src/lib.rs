@@ -102,6 +102,23 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// The unit test every binary has: each flag of the clap parser `$cli` has help text.
+/// `hcp_olm_binkit::every_flag_has_help_test!(Cli);` at the binary's top level.
+#[macro_export]
+macro_rules! every_flag_has_help_test {
+    ($cli:ty) => {
+        #[cfg(test)]
+        #[test]
+        fn every_flag_has_help() {
+            use clap::CommandFactory as _;
+            assert_eq!(
+                $crate::flags_without_help(&<$cli>::command()),
+                Vec::<String>::new()
+            );
+        }
+    };
+}
+
 /// The flags and positional arguments of `cmd` and its subcommands that have no help text
 /// (`subcommand --flag` or `--flag`); clap's own `--help`/`--version` are not counted.
 pub fn flags_without_help(cmd: &clap::Command) -> Vec<String> {

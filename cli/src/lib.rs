@@ -62,14 +62,4 @@ pub fn main_as(program: &str) -> ExitCode {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn every_flag_has_help() {
-        use clap::CommandFactory;
-        assert_eq!(
-            hcp_olm_binkit::flags_without_help(&super::Cli::command()),
-            Vec::<String>::new()
-        );
-    }
-}
+hcp_olm_binkit::every_flag_has_help_test!(Cli);

@@ -196,13 +196,11 @@ async fn hcp_namespace_for(management: &Cluster, hc_ns: &str, name: &str) -> Res
 }
 
 fn hcp_resource() -> ApiResource {
-    ApiResource {
-        group: "hypershift.openshift.io".into(),
-        version: "v1beta1".into(),
-        api_version: "hypershift.openshift.io/v1beta1".into(),
-        kind: "HostedControlPlane".into(),
-        plural: "hostedcontrolplanes".into(),
-    }
+    resource(
+        "hypershift.openshift.io/v1beta1",
+        "HostedControlPlane",
+        "hostedcontrolplanes",
+    )
 }
 
 /// A stand-in for HyperShift's HostedControlPlane CRD (the fixtures carry only the
@@ -420,13 +418,11 @@ async fn reconcile_converges_prunes_and_cleans_up() -> Result<()> {
         .spec
         .and_then(|s| s.cluster_ip)
         .context("ClusterIP")?;
-    let cs_ar = ApiResource {
-        group: "operators.coreos.com".into(),
-        version: "v1alpha1".into(),
-        api_version: "operators.coreos.com/v1alpha1".into(),
-        kind: "CatalogSource".into(),
-        plural: "catalogsources".into(),
-    };
+    let cs_ar = resource(
+        "operators.coreos.com/v1alpha1",
+        "CatalogSource",
+        "catalogsources",
+    );
     let sources: Api<DynamicObject> =
         Api::namespaced_with(env.guest.client(), "openshift-marketplace", &cs_ar);
     let mut cs_names: Vec<String> = sources
@@ -445,13 +441,7 @@ async fn reconcile_converges_prunes_and_cleans_up() -> Result<()> {
             "redhat-operators"
         ]
     );
-    let apisvc_ar = ApiResource {
-        group: "apiregistration.k8s.io".into(),
-        version: "v1".into(),
-        api_version: "apiregistration.k8s.io/v1".into(),
-        kind: "APIService".into(),
-        plural: "apiservices".into(),
-    };
+    let apisvc_ar = resource("apiregistration.k8s.io/v1", "APIService", "apiservices");
     Api::<DynamicObject>::all_with(env.guest.client(), &apisvc_ar)
         .get("v1.packages.operators.coreos.com")
         .await
@@ -1391,14 +1381,24 @@ async fn snapshot(env: &Environment, name: &str) -> Result<(Vec<String>, Vec<Str
     Ok((m, g))
 }
 
-fn catalog_source_ar() -> ApiResource {
+/// A resource of `group/version` (`version` alone for the core group).
+fn resource(api_version: &str, kind: &str, plural: &str) -> ApiResource {
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
     ApiResource {
-        group: "operators.coreos.com".into(),
-        version: "v1alpha1".into(),
-        api_version: "operators.coreos.com/v1alpha1".into(),
-        kind: "CatalogSource".into(),
-        plural: "catalogsources".into(),
+        group: group.into(),
+        version: version.into(),
+        api_version: api_version.into(),
+        kind: kind.into(),
+        plural: plural.into(),
     }
+}
+
+fn catalog_source_ar() -> ApiResource {
+    resource(
+        "operators.coreos.com/v1alpha1",
+        "CatalogSource",
+        "catalogsources",
+    )
 }
 
 /// Spec changes converge with nothing stale (compared by our labels in both
@@ -2768,13 +2768,11 @@ async fn security_many_guest_csvs_keep_upgradeable_bounded() -> Result<()> {
     put_kubeconfig_secret(&env, "csvs-kubeconfig").await?;
     create_hc(&env, name, "csvs-kubeconfig").await?;
     env.guest.ensure_namespace("tenant").await?;
-    let ar = ApiResource {
-        group: "operators.coreos.com".into(),
-        version: "v1alpha1".into(),
-        api_version: "operators.coreos.com/v1alpha1".into(),
-        kind: "ClusterServiceVersion".into(),
-        plural: "clusterserviceversions".into(),
-    };
+    let ar = resource(
+        "operators.coreos.com/v1alpha1",
+        "ClusterServiceVersion",
+        "clusterserviceversions",
+    );
     let api: Api<DynamicObject> = Api::namespaced_with(env.guest.client(), "tenant", &ar);
     const N: usize = 20_000;
     let started = std::time::Instant::now();
@@ -2849,13 +2847,7 @@ async fn security_ca_reissue_keeps_the_old_ca_trusted_until_packageserver_rolled
     create_hc(&env, name, "carot-kubeconfig").await?;
     let both = [&env.management, &env.guest];
     converge(&ctx, &env, name, &both).await?;
-    let apisvc_ar = ApiResource {
-        group: "apiregistration.k8s.io".into(),
-        version: "v1".into(),
-        api_version: "apiregistration.k8s.io/v1".into(),
-        kind: "APIService".into(),
-        plural: "apiservices".into(),
-    };
+    let apisvc_ar = resource("apiregistration.k8s.io/v1", "APIService", "apiservices");
     let bundle = || async {
         let a = Api::<DynamicObject>::all_with(env.guest.client(), &apisvc_ar)
             .get("v1.packages.operators.coreos.com")
@@ -3006,13 +2998,7 @@ async fn guest_placement_follows_the_guests_operatorhub() -> Result<()> {
     // The guest's admin disables every default source.
     let hubs = Api::<DynamicObject>::all_with(
         env.guest.client(),
-        &ApiResource {
-            group: "config.openshift.io".into(),
-            version: "v1".into(),
-            api_version: "config.openshift.io/v1".into(),
-            kind: "OperatorHub".into(),
-            plural: "operatorhubs".into(),
-        },
+        &resource("config.openshift.io/v1", "OperatorHub", "operatorhubs"),
     );
     hubs.patch(
         "cluster",
@@ -3087,13 +3073,11 @@ async fn subscription_defaults_reach_guest_subscriptions() -> Result<()> {
         )
         .await?;
     env.guest.ensure_namespace("team").await?;
-    let subs_ar = ApiResource {
-        group: "operators.coreos.com".into(),
-        version: "v1alpha1".into(),
-        api_version: "operators.coreos.com/v1alpha1".into(),
-        kind: "Subscription".into(),
-        plural: "subscriptions".into(),
-    };
+    let subs_ar = resource(
+        "operators.coreos.com/v1alpha1",
+        "Subscription",
+        "subscriptions",
+    );
     let subs = Api::<DynamicObject>::namespaced_with(env.guest.client(), "team", &subs_ar);
     for (n, config) in [
         ("plain", serde_json::json!(null)),
@@ -3267,13 +3251,11 @@ spec:
     create_hc(&env, name, "mon-kubeconfig").await?;
     let both = [&env.management, &env.guest];
     converge(&ctx, &env, name, &both).await?;
-    let sm_ar = ApiResource {
-        group: "monitoring.coreos.com".into(),
-        version: "v1".into(),
-        api_version: "monitoring.coreos.com/v1".into(),
-        kind: "ServiceMonitor".into(),
-        plural: "servicemonitors".into(),
-    };
+    let sm_ar = resource(
+        "monitoring.coreos.com/v1",
+        "ServiceMonitor",
+        "servicemonitors",
+    );
     let sms = Api::<DynamicObject>::namespaced_with(env.management.client(), &hcp_ns, &sm_ar);
     let names_of = || async {
         let mut n: Vec<String> = sms

@@ -706,15 +706,6 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
         return Ok(o);
     }
 
-    let catalog_images = facts::catalog_images_cached(
-        hc,
-        &valid,
-        &ctx.config,
-        pull_secret.as_ref(),
-        &ctx.lookups,
-        ctx.schedule.catalog_refresh,
-    )
-    .await;
     let (pki, _issued) = secrets::pki(&ctx.client, &valid, now).await?;
     let (mut tunnel, new_keys) =
         match secrets::tunnel_keys(&ctx.client, &valid, now, ctx.schedule.key_propagation).await {
@@ -778,24 +769,24 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     // guest's admins, so which default CatalogSources exist follows the guest's live
     // OperatorHub (never reverted by us). Read once the guest has answered; an error now
     // fails the pass (retried) rather than briefly restoring sources the guest disabled.
-    // Guest placement looks nothing up in registries, so the catalog choice is redone here.
     let mut valid = valid;
-    let mut catalog_images = catalog_images;
     if valid.placement == CatalogPlacement::Guest
         && let Some(live) = live_operator_hub(&guest).await?
         && live != valid.operator_hub
     {
         valid.follow_operator_hub(live, holm.spec.default_catalogs.as_deref());
-        catalog_images = facts::catalog_images_cached(
-            hc,
-            &valid,
-            &ctx.config,
-            pull_secret.as_ref(),
-            &ctx.lookups,
-            ctx.schedule.catalog_refresh,
-        )
-        .await;
     }
+    // The catalog images, once the enabled catalogs are final (registry answers cached and
+    // shared; none asked while the guest does not answer, since nothing is rendered then).
+    let catalog_images = facts::catalog_images_cached(
+        hc,
+        &valid,
+        &ctx.config,
+        pull_secret.as_ref(),
+        &ctx.lookups,
+        ctx.schedule.catalog_refresh,
+    )
+    .await;
 
     let svcs: Api<Service> = Api::namespaced(ctx.client.clone(), &hcp_ns);
     let packageserver_cluster_ip = svcs

@@ -38,14 +38,4 @@ fn main() -> ExitCode {
     daemon::run_daemon("hcp-olm-agent", settings, agent::run)
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn every_flag_has_help() {
-        use clap::CommandFactory;
-        assert_eq!(
-            hcp_olm_binkit::flags_without_help(&super::Args::command()),
-            Vec::<String>::new()
-        );
-    }
-}
+hcp_olm_binkit::every_flag_has_help_test!(Args);

@@ -122,14 +122,4 @@ async fn run(cfg: file::ServerConfig) -> anyhow::Result<()> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn every_flag_has_help() {
-        use clap::CommandFactory;
-        assert_eq!(
-            hcp_olm_binkit::flags_without_help(&super::Args::command()),
-            Vec::<String>::new()
-        );
-    }
-}
+hcp_olm_binkit::every_flag_has_help_test!(Args);

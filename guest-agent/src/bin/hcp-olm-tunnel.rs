@@ -197,14 +197,4 @@ fn readiness(
     Ok("ready".to_string())
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn every_flag_has_help() {
-        use clap::CommandFactory;
-        assert_eq!(
-            hcp_olm_binkit::flags_without_help(&super::Args::command()),
-            Vec::<String>::new()
-        );
-    }
-}
+hcp_olm_binkit::every_flag_has_help_test!(Args);

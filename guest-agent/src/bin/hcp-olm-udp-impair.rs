@@ -116,14 +116,4 @@ async fn run(a: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn every_flag_has_help() {
-        use clap::CommandFactory;
-        assert_eq!(
-            hcp_olm_binkit::flags_without_help(&super::Args::command()),
-            Vec::<String>::new()
-        );
-    }
-}
+hcp_olm_binkit::every_flag_has_help_test!(Args);
