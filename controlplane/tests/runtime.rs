@@ -3225,24 +3225,7 @@ async fn service_monitors_where_served_and_disable_monitoring_prunes_them() -> R
     let _serial = SERIAL.lock().await;
     let env = Environment::start().await?;
     setup(&env).await?;
-    let dir = tempfile::tempdir()?;
-    let crd = dir.path().join("servicemonitors.yaml");
-    std::fs::write(
-        &crd,
-        r#"apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: servicemonitors.monitoring.coreos.com}
-spec:
-  group: monitoring.coreos.com
-  scope: Namespaced
-  names: {kind: ServiceMonitor, listKind: ServiceMonitorList, plural: servicemonitors, singular: servicemonitor}
-  versions:
-  - name: v1
-    served: true
-    storage: true
-    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
-"#,
-    )?;
+    let crd = repo_file("e2e/testdata/crds/standin/servicemonitors.monitoring.coreos.com.yaml");
     env.management.install_crds(&[crd]).await?;
     let ctx = ctx(controller_client(&env).await?);
     let name = "mon";

@@ -161,6 +161,16 @@ fn sample(kind: &str, name: &str) -> (ApiResource, serde_json::Value) {
                 "metadata": meta, "spec": {"maxUnavailable": 1,
                   "selector": {"matchLabels": {"app": name}}}}),
         ),
+        "ServiceMonitor" => (
+            ar(
+                "monitoring.coreos.com",
+                "v1",
+                "ServiceMonitor",
+                "servicemonitors",
+            ),
+            serde_json::json!({"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+                "metadata": meta, "spec": {"selector": {"matchLabels": {"app": name}}, "endpoints": []}}),
+        ),
         other => panic!("no sample for {other}"),
     }
 }
@@ -172,6 +182,7 @@ const WRITTEN_KINDS: &[&str] = &[
     "Deployment",
     "NetworkPolicy",
     "PodDisruptionBudget",
+    "ServiceMonitor",
 ];
 
 async fn create_as(client: &kube::Client, ns: &str, kind: &str, name: &str) -> kube::Result<()> {
@@ -231,6 +242,7 @@ async fn controller_service_account_is_confined() -> Result<()> {
         .install_crds(&[
             fixtures_dir().join("hypershift/crds/hostedclusters-Hypershift-Default.crd.yaml"),
             repo_file("manifests/crds/hostedolm.yaml"),
+            repo_file("e2e/testdata/crds/standin/servicemonitors.monitoring.coreos.com.yaml"),
         ])
         .await?;
     apply_manifests(&cluster).await?;
