@@ -876,13 +876,10 @@ pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
         .with_context(|| format!("bind health {}", s.health_listen))?;
     let dns_sockets = match s.dns_listen {
         Some(a) => {
-            let u = UdpSocket::bind(a)
+            let pair = crate::server::bind_udp_and_tcp(a)
                 .await
-                .with_context(|| format!("bind dns {a}"))?;
-            let t = TcpListener::bind(a)
-                .await
-                .with_context(|| format!("bind dns tcp {a}"))?;
-            Some((u, t))
+                .with_context(|| format!("bind dns udp and tcp {a}"))?;
+            Some(pair)
         }
         None => None,
     };

@@ -291,3 +291,76 @@ fn sigterm(pid: u32) {
         .args(["-TERM", &pid.to_string()])
         .status();
 }
+
+/// With `listen: <ip>:0` the DNS daemon must serve UDP and TCP on one port. It used to bind UDP
+/// on a kernel-chosen port and exit ("bind tcp …: Address already in use") when that port was
+/// taken for TCP — a CI run of this very file failed that way. Here, in a namespace whose
+/// ephemeral range is 40000–40099 with TCP 40000–40098 taken, only 40099 fits both: the old
+/// code exits 99 times in 100 (the kernel's random pick), the daemon must find 40099.
+#[tokio::test]
+async fn dns_listen_port_zero_finds_one_port_free_for_udp_and_tcp() {
+    use hcp_olm_e2e::netns::{Netns, in_netns};
+    let ns = Netns::create("hdz").expect("create netns");
+    let held = in_netns(ns.name(), || {
+        std::fs::write("/proc/sys/net/ipv4/ip_local_port_range", "40000 40099")?;
+        (40000..40099u16)
+            .map(|p| std::net::TcpListener::bind(("127.0.0.1", p)))
+            .collect::<std::io::Result<Vec<_>>>()
+    })
+    .await
+    .expect("narrow the port range and take TCP 40000-40098");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dns.yaml");
+    std::fs::write(
+        &path,
+        "listen: 127.0.0.1:0\ndns:\n  upstreams: { local: ['127.0.0.1:9'] }\n  rules: [{ suffix: '.', owner: local }]\n",
+    )
+    .unwrap();
+    let mut p = Proc(Some(
+        ns.command(BIN)
+            .arg("--config")
+            .arg(&path)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
+    let child = p.0.as_mut().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut listening = String::new();
+    while Instant::now() < deadline {
+        if let Some(st) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            panic!("hcp-olm-dns exited ({st}) instead of serving: {err}");
+        }
+        let out = ns.output("ss", &["-Hlntu"]).unwrap();
+        listening = String::from_utf8_lossy(&out.stdout).into_owned();
+        let on_40099 = listening
+            .lines()
+            .filter(|l| l.contains("127.0.0.1:40099"))
+            .count();
+        if on_40099 == 2 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let udp = listening
+        .lines()
+        .any(|l| l.starts_with("udp") && l.contains("127.0.0.1:40099"));
+    let tcp = listening
+        .lines()
+        .any(|l| l.starts_with("tcp") && l.contains("127.0.0.1:40099"));
+    assert!(
+        udp && tcp,
+        "not serving UDP and TCP on 40099 within 10 s:\n{listening}"
+    );
+    sigterm(child.id());
+    let st = wait_status(child, Duration::from_secs(5)).expect("exits after SIGTERM");
+    assert!(st.success());
+    drop(held);
+}

@@ -12,7 +12,7 @@ use clap::Parser;
 use hcp_olm_binkit::admin::{self, Admin};
 use hcp_olm_guest_agent::dns::Engine;
 use hcp_olm_guest_agent::server::{DnsMetrics, DnsServer, file};
-use tokio::net::{TcpListener, UdpSocket};
+use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 
 const EX_CONFIG: u8 = hcp_olm_binkit::EX_USAGE;
@@ -67,13 +67,10 @@ fn main() -> ExitCode {
 
 async fn run(cfg: file::ServerConfig) -> anyhow::Result<()> {
     // Bind everything first; only then report ready.
-    let udp = UdpSocket::bind(cfg.listen)
+    let (udp, tcp) = hcp_olm_guest_agent::server::bind_udp_and_tcp(cfg.listen)
         .await
-        .with_context(|| format!("bind udp {}", cfg.listen))?;
+        .with_context(|| format!("bind udp and tcp {}", cfg.listen))?;
     let bound = udp.local_addr()?;
-    let tcp = TcpListener::bind(bound)
-        .await
-        .with_context(|| format!("bind tcp {bound}"))?;
     let admin = match cfg.admin {
         Some(a) => Some(
             TcpListener::bind(a)

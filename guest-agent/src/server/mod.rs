@@ -32,6 +32,38 @@ const TCP_PIPELINE: usize = 32;
 /// new ones are dropped until there is room.
 const MAX_TRACKED_CLIENTS: usize = 16_384;
 
+/// Ports tried for `listen: <ip>:0` before giving up (each try holds its UDP port, so the
+/// kernel offers a new one every time).
+const PAIR_BIND_TRIES: usize = 128;
+
+/// Binds the DNS listeners: UDP and TCP on one address. With port 0 the kernel picks the UDP
+/// port, and that port can be taken for TCP; then another UDP port is tried (the refused ones
+/// are held until the end so none is offered twice), up to [`PAIR_BIND_TRIES`] ports.
+pub async fn bind_udp_and_tcp(addr: SocketAddr) -> io::Result<(UdpSocket, TcpListener)> {
+    if addr.port() != 0 {
+        let udp = UdpSocket::bind(addr).await?;
+        let tcp = TcpListener::bind(addr).await?;
+        return Ok((udp, tcp));
+    }
+    let mut refused = Vec::new();
+    for _ in 0..PAIR_BIND_TRIES {
+        let udp = UdpSocket::bind(addr).await?;
+        let bound = udp.local_addr()?;
+        match TcpListener::bind(bound).await {
+            Ok(tcp) => return Ok((udp, tcp)),
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => refused.push(udp),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::AddrInUse,
+        format!(
+            "no port on {} free for both UDP and TCP in {PAIR_BIND_TRIES} tries",
+            addr.ip()
+        ),
+    ))
+}
+
 /// Per-client token buckets (queries per second, burst).
 #[derive(Debug)]
 struct ClientLimiter {
