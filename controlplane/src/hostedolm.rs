@@ -80,6 +80,31 @@ pub struct HostedOLMSpec {
     /// Tunnel settings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tunnel: Option<TunnelSpec>,
+    /// What to do while HyperShift's own OLM runs in the HCP namespace (StandDown or
+    /// TakeOver; see the type).
+    #[serde(
+        default,
+        rename = "hyperShiftOLM",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub hyper_shift_olm: Option<HyperShiftOLMMode>,
+}
+
+/// What to do while HyperShift's own OLM runs in the HCP namespace (it always deploys
+/// one). `StandDown` (default): apply nothing and report `HyperShiftOLMActive`.
+/// `TakeOver`: add catalog-operator, olm-operator and packageserver to the HostedCluster's
+/// `hypershift.openshift.io/debug-deployments` annotation (HyperShift then keeps them at 0
+/// replicas) and run ours behind HyperShift's packageserver Service and certificate, so the
+/// guest objects HyperShift's hosted-cluster-config-operator writes stay right and only it
+/// writes them; HyperShift's default catalogs keep serving. Removing the field (or the
+/// HostedOLM) hands back: the annotation is restored as it was.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum HyperShiftOLMMode {
+    /// Leave HyperShift's OLM alone; hcp-olm applies nothing while it runs.
+    #[default]
+    StandDown,
+    /// Keep HyperShift's OLM operators at 0 replicas and run ours in their place.
+    TakeOver,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]

@@ -18,5 +18,6 @@ pub mod operatorhub;
 pub mod render;
 pub mod runtime;
 pub mod status;
+pub mod takeover;
 pub mod tls;
 pub mod validate;

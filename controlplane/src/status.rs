@@ -85,6 +85,32 @@ pub fn set_blocked(
     ));
 }
 
+/// Waiting on something outside our control that is expected to come: not Available,
+/// Progressing with `reason` and `message`, not Degraded. Other conditions as they were.
+pub fn set_waiting(
+    conditions: &mut Vec<Condition>,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: &Time,
+) {
+    conditions.retain(|c| ![AVAILABLE, DEGRADED, PROGRESSING].contains(&c.type_.as_str()));
+    for (type_, ok, reason, message) in [
+        (AVAILABLE, false, reason, message),
+        (PROGRESSING, true, reason, message),
+        (DEGRADED, false, "AsExpected", ""),
+    ] {
+        conditions.push(cond(
+            type_,
+            ok,
+            reason,
+            message.to_string(),
+            generation,
+            now,
+        ));
+    }
+}
+
 /// Degraded/Progressing from validation problems (render did not run).
 pub fn conditions_from_validation(
     errs: &[ConditionReason],

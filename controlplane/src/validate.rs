@@ -12,7 +12,8 @@ use crate::hostedcluster::{
     HCP_PULL_SECRET, HostedCluster, REGISTRY_OVERRIDES_ANNOTATION, SERVICE_NETWORK_ADMIN_KUBECONFIG,
 };
 use crate::hostedolm::{
-    CatalogPlacement, CatalogServerKind, HostedOLMSpec, SubscriptionDefaults, TunnelServiceType,
+    CatalogPlacement, CatalogServerKind, HostedOLMSpec, HyperShiftOLMMode, SubscriptionDefaults,
+    TunnelServiceType,
 };
 use crate::operatorhub::OperatorHubSpec;
 
@@ -250,6 +251,10 @@ pub struct ValidInput {
     pub guest_service_cidrs: Vec<String>,
     /// The guest's IPv4 pod CIDRs.
     pub guest_pod_cidrs: Vec<String>,
+    /// HostedOLM `spec.hyperShiftOLM: TakeOver`: ours runs in place of HyperShift's OLM
+    /// operators and packageserver; HyperShift keeps its default catalogs and writes the
+    /// guest objects its hosted-cluster-config-operator owns (so `enabled_catalogs` is empty).
+    pub hypershift_take_over: bool,
 }
 
 /// OpenShift's defaults when `spec.networking` leaves them out.
@@ -561,7 +566,12 @@ pub fn validate(
         .as_ref()
         .and_then(|c| c.operatorhub.clone())
         .unwrap_or_default();
+    let hypershift_take_over = ov.hyper_shift_olm == Some(HyperShiftOLMMode::TakeOver);
     let mut enabled_catalogs = operator_hub.enabled_catalogs();
+    if hypershift_take_over {
+        // HyperShift's catalogs (and its CatalogSources in the guest) keep serving.
+        enabled_catalogs.clear();
+    }
     if let Some(only) = &ov.default_catalogs {
         enabled_catalogs.retain(|c| only.contains(c));
     }
@@ -843,6 +853,7 @@ pub fn validate(
                     .collect(),
                 guest_service_cidrs,
                 guest_pod_cidrs,
+                hypershift_take_over,
             })
         }
         _ => {

@@ -415,6 +415,72 @@ async fn controller_service_account_is_confined() -> Result<()> {
         )?;
         ensure!(msg.contains(VAP_HC_MESSAGE), "{what}: {msg}");
     }
+    // TakeOver: exactly catalog-operator, olm-operator and packageserver may be added to
+    // and removed from HyperShift's debug-deployments (with our record beside it); any
+    // other name — which would stop another control-plane component — is refused, as is
+    // removing a name an admin listed.
+    let debug = |v: Option<&str>, record: Option<&str>| {
+        serde_json::json!({"metadata": {"annotations": {
+            "hypershift.openshift.io/debug-deployments": v,
+            "hcp-olm.io/debug-deployments-added": record,
+        }}})
+    };
+    Api::<DynamicObject>::namespaced_with(admin.clone(), HC_NS, &hc_resource())
+        .patch(
+            "hc1",
+            &PatchParams::default(),
+            &Patch::Merge(debug(Some("konnectivity-agent"), None)),
+        )
+        .await
+        .context("an admin lists a Deployment in debug-deployments")?;
+    hcs.patch(
+        "hc1",
+        &PatchParams::default(),
+        &Patch::Merge(debug(
+            Some("konnectivity-agent,catalog-operator,olm-operator,packageserver"),
+            Some(r#"{"before":"konnectivity-agent","added":["catalog-operator","olm-operator","packageserver"]}"#),
+        )),
+    )
+    .await
+    .context("take over: add the OLM Deployments to debug-deployments as the controller")?;
+    for (what, value) in [
+        (
+            "add kube-apiserver",
+            "konnectivity-agent,catalog-operator,olm-operator,packageserver,kube-apiserver",
+        ),
+        (
+            "remove the admin's konnectivity-agent",
+            "catalog-operator,olm-operator,packageserver",
+        ),
+    ] {
+        let msg = forbidden(
+            hcs.patch(
+                "hc1",
+                &PatchParams::default(),
+                &Patch::Merge(debug(Some(value), None)),
+            )
+            .await,
+            &format!("debug-deployments: {what}"),
+        )?;
+        ensure!(
+            msg.contains("may only add or remove catalog-operator, olm-operator and packageserver"),
+            "{what}: {msg}"
+        );
+    }
+    hcs.patch(
+        "hc1",
+        &PatchParams::default(),
+        &Patch::Merge(debug(Some("konnectivity-agent"), None)),
+    )
+    .await
+    .context("hand back: restore debug-deployments as the controller")?;
+    Api::<DynamicObject>::namespaced_with(admin.clone(), HC_NS, &hc_resource())
+        .patch(
+            "hc1",
+            &PatchParams::default(),
+            &Patch::Merge(debug(None, None)),
+        )
+        .await?;
     // No update (PUT), no status, no create/delete: RBAC.
     let current = hcs.get("hc1").await?;
     forbidden(

@@ -190,17 +190,23 @@ pub(super) fn render(
     if let Some(o) = hub_spec.as_object_mut() {
         o.entry("disableAllDefaultSources").or_insert(json!(false));
     }
-    push(
-        out,
-        json!({
-            "apiVersion": "config.openshift.io/v1",
-            "kind": "OperatorHub",
-            "metadata": metadata(v, "cluster", None, "operatorhub", None),
-            "spec": hub_spec,
-        }),
-        "operatorhubs",
-        hub_policy,
-    );
+    // TakeOver: HyperShift's hosted-cluster-config-operator writes OperatorHub, the default
+    // CatalogSources, packageserver's Service, Endpoints and APIService; what it writes is
+    // right for ours (same Service, certificate and CA), so only it writes them.
+    let hcco_writes = v.hypershift_take_over;
+    if !hcco_writes {
+        push(
+            out,
+            json!({
+                "apiVersion": "config.openshift.io/v1",
+                "kind": "OperatorHub",
+                "metadata": metadata(v, "cluster", None, "operatorhub", None),
+                "spec": hub_spec,
+            }),
+            "operatorhubs",
+            hub_policy,
+        );
+    }
 
     // Default CatalogSources.
     for c in catalogs {
@@ -246,22 +252,25 @@ pub(super) fn render(
 
     // packageserver aggregated API: Service + Endpoints to the HCP ClusterIP, then the
     // APIService with our CA bundle.
-    push(
-        out,
-        json!({
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": metadata(v, names::GUEST_PACKAGESERVER, Some("default"), "packageserver", None),
-            "spec": {
-                "type": "ClusterIP",
-                "ports": [{"name": "https", "protocol": "TCP", "port": 443, "targetPort": 443}],
-            }
-        }),
-        "services",
-        ApplyPolicy::Apply,
-    );
+    if !hcco_writes {
+        push(
+            out,
+            json!({
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": metadata(v, names::GUEST_PACKAGESERVER, Some("default"), "packageserver", None),
+                "spec": {
+                    "type": "ClusterIP",
+                    "ports": [{"name": "https", "protocol": "TCP", "port": 443, "targetPort": 443}],
+                }
+            }),
+            "services",
+            ApplyPolicy::Apply,
+        );
+    }
     match input.packageserver_cluster_ip.as_deref() {
         Some(ip) => {
+            if !hcco_writes {
             push(
                 out,
                 json!({
@@ -276,6 +285,7 @@ pub(super) fn render(
                 "endpoints",
                 ApplyPolicy::Apply,
             );
+            }
             // The aggregator (and kube-proxy) read EndpointSlices; without a
             // controller-manager mirroring the Endpoints above, nothing else makes one.
             let mut slice_meta = metadata(
@@ -300,7 +310,7 @@ pub(super) fn render(
                 "endpointslices",
                 ApplyPolicy::Apply,
             );
-            if input.guest_olm_crds_ready {
+            if input.guest_olm_crds_ready && !hcco_writes {
                 push(
                     out,
                     json!({
@@ -328,7 +338,7 @@ pub(super) fn render(
             message: format!(
                 "the ClusterIP of Service {}/{} is not known yet; guest Endpoints and APIService are not created",
                 v.cluster.hcp_namespace,
-                names::PACKAGESERVER
+                if hcco_writes { names::HYPERSHIFT_PACKAGESERVER } else { names::PACKAGESERVER }
             ),
         }),
     }

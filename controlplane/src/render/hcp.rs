@@ -172,6 +172,13 @@ pub(super) fn no_proxy(v: &ValidInput, catalogs: &[ResolvedCatalog]) -> String {
         "kube-apiserver".to_string(),
         format!("kube-apiserver.{}.svc", v.cluster.hcp_namespace),
     ];
+    if v.placement == CatalogPlacement::Management && v.hypershift_take_over {
+        // HyperShift's catalog Services, which its CatalogSources name (`redhat-operators:50051`)
+        for c in crate::catalogs::DefaultCatalog::ALL {
+            hosts.push(c.name().to_string());
+            hosts.push(format!("{}.{}.svc", c.name(), v.cluster.hcp_namespace));
+        }
+    }
     if v.placement == CatalogPlacement::Management {
         for c in catalogs {
             hosts.push(names::catalog(c.catalog));
@@ -976,7 +983,20 @@ pub(super) fn render(
         ),
     };
     let mut ps_hash_parts = BTreeMap::from([(v.kubeconfig_secret.clone(), kubeconfig_hash)]);
-    ps_hash_parts.insert(names::PACKAGESERVER_CERT.to_string(), ps_hash);
+    // TakeOver: ours serves HyperShift's certificate (its root CA is in the guest APIService
+    // its hosted-cluster-config-operator writes); otherwise ours, signed by our CA.
+    let serving_cert_secret = if v.hypershift_take_over {
+        let h = input
+            .external_secret_hashes
+            .get(names::HYPERSHIFT_PACKAGESERVER_CERT)
+            .cloned()
+            .unwrap_or_else(|| "absent".to_string());
+        ps_hash_parts.insert(names::HYPERSHIFT_PACKAGESERVER_CERT.to_string(), h);
+        names::HYPERSHIFT_PACKAGESERVER_CERT
+    } else {
+        ps_hash_parts.insert(names::PACKAGESERVER_CERT.to_string(), ps_hash);
+        names::PACKAGESERVER_CERT
+    };
     let mut ps_containers = vec![json!({
         "name": "packageserver",
         "image": v.images.olm,
@@ -1023,7 +1043,7 @@ pub(super) fn render(
             containers: ps_containers,
             volumes: vec![
                 kubeconfig_volume(v),
-                json!({"name": "serving-cert", "secret": {"secretName": names::PACKAGESERVER_CERT, "defaultMode": 0o440}}),
+                json!({"name": "serving-cert", "secret": {"secretName": serving_cert_secret, "defaultMode": 0o440}}),
                 tmp_volume(),
             ],
             config_hash: config_hash(&ps_hash_parts),
@@ -1032,6 +1052,13 @@ pub(super) fn render(
             termination_grace_seconds: None,
         },
     );
+    if v.hypershift_take_over {
+        // HyperShift's packageserver Service selects these labels: with its own pods kept
+        // at 0, the ClusterIP its guest Endpoints point at reaches ours.
+        let l = &mut packageserver["spec"]["template"]["metadata"]["labels"];
+        l["app"] = json!("packageserver");
+        l["hypershift.openshift.io/control-plane-component"] = json!("packageserver");
+    }
     if v.availability == AvailabilityPolicy::HighlyAvailable {
         spread_replicas(
             &mut packageserver,

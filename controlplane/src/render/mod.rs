@@ -53,6 +53,10 @@ pub mod names {
     pub const MARKETPLACE_NAMESPACE: &str = "openshift-marketplace";
     /// Guest Service/Endpoints behind the APIService (the name the cert covers).
     pub const GUEST_PACKAGESERVER: &str = "packageserver";
+    /// HyperShift's packageserver Service and serving-certificate Secret in the HCP
+    /// namespace (its control-plane-operator's names); used in `TakeOver`.
+    pub const HYPERSHIFT_PACKAGESERVER: &str = "packageserver";
+    pub const HYPERSHIFT_PACKAGESERVER_CERT: &str = "packageserver-cert";
     pub const APISERVICE: &str = "v1.packages.operators.coreos.com";
 
     /// Name of a management-side catalog Deployment/Service (also the host in the

@@ -145,10 +145,27 @@ impl Events {
     /// One Warning event on the HostedCluster (for problems that leave no HostedOLM to
     /// report on, such as an HCP namespace that is not this HostedCluster's).
     pub async fn warn_hosted_cluster(&self, hc: &HostedCluster, reason: &str, note: &str) {
+        self.on_hosted_cluster(hc, EventType::Warning, reason, note)
+            .await
+    }
+
+    /// One Normal event on the HostedCluster (a change we made to it).
+    pub async fn normal_hosted_cluster(&self, hc: &HostedCluster, reason: &str, note: &str) {
+        self.on_hosted_cluster(hc, EventType::Normal, reason, note)
+            .await
+    }
+
+    async fn on_hosted_cluster(
+        &self,
+        hc: &HostedCluster,
+        type_: EventType,
+        reason: &str,
+        note: &str,
+    ) {
         let mut note = note.to_string();
         truncate_note(&mut note);
         let ev = Event {
-            type_: EventType::Warning,
+            type_,
             reason: reason.into(),
             note: Some(note),
             action: "Reconcile".into(),

@@ -20,9 +20,11 @@ use super::{
 use crate::hostedcluster::HostedCluster;
 use crate::hostedolm::{
     CatalogPlacement, ComponentStatus, HostedClusterRef, HostedOLM, HostedOLMSpec, HostedOLMStatus,
+    HyperShiftOLMMode,
 };
 use crate::render::{self, ApplyPolicy, Desired, Object, Owner, RenderInput, labels, names};
 use crate::status::{self, AVAILABLE, DEGRADED, InstalledOperator, PROGRESSING, UPGRADEABLE};
+use crate::takeover;
 use crate::validate;
 
 /// The guest CRD whose presence means "OLM CRDs are served".
@@ -609,9 +611,74 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     // runs nothing of ours is applied or pruned, our own OLM operators (if an earlier pass
     // started them) are scaled to 0, and status says so, with the remedy. Checked before
     // the guest is contacted or any registry is asked.
-    let active = hypershift_olm_active(&ctx.client, &hcp_ns).await?;
+    // TakeOver (or handing back): HyperShift's debug-deployments annotation first.
+    let take_over = holm.spec.hyper_shift_olm == Some(HyperShiftOLMMode::TakeOver);
+    let debug_deployments = match sync_debug_deployments(ctx, hc, take_over).await? {
+        Ok((n, value)) => {
+            hcp_writes += n;
+            value
+        }
+        Err(e) => {
+            let msg = format!(
+                "cannot {} HyperShift's OLM: {e}",
+                if take_over {
+                    "take over from"
+                } else {
+                    "hand back to"
+                }
+            );
+            tracing::warn!(cluster = %format!("{ns}/{name}"), "{msg}");
+            let mut st = holm.status.clone().unwrap_or_default();
+            st.observed_generation = generation;
+            crate::status::set_blocked(
+                &mut st.conditions,
+                TAKE_OVER_BLOCKED,
+                &msg,
+                generation,
+                &now_t,
+            );
+            let mut o = Outcome::new(
+                State::Invalid(TAKE_OVER_BLOCKED.into()),
+                ctx.schedule.resync,
+            );
+            o.status_written = write_status(ctx, hc, &holm, st).await?;
+            o.hcp_writes = hcp_writes;
+            return Ok(o);
+        }
+    };
+    let mut active =
+        hypershift_olm_active(&ctx.client, &hcp_ns, debug_deployments.as_deref()).await?;
+    if take_over {
+        // HyperShift's catalogs keep serving; only its operators must be at 0.
+        active.retain(|n| takeover::TAKEN_OVER.contains(&n.as_str()));
+    }
+    if take_over && !active.is_empty() {
+        let msg = format!(
+            "waiting for HyperShift's control-plane-operator to scale {} in {hcp_ns} to 0 (annotation {} on the HostedCluster); hcp-olm's OLM starts then",
+            active.join(", "),
+            takeover::DEBUG_DEPLOYMENTS
+        );
+        tracing::info!(cluster = %format!("{ns}/{name}"), "{msg}");
+        hcp_writes += stop_our_olm_operators(&ctx.client, &hcp_ns).await?;
+        let mut st = holm.status.clone().unwrap_or_default();
+        st.observed_generation = generation;
+        crate::status::set_waiting(
+            &mut st.conditions,
+            WAITING_FOR_HYPERSHIFT_OLM,
+            &msg,
+            generation,
+            &now_t,
+        );
+        let mut o = Outcome::new(
+            State::Waiting(WAITING_FOR_HYPERSHIFT_OLM.into()),
+            ctx.schedule.waiting,
+        );
+        o.status_written = write_status(ctx, hc, &holm, st).await?;
+        o.hcp_writes = hcp_writes;
+        return Ok(o);
+    }
     if !active.is_empty() {
-        let msg = hypershift_olm_message(&hcp_ns, &active);
+        let msg = hypershift_olm_message(&hcp_ns, &name, &active);
         tracing::warn!(cluster = %format!("{ns}/{name}"), "{msg}");
         hcp_writes += stop_our_olm_operators(&ctx.client, &hcp_ns).await?;
         let mut st = holm.status.clone().unwrap_or_default();
@@ -771,6 +838,7 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     // fails the pass (retried) rather than briefly restoring sources the guest disabled.
     let mut valid = valid;
     if valid.placement == CatalogPlacement::Guest
+        && !valid.hypershift_take_over
         && let Some(live) = live_operator_hub(&guest).await?
         && live != valid.operator_hub
     {
@@ -789,13 +857,17 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     .await;
 
     let svcs: Api<Service> = Api::namespaced(ctx.client.clone(), &hcp_ns);
+    // TakeOver: the guest reaches ours through HyperShift's Service (its hosted-cluster-
+    // config-operator points the guest Endpoints at that ClusterIP).
+    let ps_service = if valid.hypershift_take_over {
+        names::HYPERSHIFT_PACKAGESERVER
+    } else {
+        names::PACKAGESERVER
+    };
     let packageserver_cluster_ip = svcs
-        .get_opt(names::PACKAGESERVER)
+        .get_opt(ps_service)
         .await
-        .map_err(kube_err(format!(
-            "reading Service {hcp_ns}/{}",
-            names::PACKAGESERVER
-        )))?
+        .map_err(kube_err(format!("reading Service {hcp_ns}/{ps_service}")))?
         .and_then(|s| s.spec?.cluster_ip)
         .filter(|ip| !ip.is_empty() && ip != "None");
 
@@ -803,7 +875,11 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     // namespace): a changed Secret changes the config-hash annotation and rolls pods.
     let secrets_api: Api<Secret> = Api::namespaced(ctx.client.clone(), &hcp_ns);
     let mut external_secret_hashes = BTreeMap::new();
-    for secret_name in [&valid.kubeconfig_secret, &valid.pull_secret] {
+    let mut mounted = vec![valid.kubeconfig_secret.clone(), valid.pull_secret.clone()];
+    if valid.hypershift_take_over {
+        mounted.push(names::HYPERSHIFT_PACKAGESERVER_CERT.to_string());
+    }
+    for secret_name in &mounted {
         if let Some(s) = secrets_api
             .get_opt(secret_name)
             .await
@@ -1244,6 +1320,97 @@ async fn service_monitors_served(client: &kube::Client) -> Result<bool, Error> {
 
 /// Reason while HyperShift's own OLM runs in the HCP namespace.
 pub const HYPERSHIFT_OLM_ACTIVE: &str = "HyperShiftOLMActive";
+/// Reason while, taking over, HyperShift's OLM operators are not at 0 replicas yet.
+pub const WAITING_FOR_HYPERSHIFT_OLM: &str = "WaitingForHyperShiftOLMToStop";
+/// Reason when the debug-deployments annotations cannot be edited safely.
+pub const TAKE_OVER_BLOCKED: &str = "HyperShiftOLMTakeOverBlocked";
+
+/// Makes the HostedCluster's `debug-deployments` annotation say what `take_over` wants
+/// ([`takeover::edit`]), with a Normal Event on the HostedCluster when it changes. Decided on
+/// the cached object (a converged pass reads nothing); a change re-reads the HostedCluster
+/// and patches with its resourceVersion, so an edit made meanwhile is never overwritten
+/// (a conflict fails the pass, which is retried). Returns the writes made, or why the
+/// annotations cannot be edited.
+async fn sync_debug_deployments(
+    ctx: &Context,
+    hc: &HostedCluster,
+    take_over: bool,
+) -> Result<Result<(usize, Option<String>), takeover::TakeOverError>, Error> {
+    fn plan(
+        hc: &HostedCluster,
+        take_over: bool,
+    ) -> Result<Option<takeover::Edit>, takeover::TakeOverError> {
+        let get = |k: &str| hc.metadata.annotations.as_ref().and_then(|a| a.get(k));
+        takeover::edit(
+            get(takeover::DEBUG_DEPLOYMENTS).map(String::as_str),
+            get(takeover::RECORD).map(String::as_str),
+            take_over,
+        )
+    }
+    let now = |hc: &HostedCluster| {
+        hc.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(takeover::DEBUG_DEPLOYMENTS))
+            .cloned()
+    };
+    match plan(hc, take_over) {
+        Ok(None) => return Ok(Ok((0, now(hc)))),
+        Err(e) => return Ok(Err(e)),
+        Ok(Some(_)) => {}
+    }
+    let (ns, name, _) = identity(hc)?;
+    let api: Api<HostedCluster> = Api::namespaced(ctx.client.clone(), &ns);
+    let fresh = api
+        .get(&name)
+        .await
+        .map_err(kube_err(format!("reading HostedCluster {ns}/{name}")))?;
+    let edit = match plan(&fresh, take_over) {
+        Ok(Some(e)) => e,
+        Ok(None) => return Ok(Ok((0, now(&fresh)))),
+        Err(e) => return Ok(Err(e)),
+    };
+    let patch = json!({"metadata": {
+        "resourceVersion": fresh.metadata.resource_version,
+        "annotations": {
+            takeover::DEBUG_DEPLOYMENTS: edit.debug_deployments,
+            takeover::RECORD: edit.record,
+        },
+    }});
+    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(kube_err(format!(
+            "updating annotation {} of HostedCluster {ns}/{name}",
+            takeover::DEBUG_DEPLOYMENTS
+        )))?;
+    let (reason, note) = if take_over {
+        (
+            "HyperShiftOLMTakenOver",
+            format!(
+                "{} now lists {}: HyperShift keeps its catalog-operator, olm-operator and packageserver at 0 and hcp-olm runs them",
+                takeover::DEBUG_DEPLOYMENTS,
+                takeover::TAKEN_OVER.join(",")
+            ),
+        )
+    } else {
+        (
+            "HyperShiftOLMHandedBack",
+            format!(
+                "{} restored to {}: HyperShift's OLM runs again",
+                takeover::DEBUG_DEPLOYMENTS,
+                edit.debug_deployments
+                    .as_deref()
+                    .map(|v| format!("{v:?}"))
+                    .unwrap_or_else(|| "absent".into())
+            ),
+        )
+    };
+    tracing::info!(cluster = %format!("{ns}/{name}"), reason, "{note}");
+    if let Some(events) = &ctx.events {
+        events.normal_hosted_cluster(hc, reason, &note).await;
+    }
+    Ok(Ok((1, edit.debug_deployments)))
+}
 
 /// HyperShift's OLM Deployments in an HCP namespace (control-plane-operator's component
 /// names; the catalogs only in management placement).
@@ -1256,21 +1423,36 @@ pub const HYPERSHIFT_OLM_DEPLOYMENTS: &[&str] = &[
     "community-operators-catalog",
 ];
 
-/// Whether a live Deployment is one of HyperShift's that runs pods: not ours (no hcp-olm
-/// managed-by label) and not scaled to zero (HyperShift's `debug-deployments` annotation
-/// keeps the named ones at 0). Pure.
-pub fn hypershift_deployment_runs(d: &Deployment) -> bool {
+/// Whether a live Deployment is one of HyperShift's that runs pods or is about to: not ours
+/// (no hcp-olm managed-by label), and either not scaled to zero or not listed in the
+/// HostedCluster's `debug-deployments` (`debug_listed`), which is what keeps it at 0 — one
+/// that is at 0 but not listed is about to be scaled up again by HyperShift. Pure.
+pub fn hypershift_deployment_runs(d: &Deployment, debug_listed: &[&str]) -> bool {
     let ours = d
         .metadata
         .labels
         .as_ref()
         .and_then(|l| l.get(labels::MANAGED_BY_KEY))
         .is_some_and(|v| v == labels::MANAGED_BY);
-    !ours && d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1) > 0
+    let listed = d
+        .metadata
+        .name
+        .as_deref()
+        .is_some_and(|n| debug_listed.contains(&n));
+    !ours && (d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1) > 0 || !listed)
 }
 
 /// The names of HyperShift's OLM Deployments running in `hcp_ns`.
-async fn hypershift_olm_active(client: &kube::Client, hcp_ns: &str) -> Result<Vec<String>, Error> {
+async fn hypershift_olm_active(
+    client: &kube::Client,
+    hcp_ns: &str,
+    debug_deployments: Option<&str>,
+) -> Result<Vec<String>, Error> {
+    let listed: Vec<&str> = debug_deployments
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .collect();
     let api: Api<Deployment> = Api::namespaced(client.clone(), hcp_ns);
     let mut out = Vec::new();
     for name in HYPERSHIFT_OLM_DEPLOYMENTS {
@@ -1278,20 +1460,27 @@ async fn hypershift_olm_active(client: &kube::Client, hcp_ns: &str) -> Result<Ve
             .get_opt(name)
             .await
             .map_err(kube_err(format!("reading Deployment {hcp_ns}/{name}")))?;
-        if live.as_ref().is_some_and(hypershift_deployment_runs) {
+        if live
+            .as_ref()
+            .is_some_and(|d| hypershift_deployment_runs(d, &listed))
+        {
             out.push((*name).to_string());
         }
     }
     Ok(out)
 }
 
-/// Scale our catalog-operator and olm-operator to 0 where they run (a merge patch of
+/// Scale our catalog-operator, olm-operator and packageserver to 0 where they run (a merge patch of
 /// `spec.replicas`; the next apply once HyperShift's OLM is gone restores them). Returns the
 /// number of Deployments written.
 async fn stop_our_olm_operators(client: &kube::Client, hcp_ns: &str) -> Result<usize, Error> {
     let api: Api<Deployment> = Api::namespaced(client.clone(), hcp_ns);
     let mut written = 0;
-    for name in [names::CATALOG_OPERATOR, names::OLM_OPERATOR] {
+    for name in [
+        names::CATALOG_OPERATOR,
+        names::OLM_OPERATOR,
+        names::PACKAGESERVER,
+    ] {
         let live = api
             .get_opt(name)
             .await
@@ -1315,11 +1504,11 @@ async fn stop_our_olm_operators(client: &kube::Client, hcp_ns: &str) -> Result<u
 }
 
 /// What status says while HyperShift's OLM runs, with the remedy. Pure.
-pub fn hypershift_olm_message(hcp_ns: &str, running: &[String]) -> String {
+pub fn hypershift_olm_message(hcp_ns: &str, holm: &str, running: &[String]) -> String {
     format!(
-        "HyperShift's own OLM runs in {hcp_ns} (Deployments {}): two OLMs would fight over the guest's Subscriptions, CatalogSources and packageserver APIService, so hcp-olm applies nothing to this hosted cluster and keeps its own catalog-operator and olm-operator at 0 replicas. To keep HyperShift's OLM, nothing needs doing. To use hcp-olm instead (a workaround: HyperShift's debug annotation), list {} in the HostedCluster annotation hypershift.openshift.io/debug-deployments, which makes HyperShift keep them at 0 replicas; its hosted-cluster-config-operator still rewrites some guest objects (docs/controller.md)",
+        "HyperShift's own OLM runs in {hcp_ns} (Deployments {}): two OLMs would fight over the guest's Subscriptions, CatalogSources and packageserver APIService, so hcp-olm applies nothing to this hosted cluster and keeps its own catalog-operator, olm-operator and packageserver at 0 replicas. To keep HyperShift's OLM, nothing needs doing. To use hcp-olm's instead, set spec.hyperShiftOLM: TakeOver on HostedOLM {hcp_ns}/{holm}: hcp-olm then lists {} in the HostedCluster annotation hypershift.openshift.io/debug-deployments (HyperShift keeps them at 0) and hands back when the field goes (docs/controller.md)",
         running.join(", "),
-        HYPERSHIFT_OLM_DEPLOYMENTS.join(",")
+        takeover::TAKEN_OVER.join(",")
     )
 }
 
@@ -1678,7 +1867,25 @@ pub async fn cleanup(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error
             Err(e) => return Err(kube_err(format!("deleting HostedOLM {hcp_ns}/{name}"))(e)),
         }
     }
-    out.hcp_writes += usize::from(ensure_finalizer(ctx, hc, false).await?);
+    // Hand back to HyperShift's OLM (uninstall; harmless while the HostedCluster goes).
+    let handed_back = match sync_debug_deployments(ctx, hc, false).await? {
+        Ok((n, _)) => n,
+        Err(e) => {
+            tracing::warn!(cluster = %format!("{ns}/{name}"), error = %e, "cannot hand back to HyperShift's OLM; annotation left");
+            0
+        }
+    };
+    out.hcp_writes += handed_back;
+    // the patch above changed the resourceVersion the finalizer patch would check
+    let hc = if handed_back > 0 {
+        Api::<HostedCluster>::namespaced(ctx.client.clone(), &ns)
+            .get(&name)
+            .await
+            .map_err(kube_err(format!("reading HostedCluster {ns}/{name}")))?
+    } else {
+        hc.clone()
+    };
+    out.hcp_writes += usize::from(ensure_finalizer(ctx, &hc, false).await?);
     tracing::info!(cluster = %format!("{ns}/{name}"), hcp = out.hcp_writes, guest = out.guest_writes, "cleaned up");
     Ok(out)
 }
@@ -1766,22 +1973,36 @@ mod tests {
             }))
             .unwrap()
         };
-        assert!(hypershift_deployment_runs(&d(
-            json!({"hypershift.openshift.io/managed-by": "control-plane-operator"}),
-            json!(2)
-        )));
+        let listed = ["konnectivity-agent", "catalog-operator"];
+        assert!(hypershift_deployment_runs(
+            &d(
+                json!({"hypershift.openshift.io/managed-by": "control-plane-operator"}),
+                json!(2)
+            ),
+            &listed
+        ));
         // replicas unset means 1
-        assert!(hypershift_deployment_runs(&d(json!({}), Value::Null)));
+        assert!(hypershift_deployment_runs(&d(json!({}), Value::Null), &[]));
         // scaled to 0 by HyperShift's debug-deployments annotation
-        assert!(!hypershift_deployment_runs(&d(json!({}), json!(0))));
+        assert!(!hypershift_deployment_runs(
+            &d(json!({}), json!(0)),
+            &listed
+        ));
+        // at 0 but no longer listed: HyperShift is about to scale it up
+        assert!(hypershift_deployment_runs(&d(json!({}), json!(0)), &[]));
         // ours
-        assert!(!hypershift_deployment_runs(&d(
-            json!({labels::MANAGED_BY_KEY: labels::MANAGED_BY}),
-            json!(1)
-        )));
-        let m = hypershift_olm_message("clusters-a", &["catalog-operator".into()]);
+        assert!(!hypershift_deployment_runs(
+            &d(
+                json!({labels::MANAGED_BY_KEY: labels::MANAGED_BY}),
+                json!(1)
+            ),
+            &[]
+        ));
+        let m = hypershift_olm_message("clusters-a", "a", &["catalog-operator".into()]);
         assert!(
-            m.contains("hypershift.openshift.io/debug-deployments") && m.contains("clusters-a")
+            m.contains("hypershift.openshift.io/debug-deployments")
+                && m.contains("clusters-a/a")
+                && m.contains("spec.hyperShiftOLM: TakeOver")
         );
     }
 }
