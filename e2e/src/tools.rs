@@ -8,6 +8,36 @@ pub enum ToolError {
     /// The binary is not in the tools directory.
     #[error("upstream tool `{name}` not found at {path}: run `make tools` first")]
     Missing { name: String, path: PathBuf },
+    /// A binary of this workspace is not built next to the running test.
+    #[error(
+        "`{name}` not found at {path}: build it first with `cargo build -p {package}` (`make test` and `cargo test --workspace` do)"
+    )]
+    NotBuilt {
+        name: String,
+        package: String,
+        path: PathBuf,
+    },
+}
+
+/// Path of a binary of this workspace built into the same target directory as the running
+/// test (`target/debug`), for binaries of another package than the test's (cargo gives a
+/// test `CARGO_BIN_EXE_*` only for its own package's binaries), checked to exist.
+pub fn workspace_bin(name: &str, package: &str) -> Result<PathBuf, ToolError> {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let path = dir.join(name);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(ToolError::NotBuilt {
+            name: name.to_string(),
+            package: package.to_string(),
+            path,
+        })
+    }
 }
 
 /// The directory holding the upstream binaries: `$HCP_OLM_TOOLS_DIR`, else

@@ -16,7 +16,11 @@ use hcp_olm_guest_agent::tunnel::PrivateKey;
 
 const GATEWAY: &str = env!("CARGO_BIN_EXE_hcp-olm-gateway");
 const AGENT: &str = env!("CARGO_BIN_EXE_hcp-olm-agent");
-const IMPAIR: &str = env!("CARGO_BIN_EXE_hcp-olm-udp-impair");
+/// The UDP relay with loss and delay, a test tool of the hcp-olm-testtools package.
+fn impair() -> PathBuf {
+    hcp_olm_e2e::tools::workspace_bin("hcp-olm-udp-impair", "hcp-olm-testtools")
+        .unwrap_or_else(|e| panic!("{e}"))
+}
 const RELAY_PORT: u16 = 51900;
 const DNSMASQ: &str = "/usr/sbin/dnsmasq";
 
@@ -346,7 +350,7 @@ fn setup_with(impaired: bool) -> World {
         ],
     );
     if impaired {
-        let mut cmd = m.command(IMPAIR);
+        let mut cmd = m.command(impair());
         cmd.args([
             "--listen",
             &format!("{M_ADDR}:{RELAY_PORT}"),
