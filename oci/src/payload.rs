@@ -3,8 +3,7 @@
 //! (`operator-lifecycle-manager`, `operator-registry`, ...) to `from.name`, a pinned
 //! image reference.
 //!
-//! Layers are (gzip-compressed) tar archives; this module reads just enough of the tar
-//! format (ustar, GNU long names, PAX `path`) to find one file, with every size bounded.
+//! Layers are (gzip-compressed) tar archives, read with the `tar` crate; every size is bounded.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -34,46 +33,20 @@ pub enum LayerError {
     FileTooLarge { path: String, size: u64, max: u64 },
 }
 
-fn octal(field: &[u8]) -> Result<u64, LayerError> {
-    // GNU base-256 encoding for large sizes.
-    if field.first().is_some_and(|b| b & 0x80 != 0) {
-        let mut v: u64 = u64::from(field[0] & 0x7f);
-        for b in &field[1..] {
-            v = v
-                .checked_mul(256)
-                .and_then(|v| v.checked_add(u64::from(*b)))
-                .ok_or_else(|| LayerError::NotTar("size field overflows".into()))?;
-        }
-        return Ok(v);
-    }
-    let s: String = field
-        .iter()
-        .take_while(|b| **b != 0)
-        .map(|b| *b as char)
-        .collect();
-    let s = s.trim();
-    if s.is_empty() {
-        return Ok(0);
-    }
-    u64::from_str_radix(s, 8).map_err(|_| LayerError::NotTar(format!("bad octal field {s:?}")))
-}
-
-fn cstr(field: &[u8]) -> String {
-    let end = field.iter().position(|b| *b == 0).unwrap_or(field.len());
-    String::from_utf8_lossy(&field[..end]).into_owned()
-}
-
 fn normalize(p: &str) -> &str {
     let p = p.trim_start_matches("./").trim_start_matches('/');
     p.trim_end_matches('/')
 }
 
-/// A reader that refuses to yield more than `limit` bytes in total.
+/// A reader that refuses to yield more than `limit` bytes in total (the tar crate reads
+/// whatever its source gives; a gzip bomb must end as an error, not fill memory or time).
 struct Bounded<R> {
     inner: R,
     left: u64,
-    limit: u64,
 }
+
+/// The error [`Bounded`] returns when its limit is passed.
+const OVER_LIMIT: &str = "uncompressed layer over its limit";
 
 impl<R: Read> Read for Bounded<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
@@ -82,10 +55,7 @@ impl<R: Read> Read for Bounded<R> {
             let mut probe = [0u8; 1];
             return match self.inner.read(&mut probe)? {
                 0 => Ok(0),
-                _ => Err(std::io::Error::other(format!(
-                    "more than {} bytes",
-                    self.limit
-                ))),
+                _ => Err(std::io::Error::other(OVER_LIMIT)),
             };
         }
         let n = buf.len().min(self.left.min(usize::MAX as u64) as usize);
@@ -95,144 +65,56 @@ impl<R: Read> Read for Bounded<R> {
     }
 }
 
-fn read_exact_or_eof(r: &mut impl Read, buf: &mut [u8]) -> Result<bool, LayerError> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        match r.read(&mut buf[filled..]) {
-            Ok(0) if filled == 0 => return Ok(false),
-            Ok(0) => return Err(LayerError::NotTar("archive ends inside a header".into())),
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(io_err(e)),
-        }
-    }
-    Ok(true)
-}
-
 fn io_err(e: std::io::Error) -> LayerError {
-    if e.to_string().starts_with("more than") {
+    if e.to_string().contains(OVER_LIMIT) {
         LayerError::TooLarge(MAX_UNCOMPRESSED_BYTES)
     } else {
         LayerError::NotTar(e.to_string())
     }
 }
 
-fn read_n(r: &mut impl Read, n: u64) -> Result<Vec<u8>, LayerError> {
-    let mut out = Vec::with_capacity(n.min(1 << 20) as usize);
-    r.take(n).read_to_end(&mut out).map_err(io_err)?;
-    if (out.len() as u64) < n {
-        return Err(LayerError::NotTar("archive ends inside an entry".into()));
-    }
-    Ok(out)
-}
-
-fn skip(r: &mut impl Read, n: u64) -> Result<(), LayerError> {
-    let copied = std::io::copy(&mut r.take(n), &mut std::io::sink()).map_err(io_err)?;
-    if copied < n {
-        return Err(LayerError::NotTar("archive ends inside an entry".into()));
-    }
-    Ok(())
-}
-
-fn padded(n: u64) -> u64 {
-    n.div_ceil(512) * 512
-}
-
-/// Looks for `path` in a layer blob (gzip-compressed or plain tar). `Ok(None)`: the
-/// layer is a valid archive without that file.
+/// Looks for `path` in a layer blob (gzip-compressed or plain tar), reading it with the
+/// `tar` crate (ustar, GNU long names and PAX paths). `Ok(None)`: the layer is a valid
+/// archive without that file.
 pub fn find_in_layer(blob: &[u8], path: &str) -> Result<Option<Vec<u8>>, LayerError> {
+    find_bounded(blob, path, MAX_UNCOMPRESSED_BYTES)
+}
+
+fn find_bounded(blob: &[u8], path: &str, limit: u64) -> Result<Option<Vec<u8>>, LayerError> {
     let gz = blob.starts_with(&[0x1f, 0x8b]);
     let inner: Box<dyn Read + '_> = if gz {
         Box::new(flate2::read::MultiGzDecoder::new(blob))
     } else {
         Box::new(blob)
     };
-    let mut r = Bounded {
-        inner,
-        left: MAX_UNCOMPRESSED_BYTES,
-        limit: MAX_UNCOMPRESSED_BYTES,
-    };
+    let mut archive = tar::Archive::new(Bounded { inner, left: limit });
     let want = normalize(path);
-    let mut long_name: Option<String> = None;
-    let mut header = [0u8; 512];
-    loop {
-        if !read_exact_or_eof(&mut r, &mut header)? {
-            return Ok(None);
+    for entry in archive.entries().map_err(io_err)? {
+        let mut entry = entry.map_err(io_err)?;
+        let kind = entry.header().entry_type();
+        if !(kind.is_file() || kind.is_contiguous()) {
+            continue;
         }
-        if header.iter().all(|b| *b == 0) {
-            return Ok(None);
+        let name = entry.path().map_err(io_err)?;
+        if normalize(&name.to_string_lossy()) != want {
+            continue;
         }
-        let stored = octal(&header[148..156])?;
-        let sum: u64 = header
-            .iter()
-            .enumerate()
-            .map(|(i, b)| {
-                if (148..156).contains(&i) {
-                    32
-                } else {
-                    u64::from(*b)
-                }
-            })
-            .sum();
-        if stored != sum {
-            return Err(LayerError::NotTar("header checksum mismatch".into()));
+        let size = entry.size();
+        if size > MAX_FILE_BYTES {
+            return Err(LayerError::FileTooLarge {
+                path: want.to_string(),
+                size,
+                max: MAX_FILE_BYTES,
+            });
         }
-        let size = octal(&header[124..136])?;
-        let kind = header[156];
-        let mut name = cstr(&header[0..100]);
-        if &header[257..262] == b"ustar" {
-            let prefix = cstr(&header[345..500]);
-            if !prefix.is_empty() {
-                name = format!("{prefix}/{name}");
-            }
+        let mut out = Vec::with_capacity(size as usize);
+        entry.read_to_end(&mut out).map_err(io_err)?;
+        if (out.len() as u64) < size {
+            return Err(LayerError::NotTar("archive ends inside an entry".into()));
         }
-        match kind {
-            // GNU long name, PAX extended header: the next entry's name.
-            b'L' | b'x' => {
-                if size > 1 << 20 {
-                    return Err(LayerError::NotTar("oversized extended header".into()));
-                }
-                let data = read_n(&mut r, size)?;
-                skip(&mut r, padded(size) - size)?;
-                if kind == b'L' {
-                    long_name = Some(cstr(&data));
-                } else if let Some(p) = pax_path(&data) {
-                    long_name = Some(p);
-                }
-                continue;
-            }
-            _ => {}
-        }
-        if let Some(n) = long_name.take() {
-            name = n;
-        }
-        let regular = kind == b'0' || kind == 0 || kind == b'7';
-        if regular && normalize(&name) == want {
-            if size > MAX_FILE_BYTES {
-                return Err(LayerError::FileTooLarge {
-                    path: want.to_string(),
-                    size,
-                    max: MAX_FILE_BYTES,
-                });
-            }
-            return Ok(Some(read_n(&mut r, size)?));
-        }
-        // Only regular files (and the types carrying data) have a body.
-        let body = match kind {
-            b'1' | b'2' | b'3' | b'4' | b'5' | b'6' => 0,
-            _ => size,
-        };
-        skip(&mut r, padded(body))?;
+        return Ok(Some(out));
     }
-}
-
-fn pax_path(data: &[u8]) -> Option<String> {
-    // Records: "<len> <key>=<value>\n".
-    let text = String::from_utf8_lossy(data);
-    text.lines().find_map(|line| {
-        let (_, kv) = line.split_once(' ')?;
-        kv.strip_prefix("path=").map(str::to_string)
-    })
+    Ok(None)
 }
 
 /// Parses `image-references` (an `image.openshift.io/v1` ImageStream) into
@@ -259,38 +141,25 @@ pub fn parse_image_references(data: &[u8]) -> Result<BTreeMap<String, String>, S
     Ok(out)
 }
 
-/// A tar archive of regular files (mode 0644), gzip-compressed: test and demo layers.
+/// A tar archive of regular files (mode 0644, owner 0, time 0), gzip-compressed: test and
+/// demo layers.
 pub fn tar_gz(files: &[(&str, &[u8])]) -> Vec<u8> {
-    let mut tar = Vec::new();
+    let enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    let mut b = tar::Builder::new(enc);
     for (path, data) in files {
-        let mut h = [0u8; 512];
-        let name = path.as_bytes();
-        let n = name.len().min(100);
-        h[..n].copy_from_slice(&name[..n]);
-        let field = |h: &mut [u8; 512], at: usize, len: usize, v: u64| {
-            let s = format!("{v:0w$o}\0", w = len - 1);
-            h[at..at + len].copy_from_slice(s.as_bytes());
-        };
-        field(&mut h, 100, 8, 0o644);
-        field(&mut h, 108, 8, 0);
-        field(&mut h, 116, 8, 0);
-        field(&mut h, 124, 12, data.len() as u64);
-        field(&mut h, 136, 12, 0);
-        h[156] = b'0';
-        h[257..263].copy_from_slice(b"ustar\0");
-        h[263..265].copy_from_slice(b"00");
-        h[148..156].copy_from_slice(b"        ");
-        let sum: u64 = h.iter().map(|b| u64::from(*b)).sum();
-        let s = format!("{sum:06o}\0 ");
-        h[148..156].copy_from_slice(s.as_bytes());
-        tar.extend_from_slice(&h);
-        tar.extend_from_slice(data);
-        tar.resize(padded(tar.len() as u64) as usize, 0);
+        let mut h = tar::Header::new_ustar();
+        h.set_mode(0o644);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
+        h.set_size(data.len() as u64);
+        h.set_entry_type(tar::EntryType::Regular);
+        b.append_data(&mut h, path, *data)
+            .expect("writing to a Vec");
     }
-    tar.resize(tar.len() + 1024, 0);
-    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    std::io::Write::write_all(&mut enc, &tar).expect("writing to a Vec");
-    enc.finish().expect("writing to a Vec")
+    b.into_inner()
+        .and_then(|enc| enc.finish())
+        .expect("writing to a Vec")
 }
 
 #[cfg(test)]
@@ -332,6 +201,29 @@ mod tests {
         assert!(parse_image_references(b"{not json").is_err());
         assert!(parse_image_references(br#"{"kind":"Pod"}"#).is_err());
         assert!(parse_image_references(br#"{"spec":{}}"#).is_err());
+    }
+
+    #[test]
+    fn long_names_and_the_uncompressed_bound() {
+        let long = format!("{}/image-references", "d".repeat(150));
+        let blob = tar_gz(&[(long.as_str(), b"x")]);
+        assert_eq!(
+            find_in_layer(&blob, &long).unwrap().as_deref(),
+            Some(&b"x"[..])
+        );
+        // a layer that inflates past the bound before the file is an error, not a miss
+        let filler = vec![0u8; 2 << 20];
+        let blob = tar_gz(&[("filler", &filler), (IMAGE_REFERENCES_PATH, b"{}")]);
+        assert!(blob.len() < 64 << 10, "compresses well: {}", blob.len());
+        assert!(matches!(
+            find_bounded(&blob, IMAGE_REFERENCES_PATH, 1 << 20),
+            Err(LayerError::TooLarge(_))
+        ));
+        assert!(
+            find_bounded(&blob, IMAGE_REFERENCES_PATH, 4 << 20)
+                .unwrap()
+                .is_some()
+        );
     }
 
     #[test]
