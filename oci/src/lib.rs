@@ -1,6 +1,13 @@
 //! OCI registry lookups for the controller: does a tag exist, what is its manifest digest,
 //! what labels does an image config carry (the release image's version). Honours pull-secret
 //! credentials (basic and bearer-token auth) and repository mirrors (`imageContentSources`).
+//!
+//! Why our own HTTP side rather than `oci-client` (checked against oci-client 0.17,
+//! June 2026): it reads manifests and token answers with an unbounded `bytes()`, follows
+//! reqwest's default redirects (10 hops, any scheme and host, loopback included) and takes
+//! any token `realm` — each of which reopens a hole issue 12 closed (`security_registry.rs`:
+//! a manifest streamed without end, redirects and realms to http/loopback/link-local). Layer
+//! archives are read with the `tar` crate ([`payload`]).
 
 pub mod auth;
 pub mod manifest;
