@@ -4,10 +4,11 @@
 //! (UDP and TCP on its tunnel address, port 53) to the guest DNS, and listens on local ports
 //! for exposed control-plane services, carrying them through the tunnel to the gateway.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hcp_olm_tunnel_api::AgentPeerConfig;
@@ -180,7 +181,13 @@ struct Shared {
     cancel: CancellationToken,
     /// One permit per relayed connection (`max_connections`).
     slots: Arc<tokio::sync::Semaphore>,
+    /// Guest connections dialled for a held SYN, waiting for their tunnel side, by
+    /// (tunnel source, destination); entries unclaimed after [`PRE_DIALED_TTL`] are dropped.
+    pre_dialed: std::sync::Mutex<HashMap<(SocketAddr, SocketAddr), (Instant, TcpStream)>>,
 }
+
+/// How long a guest connection dialled ahead waits for its tunnel side.
+const PRE_DIALED_TTL: Duration = Duration::from_secs(30);
 
 impl Shared {
     fn slot(&self, proto: Proto) -> Option<tokio::sync::OwnedSemaphorePermit> {
@@ -216,21 +223,59 @@ pub(crate) fn metrics() -> (Registry, TunnelMetrics, Family<DnsLabels, Counter>)
     (registry, metrics, dns_queries)
 }
 
+/// The guest address a tunnel destination stands for (our own tunnel address: the guest DNS).
+fn guest_target(sh: &Shared, dst: SocketAddr) -> Option<SocketAddr> {
+    if dst.ip() == sh.s.tunnel.0 {
+        sh.s.guest_dns.first().copied()
+    } else {
+        Some(dst)
+    }
+}
+
+/// Dial first: dials the guest for a held SYN, keeps the stream for [`handle_inbound`] and
+/// tells the stack whether to complete the tunnel's handshake or reset it.
+async fn pre_dial(sh: Arc<Shared>, src: SocketAddr, dst: SocketAddr) {
+    let stream = match guest_target(&sh, dst) {
+        Some(target) if sh.s.destination_allowed(dst) => {
+            tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect(target))
+                .await
+                .ok()
+                .and_then(Result::ok)
+        }
+        _ => None,
+    };
+    let ok = stream.is_some();
+    if let Some(os) = stream {
+        let mut m = sh.pre_dialed.lock().unwrap_or_else(|p| p.into_inner());
+        m.retain(|_, (t, _)| t.elapsed() < PRE_DIALED_TTL);
+        m.insert((src, dst), (Instant::now(), os));
+    } else {
+        tracing::info!(%dst, "guest dial failed; the tunnel connection is reset");
+        sh.metrics.conn(Proto::tunnel, ConnResult::dial_failed);
+    }
+    let _ = sh.stack.dial_done(src, dst, ok).await;
+}
+
 async fn handle_inbound(sh: Arc<Shared>, c: TcpConn) {
     // Re-check: the policy ran on the SYN, this is the established connection.
     if !sh.s.destination_allowed(c.local) {
         sh.metrics.conn(Proto::tunnel, ConnResult::denied);
         return;
     }
-    let target = if c.local.ip() == sh.s.tunnel.0 {
-        match sh.s.guest_dns.first() {
-            Some(a) => *a,
-            None => return,
-        }
-    } else {
-        c.local
+    let Some(target) = guest_target(&sh, c.local) else {
+        return;
     };
-    match tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect(target)).await {
+    let pre = sh
+        .pre_dialed
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&(c.remote, c.local))
+        .map(|(_, os)| os);
+    let dialed = match pre {
+        Some(os) => Ok(Ok(os)),
+        None => tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect(target)).await,
+    };
+    match dialed {
         Ok(Ok(os)) => {
             // Relayed bytes are the client's writes: send them as they come (Nagle would hold
             // the second frame of a gRPC request for the catalog's delayed ACK, ~40 ms).
@@ -378,6 +423,9 @@ pub async fn run(s: AgentSettings) -> anyhow::Result<()> {
         s.allowed_ports.clone(),
         !s.guest_dns.is_empty(),
     ));
+    // Dial first: the guest destination is dialled before the tunnel's TCP handshake
+    // completes, so a refusal reaches the gateway's client as a refusal (pre_dial).
+    let (dials_tx, mut dials_rx) = tokio::sync::mpsc::channel(256);
     let (stack, mut inbound) = stack::spawn(
         StackConfig {
             addresses: vec![s.tunnel],
@@ -393,6 +441,7 @@ pub async fn run(s: AgentSettings) -> anyhow::Result<()> {
                 }
                 ports.contains(&dst.port()) && cidrs.iter().any(|c| c.contains(dst.ip()))
             }),
+            dial_first: Some(dials_tx),
         },
         handle.from_peer,
         handle.to_peer,
@@ -435,7 +484,20 @@ pub async fn run(s: AgentSettings) -> anyhow::Result<()> {
         tracker: TaskTracker::new(),
         cancel: listeners_cancel.clone(),
         slots,
+        pre_dialed: std::sync::Mutex::new(HashMap::new()),
     });
+    {
+        let sh = Arc::clone(&sh);
+        tokio::spawn(async move {
+            loop {
+                let (src, dst) = tokio::select! {
+                    _ = sh.cancel.cancelled() => return,
+                    d = dials_rx.recv() => match d { Some(d) => d, None => return },
+                };
+                sh.tracker.spawn(pre_dial(Arc::clone(&sh), src, dst));
+            }
+        });
+    }
     if has_dns {
         let mut u = stack
             .bind_udp(Some(SocketAddr::new(tunnel_ip, DNS_PORT)))

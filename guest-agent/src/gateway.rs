@@ -921,6 +921,7 @@ pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
                 }
                 room
             }),
+            dial_first: None,
         },
         handle.from_peer,
         handle.to_peer,

@@ -491,6 +491,32 @@ fn forward_reverse_isolation_and_bad_input() {
         let r = raw_exchange(&w.m, SOCKS_PROXY, &req);
         assert_eq!(r.get(..4), Some(&[5, 0, 5, 4][..]), "{r:?}");
     }
+    // A refused guest target (allowed, nothing listening: the bulk port before the bulk
+    // leg) is a refusal at the proxy, not `200` and then an empty stream: the agent dials the
+    // guest first and only then completes the tunnel's TCP handshake.
+    let bulk = format!("bulk.{GUEST_NS}.svc.cluster.local:{BULK_PORT}");
+    let r = raw_exchange(
+        &w.m,
+        CONNECT_PROXY,
+        format!("CONNECT {bulk} HTTP/1.1\r\nHost: {bulk}\r\n\r\n").as_bytes(),
+    );
+    let r = String::from_utf8_lossy(&r);
+    assert!(
+        r.starts_with("HTTP/1.1 502"),
+        "CONNECT to a refused guest target: {r}"
+    );
+    let mut req = vec![5, 1, 0, 5, 1, 0, 3];
+    let host = format!("bulk.{GUEST_NS}.svc.cluster.local");
+    req.push(host.len() as u8);
+    req.extend_from_slice(host.as_bytes());
+    req.extend_from_slice(&BULK_PORT.to_be_bytes());
+    let r = raw_exchange(&w.m, SOCKS_PROXY, &req);
+    assert_eq!(
+        r.get(..4),
+        Some(&[5, 0, 5, 5][..]),
+        "SOCKS to a refused guest target: connection refused (0x05): {r:?}"
+    );
+
     // Isolation at the agent: the gateway allows dns.<ns>:53, the agent's ports do not.
     let refused_before = metric(&w.g, AGENT_HEALTH, "hcp_olm_tunnel_inbound_refused_total");
     let r = raw_exchange(

@@ -8,6 +8,11 @@
 //!   4-tuple, a listener on exactly that destination is created just before smoltcp sees the
 //!   SYN. Refused destinations get smoltcp's RST. In "any IP" mode (the agent) this accepts
 //!   connections to arbitrary guest addresses the gateway opens.
+//! - Dial first (the agent, [`StackConfig::dial_first`]): an allowed SYN is held and shown to
+//!   the application, which dials the real destination; only when that succeeds
+//!   ([`Stack::dial_done`]) does the listener take the SYN, else smoltcp answers it with a
+//!   RST — so the far side's connect fails as the destination refused, instead of succeeding
+//!   and then seeing an empty stream. Retransmitted SYNs of a held one are dropped.
 //! - MTU/MSS: the device MTU is the tunnel MTU (1420), so smoltcp advertises and uses an MSS of
 //!   MTU − 40 (IPv4) and never emits a larger packet; a peer's larger MSS is clamped to ours.
 //! - Flow control: data moves between smoltcp buffers and bounded channels only when the
@@ -62,7 +67,15 @@ pub struct StackConfig {
     pub mtu: usize,
     /// `(local destination, remote source)` of an inbound SYN → accept?
     pub accept: AcceptPolicy,
+    /// Dial first: allowed SYNs are held and `(remote source, local destination)` sent here;
+    /// answer each with [`Stack::dial_done`]. `None`: accept at once.
+    pub dial_first: Option<mpsc::Sender<(SocketAddr, SocketAddr)>>,
 }
+
+/// SYNs held while their destinations are dialled, at most (more are refused).
+const MAX_HELD_SYNS: usize = 256;
+/// A held SYN the application has not answered for this long is refused.
+const HELD_TTL: Duration = Duration::from_secs(20);
 
 /// Counters of the stack.
 #[derive(Debug, Default)]
@@ -236,6 +249,12 @@ enum Command {
     },
     /// Reset every TCP connection (the peer is gone).
     AbortAll { reply: oneshot::Sender<usize> },
+    /// The application's dial for a held SYN finished.
+    DialDone {
+        src: SocketAddr,
+        dst: SocketAddr,
+        ok: bool,
+    },
 }
 
 /// Handle to a running stack. Clone is cheap.
@@ -278,6 +297,17 @@ impl Stack {
             .map_err(|_| stopped())?;
         self.notify.notify_one();
         rx.await.map_err(|_| stopped())
+    }
+
+    /// Dial first: the destination of the SYN from `src` to `dst` answered (`ok`, the
+    /// listener takes the SYN) or not (the SYN gets a RST).
+    pub async fn dial_done(&self, src: SocketAddr, dst: SocketAddr, ok: bool) -> io::Result<()> {
+        self.cmd
+            .send(Command::DialDone { src, dst, ok })
+            .await
+            .map_err(|_| stopped())?;
+        self.notify.notify_one();
+        Ok(())
     }
 
     /// Binds a UDP socket (`None`: our first address, ephemeral port).
@@ -344,6 +374,9 @@ struct Engine {
     notify: Arc<Notify>,
     counters: Arc<StackCounters>,
     addresses: Vec<IpAddr>,
+    dial_first: Option<mpsc::Sender<(SocketAddr, SocketAddr)>>,
+    /// Dial first: SYNs waiting for their dial, by (source, destination).
+    held: HashMap<(SocketAddr, SocketAddr), (std::time::Instant, Vec<u8>)>,
 }
 
 impl Engine {
@@ -383,6 +416,8 @@ impl Engine {
             notify,
             counters,
             addresses: cfg.addresses.iter().map(|(a, _)| *a).collect(),
+            dial_first: cfg.dial_first.clone(),
+            held: HashMap::new(),
         }
     }
 
@@ -433,25 +468,22 @@ impl Engine {
             });
             if !covered {
                 if (self.accept)(dst, src) {
-                    let mut s = Self::new_tcp_socket();
-                    if s.listen(IpListenEndpoint {
-                        addr: Some(IpAddress::from(dst.ip())),
-                        port: dst.port(),
-                    })
-                    .is_ok()
-                    {
-                        let h = self.sockets.add(s);
-                        self.tcp.insert(
-                            h,
-                            TcpEntry {
-                                phase: Phase::Listening {
-                                    since: std::time::Instant::now(),
-                                },
-                                to_app: None,
-                                from_app: None,
-                                pending: None,
-                            },
-                        );
+                    if let Some(dials) = self.dial_first.clone() {
+                        let key = (src, dst);
+                        if self.held.contains_key(&key) {
+                            return; // a retransmission of the SYN being dialled for
+                        }
+                        if self.held.len() >= MAX_HELD_SYNS {
+                            self.expire_held();
+                        }
+                        if self.held.len() < MAX_HELD_SYNS && dials.try_send(key).is_ok() {
+                            self.held.insert(key, (std::time::Instant::now(), p));
+                            return;
+                        }
+                        // too many at once: refused (the RST below)
+                        self.counters.tcp_refused.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        self.listen_on(dst);
                     }
                 } else {
                     self.counters.tcp_refused.fetch_add(1, Ordering::Relaxed);
@@ -466,8 +498,60 @@ impl Engine {
         }
     }
 
+    /// Refuses held SYNs older than [`HELD_TTL`] (their dial never answered).
+    fn expire_held(&mut self) {
+        let old: Vec<_> = self
+            .held
+            .iter()
+            .filter(|(_, (t, _))| t.elapsed() >= HELD_TTL)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in old {
+            if let Some((_, p)) = self.held.remove(&k) {
+                self.counters.tcp_refused.fetch_add(1, Ordering::Relaxed);
+                self.dev.rx.push_back(p);
+            }
+        }
+    }
+
+    /// A listener on exactly `dst`, for the SYN about to be ingested.
+    fn listen_on(&mut self, dst: SocketAddr) {
+        let mut s = Self::new_tcp_socket();
+        if s.listen(IpListenEndpoint {
+            addr: Some(IpAddress::from(dst.ip())),
+            port: dst.port(),
+        })
+        .is_ok()
+        {
+            let h = self.sockets.add(s);
+            self.tcp.insert(
+                h,
+                TcpEntry {
+                    phase: Phase::Listening {
+                        since: std::time::Instant::now(),
+                    },
+                    to_app: None,
+                    from_app: None,
+                    pending: None,
+                },
+            );
+        }
+    }
+
     fn command(&mut self, c: Command) {
         match c {
+            Command::DialDone { src, dst, ok } => {
+                if let Some((_, p)) = self.held.remove(&(src, dst)) {
+                    if ok {
+                        self.listen_on(dst);
+                    } else {
+                        // no listener: smoltcp answers the SYN with a RST
+                        self.counters.tcp_refused.fetch_add(1, Ordering::Relaxed);
+                    }
+                    self.dev.rx.push_back(p);
+                    self.poll();
+                }
+            }
             Command::Connect { remote, reply } => {
                 let mut s = Self::new_tcp_socket();
                 let port = self.ephemeral_port();

@@ -6,6 +6,7 @@ fn cfg(addr: &str, any_ip: bool, accept: AcceptPolicy) -> StackConfig {
         any_ip,
         mtu: 1420,
         accept,
+        dial_first: None,
     }
 }
 
@@ -14,6 +15,14 @@ fn cfg(addr: &str, any_ip: bool, accept: AcceptPolicy) -> StackConfig {
 /// largest packet seen on the wire.
 fn wired_pair(
     allowed: SocketAddr,
+    cancel: &CancellationToken,
+) -> (Stack, Stack, mpsc::Receiver<TcpConn>, Arc<AtomicU64>) {
+    wired_pair_with(allowed, None, cancel)
+}
+
+fn wired_pair_with(
+    allowed: SocketAddr,
+    dial_first: Option<mpsc::Sender<(SocketAddr, SocketAddr)>>,
     cancel: &CancellationToken,
 ) -> (Stack, Stack, mpsc::Receiver<TcpConn>, Arc<AtomicU64>) {
     let (a_out, mut wire_a) = mpsc::channel::<Vec<u8>>(1024);
@@ -41,16 +50,13 @@ fn wired_pair(
         a_out,
         cancel.clone(),
     );
-    let (b, b_acc) = spawn(
-        cfg(
-            "100.127.255.2",
-            true,
-            Arc::new(move |dst, _| dst == allowed),
-        ),
-        b_in,
-        b_out,
-        cancel.clone(),
+    let mut b_cfg = cfg(
+        "100.127.255.2",
+        true,
+        Arc::new(move |dst, _| dst == allowed),
     );
+    b_cfg.dial_first = dial_first;
+    let (b, b_acc) = spawn(b_cfg, b_in, b_out, cancel.clone());
     (a, b, b_acc, max_len)
 }
 
@@ -164,5 +170,59 @@ async fn bulk_push_from_the_accepting_side_arrives_whole() {
         t.elapsed()
     );
     assert_eq!(got, TOTAL);
+    cancel.cancel();
+}
+
+/// Dial first: B holds A's SYN until told; a refused dial resets A's connect (a refusal,
+/// not an accepted connection that then closes), an answered one completes it. The SYN's
+/// retransmissions while held are not shown twice.
+#[tokio::test]
+async fn dial_first_holds_the_syn_until_the_dial_answers() {
+    let cancel = CancellationToken::new();
+    let allowed: SocketAddr = "198.18.9.9:50051".parse().unwrap();
+    let (dials_tx, mut dials) = mpsc::channel(8);
+    let (a, b, mut b_acc, _) = wired_pair_with(allowed, Some(dials_tx), &cancel);
+    // refused
+    let a2 = a.clone();
+    let refused = tokio::spawn(async move { a2.connect(allowed).await });
+    let (src, dst) = tokio::time::timeout(Duration::from_secs(5), dials.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(dst, allowed);
+    // while held, nothing is accepted and no second request comes for retransmissions
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(b_acc.try_recv().is_err());
+    assert!(
+        dials.try_recv().is_err(),
+        "a retransmitted SYN was shown again"
+    );
+    b.dial_done(src, dst, false).await.unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(5), refused)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        r.is_err(),
+        "connect succeeded although the destination refused"
+    );
+    // answered
+    let a3 = a.clone();
+    let ok = tokio::spawn(async move { a3.connect(allowed).await });
+    let (src, dst) = tokio::time::timeout(Duration::from_secs(5), dials.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    b.dial_done(src, dst, true).await.unwrap();
+    let c = tokio::time::timeout(Duration::from_secs(5), ok)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let accepted = tokio::time::timeout(Duration::from_secs(5), b_acc.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((accepted.remote, accepted.local), (c.local, c.remote));
     cancel.cancel();
 }
