@@ -46,7 +46,7 @@ impl Reply {
     }
 }
 
-type Handler = dyn Fn(&str, &str) -> Reply + Send + Sync;
+type Handler = dyn Fn(&str, &str, Option<&str>) -> Reply + Send + Sync;
 
 /// The running stand-in; dropping it stops accepting connections.
 pub struct HostileRegistry {
@@ -66,6 +66,14 @@ impl HostileRegistry {
     /// Must be called inside a tokio runtime.
     pub async fn start(
         handler: impl Fn(&str, &str) -> Reply + Send + Sync + 'static,
+    ) -> std::io::Result<Self> {
+        Self::start_with_auth(move |method, path, _| handler(method, path)).await
+    }
+
+    /// [`HostileRegistry::start`] whose `handler(method, path, authorization)` also sees the
+    /// request's `Authorization` header.
+    pub async fn start_with_auth(
+        handler: impl Fn(&str, &str, Option<&str>) -> Reply + Send + Sync + 'static,
     ) -> std::io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?.to_string();
@@ -93,8 +101,13 @@ impl HostileRegistry {
                     let mut first = text.lines().next().unwrap_or("").split(' ');
                     let method = first.next().unwrap_or("").to_string();
                     let path = first.next().unwrap_or("").to_string();
+                    let authorization = text.lines().find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case("authorization")
+                            .then(|| v.trim().to_string())
+                    });
                     counter.fetch_add(1, Ordering::SeqCst);
-                    let reply = handler(&method, &path);
+                    let reply = handler(&method, &path, authorization.as_deref());
                     let head_only = method == "HEAD";
                     let _ = write_reply(&mut sock, reply, head_only).await;
                 });

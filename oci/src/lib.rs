@@ -14,9 +14,10 @@ pub mod manifest;
 pub mod payload;
 pub mod reference;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Method, Request, StatusCode, header};
@@ -131,7 +132,18 @@ type Body = Full<Bytes>;
 pub struct Client {
     http: HttpClient<hyper_rustls::HttpsConnector<HttpConnector>, Body>,
     opts: ClientOptions,
+    /// Answers to registries' challenges (`Authorization` values) until they expire, by
+    /// credentials fingerprint, registry and repository (a token's scope); shared by clones,
+    /// never across credentials (the fingerprint is in the key).
+    auths: Arc<std::sync::Mutex<HashMap<String, (String, Instant)>>>,
 }
+
+/// Cached challenge answers kept at most (expired ones go first, then all).
+const MAX_CACHED_AUTHS: usize = 4096;
+/// How long a token without `expires_in` is used (the distribution spec's default).
+const DEFAULT_TOKEN_SECONDS: u64 = 60;
+/// How long a Basic answer is reused without a new challenge.
+const BASIC_AUTH_REUSE: Duration = Duration::from_secs(600);
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -228,7 +240,40 @@ impl Client {
         Ok(Self {
             http: HttpClient::builder(TokioExecutor::new()).build(https),
             opts,
+            auths: Arc::default(),
         })
+    }
+
+    /// The cache key of a request to `url` on `registry`: credentials, registry and the
+    /// repository of a `/v2/<repository>/{manifests,blobs}/…` path; `None` for other paths.
+    fn auth_key(&self, registry: &str, url: &str) -> Option<String> {
+        let path = url.split_once("/v2/")?.1;
+        let repo = ["/manifests/", "/blobs/"]
+            .iter()
+            .find_map(|m| path.split_once(m).map(|(r, _)| r))?;
+        Some(format!(
+            "{}\0{registry}\0{repo}",
+            self.opts.pull_secret.fingerprint()
+        ))
+    }
+
+    fn cached_auth(&self, key: &str) -> Option<String> {
+        let m = self.auths.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(key)
+            .filter(|(_, until)| Instant::now() < *until)
+            .map(|(a, _)| a.clone())
+    }
+
+    fn remember_auth(&self, key: String, authorization: String, valid_for: Duration) {
+        let mut m = self.auths.lock().unwrap_or_else(|p| p.into_inner());
+        if m.len() >= MAX_CACHED_AUTHS {
+            let now = Instant::now();
+            m.retain(|_, (_, until)| now < *until);
+            if m.len() >= MAX_CACHED_AUTHS {
+                m.clear();
+            }
+        }
+        m.insert(key, (authorization, Instant::now() + valid_for));
     }
 
     /// This client with `extra` mirrors tried after its own (a HostedCluster's
@@ -337,9 +382,25 @@ impl Client {
         body: Bytes,
         limit: u64,
     ) -> Result<Response, OciError> {
-        let resp = self.send_once(&method, url, &headers, &body, limit).await?;
+        // A cached answer to this repository's challenge first (one request instead of three).
+        let key = self.auth_key(registry, url);
+        let cached = key.as_deref().and_then(|k| self.cached_auth(k));
+        let resp = match cached {
+            Some(a) => {
+                let mut h = headers.clone();
+                h.push((header::AUTHORIZATION, a));
+                self.send_once(&method, url, &h, &body, limit).await?
+            }
+            None => self.send_once(&method, url, &headers, &body, limit).await?,
+        };
         if resp.status != StatusCode::UNAUTHORIZED {
             return Ok(resp);
+        }
+        if let Some(k) = &key {
+            self.auths
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(k);
         }
         let creds = self.opts.pull_secret.for_registry(registry);
         let challenge = resp
@@ -347,9 +408,9 @@ impl Client {
             .get(header::WWW_AUTHENTICATE)
             .and_then(|v| v.to_str().ok())
             .and_then(auth::parse_challenge);
-        let authorization = match challenge {
+        let (authorization, valid_for) = match challenge {
             Some(auth::Challenge::Basic) => match creds {
-                Some(c) => c.basic(),
+                Some(c) => (c.basic(), BASIC_AUTH_REUSE),
                 None => return Ok(resp),
             },
             Some(auth::Challenge::Bearer {
@@ -392,12 +453,28 @@ impl Client {
                     .or_else(|| v.get("access_token"))
                     .and_then(|t| t.as_str())
                     .unwrap_or_default();
-                format!("Bearer {token}")
+                // Used until 90 % of its lifetime, at most an hour.
+                let secs = v
+                    .get("expires_in")
+                    .and_then(serde_json::Value::as_u64)
+                    .unwrap_or(DEFAULT_TOKEN_SECONDS)
+                    .min(3600);
+                (
+                    format!("Bearer {token}"),
+                    Duration::from_secs(secs) * 9 / 10,
+                )
             }
             None => return Ok(resp),
         };
-        headers.push((header::AUTHORIZATION, authorization));
-        self.send_once(&method, url, &headers, &body, limit).await
+        headers.push((header::AUTHORIZATION, authorization.clone()));
+        let resp = self.send_once(&method, url, &headers, &body, limit).await?;
+        if let Some(k) = key
+            && resp.status != StatusCode::UNAUTHORIZED
+            && resp.status != StatusCode::FORBIDDEN
+        {
+            self.remember_auth(k, authorization, valid_for);
+        }
+        Ok(resp)
     }
 
     /// Refuses to send a request on `registry`'s behalf to `url` (a redirect or token
@@ -875,6 +952,46 @@ impl Client {
             });
         }
         Ok(digest)
+    }
+
+    /// Pushes an image built elsewhere exactly as given — its blobs (`layers` and `config`)
+    /// and its `manifest` bytes (an OCI image manifest naming those digests) — as `image` (a
+    /// tag reference); returns the manifest digest (that of `manifest`, so a reproducible
+    /// build pushes to the same digest).
+    pub async fn push_built(
+        &self,
+        image: &str,
+        layers: &[Bytes],
+        config: Bytes,
+        manifest: Bytes,
+    ) -> Result<String, OciError> {
+        let r = Reference::parse(image)?;
+        let base = self.base(&r.registry);
+        for l in layers {
+            self.push_blob(&r, l.clone()).await?;
+        }
+        self.push_blob(&r, config).await?;
+        let url = format!("{base}/v2/{}/manifests/{}", r.repository, r.manifest_ref());
+        let resp = self
+            .send(
+                &r.registry,
+                Method::PUT,
+                &url,
+                vec![(
+                    header::CONTENT_TYPE,
+                    "application/vnd.oci.image.manifest.v1+json".into(),
+                )],
+                manifest.clone(),
+                0,
+            )
+            .await?;
+        if resp.status != StatusCode::CREATED {
+            return Err(OciError::Status {
+                url,
+                status: resp.status.as_u16(),
+            });
+        }
+        Ok(format!("sha256:{:x}", Sha256::digest(&manifest)))
     }
 
     /// Pushes an image with `layers` (gzip-compressed tar blobs, e.g. from

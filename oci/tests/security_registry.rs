@@ -180,3 +180,114 @@ async fn a_manifest_streamed_without_end_is_refused_with_bounded_memory() -> Res
     );
     Ok(())
 }
+
+/// Bearer tokens are cached per registry, repository and credentials until they expire: five
+/// lookups of one repository make one token request (each lookup used to fetch its own: a
+/// 401, a token request and a retry every time), and a lookup of another repository asks for
+/// a token of its own scope. STAND-IN registry with a token realm (the CNCF registry's token
+/// auth needs a separate token server).
+#[tokio::test]
+async fn bearer_tokens_are_cached_per_scope() -> anyhow::Result<()> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let tokens = Arc::new(AtomicUsize::new(0));
+    let t = tokens.clone();
+    let addr = Arc::new(std::sync::OnceLock::<String>::new());
+    let a = addr.clone();
+    let manifest = br#"{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:0000000000000000000000000000000000000000000000000000000000000000","size":2},"layers":[]}"#.to_vec();
+    let digest = format!(
+        "sha256:{:x}",
+        <sha2::Sha256 as sha2::Digest>::digest(&manifest)
+    );
+    let d = digest.clone();
+    let hostile = HostileRegistry::start_with_auth(move |_method, path, auth| {
+        if let Some(q) = path.strip_prefix("/token?") {
+            let n = t.fetch_add(1, Ordering::SeqCst);
+            let scope = q
+                .split('&')
+                .find_map(|kv| kv.strip_prefix("scope="))
+                .unwrap_or("none")
+                .to_string();
+            return Reply::ok(
+                format!(r#"{{"token":"t{n}-{scope}","expires_in":300}}"#).into_bytes(),
+                &[("Content-Type", "application/json")],
+            );
+        }
+        let repo = path
+            .strip_prefix("/v2/")
+            .and_then(|p| p.split("/manifests/").next())
+            .unwrap_or("");
+        let scope = format!("repository%3A{}%3Apull", repo.replace('/', "%2F"));
+        if auth.is_some_and(|h| h.starts_with("Bearer t") && h.ends_with(&scope)) {
+            return Reply::ok(
+                manifest.clone(),
+                &[
+                    ("Content-Type", "application/vnd.oci.image.manifest.v1+json"),
+                    ("Docker-Content-Digest", d.as_str()),
+                ],
+            );
+        }
+        let challenge = format!(
+            r#"Bearer realm="http://{}/token",service="stand-in",scope="repository:{repo}:pull""#,
+            a.get().map(String::as_str).unwrap_or("")
+        );
+        Reply::Full {
+            status: 401,
+            headers: vec![("WWW-Authenticate".into(), challenge)],
+            body: vec![],
+        }
+    })
+    .await?;
+    addr.set(hostile.addr().to_string()).ok();
+    let client = Client::new(ClientOptions {
+        plain_http: vec![hostile.addr().to_string()],
+        pull_secret: hcp_olm_oci::PullSecret::parse(
+            format!(
+                r#"{{"auths":{{"{}":{{"username":"u","password":"p"}}}}}}"#,
+                hostile.addr()
+            )
+            .as_bytes(),
+        )?,
+        ..Default::default()
+    })?;
+    for _ in 0..5 {
+        match client
+            .resolve(&format!("{}/org/cat:v1", hostile.addr()))
+            .await?
+        {
+            hcp_olm_oci::Lookup::Found { digest: got, .. } => anyhow::ensure!(got == digest),
+            other => anyhow::bail!("{other:?}"),
+        }
+    }
+    anyhow::ensure!(
+        tokens.load(Ordering::SeqCst) == 1,
+        "five lookups of one repository asked for {} tokens",
+        tokens.load(Ordering::SeqCst)
+    );
+    let before = hostile.requests();
+    client
+        .resolve(&format!("{}/org/cat:v1", hostile.addr()))
+        .await?;
+    anyhow::ensure!(
+        hostile.requests() - before == 1,
+        "a lookup with a cached token took {} requests",
+        hostile.requests() - before
+    );
+    client
+        .resolve(&format!("{}/org/other:v1", hostile.addr()))
+        .await?;
+    anyhow::ensure!(
+        tokens.load(Ordering::SeqCst) == 2,
+        "another repository, another scope"
+    );
+    // Other credentials never use these tokens.
+    let other = client.with_pull_secret(hcp_olm_oci::PullSecret::default());
+    other
+        .resolve(&format!("{}/org/cat:v1", hostile.addr()))
+        .await?;
+    anyhow::ensure!(
+        tokens.load(Ordering::SeqCst) == 3,
+        "a token was shared across credentials"
+    );
+    Ok(())
+}
