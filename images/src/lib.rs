@@ -1,0 +1,571 @@
+//! hcp-olm's container images, built without a container engine (none runs where we build):
+//! one OCI image per shipped binary, a single layer holding the binary, the shared libraries
+//! it loads (taken from the build host's Debian packages, as `ldd` lists them), CA
+//! certificates, a minimal `/etc/passwd` and a world-writable `/tmp`; a numeric non-root
+//! `USER`; `org.opencontainers.image.*` labels.
+//!
+//! Reproducible: entries sorted, owner 0, fixed modes, every time stamp the commit's
+//! (`SOURCE_DATE_EPOCH`), gzip without a name or time, JSON with sorted keys — the same
+//! binaries give the same digests. Pure but for [`shared_libraries`] (runs `ldd`) and
+//! [`write_layout`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use serde_json::json;
+use sha2::{Digest as _, Sha256};
+
+/// The non-root user and group every image runs as (numeric, so `runAsNonRoot` can check it).
+pub const USER_ID: u32 = 65532;
+/// Where binaries go in an image.
+pub const BIN_DIR: &str = "/usr/bin";
+/// Where the CA bundle goes (Debian's path; `SSL_CERT_FILE` points at it).
+pub const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+/// The registry and organisation the controller and `manifests/` name by default.
+pub const DEFAULT_REGISTRY: &str = "quay.io/hcp-olm";
+/// The project's source, for the `org.opencontainers.image.source` label.
+pub const SOURCE: &str = "https://github.com/hcp-olm/hcp-olm";
+
+/// One image: its name and the binaries in it; the first is the entrypoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImageDef {
+    pub name: &'static str,
+    pub binaries: &'static [&'static str],
+    pub description: &'static str,
+}
+
+/// Every image we ship. The names are what the controller renders by default
+/// (`validate::Defaults`) and what `manifests/` installs.
+pub const IMAGES: &[ImageDef] = &[
+    ImageDef {
+        name: "hcp-olm-controller",
+        binaries: &["hcp-olm-controller"],
+        description: "hcp-olm controller: OLM for every HyperShift hosted cluster",
+    },
+    ImageDef {
+        name: "hcp-olm-tunnel-gateway",
+        binaries: &["hcp-olm-gateway"],
+        description: "hcp-olm tunnel gateway (HCP namespace side of the catalog tunnel)",
+    },
+    ImageDef {
+        name: "hcp-olm-guest-agent",
+        binaries: &["hcp-olm-agent"],
+        description: "hcp-olm guest agent (guest side of the catalog tunnel, split DNS)",
+    },
+    ImageDef {
+        name: "hcp-olm-dns",
+        binaries: &["hcp-olm-dns"],
+        description: "hcp-olm split-DNS daemon",
+    },
+    ImageDef {
+        name: "hcp-olm-tunnel",
+        binaries: &["hcp-olm-tunnel"],
+        description: "hcp-olm WireGuard TUN daemon",
+    },
+    ImageDef {
+        name: "hcp-olm-catalog-server",
+        binaries: &["hcp-olm-catalog-server"],
+        description: "hcp-olm gRPC catalog server (operator-registry API)",
+    },
+    ImageDef {
+        name: "hcp-olm-cli",
+        binaries: &["hcp-olm", "kubectl-hcp_olm"],
+        description: "hcp-olm catalog CLI and kubectl plugin",
+    },
+];
+
+/// Errors building images.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error("`ldd {binary}` failed: {message}")]
+    Ldd { binary: String, message: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ImageError {
+    let what = what.into();
+    move |source| ImageError::Io { what, source }
+}
+
+/// A file in an image: absolute path, mode, content.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct File {
+    pub path: String,
+    pub mode: u32,
+    pub data: Vec<u8>,
+}
+
+/// What the labels and time stamps say.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Meta {
+    pub version: String,
+    /// The commit (`git rev-parse HEAD`), or `unknown`.
+    pub revision: String,
+    /// `SOURCE_DATE_EPOCH`: seconds since 1970, used for every time stamp.
+    pub created: u64,
+}
+
+/// A built image: its blobs and manifest, ready to push or to write as an OCI layout.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Built {
+    pub name: String,
+    pub layers: Vec<Bytes>,
+    pub config: Bytes,
+    pub manifest: Bytes,
+}
+
+impl Built {
+    /// The manifest digest (`sha256:…`): the image's identity.
+    pub fn digest(&self) -> String {
+        sha256(&self.manifest)
+    }
+
+    /// Compressed size: layers, config and manifest.
+    pub fn size(&self) -> usize {
+        self.layers.iter().map(Bytes::len).sum::<usize>() + self.config.len() + self.manifest.len()
+    }
+}
+
+fn sha256(b: &[u8]) -> String {
+    format!("sha256:{:x}", Sha256::digest(b))
+}
+
+/// The tag reference of `def` in `registry` at `version` (`<registry>/<name>:v<version>`).
+pub fn reference(registry: &str, def: &ImageDef, version: &str) -> String {
+    format!("{}/{}:v{version}", registry.trim_end_matches('/'), def.name)
+}
+
+/// RFC 3339 (UTC) of `secs` since 1970 (civil-from-days; no calendar crate needed for one
+/// formatting).
+pub fn rfc3339(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// The base files every image has besides its binaries and libraries.
+pub fn base_files(ca_bundle: Vec<u8>) -> Vec<File> {
+    vec![
+        File {
+            path: CA_BUNDLE.into(),
+            mode: 0o644,
+            data: ca_bundle,
+        },
+        File {
+            path: "/etc/passwd".into(),
+            mode: 0o644,
+            data: format!(
+                "root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:{USER_ID}:{USER_ID}:nonroot:/tmp:/sbin/nologin\n"
+            )
+            .into_bytes(),
+        },
+        File {
+            path: "/etc/group".into(),
+            mode: 0o644,
+            data: format!("root:x:0:\nnonroot:x:{USER_ID}:\n").into_bytes(),
+        },
+    ]
+}
+
+/// One gzip-compressed tar layer of `files` (with every parent directory and `/tmp`), and
+/// its diff ID (digest of the uncompressed tar). Deterministic.
+pub fn layer(files: &[File], mtime: u64) -> Result<(Bytes, String), ImageError> {
+    let mut by_path: BTreeMap<String, &File> = BTreeMap::new();
+    let mut dirs: BTreeSet<String> = BTreeSet::from(["tmp".to_string()]);
+    for f in files {
+        let rel = f.path.trim_start_matches('/').to_string();
+        if rel.is_empty()
+            || rel
+                .split('/')
+                .any(|c| c.is_empty() || c == "." || c == "..")
+        {
+            return Err(ImageError::Invalid(format!(
+                "bad path in image: {:?}",
+                f.path
+            )));
+        }
+        let mut parent = Path::new(&rel).parent();
+        while let Some(p) = parent.filter(|p| !p.as_os_str().is_empty()) {
+            dirs.insert(p.to_string_lossy().into_owned());
+            parent = p.parent();
+        }
+        if by_path.insert(rel.clone(), f).is_some() {
+            return Err(ImageError::Invalid(format!(
+                "{} twice in one image",
+                f.path
+            )));
+        }
+    }
+    let mut b = tar::Builder::new(Vec::new());
+    let header = |kind: tar::EntryType, mode: u32, size: u64| {
+        let mut h = tar::Header::new_ustar();
+        h.set_entry_type(kind);
+        h.set_mode(mode);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(mtime);
+        h.set_size(size);
+        h
+    };
+    // Directories first (sorted, so parents precede children), then files (sorted).
+    for d in &dirs {
+        let mode = if d == "tmp" { 0o1777 } else { 0o755 };
+        let mut h = header(tar::EntryType::Directory, mode, 0);
+        b.append_data(&mut h, format!("{d}/"), std::io::empty())
+            .map_err(io(format!("adding directory {d}")))?;
+    }
+    for (path, f) in &by_path {
+        let mut h = header(tar::EntryType::Regular, f.mode, f.data.len() as u64);
+        b.append_data(&mut h, path, f.data.as_slice())
+            .map_err(io(format!("adding {path}")))?;
+    }
+    let tar = b.into_inner().map_err(io("finishing the layer"))?;
+    let diff_id = sha256(&tar);
+    // No file name and time 0 in the gzip header (flate2's defaults), fixed level.
+    let mut gz = flate2::GzBuilder::new()
+        .mtime(0)
+        .write(Vec::new(), flate2::Compression::new(6));
+    gz.write_all(&tar).map_err(io("compressing the layer"))?;
+    let gz = gz.finish().map_err(io("compressing the layer"))?;
+    Ok((Bytes::from(gz), diff_id))
+}
+
+/// The image of `def` from its `files` (binaries, libraries and [`base_files`]).
+pub fn build(def: &ImageDef, files: &[File], meta: &Meta) -> Result<Built, ImageError> {
+    let entry = def
+        .binaries
+        .first()
+        .ok_or_else(|| ImageError::Invalid(format!("image {} has no binary", def.name)))?;
+    let (layer, diff_id) = layer(files, meta.created)?;
+    let created = rfc3339(meta.created);
+    let labels = BTreeMap::from([
+        ("org.opencontainers.image.created", created.clone()),
+        (
+            "org.opencontainers.image.description",
+            def.description.into(),
+        ),
+        ("org.opencontainers.image.licenses", "Apache-2.0".into()),
+        ("org.opencontainers.image.revision", meta.revision.clone()),
+        ("org.opencontainers.image.source", SOURCE.into()),
+        ("org.opencontainers.image.title", def.name.into()),
+        ("org.opencontainers.image.version", meta.version.clone()),
+    ]);
+    // serde_json's Map keeps keys sorted (no preserve_order feature): stable bytes.
+    let config = json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "created": created,
+        "config": {
+            "User": format!("{USER_ID}:{USER_ID}"),
+            "Entrypoint": [format!("{BIN_DIR}/{entry}")],
+            "Env": [
+                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                format!("SSL_CERT_FILE={CA_BUNDLE}"),
+                "HOME=/tmp",
+            ],
+            "WorkingDir": "/",
+            "Labels": labels,
+        },
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        "history": [{"created": created, "created_by": "hcp-olm-images"}],
+    });
+    let config =
+        Bytes::from(serde_json::to_vec(&config).map_err(|e| ImageError::Invalid(e.to_string()))?);
+    let manifest = json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {
+            "mediaType": "application/vnd.oci.image.config.v1+json",
+            "digest": sha256(&config),
+            "size": config.len(),
+        },
+        "layers": [{
+            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+            "digest": sha256(&layer),
+            "size": layer.len(),
+        }],
+        "annotations": {
+            "org.opencontainers.image.created": created,
+            "org.opencontainers.image.revision": meta.revision,
+            "org.opencontainers.image.version": meta.version,
+        },
+    });
+    let manifest =
+        Bytes::from(serde_json::to_vec(&manifest).map_err(|e| ImageError::Invalid(e.to_string()))?);
+    Ok(Built {
+        name: def.name.into(),
+        layers: vec![layer],
+        config,
+        manifest,
+    })
+}
+
+/// The shared libraries `binary` loads, as `ldd` lists them (the dynamic loader included;
+/// the vDSO left out). Empty for a static binary.
+pub fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>, ImageError> {
+    let out = std::process::Command::new("ldd")
+        .arg(binary)
+        .output()
+        .map_err(io("running ldd (Debian package libc-bin)"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        if text.contains("not a dynamic executable") || err.contains("not a dynamic executable") {
+            return Ok(Vec::new());
+        }
+        return Err(ImageError::Ldd {
+            binary: binary.display().to_string(),
+            message: err.trim().to_string(),
+        });
+    }
+    parse_ldd(&text).map_err(|message| ImageError::Ldd {
+        binary: binary.display().to_string(),
+        message,
+    })
+}
+
+/// The library paths in `ldd` output. Pure.
+pub fn parse_ldd(text: &str) -> Result<Vec<PathBuf>, String> {
+    let mut out = Vec::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if line.contains("statically linked") || line.starts_with("linux-vdso") {
+            continue;
+        }
+        if line.contains("=> not found") {
+            return Err(format!("missing library: {line}"));
+        }
+        let path = match line.split_once("=>") {
+            Some((_, rest)) => rest.trim(),
+            None => line,
+        };
+        let path = path.split(" (").next().unwrap_or("").trim();
+        if path.starts_with('/') {
+            out.push(PathBuf::from(path));
+        }
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// The files of `def`: its binaries from `bin_dir` (0755 in [`BIN_DIR`]), their shared
+/// libraries at the paths the loader looks them up by, and [`base_files`].
+pub fn files_for(
+    def: &ImageDef,
+    bin_dir: &Path,
+    ca_bundle: &[u8],
+) -> Result<Vec<File>, ImageError> {
+    let mut files = base_files(ca_bundle.to_vec());
+    let mut libs = BTreeSet::new();
+    for b in def.binaries {
+        let path = bin_dir.join(b);
+        let data = std::fs::read(&path).map_err(io(format!(
+            "reading {} (build it: cargo build --profile dist -p <its package>, or make images)",
+            path.display()
+        )))?;
+        files.push(File {
+            path: format!("{BIN_DIR}/{b}"),
+            mode: 0o755,
+            data,
+        });
+        libs.extend(shared_libraries(&path)?);
+    }
+    for lib in libs {
+        let data = std::fs::read(&lib).map_err(io(format!("reading {}", lib.display())))?;
+        files.push(File {
+            path: lib.to_string_lossy().into_owned(),
+            mode: 0o755,
+            data,
+        });
+    }
+    Ok(files)
+}
+
+/// Writes `images` (tag reference → image) as one OCI image layout in `dir` (`oci-layout`,
+/// `index.json` naming each by `org.opencontainers.image.ref.name`, `blobs/sha256/…`).
+pub fn write_layout(dir: &Path, images: &[(String, Built)]) -> Result<(), ImageError> {
+    let blobs = dir.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).map_err(io(format!("creating {}", blobs.display())))?;
+    let put = |b: &[u8]| -> Result<(), ImageError> {
+        let d = sha256(b);
+        let path = blobs.join(d.trim_start_matches("sha256:"));
+        std::fs::write(&path, b).map_err(io(format!("writing {}", path.display())))
+    };
+    let mut manifests = Vec::new();
+    for (reference, img) in images {
+        for l in &img.layers {
+            put(l)?;
+        }
+        put(&img.config)?;
+        put(&img.manifest)?;
+        manifests.push(json!({
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": img.digest(),
+            "size": img.manifest.len(),
+            "annotations": {"org.opencontainers.image.ref.name": reference},
+        }));
+    }
+    let index = json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": manifests,
+    });
+    let write = |name: &str, v: &serde_json::Value| {
+        let path = dir.join(name);
+        std::fs::write(&path, serde_json::to_vec_pretty(v).unwrap_or_default())
+            .map_err(io(format!("writing {}", path.display())))
+    };
+    write("oci-layout", &json!({"imageLayoutVersion": "1.0.0"}))?;
+    write("index.json", &index)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta() -> Meta {
+        Meta {
+            version: "0.1.0".into(),
+            revision: "abc".into(),
+            created: 1_764_028_800,
+        }
+    }
+
+    #[test]
+    fn same_input_same_digest_and_every_input_counts() {
+        let files = vec![File {
+            path: "/usr/bin/x".into(),
+            mode: 0o755,
+            data: b"\x7fELF".to_vec(),
+        }];
+        let def = &IMAGES[0];
+        let a = build(def, &files, &meta()).unwrap();
+        let b = build(def, &files, &meta()).unwrap();
+        assert_eq!(a.digest(), b.digest());
+        let mut m = meta();
+        m.revision = "def".into();
+        assert_ne!(build(def, &files, &m).unwrap().digest(), a.digest());
+        let mut other = files.clone();
+        other[0].data.push(0);
+        assert_ne!(build(def, &other, &meta()).unwrap().digest(), a.digest());
+        let cfg: serde_json::Value = serde_json::from_slice(&a.config).unwrap();
+        assert_eq!(cfg["config"]["User"], "65532:65532");
+        assert_eq!(
+            cfg["config"]["Entrypoint"][0],
+            "/usr/bin/hcp-olm-controller"
+        );
+        assert_eq!(cfg["created"], "2025-11-25T00:00:00Z");
+        assert_eq!(
+            cfg["config"]["Labels"]["org.opencontainers.image.version"],
+            "0.1.0"
+        );
+    }
+
+    #[test]
+    fn layer_lists_parents_first_with_fixed_owner_and_time() {
+        let files = vec![
+            File {
+                path: "/usr/bin/b".into(),
+                mode: 0o755,
+                data: b"b".to_vec(),
+            },
+            File {
+                path: "/etc/passwd".into(),
+                mode: 0o644,
+                data: b"p".to_vec(),
+            },
+        ];
+        let (gz, _) = layer(&files, 7).unwrap();
+        let mut a = tar::Archive::new(flate2::read::GzDecoder::new(&gz[..]));
+        let entries: Vec<(String, u32, u64, u64)> = a
+            .entries()
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let h = e.header();
+                (
+                    e.path().unwrap().to_string_lossy().into_owned(),
+                    h.mode().unwrap(),
+                    h.uid().unwrap(),
+                    h.mtime().unwrap(),
+                )
+            })
+            .collect();
+        let names: Vec<&str> = entries.iter().map(|e| e.0.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "etc/",
+                "tmp/",
+                "usr/",
+                "usr/bin/",
+                "etc/passwd",
+                "usr/bin/b"
+            ]
+        );
+        assert!(entries.iter().all(|e| e.2 == 0 && e.3 == 7));
+        assert_eq!(entries[1].1, 0o1777);
+    }
+
+    #[test]
+    fn bad_paths_and_duplicates_are_refused() {
+        for p in ["/", "/a/../b", "a//b"] {
+            let f = File {
+                path: p.into(),
+                mode: 0o644,
+                data: vec![],
+            };
+            assert!(layer(&[f], 0).is_err(), "{p}");
+        }
+        let f = File {
+            path: "/a".into(),
+            mode: 0o644,
+            data: vec![],
+        };
+        assert!(layer(&[f.clone(), f], 0).is_err());
+    }
+
+    #[test]
+    fn ldd_output_is_parsed() {
+        let text = "\tlinux-vdso.so.1 (0x00007ffd)\n\tlibgcc_s.so.1 => /lib/x86_64-linux-gnu/libgcc_s.so.1 (0x00007f)\n\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f)\n\t/lib64/ld-linux-x86-64.so.2 (0x00007f)\n";
+        assert_eq!(
+            parse_ldd(text).unwrap(),
+            [
+                PathBuf::from("/lib/x86_64-linux-gnu/libc.so.6"),
+                PathBuf::from("/lib/x86_64-linux-gnu/libgcc_s.so.1"),
+                PathBuf::from("/lib64/ld-linux-x86-64.so.2"),
+            ]
+        );
+        assert!(parse_ldd("\tlibfoo.so => not found\n").is_err());
+        assert!(parse_ldd("\tstatically linked\n").unwrap().is_empty());
+    }
+
+    #[test]
+    fn dates() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_764_028_800 + 3661), "2025-11-25T01:01:01Z");
+    }
+}
