@@ -3,8 +3,6 @@
 //! config and layer descriptors. Digests are checked for form, so a hostile manifest
 //! cannot put a path into a blob URL.
 
-use serde::Deserialize;
-
 /// The largest manifest, index or image config read from a registry.
 pub const MAX_MANIFEST_BYTES: u64 = 4 << 20;
 
@@ -49,54 +47,27 @@ pub fn valid_digest(d: &str) -> bool {
     })
 }
 
-#[derive(Deserialize)]
-struct Raw {
-    #[serde(default)]
-    manifests: Option<Vec<RawEntry>>,
-    #[serde(default)]
-    config: Option<RawDescriptor>,
-    #[serde(default)]
-    layers: Option<Vec<RawDescriptor>>,
-}
-
-#[derive(Deserialize)]
-struct RawEntry {
-    digest: String,
-    #[serde(default)]
-    platform: Option<RawPlatform>,
-}
-
-#[derive(Deserialize)]
-struct RawPlatform {
-    #[serde(default)]
-    os: Option<String>,
-    #[serde(default)]
-    architecture: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct RawDescriptor {
-    digest: String,
-    #[serde(default)]
-    size: Option<u64>,
-}
-
 impl Manifest {
-    /// Parses manifest bytes. The message of an error says what is wrong, never echoing
-    /// more than a digest.
+    /// Parses manifest bytes with `oci-spec`'s types (an image index / Docker manifest list
+    /// when there is a `manifests` list, else an image manifest; Docker v2 schema 2 has the
+    /// same shape). The message of an error says what is wrong, never echoing more than a
+    /// digest; every digest must be `sha256:<64 hex>` (checked again here, so a hostile
+    /// manifest cannot put a path into a blob URL).
     pub fn parse(bytes: &[u8]) -> Result<Self, String> {
+        use oci_spec::image::{ImageIndex, ImageManifest};
         if bytes.len() as u64 > MAX_MANIFEST_BYTES {
             return Err(format!(
                 "manifest is larger than {MAX_MANIFEST_BYTES} bytes"
             ));
         }
-        let raw: Raw = serde_json::from_slice(bytes).map_err(|e| {
+        let not_json = |e: serde_json::Error| {
             format!(
                 "manifest is not JSON of a manifest (line {}, column {})",
                 e.line(),
                 e.column()
             )
-        })?;
+        };
+        let v: serde_json::Value = serde_json::from_slice(bytes).map_err(not_json)?;
         let check = |d: String| {
             if valid_digest(&d) {
                 Ok(d)
@@ -104,43 +75,52 @@ impl Manifest {
                 Err("manifest names a digest that is not sha256:<64 hex>".to_string())
             }
         };
-        if let Some(list) = raw.manifests {
-            if list.is_empty() {
+        // Digests are checked before the typed parse, whose error would not say so.
+        let digests = v
+            .get("manifests")
+            .or_else(|| v.get("layers"))
+            .and_then(|l| l.as_array())
+            .into_iter()
+            .flatten()
+            .chain(v.get("config"))
+            .map(|d| d.get("digest").and_then(|x| x.as_str()).unwrap_or(""));
+        for d in digests {
+            check(d.to_string())?;
+        }
+        if v.get("manifests").is_some() {
+            let index: ImageIndex = serde_json::from_value(v).map_err(|e| {
+                format!("image index is not an OCI image index / Docker manifest list: {e}")
+            })?;
+            if index.manifests().is_empty() {
                 return Err("image index has no manifests".into());
             }
-            return list
-                .into_iter()
-                .map(|e| {
-                    let (os, architecture) = e
-                        .platform
-                        .map(|p| (p.os, p.architecture))
-                        .unwrap_or_default();
+            return index
+                .manifests()
+                .iter()
+                .map(|m| {
                     Ok(IndexEntry {
-                        digest: check(e.digest)?,
-                        os,
-                        architecture,
+                        digest: check(m.digest().to_string())?,
+                        os: m.platform().as_ref().map(|p| p.os().to_string()),
+                        architecture: m.platform().as_ref().map(|p| p.architecture().to_string()),
                     })
                 })
                 .collect::<Result<_, String>>()
                 .map(Manifest::Index);
         }
-        let config = raw
-            .config
-            .ok_or_else(|| "manifest has no config digest".to_string())?;
-        let desc = |d: RawDescriptor| {
+        if v.get("config").is_none() {
+            return Err("manifest has no config digest".to_string());
+        }
+        let m: ImageManifest = serde_json::from_value(v)
+            .map_err(|e| format!("manifest is not an OCI / Docker v2 image manifest: {e}"))?;
+        let desc = |d: &oci_spec::image::Descriptor| {
             Ok::<_, String>(Descriptor {
-                digest: check(d.digest)?,
-                size: d.size.unwrap_or(0),
+                digest: check(d.digest().to_string())?,
+                size: d.size(),
             })
         };
         Ok(Manifest::Image {
-            config: desc(config)?,
-            layers: raw
-                .layers
-                .unwrap_or_default()
-                .into_iter()
-                .map(desc)
-                .collect::<Result<_, _>>()?,
+            config: desc(m.config())?,
+            layers: m.layers().iter().map(desc).collect::<Result<_, _>>()?,
         })
     }
 
@@ -165,14 +145,16 @@ mod tests {
     #[test]
     fn index_picks_linux_amd64_and_image_lists_layers() {
         let d = |c: char| format!("sha256:{}", c.to_string().repeat(64));
-        let idx = serde_json::json!({"manifests": [
-            {"digest": d('a'), "platform": {"os": "linux", "architecture": "arm64"}},
-            {"digest": d('b'), "platform": {"os": "linux", "architecture": "amd64"}},
+        let mt = "application/vnd.oci.image.manifest.v1+json";
+        let idx = serde_json::json!({"schemaVersion": 2, "manifests": [
+            {"mediaType": mt, "size": 1, "digest": d('a'), "platform": {"os": "linux", "architecture": "arm64"}},
+            {"mediaType": mt, "size": 1, "digest": d('b'), "platform": {"os": "linux", "architecture": "amd64"}},
         ]});
         let m = Manifest::parse(&serde_json::to_vec(&idx).unwrap()).unwrap();
         assert_eq!(m.pick_platform(), Some(d('b').as_str()));
-        let img = serde_json::json!({"config": {"digest": d('c'), "size": 3},
-            "layers": [{"digest": d('e')}]});
+        let img = serde_json::json!({"schemaVersion": 2,
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": d('c'), "size": 3},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": d('e'), "size": 0}]});
         let m = Manifest::parse(&serde_json::to_vec(&img).unwrap()).unwrap();
         assert_eq!(
             m,
@@ -201,7 +183,7 @@ mod tests {
             let e = Manifest::parse(&serde_json::to_vec(&img).unwrap()).unwrap_err();
             assert!(e.contains("not sha256"), "{bad}: {e}");
         }
-        assert!(Manifest::parse(b"{\"manifests\": []}").is_err());
+        assert!(Manifest::parse(b"{\"schemaVersion\": 2, \"manifests\": []}").is_err());
         assert!(Manifest::parse(b"[").is_err());
         assert!(Manifest::parse(b"{}").is_err());
     }

@@ -1,4 +1,5 @@
-//! Image references: `[registry[:port]/]repository[:tag][@sha256:digest]`.
+//! Image references: `[registry[:port]/]repository[:tag][@sha256:digest]`, parsed by
+//! `oci-spec`.
 
 /// A parsed image reference.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,8 +25,12 @@ pub struct ReferenceError {
 }
 
 impl Reference {
-    /// Parses an image reference. Docker Hub short names get `docker.io` (and `library/`).
+    /// Parses an image reference with `oci-spec`'s parser (the distribution grammar; Docker
+    /// Hub short names get `docker.io` and `library/`). On top of it: a tag or a digest is
+    /// required (no implicit `latest`: a lookup of an image nobody named is a mistake), and a
+    /// digest must be `sha256:` with 64 hex digits.
     pub fn parse(s: &str) -> Result<Self, ReferenceError> {
+        use oci_spec::distribution::ParseError as P;
         let err = |problem| ReferenceError {
             reference: s.to_string(),
             problem,
@@ -33,56 +38,35 @@ impl Reference {
         if s.is_empty() || s.chars().any(char::is_whitespace) {
             return Err(err("empty or contains white space"));
         }
-        let (rest, digest) = match s.split_once('@') {
-            Some((r, d)) => {
-                let hex = d
-                    .strip_prefix("sha256:")
-                    .ok_or_else(|| err("digest must be sha256:<hex>"))?;
-                if hex.len() != 64 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
-                    return Err(err("digest must be sha256 followed by 64 hex digits"));
+        let r: oci_spec::distribution::Reference = s.parse().map_err(|e| {
+            err(match e {
+                P::DigestInvalidFormat | P::DigestInvalidLength | P::DigestUnsupported => {
+                    "digest must be sha256 followed by 64 hex digits"
                 }
-                (r, Some(d.to_string()))
-            }
-            None => (s, None),
-        };
-        // A tag is after the last ':' that follows the last '/'.
-        let last_slash = rest.rfind('/').map_or(0, |i| i + 1);
-        let (name, tag) = match rest[last_slash..].rfind(':') {
-            Some(i) => {
-                let at = last_slash + i;
-                (&rest[..at], Some(rest[at + 1..].to_string()))
-            }
-            None => (rest, None),
-        };
-        if tag.as_deref() == Some("") {
-            return Err(err("empty tag"));
-        }
-        let (registry, repository) = match name.split_once('/') {
-            Some((first, path))
-                if first.contains('.') || first.contains(':') || first == "localhost" =>
-            {
-                (first.to_string(), path.to_string())
-            }
-            _ if name.contains('/') => ("docker.io".to_string(), name.to_string()),
-            _ => ("docker.io".to_string(), format!("library/{name}")),
-        };
-        if repository.is_empty()
-            || repository.split('/').any(|c| {
-                c.is_empty()
-                    || !c.chars().all(|ch| {
-                        ch.is_ascii_lowercase() || ch.is_ascii_digit() || "._-".contains(ch)
-                    })
+                P::NameContainsUppercase => "repository name must be lower case",
+                P::NameEmpty => "empty repository name",
+                P::NameTooLong => "repository name longer than 255 characters",
+                P::TagInvalidFormat => "invalid tag",
+                _ => "not registry/repository:tag or @sha256:digest",
             })
-        {
-            return Err(err("repository must be lowercase path components"));
+        })?;
+        let name_part = s.rsplit('/').next().unwrap_or(s);
+        if !name_part.contains(':') && !s.contains('@') {
+            return Err(err("no tag or digest"));
         }
-        if tag.is_none() && digest.is_none() {
-            return Err(err("needs a tag or a digest"));
+        let digest = r.digest().map(str::to_string);
+        if let Some(d) = &digest {
+            let hex = d
+                .strip_prefix("sha256:")
+                .ok_or_else(|| err("digest must be sha256:<hex>"))?;
+            if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(err("digest must be sha256 followed by 64 hex digits"));
+            }
         }
         Ok(Self {
-            registry,
-            repository,
-            tag,
+            registry: r.registry().to_string(),
+            repository: r.repository().to_string(),
+            tag: r.tag().map(str::to_string),
             digest,
         })
     }
