@@ -198,13 +198,36 @@ pub fn reload_interval(s: Option<u64>) -> Option<Duration> {
 /// bytes) and the keys in use stay.
 pub fn spawn_key_reload<F>(
     interval: Duration,
-    mut last: Keys,
+    last: Keys,
     load: F,
     tx: tokio::sync::mpsc::Sender<Keys>,
     metrics: TunnelMetrics,
     cancel: tokio_util::sync::CancellationToken,
 ) where
     F: Fn() -> Result<Keys, ConfigError> + Send + 'static,
+{
+    spawn_key_reload_reporting(
+        interval,
+        last,
+        load,
+        tx,
+        move |r| metrics.key_reload(r),
+        cancel,
+    );
+}
+
+/// [`spawn_key_reload`] reporting each reload's result to `report` (the TUN daemon counts
+/// them in its own registry).
+pub fn spawn_key_reload_reporting<F, R>(
+    interval: Duration,
+    mut last: Keys,
+    load: F,
+    tx: tokio::sync::mpsc::Sender<Keys>,
+    report: R,
+    cancel: tokio_util::sync::CancellationToken,
+) where
+    F: Fn() -> Result<Keys, ConfigError> + Send + 'static,
+    R: Fn(ReloadResult) + Send + 'static,
 {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(interval);
@@ -218,7 +241,7 @@ pub fn spawn_key_reload<F>(
             }
             match load() {
                 Err(e) => {
-                    metrics.key_reload(ReloadResult::error);
+                    report(ReloadResult::error);
                     if !failing {
                         tracing::warn!(field = %e.field, reason = %e.reason,
                             "cannot reload tunnel keys; keeping the keys in use");
@@ -240,7 +263,7 @@ pub fn spawn_key_reload<F>(
                         previous_peer = k.previous_peer_public_keys.len(),
                         "tunnel keys changed"
                     );
-                    metrics.key_reload(ReloadResult::applied);
+                    report(ReloadResult::applied);
                     last = k.clone();
                     if tx.send(k).await.is_err() {
                         return;
@@ -476,11 +499,20 @@ pub fn spawn_admin(
 
 /// The registry of `hcp-olm-tunnel` (TUN mode): `hcp_olm_tunnel_*{tun="<device>"}`, read
 /// from the tunnel's status at each scrape.
-pub fn tun_registry(status: watch::Receiver<PeerStatus>, tun: &str) -> Registry {
+pub fn tun_registry(
+    status: watch::Receiver<PeerStatus>,
+    tun: &str,
+) -> (Registry, Family<ReloadLabels, Counter>) {
     let mut r = registry("hcp-olm-tunnel");
+    let key_reloads = Family::<ReloadLabels, Counter>::default();
+    r.register(
+        "tunnel_key_reloads",
+        "Key file reloads that changed the keys, or failed",
+        key_reloads.clone(),
+    );
     r.sub_registry_with_label(("tun".into(), tun.to_string().into()))
         .register_collector(Box::new(TunCollector { status }));
-    r
+    (r, key_reloads)
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -784,11 +816,17 @@ mod tests {
         });
         let mut st = peer.status();
         let (tx, rx) = watch::channel(st.clone());
-        let r = tun_registry(rx, "hcpolm0");
+        let (r, reloads) = tun_registry(rx, "hcpolm0");
+        reloads
+            .get_or_create(&ReloadLabels {
+                result: ReloadResult::applied,
+            })
+            .inc();
         let text = encode(&r);
         assert_eq!(
             exposed_names(&text),
             with_build(&[
+                "hcp_olm_tunnel_key_reloads_total",
                 "hcp_olm_tunnel_datagrams_total",
                 "hcp_olm_tunnel_datagram_bytes_total",
                 "hcp_olm_tunnel_inner_packets_total",

@@ -119,7 +119,7 @@ fn tunnel_config(
         .map(|e| format!("endpoint = \"{e}\"\npersistent_keepalive = 3\n"))
         .unwrap_or_default();
     let text = format!(
-        "listen = \"{listen}\"\nadmin = \"{ADMIN}\"\nprivate_key_file = \"{}\"\ndrain_timeout_ms = 3000\n\
+        "listen = \"{listen}\"\nadmin = \"{ADMIN}\"\nprivate_key_file = \"{}\"\ndrain_timeout_ms = 3000\nkey_reload_seconds = 1\n\
          [tun]\nname = \"{}\"\naddress = \"{address}\"\nroutes = [{}]\n\
          [peer]\npublic_key = \"{peer_public}\"\n{endpoint}allowed_ips = [{}]\n",
         key_file.display(),
@@ -427,6 +427,31 @@ fn ours_against_ours_in_tun_mode() {
     udp_and_tcp(&p, &p.a, &p.b, TUN_B, "a→b");
     udp_and_tcp(&p, &p.b, &p.a, TUN_A, "b→a");
     assert!(http_get(&p.a, "/readyz").ends_with("200"));
+
+    // Key rotation in TUN mode, as in the userspace daemons: A gets a new key file and B's
+    // config names A's new public key; both re-read them (key_reload_seconds = 1) and the
+    // tunnel carries traffic on the new keys.
+    let (a2_key, a2_public) = key(p.dir.path(), "a2.key");
+    std::fs::copy(&a2_key, &a_key).unwrap();
+    let b_text = std::fs::read_to_string(&b_cfg).unwrap();
+    std::fs::write(&b_cfg, b_text.replace(&a_public, &a2_public)).unwrap();
+    let applied = |ns: &Netns| {
+        http_get(ns, "/metrics")
+            .lines()
+            .find(|l| l.starts_with("hcp_olm_tunnel_key_reloads_total{result=\"applied\"}"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    wait_for(
+        "both sides reloaded their keys",
+        Duration::from_secs(10),
+        || applied(&p.a) >= 1 && applied(&p.b) >= 1,
+    );
+    wait_for("traffic on the new keys", Duration::from_secs(20), || {
+        p.a.output("ping", &["-c", "1", "-W", "1", TUN_B])
+            .is_ok_and(|o| o.status.success())
+    });
+    ping(&p.b, TUN_A);
 
     for proc in [&a, &b] {
         let st = sigterm_and_wait(proc);

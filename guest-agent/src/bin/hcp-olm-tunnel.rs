@@ -19,7 +19,7 @@ use hcp_olm_binkit::admin::Admin;
 use hcp_olm_guest_agent::daemon;
 use hcp_olm_guest_agent::tunnel::config::{self, TunnelConfig};
 use hcp_olm_guest_agent::tunnel::tun::{TunOptions, TunTunnel};
-use hcp_olm_guest_agent::tunnel::{Peer, PeerStatus};
+use hcp_olm_guest_agent::tunnel::{Keys, Peer, PeerStatus};
 use tokio::net::{TcpListener, UdpSocket};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
@@ -63,7 +63,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(cfg)) {
+    match rt.block_on(run(cfg, args.config.clone())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "exiting");
@@ -87,7 +87,18 @@ fn ip(args: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn run(cfg: TunnelConfig) -> anyhow::Result<()> {
+/// The keys a config names (own key, peer key, preshared key).
+fn keys_of(cfg: &TunnelConfig) -> Keys {
+    Keys {
+        private_key: cfg.peer.private_key.clone(),
+        peer_public_key: cfg.peer.peer_public_key,
+        preshared_key: cfg.peer.preshared_key.clone(),
+        previous_private_keys: cfg.peer.previous_private_keys.clone(),
+        previous_peer_public_keys: cfg.peer.previous_peer_public_keys.clone(),
+    }
+}
+
+async fn run(cfg: TunnelConfig, config_path: PathBuf) -> anyhow::Result<()> {
     // Bind and configure everything first; only then report ready.
     let socket = UdpSocket::bind(cfg.listen)
         .await
@@ -136,13 +147,35 @@ async fn run(cfg: TunnelConfig) -> anyhow::Result<()> {
     )
     .context("start TUN driver")?;
 
+    let (registry, key_reloads) = daemon::tun_registry(tunnel.status.clone(), &t.name);
+    // Key rotation as in the userspace daemons: the key files are re-read and changed keys
+    // go to the peer; a file that does not parse keeps the keys in use (field named).
+    if let Some(every) = cfg.key_reload {
+        let path = config_path.clone();
+        daemon::spawn_key_reload_reporting(
+            every,
+            keys_of(&cfg),
+            move || {
+                config::load(&path)
+                    .map(|c| keys_of(&c))
+                    .map_err(|e| daemon::config_error(&e.field, e.message))
+            },
+            tunnel.keys.clone(),
+            move |r| {
+                key_reloads
+                    .get_or_create(&daemon::ReloadLabels { result: r })
+                    .inc();
+            },
+            cancel.clone(),
+        );
+    }
     let ready = Arc::new(AtomicBool::new(true));
     let admin_addr = match admin {
         Some(listener) => {
             let addr = listener.local_addr()?;
             let (ready, status) = (Arc::clone(&ready), tunnel.status.clone());
             let admin_cancel = cancel.clone();
-            Admin::new(daemon::tun_registry(tunnel.status.clone(), &t.name))
+            Admin::new(registry)
                 .readyz(move || readiness(&ready, dialer, &status))
                 .spawn(listener, async move { admin_cancel.cancelled().await });
             Some::<SocketAddr>(addr)

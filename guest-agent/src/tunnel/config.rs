@@ -7,6 +7,7 @@
 //! admin = "127.0.0.1:9301"              # /healthz /readyz /metrics
 //! private_key_file = "/etc/hcp-olm/wg/private-key"   # `wg genkey` form
 //! drain_timeout_ms = 5000
+//! key_reload_seconds = 5                # re-read the key files (rotation); 0 disables
 //!
 //! [tun]
 //! name = "hcpolm0"
@@ -58,6 +59,7 @@ struct FileConfig {
     admin: Option<String>,
     private_key_file: Option<PathBuf>,
     drain_timeout_ms: Option<u64>,
+    key_reload_seconds: Option<u64>,
     tun: Option<FileTun>,
     peer: Option<FilePeer>,
 }
@@ -118,6 +120,9 @@ pub struct TunnelConfig {
     pub admin: Option<SocketAddr>,
     /// How long SIGTERM waits for the driver to stop.
     pub drain_timeout: Duration,
+    /// How often the key files are re-read (a Secret volume changes them in place); `None`:
+    /// never. Default 5 s.
+    pub key_reload: Option<Duration>,
     /// TUN settings.
     pub tun: TunSettings,
     /// The peer.
@@ -254,6 +259,10 @@ pub fn parse(path: &Path, text: &str) -> Result<TunnelConfig, TunnelConfigError>
         listen,
         admin,
         drain_timeout: Duration::from_millis(f.drain_timeout_ms.unwrap_or(5000)),
+        key_reload: match f.key_reload_seconds.unwrap_or(5) {
+            0 => None,
+            n => Some(Duration::from_secs(n)),
+        },
         tun: TunSettings {
             name,
             address,

@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tun_rs::{AsyncDevice, GROTable, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN};
 
 use super::driver::{SOCKET_BUFFER, TICK};
-use super::peer::{Output, Peer, PeerStatus};
+use super::peer::{Keys, Output, Peer, PeerStatus};
 
 /// WireGuard's data-message overhead: 16-byte header and 16-byte tag (plus up to 15 padding).
 const WG_OVERHEAD: usize = 32 + 16;
@@ -54,6 +54,8 @@ pub struct TunTunnel {
     cancel: CancellationToken,
     /// The latest peer status, refreshed every timer tick.
     pub status: watch::Receiver<PeerStatus>,
+    /// New keys for the peer (a rotation; see [`Peer::set_keys`]).
+    pub keys: tokio::sync::mpsc::Sender<Keys>,
 }
 
 fn lock(peer: &Mutex<Peer>) -> MutexGuard<'_, Peer> {
@@ -93,12 +95,20 @@ impl TunTunnel {
             Arc::clone(&peer),
             cancel.clone(),
         ));
-        tasks.spawn(timers(io, Arc::clone(&peer), status_tx, cancel.clone()));
+        let (keys, rx_keys) = tokio::sync::mpsc::channel(4);
+        tasks.spawn(timers(
+            io,
+            Arc::clone(&peer),
+            status_tx,
+            rx_keys,
+            cancel.clone(),
+        ));
         Ok(Self {
             peer,
             tasks,
             cancel,
             status,
+            keys,
         })
     }
 
@@ -346,15 +356,25 @@ async fn timers(
     io: Arc<Io>,
     peer: Arc<Mutex<Peer>>,
     status: watch::Sender<PeerStatus>,
+    mut rx_keys: tokio::sync::mpsc::Receiver<Keys>,
     cancel: CancellationToken,
 ) {
     let mut ticker = tokio::time::interval(TICK);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut control = Vec::new();
+    let mut keys_open = true;
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = ticker.tick() => {}
+            k = rx_keys.recv(), if keys_open => match k {
+                Some(k) => {
+                    lock(&peer).set_keys(k, Instant::now(), &mut control);
+                    io.control(&mut control).await;
+                    continue;
+                }
+                None => keys_open = false,
+            },
         }
         let s = {
             let mut p = lock(&peer);
