@@ -25,7 +25,7 @@ umask 077
 root="$(cd "$(dirname "$0")/.." && pwd)"
 rounds="${1:-3}"
 secs="${2:-6}"
-for t in iperf3 wireguard-go wg ip python3 dnsperf dnsmasq; do
+for t in iperf3 wg ip python3 dnsperf dnsmasq; do
   command -v "$t" >/dev/null || { echo "bench-tunnel: $t not installed" >&2; exit 1; }
 done
 [[ $(id -u) == 0 ]] || { echo "bench-tunnel: needs root (network namespaces)" >&2; exit 1; }
@@ -37,7 +37,7 @@ cargo build --release -q -p hcp-olm-cli --example catalog-rpc-bench
 cargo build --release -q -p hcp-olm-catalog --bin hcp-olm-catalog-server
 rel="${CARGO_TARGET_DIR:-$root/target}/release"
 tools="${HCP_OLM_TOOLS_DIR:-${HCP_OLM_CACHE:-$HOME/.cache/hcp-olm}/bin}"
-for b in opm proxy-server proxy-agent; do
+for b in opm proxy-server proxy-agent wireguard-go; do
   [[ -x "$tools/$b" ]] || { echo "bench-tunnel: $tools/$b missing: run 'make tools-bench'" >&2; exit 1; }
 done
 catalog="${HCP_OLM_BENCH_CATALOG:-$root/../shared/fixtures/catalogs/large}"
@@ -80,7 +80,7 @@ keys() {
 
 wggo_up() {  # netns ifname key peer_pub addr peer_tunnel endpoint
   local ns=$1 ifn=$2 key=$3 peer=$4 addr=$5 ptun=$6 ep=$7
-  WG_PROCESS_FOREGROUND=1 ip netns exec "$ns" wireguard-go -f "$ifn" >"$work/$ifn.log" 2>&1 &
+  WG_PROCESS_FOREGROUND=1 ip netns exec "$ns" "$tools/wireguard-go" -f "$ifn" >"$work/$ifn.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 100); do [[ -S /var/run/wireguard/$ifn.sock ]] && break; sleep 0.1; done
   local epargs=()

@@ -23,8 +23,8 @@ declare -A pkg_of=(
 )
 cmds=(ip setpriv nsenter unshare bwrap nft conntrack dnsmasq git make)
 case "$what" in
-test) cmds+=(curl python3 ping wireguard-go wg) ;;
-bench) cmds+=(curl python3 ping wireguard-go wg dnsperf iperf3) ;;
+test) cmds+=(curl python3 ping wg) ;;
+bench) cmds+=(curl python3 ping wg dnsperf iperf3) ;;
 esac
 
 say() { echo "prereqs($what): $*" >&2; }

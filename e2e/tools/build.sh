@@ -63,6 +63,7 @@ done
 build opm opm "$OPM_VERSION" github.com/operator-framework/operator-registry/cmd/opm -tags containers_image_openpgp \
   -ldflags "-s -w -X github.com/operator-framework/operator-registry/cmd/opm/version.gitCommit=${OPM_VERSION}"
 build registry registry "$REGISTRY_VERSION" github.com/distribution/distribution/v3/cmd/registry -ldflags "-s -w"
+build wireguard-go wireguard-go "$WIREGUARD_GO_VERSION" golang.zx2c4.com/wireguard -ldflags "-s -w"
 if [ "$bench" = 1 ]; then
   build konnectivity proxy-server "$KONNECTIVITY_VERSION" sigs.k8s.io/apiserver-network-proxy/cmd/server -ldflags "-s -w"
   build konnectivity proxy-agent "$KONNECTIVITY_VERSION" sigs.k8s.io/apiserver-network-proxy/cmd/agent -ldflags "-s -w"

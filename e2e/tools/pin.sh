@@ -48,6 +48,7 @@ write_simple olm github.com/operator-framework/operator-lifecycle-manager "$OLM_
   github.com/operator-framework/operator-lifecycle-manager/cmd/package-server
 write_simple opm github.com/operator-framework/operator-registry "$OPM_VERSION" \
   github.com/operator-framework/operator-registry/cmd/opm
+write_simple wireguard-go golang.zx2c4.com/wireguard "$WIREGUARD_GO_VERSION" golang.zx2c4.com/wireguard
 write_simple registry github.com/distribution/distribution/v3 "$REGISTRY_VERSION" \
   github.com/distribution/distribution/v3/cmd/registry
 
@@ -60,7 +61,7 @@ printf '\nreplace sigs.k8s.io/apiserver-network-proxy/konnectivity-client => sig
 write_simple coredns github.com/coredns/coredns "$COREDNS_VERSION" github.com/coredns/coredns
 
 export GONOSUMDB=sigs.k8s.io/apiserver-network-proxy
-for d in kube etcd olm opm registry konnectivity coredns; do
+for d in kube etcd olm opm registry wireguard-go konnectivity coredns; do
   echo "pin: tidying $d" >&2
   (cd "$here/$d" && go mod tidy -e >/dev/null)
 done

@@ -162,7 +162,7 @@ impl WgGo {
         let (key_file, public) = key(dir, "wg.key");
         let ifname = unique_name("wg");
         let socket = PathBuf::from(format!("/var/run/wireguard/{ifname}.sock"));
-        let mut cmd = ns.command("wireguard-go");
+        let mut cmd = ns.command(wireguard_go());
         cmd.env("WG_PROCESS_FOREGROUND", "1").args(["-f", &ifname]);
         let p = ns.spawn("wireguard-go", cmd).unwrap();
         wait_for("wireguard-go UAPI socket", Duration::from_secs(10), || {
@@ -497,4 +497,9 @@ fn config_errors_exit_64_naming_the_field() {
         .unwrap();
     assert_eq!(missing.wait().unwrap().code(), Some(64));
     assert!(e.contains("config"), "{e}");
+}
+
+/// The pinned wireguard-go (`make tools`, e2e/tools/versions.env), not a distribution's.
+fn wireguard_go() -> PathBuf {
+    hcp_olm_e2e::tools::bin("wireguard-go").unwrap_or_else(|e| panic!("{e}"))
 }

@@ -51,7 +51,7 @@ impl<'a> WgGo<'a> {
 
     fn launch(&mut self) {
         let _ = std::fs::remove_file(self.socket()); // stale after a kill -9
-        let mut cmd = self.ns.command("wireguard-go");
+        let mut cmd = self.ns.command(wireguard_go());
         cmd.env("WG_PROCESS_FOREGROUND", "1")
             .args(["-f", &self.ifname]);
         let p = self.ns.spawn("wireguard-go", cmd).unwrap();
@@ -345,4 +345,9 @@ fn wireguard_go_follows_our_source_address_change() {
         "endpoint not updated: {endpoints}"
     );
     drop(wg);
+}
+
+/// The pinned wireguard-go (`make tools`, e2e/tools/versions.env), not a distribution's.
+fn wireguard_go() -> PathBuf {
+    hcp_olm_e2e::tools::bin("wireguard-go").unwrap_or_else(|e| panic!("{e}"))
 }
