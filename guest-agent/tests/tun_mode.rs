@@ -349,7 +349,10 @@ fn ours_in_tun_mode_against_wireguard_go() {
             .unwrap_or(0)
     };
     let delivered = sample("hcp_olm_tunnel_inner_packets_total{", "direction=\"rx\"");
-    assert!(delivered > 1000, "metrics:\n{m}");
+    // 8 MiB arrived: at least 128 packets even when the current wireguard-go coalesces TCP
+    // segments into 64 KiB GSO packets (it did 600 to 6000 per run; 1000 held only for
+    // Debian's 2022 build without offloads).
+    assert!(delivered >= 128, "metrics:\n{m}");
     let handshake = sample("hcp_olm_tunnel_last_handshake_timestamp_seconds{", "tun=");
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
