@@ -123,12 +123,22 @@ impl Netns {
 
     /// Writes the `resolv.conf` that processes in this namespace see.
     pub fn set_resolv_conf(&self, contents: &str) -> Result<(), NetnsError> {
+        self.set_etc_file("resolv.conf", contents)
+    }
+
+    /// Writes the `hosts` file that processes in this namespace see. Rewriting it later
+    /// reaches running processes too (same file, written in place).
+    pub fn set_hosts(&self, contents: &str) -> Result<(), NetnsError> {
+        self.set_etc_file("hosts", contents)
+    }
+
+    fn set_etc_file(&self, name: &str, contents: &str) -> Result<(), NetnsError> {
         let dir = self.etc_dir();
         std::fs::create_dir_all(&dir).map_err(|source| NetnsError::Io {
             what: format!("creating {}", dir.display()),
             source,
         })?;
-        let file = dir.join("resolv.conf");
+        let file = dir.join(name);
         std::fs::write(&file, contents).map_err(|source| NetnsError::Io {
             what: format!("writing {}", file.display()),
             source,

@@ -223,6 +223,64 @@ pub(crate) fn metrics() -> (Registry, TunnelMetrics, Family<DnsLabels, Counter>)
     (registry, metrics, dns_queries)
 }
 
+/// How often a silent peer's name is resolved again.
+const RESOLVE_EVERY: Duration = Duration::from_secs(5);
+
+/// Whether `endpoint` (`host:port`) names its host by an IP address.
+fn is_ip_literal(endpoint: &str) -> bool {
+    endpoint.parse::<SocketAddr>().is_ok()
+}
+
+/// Follows a gateway that changes address: every [`RESOLVE_EVERY`] while nothing
+/// authenticated has arrived for two keepalive intervals (or ever), resolves `name` again and
+/// sends an address that differs from the current one (same family as `first`) to `tx`.
+fn spawn_endpoint_follower(
+    name: String,
+    first: SocketAddr,
+    status: tokio::sync::watch::Receiver<crate::tunnel::PeerStatus>,
+    tx: tokio::sync::mpsc::Sender<SocketAddr>,
+    keepalive: u16,
+    cancel: CancellationToken,
+) {
+    let silent_after = Duration::from_secs(u64::from(keepalive.max(1)) * 2);
+    tokio::spawn(async move {
+        let mut current = first;
+        let mut tick = tokio::time::interval(RESOLVE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let silent = status
+                .borrow()
+                .since_authenticated
+                .is_none_or(|a| a >= silent_after);
+            if !silent {
+                continue;
+            }
+            let found = match tokio::net::lookup_host(name.as_str()).await {
+                Ok(addrs) => addrs
+                    .filter(|a| a.is_ipv4() == first.is_ipv4())
+                    .collect::<Vec<_>>(),
+                Err(e) => {
+                    tracing::debug!(%name, error = %e, "cannot resolve the gateway again");
+                    continue;
+                }
+            };
+            if found.is_empty() || found.contains(&current) {
+                continue;
+            }
+            let next = found[0];
+            tracing::info!(%name, from = %current, to = %next, "gateway address changed");
+            current = next;
+            if tx.send(next).await.is_err() {
+                return;
+            }
+        }
+    });
+}
+
 /// The guest address a tunnel destination stands for (our own tunnel address: the guest DNS).
 fn guest_target(sh: &Shared, dst: SocketAddr) -> Option<SocketAddr> {
     if dst.ip() == sh.s.tunnel.0 {
@@ -415,6 +473,19 @@ pub async fn run(s: AgentSettings) -> anyhow::Result<()> {
         previous_peer_public_keys: Vec::new(),
     });
     let (handle, _tunnel_task) = driver::spawn(udp, peer, cancel.clone());
+    // Relocation: a gateway named by a host name may move (a new LoadBalancer IP or node
+    // address). While the peer is silent, the name is resolved again and a new address of the
+    // socket's family goes to the peer; an IP literal is never re-resolved.
+    if !is_ip_literal(&s.gateway_endpoint) {
+        spawn_endpoint_follower(
+            s.gateway_endpoint.clone(),
+            endpoint,
+            handle.status.clone(),
+            handle.endpoint.clone(),
+            keepalive,
+            cancel.clone(),
+        );
+    }
     // The policy needs the settings; share them through an Arc built before the stack.
     let policy_settings = Arc::new((
         s.tunnel.0,

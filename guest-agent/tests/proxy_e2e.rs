@@ -669,6 +669,67 @@ fn kill_restart_recovery_and_sigterm() {
     }
 }
 
+/// Relocation (issue 19): the agent dials the gateway by name; the gateway's published
+/// address changes (the old one stops answering, the name now resolves to a new one) and the
+/// agent follows within a bound, without a restart. It resolved the name once at start-up
+/// before, and kept sending to the old address.
+#[test]
+fn gateway_address_change_is_followed() {
+    const NEW_ADDR: &str = "198.18.53.1";
+    const NAME: &str = "gateway.relocate.test";
+    let mut w = setup();
+    w.g.set_hosts(&format!("127.0.0.1 localhost\n{M_ADDR} {NAME}\n"))
+        .unwrap();
+    let mut agent: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&w.agent_conf).unwrap()).unwrap();
+    agent["gateway_endpoint"] = serde_json::json!(format!("{NAME}:51820"));
+    std::fs::write(&w.agent_conf, serde_json::to_vec_pretty(&agent).unwrap()).unwrap();
+    w.agent.take().unwrap().kill();
+    w.start_agent();
+    wait_for("agent ready by name", Duration::from_secs(20), || {
+        ready(&w.g, AGENT_HEALTH)
+    });
+    let guest = format!("cat.{GUEST_NS}.svc.cluster.local:50051");
+    packages(&w.m, &guest, Some(CONNECT_PROXY)).unwrap_or_else(|e| panic!("{e}\n{}", w.logs()));
+    // The gateway moves: its published address is now NEW_ADDR (a NAT in M in front of it,
+    // as a new LoadBalancer IP would be, so replies come from NEW_ADDR), the old address
+    // carries nothing in either direction, and the name says so.
+    let nft = |ns: &Netns, rules: String| {
+        let mut cmd = ns.command("nft");
+        cmd.args(["-f", "-"]).stdin(std::process::Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), rules.as_bytes()).unwrap();
+        assert!(child.wait().unwrap().success(), "nft: {rules}");
+    };
+    nft(
+        &w.m,
+        format!(
+            "table ip relocate {{\n chain pre {{\n  type nat hook prerouting priority -100;\n  ip daddr {NEW_ADDR} udp dport 51820 dnat to {M_ADDR}\n }}\n}}\n"
+        ),
+    );
+    w.g.ip(&["route", "add", &format!("{NEW_ADDR}/32"), "via", M_ADDR])
+        .unwrap();
+    nft(
+        &w.g,
+        format!(
+            "table inet relocate {{\n chain out {{\n  type filter hook output priority 0;\n  ip daddr {M_ADDR} udp dport 51820 drop\n }}\n chain in {{\n  type filter hook input priority 0;\n  ip saddr {M_ADDR} udp sport 51820 drop\n }}\n}}\n"
+        ),
+    );
+    w.g.set_hosts(&format!("127.0.0.1 localhost\n{NEW_ADDR} {NAME}\n"))
+        .unwrap();
+    let t = wait_for(
+        "calls after the gateway's address changed",
+        Duration::from_secs(45),
+        || packages(&w.m, &guest, Some(CONNECT_PROXY)).is_ok(),
+    );
+    eprintln!("agent followed the gateway's new address in {t:?}");
+    assert!(
+        t < Duration::from_secs(30),
+        "followed only after {t:?} (bound 30 s)\n{}",
+        w.logs()
+    );
+}
+
 /// 5% loss and 50 ms delay in each direction on the tunnel's UDP path (a relay of the test's
 /// own): catalog calls in both directions still succeed.
 #[test]

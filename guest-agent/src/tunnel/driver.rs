@@ -1,6 +1,7 @@
 //! The tokio driver: one UDP socket, one [`Peer`], a 250 ms timer tick, and channels to the
 //! local packet source/sink (a userspace stack, a TUN, or a test).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,6 +28,8 @@ pub struct TunnelHandle {
     pub status: watch::Receiver<PeerStatus>,
     /// New keys for the peer (a rotation; see [`Peer::set_keys`]).
     pub keys: mpsc::Sender<Keys>,
+    /// A new address of the peer (see [`Peer::set_endpoint`]).
+    pub endpoint: mpsc::Sender<SocketAddr>,
 }
 
 /// Asks for `SOCKET_BUFFER` bytes of receive and send buffer on the tunnel socket (the kernel
@@ -63,6 +66,7 @@ pub fn spawn(
     let (tx_app, from_peer) = mpsc::channel(CHANNEL_DEPTH);
     let (status_tx, status) = watch::channel(peer.status());
     let (keys, rx_keys) = mpsc::channel(4);
+    let (endpoint, rx_endpoint) = mpsc::channel(4);
     let task = tokio::spawn(run(
         Arc::new(socket),
         peer,
@@ -70,6 +74,7 @@ pub fn spawn(
             rx_app,
             tx_app,
             rx_keys,
+            rx_endpoint,
             status: status_tx,
         },
         cancel,
@@ -80,6 +85,7 @@ pub fn spawn(
             from_peer,
             status,
             keys,
+            endpoint,
         },
         task,
     )
@@ -89,6 +95,7 @@ struct Channels {
     rx_app: mpsc::Receiver<Vec<u8>>,
     tx_app: mpsc::Sender<Vec<u8>>,
     rx_keys: mpsc::Receiver<Keys>,
+    rx_endpoint: mpsc::Receiver<SocketAddr>,
     status: watch::Sender<PeerStatus>,
 }
 
@@ -102,9 +109,11 @@ async fn run(
         mut rx_app,
         tx_app,
         mut rx_keys,
+        mut rx_endpoint,
         status,
     } = ch;
     let mut keys_open = true;
+    let mut endpoint_open = true;
     let mut ticker = tokio::time::interval(TICK);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut buf = vec![0u8; 65_536];
@@ -127,6 +136,10 @@ async fn run(
             k = rx_keys.recv(), if keys_open => match k {
                 Some(k) => { peer.set_keys(k, Instant::now(), &mut out); }
                 None => keys_open = false,
+            },
+            e = rx_endpoint.recv(), if endpoint_open => match e {
+                Some(e) => peer.set_endpoint(e),
+                None => endpoint_open = false,
             },
             p = rx_app.recv(), if app_open => match p {
                 Some(p) => { let _ = peer.send_packet(&p, &mut out); }

@@ -463,6 +463,18 @@ impl Peer {
         &self.keys
     }
 
+    /// Dialing side: the peer's published address changed (a relocated gateway: a new
+    /// LoadBalancer IP or node address behind the same name). Handshakes and data go to
+    /// `endpoint` from now on, and a silent peer is re-initiated at the next tick instead of
+    /// after the restart spacing.
+    pub fn set_endpoint(&mut self, endpoint: SocketAddr) {
+        if self.endpoint != Some(endpoint) {
+            tracing::info!(from = ?self.endpoint, to = %endpoint, "peer endpoint changed");
+            self.endpoint = Some(endpoint);
+            self.last_restart = None;
+        }
+    }
+
     /// Replaces the keys (a rotation; see [`Keys`]). Established streams above the tunnel
     /// are not this layer's: they see at most one handshake's delay.
     pub fn set_keys(&mut self, keys: Keys, now: Instant, out: &mut Vec<Output>) -> KeyChange {
