@@ -1276,7 +1276,7 @@ fn bulk_push_through_the_tunnel_loses_no_datagrams() {
         &TOTAL.to_string(),
     ]);
     let _server = w.g.spawn("bulk-server", cmd).unwrap();
-    // Listening (checked inside G: through the tunnel a refused dial shows as an empty stream).
+    // Listening (checked inside G, so a start-up race is not mistaken for a refusal).
     let probe = format!("exec 3<>/dev/tcp/{GUEST_CAT}/{BULK_PORT}");
     wait_for("bulk server", Duration::from_secs(10), || {
         w.g.output("bash", &["-c", &probe])
