@@ -885,3 +885,70 @@ fn olm_metrics_over_tls_with_service_monitors_unless_disabled() {
     assert!(common::valid(&hc2, None).monitoring_disabled);
     assert!(!common::valid(&hc, None).monitoring_disabled);
 }
+
+/// TakeOver (issue 13, item 13): ours runs behind HyperShift's objects — packageserver pods
+/// labelled for HyperShift's `packageserver` Service and serving its `packageserver-cert`,
+/// HyperShift's catalog Services dialled directly, no default catalogs of ours — and none of
+/// the guest objects HyperShift's config operator writes is rendered. Without HyperShift's
+/// certificate Secret, packageserver waits with a reason naming it.
+#[test]
+fn take_over_renders_behind_hypershifts_objects() {
+    let hc = common::load_hc("none-minimal.yaml");
+    let spec = hcp_olm_controlplane::hostedolm::HostedOLMSpec {
+        hyper_shift_olm: Some(hcp_olm_controlplane::hostedolm::HyperShiftOLMMode::TakeOver),
+        ..Default::default()
+    };
+    let valid = common::valid(&hc, Some(&spec));
+    assert!(valid.hypershift_take_over && valid.enabled_catalogs.is_empty());
+    let mut input = common::with_live_facts(common::input(valid, true));
+    let d = render::desired(&input).unwrap();
+    for kind in ["OperatorHub", "CatalogSource", "APIService", "Endpoints"] {
+        assert!(
+            !d.guest.iter().any(|o| o.kind == kind),
+            "{kind} rendered beside HyperShift's config operator"
+        );
+    }
+    assert!(
+        !d.guest
+            .iter()
+            .any(|o| o.kind == "Service" && o.name == "packageserver")
+    );
+    assert!(!d.hcp.iter().any(|o| o.name.ends_with("-operators")));
+    let ps = find(&d.hcp, "Deployment", names::PACKAGESERVER);
+    let tpl = &ps.body["spec"]["template"];
+    assert_eq!(tpl["metadata"]["labels"]["app"], "packageserver");
+    assert_eq!(
+        tpl["metadata"]["labels"]["hypershift.openshift.io/control-plane-component"],
+        "packageserver"
+    );
+    let vols = tpl["spec"]["volumes"].as_array().unwrap();
+    assert!(
+        vols.iter()
+            .any(|v| v["name"] == "serving-cert"
+                && v["secret"]["secretName"] == "packageserver-cert"),
+        "{vols:?}"
+    );
+    let no_proxy = env(
+        container(&d, names::CATALOG_OPERATOR, "catalog-operator"),
+        "NO_PROXY",
+    )
+    .unwrap();
+    assert!(no_proxy.contains("redhat-operators,"), "{no_proxy}");
+    assert!(
+        d.pending
+            .iter()
+            .any(|p| p.reason == "WaitingForHyperShiftPackageServerCert"
+                && p.message.contains("packageserver-cert")),
+        "{:?}",
+        d.pending
+    );
+    input
+        .external_secret_hashes
+        .insert("packageserver-cert".into(), "h1".into());
+    let d = render::desired(&input).unwrap();
+    assert!(
+        !d.pending
+            .iter()
+            .any(|p| p.reason == "WaitingForHyperShiftPackageServerCert")
+    );
+}

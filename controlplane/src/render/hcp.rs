@@ -986,11 +986,26 @@ pub(super) fn render(
     // TakeOver: ours serves HyperShift's certificate (its root CA is in the guest APIService
     // its hosted-cluster-config-operator writes); otherwise ours, signed by our CA.
     let serving_cert_secret = if v.hypershift_take_over {
-        let h = input
+        let h = match input
             .external_secret_hashes
             .get(names::HYPERSHIFT_PACKAGESERVER_CERT)
-            .cloned()
-            .unwrap_or_else(|| "absent".to_string());
+        {
+            Some(h) => h.clone(),
+            None => {
+                // Our pods would wait for the volume without saying why: say it here.
+                out.pending.push(Pending {
+                    component: "packageserver".into(),
+                    reason: "WaitingForHyperShiftPackageServerCert",
+                    severity: Severity::Progressing,
+                    message: format!(
+                        "taking over from HyperShift's OLM, packageserver serves HyperShift's certificate, but Secret {}/{} does not exist (HyperShift's control-plane-operator makes it)",
+                        v.cluster.hcp_namespace,
+                        names::HYPERSHIFT_PACKAGESERVER_CERT
+                    ),
+                });
+                "absent".to_string()
+            }
+        };
         ps_hash_parts.insert(names::HYPERSHIFT_PACKAGESERVER_CERT.to_string(), h);
         names::HYPERSHIFT_PACKAGESERVER_CERT
     } else {
