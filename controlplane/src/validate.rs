@@ -266,6 +266,28 @@ const IPV6_ONLY: &str = "only IPv6 ranges; the catalog tunnel carries IPv4 \
     (dual-stack guests work over their IPv4 ranges)";
 
 /// Parses an IPv4 CIDR `a.b.c.d/n` (the tunnel carries IPv4 only).
+/// The tunnel's own addresses (gateway `.1`, agent `.2`; `hcp_olm_tunnel_api`).
+const TUNNEL_RANGE: (std::net::Ipv4Addr, u8) = (std::net::Ipv4Addr::new(100, 127, 255, 0), 30);
+
+/// Whether two IPv4 ranges share an address. Pure.
+fn cidrs_overlap(a: (std::net::Ipv4Addr, u8), b: (std::net::Ipv4Addr, u8)) -> bool {
+    let len = a.1.min(b.1);
+    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+    u32::from(a.0) & mask == u32::from(b.0) & mask
+}
+
+/// Why an IP literal cannot be a tunnel endpoint (`None`: it can). Pure.
+fn unusable_endpoint_ip(ip: std::net::IpAddr) -> Option<&'static str> {
+    match ip {
+        std::net::IpAddr::V4(v) if v.is_link_local() => Some("link-local"),
+        std::net::IpAddr::V6(v) if v.is_unicast_link_local() => Some("link-local"),
+        ip if ip.is_unspecified() => Some("unspecified"),
+        ip if ip.is_multicast() => Some("multicast"),
+        std::net::IpAddr::V4(v) if v.is_broadcast() => Some("broadcast"),
+        _ => None,
+    }
+}
+
 pub fn parse_cidr(s: &str) -> Option<(std::net::Ipv4Addr, u8)> {
     let (ip, len) = s.split_once('/')?;
     let ip: std::net::Ipv4Addr = ip.parse().ok()?;
@@ -486,8 +508,29 @@ pub fn validate(
                 .flatten()
                 .enumerate()
                 .filter_map(|(i, e)| {
-                    if parse_cidr(&e.cidr).is_some() {
-                        Some(e.cidr.clone())
+                    if let Some(c) = parse_cidr(&e.cidr) {
+                        // A range the tunnel cannot route: all addresses, or its own.
+                        let problem = if c.1 == 0 {
+                            Some("a /0 would send every address into the tunnel".to_string())
+                        } else if cidrs_overlap(c, TUNNEL_RANGE) {
+                            Some(format!(
+                                "overlaps the tunnel's own range {}/{}",
+                                TUNNEL_RANGE.0, TUNNEL_RANGE.1
+                            ))
+                        } else {
+                            None
+                        };
+                        match problem {
+                            None => Some(e.cidr.clone()),
+                            Some(p) => {
+                                errs.push(ConditionReason::new(
+                                    InvalidNetworking,
+                                    format!("HostedCluster.spec.networking.{field}[{i}].cidr"),
+                                    format!("{:?}: {p}", e.cidr),
+                                ));
+                                None
+                            }
+                        }
                     } else if e.cidr.contains(':') {
                         skipped_v6 += 1; // IPv6: not carried by the tunnel
                         None
@@ -769,14 +812,24 @@ pub fn validate(
         });
     }
     let tunnel_address = ov.tunnel.as_ref().and_then(|t| t.address.clone());
-    if let Some(a) = &tunnel_address
-        && !valid_host(a)
-    {
-        errs.push(ConditionReason::new(
-            InvalidOverride,
-            "HostedOLM.spec.tunnel.address",
-            format!("{a:?} is not a host name or IP address"),
-        ));
+    if let Some(a) = &tunnel_address {
+        if !valid_host(a) {
+            errs.push(ConditionReason::new(
+                InvalidOverride,
+                "HostedOLM.spec.tunnel.address",
+                format!("{a:?} is not a host name or IP address"),
+            ));
+        } else if let Some(why) = a
+            .parse::<std::net::IpAddr>()
+            .ok()
+            .and_then(unusable_endpoint_ip)
+        {
+            errs.push(ConditionReason::new(
+                InvalidOverride,
+                "HostedOLM.spec.tunnel.address",
+                format!("{a} is a {why} address: the guest cannot reach the gateway there"),
+            ));
+        }
     }
     let tunnel_key_rotation = ov
         .tunnel

@@ -423,3 +423,62 @@ fn hosted_olm_overrides_that_do_not_apply_are_warned_about() {
         ["m.example/redhat"]
     );
 }
+
+/// Issue 19, bad input: a guest range of /0 (every address would be routed into the tunnel),
+/// a guest range overlapping the tunnel's own 100.127.255.0/30, and a tunnel address that is
+/// link-local, unspecified or multicast are each refused naming the field.
+#[test]
+fn catch_all_or_overlapping_ranges_and_unusable_tunnel_addresses_are_refused() {
+    let mut hc = common::load_hc("none-minimal.yaml");
+    for (cidr, what) in [
+        ("0.0.0.0/0", "a /0"),
+        ("100.127.0.0/16", "overlaps the tunnel"),
+        ("100.127.255.2/32", "overlaps the tunnel"),
+    ] {
+        hc.spec.networking = Some(
+            serde_json::from_value(serde_json::json!({
+                "serviceNetwork": [{"cidr": "172.30.0.0/16"}],
+                "clusterNetwork": [{"cidr": cidr}]
+            }))
+            .unwrap(),
+        );
+        let got = codes(validate::validate(
+            &hc,
+            None,
+            &common::facts(),
+            &common::defaults(),
+        ));
+        assert_eq!(
+            got,
+            [(
+                ReasonCode::InvalidNetworking,
+                "HostedCluster.spec.networking.clusterNetwork[0].cidr".to_string()
+            )],
+            "{cidr}: {what}"
+        );
+    }
+    let hc = common::load_hc("none-minimal.yaml");
+    for a in ["169.254.10.1", "fe80::1", "0.0.0.0", "224.0.0.1", "::"] {
+        let ov = HostedOLMSpec {
+            tunnel: Some(hcp_olm_controlplane::hostedolm::TunnelSpec {
+                address: Some(a.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let got = codes(validate::validate(
+            &hc,
+            Some(&ov),
+            &common::facts(),
+            &common::defaults(),
+        ));
+        assert_eq!(
+            got,
+            [(
+                ReasonCode::InvalidOverride,
+                "HostedOLM.spec.tunnel.address".to_string()
+            )],
+            "{a}"
+        );
+    }
+}

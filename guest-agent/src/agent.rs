@@ -91,6 +91,12 @@ impl AgentSettings {
                 format!("`{gateway_endpoint}` is not host:port"),
             ));
         }
+        if let Some(why) = daemon::unusable_endpoint(&gateway_endpoint) {
+            return Err(err(
+                "gateway_endpoint",
+                format!("`{gateway_endpoint}` is a {why} address"),
+            ));
+        }
         let keys = agent_keys(c)?;
         let tunnel = interface_address("tunnel_address", &c.tunnel_address)?;
         let (gateway_ip, _) =
@@ -262,6 +268,7 @@ fn spawn_endpoint_follower(
             let found = match tokio::net::lookup_host(name.as_str()).await {
                 Ok(addrs) => addrs
                     .filter(|a| a.is_ipv4() == first.is_ipv4())
+                    .filter(|a| daemon::unusable_endpoint(&a.to_string()).is_none())
                     .collect::<Vec<_>>(),
                 Err(e) => {
                     tracing::debug!(%name, error = %e, "cannot resolve the gateway again");

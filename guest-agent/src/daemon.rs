@@ -147,14 +147,35 @@ pub fn interface_address(field: &str, s: &str) -> Result<(IpAddr, u8), ConfigErr
     Ok((ip, p))
 }
 
+/// Guest ranges routed into the tunnel; a /0 is refused (it would send every address there).
 pub fn cidrs(field: &str, list: &[String]) -> Result<Vec<Cidr>, ConfigError> {
     list.iter()
         .enumerate()
         .map(|(i, s)| {
-            s.parse::<Cidr>()
-                .map_err(|e| err(&format!("{field}[{i}]"), e.to_string()))
+            let f = format!("{field}[{i}]");
+            if s.trim().ends_with("/0") {
+                return Err(err(
+                    &f,
+                    format!("`{s}`: a /0 would send every address into the tunnel"),
+                ));
+            }
+            s.parse::<Cidr>().map_err(|e| err(&f, e.to_string()))
         })
         .collect()
+}
+
+/// Why an endpoint's IP cannot be dialled for the tunnel (`None`: it can; names and
+/// loopback pass).
+pub fn unusable_endpoint(endpoint: &str) -> Option<&'static str> {
+    let ip: IpAddr = endpoint.parse::<SocketAddr>().ok()?.ip();
+    match ip {
+        IpAddr::V4(v) if v.is_link_local() => Some("link-local"),
+        IpAddr::V6(v) if v.is_unicast_link_local() => Some("link-local"),
+        ip if ip.is_unspecified() => Some("unspecified"),
+        ip if ip.is_multicast() => Some("multicast"),
+        IpAddr::V4(v) if v.is_broadcast() => Some("broadcast"),
+        _ => None,
+    }
 }
 
 pub fn socket_addr(field: &str, s: &str) -> Result<SocketAddr, ConfigError> {

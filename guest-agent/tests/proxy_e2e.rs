@@ -1181,6 +1181,29 @@ fn config_errors_exit_64_naming_the_field() {
             "idle_timeout_seconds",
         ),
     ];
+    // Issue 19, bad input: a link-local or unspecified gateway endpoint, a /0 guest range.
+    let base_agent = serde_json::json!({
+        "gateway_endpoint": "127.0.0.1:51820",
+        "gateway_public_key": key.public_key().to_string(),
+        "private_key": key.to_base64(),
+        "tunnel_address": "100.127.255.2/30",
+        "gateway_tunnel_address": "100.127.255.1/30",
+        "persistent_keepalive_seconds": 25,
+        "allowed_services": [],
+        "exposed_services": []
+    });
+    let mut cases = cases;
+    for endpoint in ["169.254.1.1:51820", "[fe80::1]:51820", "0.0.0.0:51820"] {
+        let mut v = base_agent.clone();
+        v["gateway_endpoint"] = serde_json::json!(endpoint);
+        cases.push((AGENT, v, "gateway_endpoint"));
+    }
+    let mut v = base_agent.clone();
+    v["allowed_cidrs"] = serde_json::json!(["0.0.0.0/0"]);
+    cases.push((AGENT, v, "allowed_cidrs[0]"));
+    let mut v = base_gw.clone();
+    v["guest_cidrs"] = serde_json::json!(["0.0.0.0/0"]);
+    cases.push((GATEWAY, v, "guest_cidrs[0]"));
     for (i, (bin, doc, field)) in cases.into_iter().enumerate() {
         let f = dir.path().join(format!("c{i}.json"));
         std::fs::write(&f, doc.to_string()).unwrap();
