@@ -26,12 +26,19 @@ case "$what" in
 test) cmds+=(curl python3 ping wg) ;;
 bench) cmds+=(curl python3 ping wg dnsperf iperf3) ;;
 esac
+# file → Debian package: the CA bundle the image tests (and make images) put in every image.
+declare -A pkg_of_file=([/etc/ssl/certs/ca-certificates.crt]=ca-certificates)
+files=()
+[ "$what" = test ] && files+=(/etc/ssl/certs/ca-certificates.crt)
 
 say() { echo "prereqs($what): $*" >&2; }
 missing_pkgs() {
-  local c out=()
+  local c f out=()
   for c in "${cmds[@]}"; do
     command -v "$c" >/dev/null 2>&1 || out+=("${pkg_of[$c]}")
+  done
+  for f in "${files[@]}"; do
+    [ -e "$f" ] || out+=("${pkg_of_file[$f]}")
   done
   [ "${#out[@]}" -eq 0 ] || printf '%s\n' "${out[@]}" | sort -u | tr '\n' ' '
 }
