@@ -276,18 +276,6 @@ fn cidrs_overlap(a: (std::net::Ipv4Addr, u8), b: (std::net::Ipv4Addr, u8)) -> bo
     u32::from(a.0) & mask == u32::from(b.0) & mask
 }
 
-/// Why an IP literal cannot be a tunnel endpoint (`None`: it can). Pure.
-fn unusable_endpoint_ip(ip: std::net::IpAddr) -> Option<&'static str> {
-    match ip {
-        std::net::IpAddr::V4(v) if v.is_link_local() => Some("link-local"),
-        std::net::IpAddr::V6(v) if v.is_unicast_link_local() => Some("link-local"),
-        ip if ip.is_unspecified() => Some("unspecified"),
-        ip if ip.is_multicast() => Some("multicast"),
-        std::net::IpAddr::V4(v) if v.is_broadcast() => Some("broadcast"),
-        _ => None,
-    }
-}
-
 pub fn parse_cidr(s: &str) -> Option<(std::net::Ipv4Addr, u8)> {
     let (ip, len) = s.split_once('/')?;
     let ip: std::net::Ipv4Addr = ip.parse().ok()?;
@@ -822,7 +810,7 @@ pub fn validate(
         } else if let Some(why) = a
             .parse::<std::net::IpAddr>()
             .ok()
-            .and_then(unusable_endpoint_ip)
+            .and_then(hcp_olm_tunnel_api::unusable_endpoint_ip)
         {
             errs.push(ConditionReason::new(
                 InvalidOverride,

@@ -19,16 +19,22 @@ pub enum ToolError {
     },
 }
 
-/// Path of a binary of this workspace built into the same target directory as the running
-/// test (`target/debug`), for binaries of another package than the test's (cargo gives a
-/// test `CARGO_BIN_EXE_*` only for its own package's binaries), checked to exist.
-pub fn workspace_bin(name: &str, package: &str) -> Result<PathBuf, ToolError> {
+/// The cargo profile directory the running executable is in (`target/debug` for a test in
+/// `target/debug/deps` or a binary in `target/debug`).
+pub fn current_target_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap_or_default();
     let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
     if dir.ends_with("deps") {
         dir.pop();
     }
-    let path = dir.join(name);
+    dir
+}
+
+/// Path of a binary of this workspace built into the same target directory as the running
+/// test (`target/debug`), for binaries of another package than the test's (cargo gives a
+/// test `CARGO_BIN_EXE_*` only for its own package's binaries), checked to exist.
+pub fn workspace_bin(name: &str, package: &str) -> Result<PathBuf, ToolError> {
+    let path = current_target_dir().join(name);
     if path.is_file() {
         Ok(path)
     } else {

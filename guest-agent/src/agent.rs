@@ -268,7 +268,7 @@ fn spawn_endpoint_follower(
             let found = match tokio::net::lookup_host(name.as_str()).await {
                 Ok(addrs) => addrs
                     .filter(|a| a.is_ipv4() == first.is_ipv4())
-                    .filter(|a| daemon::unusable_endpoint(&a.to_string()).is_none())
+                    .filter(|a| hcp_olm_tunnel_api::unusable_endpoint_ip(a.ip()).is_none())
                     .collect::<Vec<_>>(),
                 Err(e) => {
                     tracing::debug!(%name, error = %e, "cannot resolve the gateway again");

@@ -164,18 +164,11 @@ pub fn cidrs(field: &str, list: &[String]) -> Result<Vec<Cidr>, ConfigError> {
         .collect()
 }
 
-/// Why an endpoint's IP cannot be dialled for the tunnel (`None`: it can; names and
-/// loopback pass).
+/// Why an endpoint's (`ip:port`) IP cannot be dialled for the tunnel (`None`: it can; names
+/// and loopback pass).
 pub fn unusable_endpoint(endpoint: &str) -> Option<&'static str> {
     let ip: IpAddr = endpoint.parse::<SocketAddr>().ok()?.ip();
-    match ip {
-        IpAddr::V4(v) if v.is_link_local() => Some("link-local"),
-        IpAddr::V6(v) if v.is_unicast_link_local() => Some("link-local"),
-        ip if ip.is_unspecified() => Some("unspecified"),
-        ip if ip.is_multicast() => Some("multicast"),
-        IpAddr::V4(v) if v.is_broadcast() => Some("broadcast"),
-        _ => None,
-    }
+    hcp_olm_tunnel_api::unusable_endpoint_ip(ip)
 }
 
 pub fn socket_addr(field: &str, s: &str) -> Result<SocketAddr, ConfigError> {

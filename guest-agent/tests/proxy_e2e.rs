@@ -44,15 +44,7 @@ const GW_DNS: &str = "127.0.0.1:5355";
 /// The CLI binary, built next to this test by `cargo test --workspace` (or
 /// `cargo build -p hcp-olm-cli`).
 fn cli() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap();
-    let p = dir.join("hcp-olm");
-    assert!(
-        p.is_file(),
-        "{} missing: build it with `cargo build -p hcp-olm-cli`",
-        p.display()
-    );
-    p
+    hcp_olm_e2e::tools::workspace_bin("hcp-olm", "hcp-olm-cli").unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {

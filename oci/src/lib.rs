@@ -1003,8 +1003,7 @@ impl Client {
         labels: &BTreeMap<String, String>,
         layers: &[Vec<u8>],
     ) -> Result<String, OciError> {
-        let r = Reference::parse(image)?;
-        let base = self.base(&r.registry);
+        let mut blobs = Vec::new();
         let mut descriptors = Vec::new();
         let mut diff_ids = Vec::new();
         for l in layers {
@@ -1021,11 +1020,11 @@ impl Client {
                 l.as_slice()
             };
             diff_ids.push(format!("sha256:{:x}", Sha256::digest(uncompressed)));
-            let digest = self.push_blob(&r, Bytes::from(l.clone())).await?;
             descriptors.push(serde_json::json!({
                 "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-                "digest": digest, "size": l.len(),
+                "digest": format!("sha256:{:x}", Sha256::digest(l)), "size": l.len(),
             }));
+            blobs.push(Bytes::from(l.clone()));
         }
         let config = serde_json::json!({
             "architecture": "amd64", "os": "linux",
@@ -1033,37 +1032,16 @@ impl Client {
             "rootfs": { "type": "layers", "diff_ids": diff_ids },
         });
         let config = Bytes::from(serde_json::to_vec(&config).unwrap_or_default());
-        let config_len = config.len();
-        let config_digest = self.push_blob(&r, config).await?;
         let manifest = serde_json::json!({
             "schemaVersion": 2,
             "mediaType": "application/vnd.oci.image.manifest.v1+json",
             "config": { "mediaType": "application/vnd.oci.image.config.v1+json",
-                        "digest": config_digest, "size": config_len },
+                        "digest": format!("sha256:{:x}", Sha256::digest(&config)),
+                        "size": config.len() },
             "layers": descriptors,
         });
         let manifest = Bytes::from(serde_json::to_vec(&manifest).unwrap_or_default());
-        let url = format!("{base}/v2/{}/manifests/{}", r.repository, r.manifest_ref());
-        let resp = self
-            .send(
-                &r.registry,
-                Method::PUT,
-                &url,
-                vec![(
-                    header::CONTENT_TYPE,
-                    "application/vnd.oci.image.manifest.v1+json".into(),
-                )],
-                manifest.clone(),
-                0,
-            )
-            .await?;
-        if resp.status != StatusCode::CREATED {
-            return Err(OciError::Status {
-                url,
-                status: resp.status.as_u16(),
-            });
-        }
-        Ok(format!("sha256:{:x}", Sha256::digest(&manifest)))
+        self.push_built(image, &blobs, config, manifest).await
     }
 }
 

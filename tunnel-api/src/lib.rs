@@ -13,6 +13,21 @@ pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
 /// The tunnel's inner MTU (WireGuard over a 1500-byte underlay, IPv6 worst case).
 pub const DEFAULT_MTU: u16 = 1420;
 
+/// Why an IP address cannot be where one tunnel end dials the other (`None`: it can; loopback
+/// passes, for tests on one host). The controller checks `HostedOLM.spec.tunnel.address`
+/// with it, the agent its `gateway_endpoint` and every address a gateway name resolves to.
+pub fn unusable_endpoint_ip(ip: std::net::IpAddr) -> Option<&'static str> {
+    use std::net::IpAddr;
+    match ip {
+        IpAddr::V4(v) if v.is_link_local() => Some("link-local"),
+        IpAddr::V6(v) if v.is_unicast_link_local() => Some("link-local"),
+        ip if ip.is_unspecified() => Some("unspecified"),
+        ip if ip.is_multicast() => Some("multicast"),
+        IpAddr::V4(v) if v.is_broadcast() => Some("broadcast"),
+        _ => None,
+    }
+}
+
 /// Reference to a key inside a Secret.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SecretKeyRef {

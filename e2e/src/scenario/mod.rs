@@ -83,12 +83,7 @@ impl Binaries {
     /// The target directory of the running executable (a test in `target/debug/deps`, or a
     /// binary in `target/debug`).
     pub fn next_to_current_exe() -> Result<Self> {
-        let exe = std::env::current_exe()?;
-        let mut dir = exe.parent().context("executable has a directory")?;
-        if dir.ends_with("deps") {
-            dir = dir.parent().context("deps has a parent")?;
-        }
-        Ok(Self::in_dir(dir))
+        Ok(Self::in_dir(&crate::tools::current_target_dir()))
     }
 }
 

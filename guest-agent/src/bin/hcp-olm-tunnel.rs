@@ -19,7 +19,7 @@ use hcp_olm_binkit::admin::Admin;
 use hcp_olm_guest_agent::daemon;
 use hcp_olm_guest_agent::tunnel::config::{self, TunnelConfig};
 use hcp_olm_guest_agent::tunnel::tun::{TunOptions, TunTunnel};
-use hcp_olm_guest_agent::tunnel::{Keys, Peer, PeerStatus};
+use hcp_olm_guest_agent::tunnel::{Peer, PeerStatus};
 use tokio::net::{TcpListener, UdpSocket};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
@@ -87,17 +87,6 @@ fn ip(args: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The keys a config names (own key, peer key, preshared key).
-fn keys_of(cfg: &TunnelConfig) -> Keys {
-    Keys {
-        private_key: cfg.peer.private_key.clone(),
-        peer_public_key: cfg.peer.peer_public_key,
-        preshared_key: cfg.peer.preshared_key.clone(),
-        previous_private_keys: cfg.peer.previous_private_keys.clone(),
-        previous_peer_public_keys: cfg.peer.previous_peer_public_keys.clone(),
-    }
-}
-
 async fn run(cfg: TunnelConfig, config_path: PathBuf) -> anyhow::Result<()> {
     // Bind and configure everything first; only then report ready.
     let socket = UdpSocket::bind(cfg.listen)
@@ -154,10 +143,10 @@ async fn run(cfg: TunnelConfig, config_path: PathBuf) -> anyhow::Result<()> {
         let path = config_path.clone();
         daemon::spawn_key_reload_reporting(
             every,
-            keys_of(&cfg),
+            cfg.peer.keys(),
             move || {
                 config::load(&path)
-                    .map(|c| keys_of(&c))
+                    .map(|c| c.peer.keys())
                     .map_err(|e| daemon::config_error(&e.field, e.message))
             },
             tunnel.keys.clone(),

@@ -127,6 +127,19 @@ pub struct PeerConfig {
     pub previous_peer_public_keys: Vec<PublicKey>,
 }
 
+impl PeerConfig {
+    /// The keys this config names (what a key reload compares and hands to the peer).
+    pub fn keys(&self) -> Keys {
+        Keys {
+            private_key: self.private_key.clone(),
+            peer_public_key: self.peer_public_key,
+            preshared_key: self.preshared_key.clone(),
+            previous_private_keys: self.previous_private_keys.clone(),
+            previous_peer_public_keys: self.previous_peer_public_keys.clone(),
+        }
+    }
+}
+
 /// The keys of a peer: the pair this side uses and, while a rotation is under way, further
 /// pairs it accepts when the *peer* starts a handshake.
 ///
@@ -377,13 +390,7 @@ impl std::fmt::Debug for Peer {
 impl Peer {
     /// A peer with no session yet.
     pub fn new(cfg: PeerConfig) -> Self {
-        let keys = Keys {
-            private_key: cfg.private_key,
-            peer_public_key: cfg.peer_public_key,
-            preshared_key: cfg.preshared_key,
-            previous_private_keys: cfg.previous_private_keys,
-            previous_peer_public_keys: cfg.previous_peer_public_keys,
-        };
+        let keys = cfg.keys();
         let index = cfg.index & 0x00ff_ffff;
         let tunn = new_tunn(
             &keys.private_key,
