@@ -1,16 +1,21 @@
 //! Applies desired objects to one cluster with server-side apply under our field manager,
 //! and prunes objects we made that are no longer desired.
 //!
-//! - An object whose desired fields are already live, and which has no field we own but no
-//!   longer render, is not written (reads only), so a converged reconcile makes no API
-//!   writes, while a field we stop rendering is removed by the next apply.
+//! - An object unchanged since our last apply of it (see [`compare`]) is not written, so a
+//!   converged reconcile makes no API writes, while a field we stop rendering is removed by
+//!   the next apply.
+//! - With a [`cache::WatchCache`] the comparison and the prune listing read the cache, so a
+//!   converged pass makes no API request at all; without one (or for a kind it has not
+//!   listed yet) each object is read with a GET and each kind listed.
 //! - Applies use strict field validation: an unknown field is an error.
 //! - Errors are collected per object; one failing object does not stop the rest.
 //! - Pruning lists each given kind by label selector and deletes what is not desired.
 
+pub mod cache;
 pub mod compare;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::Value;
@@ -109,6 +114,8 @@ pub struct Report {
     pub unchanged: usize,
     /// Objects pruned.
     pub deleted: Vec<String>,
+    /// Reads sent to the API server (GETs and LISTs; answered by the cache: none).
+    pub reads: usize,
     /// Per-object failures.
     pub errors: Vec<ObjectError>,
 }
@@ -125,6 +132,7 @@ impl Report {
         self.updated.extend(other.updated);
         self.unchanged += other.unchanged;
         self.deleted.extend(other.deleted);
+        self.reads += other.reads;
         self.errors.extend(other.errors);
     }
 }
@@ -134,6 +142,7 @@ impl Report {
 pub struct Applier {
     client: kube::Client,
     field_manager: String,
+    cache: Option<Arc<cache::WatchCache>>,
 }
 
 impl std::fmt::Debug for Applier {
@@ -150,7 +159,14 @@ impl Applier {
         Self {
             client,
             field_manager: field_manager.to_string(),
+            cache: None,
         }
+    }
+
+    /// Reads live objects from `cache` where it knows them (see [`cache::WatchCache`]).
+    pub fn with_cache(mut self, cache: Option<Arc<cache::WatchCache>>) -> Self {
+        self.cache = cache;
+        self
     }
 
     fn api(&self, resource: &ApiResource, namespace: Option<&str>) -> Api<DynamicObject> {
@@ -165,26 +181,36 @@ impl Applier {
         let mut report = Report::default();
         for t in targets {
             let api = self.api(&t.resource, t.namespace.as_deref());
-            let live = match api.get_opt(&t.name).await {
-                Ok(live) => live,
-                Err(source) => {
-                    report.errors.push(ObjectError {
-                        verb: "get",
-                        id: t.id(),
-                        source,
-                    });
-                    continue;
+            let cached = self
+                .cache
+                .as_ref()
+                .and_then(|c| c.get(&t.resource, t.namespace.as_deref(), &t.name));
+            let live = match cached {
+                Some(live) => live,
+                None => {
+                    report.reads += 1;
+                    match api.get_opt(&t.name).await {
+                        Ok(live) => live.map(|l| serde_json::to_value(l).unwrap_or(Value::Null)),
+                        Err(source) => {
+                            report.errors.push(ObjectError {
+                                verb: "get",
+                                id: t.id(),
+                                source,
+                            });
+                            continue;
+                        }
+                    }
                 }
             };
             let exists = live.is_some();
+            let body = compare::with_hash(&t.body);
             match (&live, t.policy) {
                 (Some(_), Policy::CreateOnly) => {
                     report.unchanged += 1;
                     continue;
                 }
                 (Some(live), Policy::Apply) => {
-                    let live = serde_json::to_value(live).unwrap_or(Value::Null);
-                    if compare::up_to_date(&t.body, &live, &self.field_manager) {
+                    if compare::up_to_date(&body, live, &self.field_manager) {
                         report.unchanged += 1;
                         continue;
                     }
@@ -196,9 +222,12 @@ impl Applier {
             let params = PatchParams::apply(&self.field_manager)
                 .force()
                 .validation_strict();
-            match api.patch(&t.name, &params, &Patch::Apply(&t.body)).await {
-                Ok(_) => {
+            match api.patch(&t.name, &params, &Patch::Apply(&body)).await {
+                Ok(written) => {
                     tracing::debug!(object = %t.id(), created = !exists, "applied");
+                    if let Some(c) = &self.cache {
+                        c.wrote(&t.resource, &written.metadata);
+                    }
                     if exists {
                         report.updated.push(t.id());
                     } else {
@@ -238,29 +267,42 @@ impl Applier {
                 (true, Some(ns)) => Api::namespaced_with(self.client.clone(), ns, resource),
                 _ => Api::all_with(self.client.clone(), resource),
             };
-            let list = match api.list_metadata(&lp).await {
-                Ok(list) => list,
-                Err(kube::Error::Api(s)) if s.code == 404 => continue,
-                Err(source) => {
-                    report.errors.push(ObjectError {
-                        verb: "list",
-                        id: resource.kind.clone(),
-                        source,
-                    });
-                    continue;
+            let cached = self
+                .cache
+                .as_ref()
+                .and_then(|c| c.list(resource, namespace.filter(|_| *namespaced), selector));
+            let items = match cached {
+                Some(items) => items,
+                None => {
+                    report.reads += 1;
+                    match api.list_metadata(&lp).await {
+                        Ok(list) => list.items.into_iter().map(|o| o.metadata).collect(),
+                        Err(kube::Error::Api(s)) if s.code == 404 => continue,
+                        Err(source) => {
+                            report.errors.push(ObjectError {
+                                verb: "list",
+                                id: resource.kind.clone(),
+                                source,
+                            });
+                            continue;
+                        }
+                    }
                 }
             };
-            for obj in list.items {
-                let name = obj.metadata.name.clone().unwrap_or_default();
-                let ns = obj.metadata.namespace.clone();
+            for meta in items {
+                let name = meta.name.clone().unwrap_or_default();
+                let ns = meta.namespace.clone();
                 let id = object_id(&resource.kind, ns.as_deref(), &name);
-                if keep.contains(&id) || obj.metadata.deletion_timestamp.is_some() {
+                if keep.contains(&id) || meta.deletion_timestamp.is_some() {
                     continue;
                 }
                 let api = self.api(resource, ns.as_deref());
                 match api.delete(&name, &DeleteParams::background()).await {
                     Ok(_) => {
                         tracing::debug!(object = %id, "pruned");
+                        if let Some(c) = &self.cache {
+                            c.deleted(resource, &meta);
+                        }
                         report.deleted.push(id);
                     }
                     Err(kube::Error::Api(s)) if s.code == 404 => {}

@@ -306,3 +306,141 @@ async fn fields_we_stop_rendering_are_removed_and_typos_are_refused() -> Result<
     );
     Ok(())
 }
+
+/// Polls `check` (the cache catching up with a change made behind the applier's back).
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) -> Result<()> {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !check() {
+        ensure!(std::time::Instant::now() < until, "timed out: {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// With a watch-fed metadata cache a converged pass (even right after the writes, before
+/// the watch has delivered them) and a converged prune send no request at all; changes made
+/// behind our back (an Update of a field we set, a deleted object) are still repaired.
+/// Reads and writes are counted by the API server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_cache_answers_converged_passes_without_requests() -> Result<()> {
+    let cluster = Cluster::start(ClusterOptions::new("apply4")).await?;
+    cluster
+        .install_crds(&[fixtures_dir().join("crds/olm/operators.coreos.com_catalogsources.yaml")])
+        .await?;
+    cluster.ensure_namespace("apply-test").await?;
+    let client = cluster.client();
+    let resources: Vec<ApiResource> = kinds().into_iter().map(|(r, _)| r).collect();
+    let cache = std::sync::Arc::new(hcp_olm_apply::cache::WatchCache::start(
+        &client,
+        &resources,
+        "app.kubernetes.io/managed-by=apply-test",
+    ));
+    ensure!(
+        cache.wait_synced(std::time::Duration::from_secs(30)).await,
+        "cache not synced: {cache:?}"
+    );
+    let applier = Applier::new(client.clone(), "hcp-olm-test").with_cache(Some(cache.clone()));
+    let reads = || cluster.api_requests(&["GET", "LIST"], RESOURCES);
+
+    let first = applier.apply(&targets(1)).await;
+    ensure!(first.errors.is_empty(), "{:?}", first.errors);
+    assert_eq!((first.created.len(), first.reads), (5, 0));
+
+    // At once: the overlay of our own writes answers.
+    let (r0, w0) = (reads().await?, cluster.api_writes(RESOURCES).await?);
+    let second = applier.apply(&targets(1)).await;
+    ensure!(second.errors.is_empty(), "{:?}", second.errors);
+    assert_eq!((second.writes(), second.unchanged, second.reads), (0, 5, 0));
+    // Once the watch has caught up: the store answers.
+    eventually("cache holds the five objects", || cache.len() == 5).await?;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let third = applier.apply(&targets(1)).await;
+    assert_eq!((third.writes(), third.reads), (0, 0));
+    assert_eq!(
+        (
+            reads().await? - r0,
+            cluster.api_writes(RESOURCES).await? - w0
+        ),
+        (0, 0),
+        "API reads and writes on converged passes"
+    );
+
+    // `kubectl edit` of a field we set (an Update) moves its ownership away from us: the
+    // next pass puts it back.
+    let deps: Api<Deployment> = Api::namespaced(client.clone(), "apply-test");
+    let mut live = deps.get("dep").await?;
+    if let Some(pod) = live.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
+        pod.containers[0].image = Some("registry.example/evil:1".into());
+    }
+    let edited = deps
+        .replace("dep", &PostParams::default(), &live)
+        .await?
+        .metadata
+        .resource_version
+        .unwrap_or_default();
+    let dep_target = targets(1).into_iter().find(|t| t.name == "dep").unwrap();
+    eventually("cache sees the edit", || {
+        cache
+            .get(&dep_target.resource, Some("apply-test"), "dep")
+            .flatten()
+            .and_then(|m| {
+                m["metadata"]["resourceVersion"]
+                    .as_str()
+                    .map(str::to_string)
+            })
+            == Some(edited.clone())
+    })
+    .await?;
+    let r = applier.apply(&targets(1)).await;
+    assert_eq!(
+        (r.updated.as_slice(), r.reads),
+        (&["Deployment/apply-test/dep".to_string()][..], 0)
+    );
+    let image = deps
+        .get("dep")
+        .await?
+        .spec
+        .and_then(|s| s.template.spec)
+        .map(|p| p.containers[0].image.clone());
+    assert_eq!(image, Some(Some("registry.example/x:1".into())));
+
+    // A deleted object is created again.
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "apply-test");
+    cms.delete("cfg", &Default::default()).await?;
+    let cfg_target = targets(1).into_iter().find(|t| t.name == "cfg").unwrap();
+    eventually("cache sees the deletion", || {
+        cache.get(&cfg_target.resource, Some("apply-test"), "cfg") == Some(None)
+    })
+    .await?;
+    let r = applier.apply(&targets(1)).await;
+    assert_eq!(r.created, ["ConfigMap/apply-test/cfg"]);
+
+    // Prune from the cache: the dropped object goes, a second prune at once writes nothing.
+    let keep: Vec<Target> = targets(1).into_iter().filter(|t| t.name != "svc").collect();
+    let selector = BTreeMap::from([(
+        "app.kubernetes.io/managed-by".to_string(),
+        "apply-test".to_string(),
+    )]);
+    let (r0, w0) = (reads().await?, cluster.api_writes(RESOURCES).await?);
+    let pruned = applier
+        .prune(&kinds(), Some("apply-test"), &selector, &keep)
+        .await;
+    ensure!(pruned.errors.is_empty(), "{:?}", pruned.errors);
+    assert_eq!(
+        (pruned.deleted.as_slice(), pruned.reads),
+        (&["Service/apply-test/svc".to_string()][..], 0)
+    );
+    let again = applier
+        .prune(&kinds(), Some("apply-test"), &selector, &keep)
+        .await;
+    assert_eq!((again.writes(), again.reads), (0, 0));
+    assert_eq!(
+        (
+            reads().await? - r0,
+            cluster.api_writes(RESOURCES).await? - w0
+        ),
+        (0, 1),
+        "API reads and writes of two prunes"
+    );
+    Ok(())
+}

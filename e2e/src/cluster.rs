@@ -516,6 +516,17 @@ impl Cluster {
     /// counted so far for the given resources (plural names), from `apiserver_request_total`.
     /// Take the difference of two calls to count the writes of a piece of work.
     pub async fn api_writes(&self, resources: &[&str]) -> Result<u64, ClusterError> {
+        self.api_requests(&["POST", "PUT", "PATCH", "APPLY", "DELETE"], resources)
+            .await
+    }
+
+    /// Requests with one of `verbs` (as the API server labels them: `GET`, `LIST`,
+    /// `WATCH`, `APPLY`, ...) on `resources` so far, from `apiserver_request_total`.
+    pub async fn api_requests(
+        &self,
+        verbs: &[&str],
+        resources: &[&str],
+    ) -> Result<u64, ClusterError> {
         let req = http::Request::get("/metrics")
             .body(Vec::new())
             .expect("static request is valid");
@@ -524,7 +535,7 @@ impl Cluster {
             .request_text(req)
             .await
             .map_err(kube_err("reading /metrics"))?;
-        Ok(count_writes(&text, resources))
+        Ok(count_requests(&text, verbs, resources))
     }
 
     /// Creates (or replaces) the CustomResourceDefinitions in the given YAML files and waits
@@ -601,7 +612,7 @@ impl Cluster {
 }
 
 /// Sums `apiserver_request_total` samples of write verbs for the given resources.
-fn count_writes(metrics: &str, resources: &[&str]) -> u64 {
+fn count_requests(metrics: &str, verbs: &[&str], resources: &[&str]) -> u64 {
     let label = |line: &str, name: &str| -> Option<String> {
         let start = line.find(&format!("{name}=\""))? + name.len() + 2;
         let end = line[start..].find('"')? + start;
@@ -611,8 +622,7 @@ fn count_writes(metrics: &str, resources: &[&str]) -> u64 {
         .lines()
         .filter(|l| l.starts_with("apiserver_request_total{"))
         .filter(|l| {
-            label(l, "verb")
-                .is_some_and(|v| ["POST", "PUT", "PATCH", "APPLY", "DELETE"].contains(&v.as_str()))
+            label(l, "verb").is_some_and(|v| verbs.contains(&v.as_str()))
                 && label(l, "resource").is_some_and(|r| resources.contains(&r.as_str()))
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
@@ -672,8 +682,13 @@ apiserver_request_total{code="200",resource="configmaps",verb="LIST"} 40
 apiserver_request_total{code="200",resource="leases",verb="PUT"} 9
 apiserver_request_total{code="200",resource="configmapsx",verb="PUT"} 7
 "#;
-        assert_eq!(super::count_writes(m, &["configmaps"]), 5);
-        assert_eq!(super::count_writes(m, &["secrets"]), 0);
+        let writes = ["POST", "PUT", "PATCH", "APPLY", "DELETE"];
+        assert_eq!(super::count_requests(m, &writes, &["configmaps"]), 5);
+        assert_eq!(super::count_requests(m, &writes, &["secrets"]), 0);
+        assert_eq!(
+            super::count_requests(m, &["GET", "LIST"], &["configmaps"]),
+            40
+        );
     }
 }
 

@@ -225,6 +225,9 @@ pub(crate) async fn run_controller(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = ctx.client.clone();
+    // Converged passes compare against watched metadata instead of reading every object.
+    ctx.start_mgmt_cache(std::time::Duration::from_secs(30))
+        .await;
     let hcs: Api<HostedCluster> = Api::all(client.clone());
     // Metadata only: a change of data changes the resourceVersion, which is all a
     // trigger needs, and Secret contents never sit in this process's memory.
@@ -298,6 +301,7 @@ pub(crate) async fn run_controller(
             }
         })
         .await;
+    ctx.stop_mgmt_cache();
     ctx.metrics.set_synced(false);
 }
 

@@ -95,6 +95,10 @@ pub struct Context {
     /// The warnings last reported per HostedCluster (`namespace/name`), so a lasting one is
     /// an Event once, not one per resync.
     warned: Arc<std::sync::Mutex<std::collections::HashMap<String, Vec<String>>>>,
+    /// Metadata of our objects in the management cluster, kept by watches while the
+    /// controller loop runs (None before it starts and after it stops: reads go to the API
+    /// server).
+    mgmt_cache: Arc<std::sync::Mutex<Option<Arc<hcp_olm_apply::cache::WatchCache>>>>,
 }
 
 impl Context {
@@ -108,7 +112,42 @@ impl Context {
             lookups: facts::LookupCache::default(),
             failures: Arc::default(),
             warned: Arc::default(),
+            mgmt_cache: Arc::default(),
         }
+    }
+
+    /// The management cache, when one runs.
+    pub fn mgmt_cache(&self) -> Option<Arc<hcp_olm_apply::cache::WatchCache>> {
+        self.mgmt_cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Starts the management cache (metadata watches of every kind we render into HCP
+    /// namespaces, selected by our managed-by label) and waits up to `timeout` for its
+    /// first lists; until then, and for kinds not served, reads go to the API server.
+    pub async fn start_mgmt_cache(&self, timeout: Duration) {
+        let kinds: Vec<_> = reconcile::hcp_kinds().into_iter().map(|(r, _)| r).collect();
+        let cache = hcp_olm_apply::cache::WatchCache::start(
+            &self.client,
+            &kinds,
+            &format!(
+                "{}={}",
+                crate::render::labels::MANAGED_BY_KEY,
+                crate::render::labels::MANAGED_BY
+            ),
+        );
+        let cache = Arc::new(cache);
+        *self.mgmt_cache.lock().unwrap_or_else(|p| p.into_inner()) = Some(cache.clone());
+        if !cache.wait_synced(timeout).await {
+            tracing::info!(cache = ?cache, "management cache not fully synced yet; unsynced kinds are read from the API server");
+        }
+    }
+
+    /// Stops the management cache (reads go to the API server again).
+    pub fn stop_mgmt_cache(&self) {
+        *self.mgmt_cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     /// Whether `warnings` for `cluster` differ from the ones last reported (and remember

@@ -934,7 +934,7 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
 
     // Apply and prune, management then guest.
     let selector = labels::prune_selector(&input.valid);
-    let mgmt = Applier::new(ctx.client.clone(), FIELD_MANAGER);
+    let mgmt = Applier::new(ctx.client.clone(), FIELD_MANAGER).with_cache(ctx.mgmt_cache());
     let mut hcp_targets: Vec<Target> = desired.hcp.iter().map(target).collect();
     let keys_target = Target::new(
         "v1",
@@ -1854,6 +1854,7 @@ pub async fn cleanup(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error
     );
     if owned {
         let r = Applier::new(ctx.client.clone(), FIELD_MANAGER)
+            .with_cache(ctx.mgmt_cache())
             .prune(&hcp_kinds(), Some(&hcp_ns), &selector, &[])
             .await;
         out.hcp_writes = writes(&r);

@@ -1,0 +1,281 @@
+//! A watch-fed cache of the **metadata** of the objects we manage on one cluster, so a
+//! converged apply or prune pass asks the API server nothing.
+//!
+//! One metadata watch per kind, cluster-wide, selected by our label: memory grows with the
+//! objects we made (metadata only: names, labels, annotations, managedFields; never a spec
+//! or a Secret's data), not with the cluster. A kind counts as known only once its first
+//! list is complete; until then (and for a kind the server does not serve) the applier falls
+//! back to a GET or LIST, so the cache can only save requests, never answer wrongly from an
+//! empty store.
+//!
+//! A watch lags our own writes by a few milliseconds; what we wrote is kept in an overlay
+//! until the store has caught up (its resourceVersion is at least ours) or for
+//! [`OVERLAY_TTL`] at most, so a pass right after an apply does not write the object again.
+//! resourceVersions are opaque to clients in general; the kube-apiserver's are etcd
+//! revisions, compared as integers here, and anything unparseable defers to the store.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::core::{ObjectMeta, PartialObjectMeta};
+use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::Value;
+
+/// How long what we wrote overrides the store at most.
+pub const OVERLAY_TTL: Duration = Duration::from_secs(30);
+
+type Meta = PartialObjectMeta<DynamicObject>;
+
+struct Kind {
+    resource: ApiResource,
+    store: Store<Meta>,
+    synced: Arc<AtomicBool>,
+}
+
+enum Overlay {
+    Written { rv: u64, meta: Box<ObjectMeta> },
+    Deleted { uid: Option<String> },
+}
+
+/// Metadata of our objects on one cluster, kept by watches. Dropping it stops the watches.
+pub struct WatchCache {
+    kinds: Vec<Kind>,
+    overlay: Mutex<HashMap<String, (Instant, Overlay)>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for WatchCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WatchCache")
+            .field(
+                "kinds",
+                &self
+                    .kinds
+                    .iter()
+                    .map(|k| (&k.resource.kind, k.synced.load(Ordering::Relaxed)))
+                    .collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for WatchCache {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+fn key(kind: &str, namespace: Option<&str>, name: &str) -> String {
+    match namespace {
+        Some(ns) => format!("{kind}/{ns}/{name}"),
+        None => format!("{kind}/{name}"),
+    }
+}
+
+fn rv(meta: &ObjectMeta) -> Option<u64> {
+    meta.resource_version.as_deref()?.parse().ok()
+}
+
+impl WatchCache {
+    /// Starts one metadata watch per kind in `kinds` over all namespaces, selecting
+    /// `label_selector`. Must be called within a tokio runtime.
+    pub fn start(client: &kube::Client, kinds: &[ApiResource], label_selector: &str) -> Self {
+        let mut out = Self {
+            kinds: Vec::new(),
+            overlay: Mutex::new(HashMap::new()),
+            tasks: Vec::new(),
+        };
+        for resource in kinds {
+            let writer: Writer<Meta> = Writer::new(resource.clone());
+            let store = writer.as_reader();
+            let synced = Arc::new(AtomicBool::new(false));
+            // Api over PartialObjectMeta: list and watch ask for metadata only.
+            let api: Api<Meta> = Api::all_with(client.clone(), resource);
+            let flag = synced.clone();
+            let kind = resource.kind.clone();
+            let stream = watcher(api, watcher::Config::default().labels(label_selector))
+                .default_backoff()
+                .reflect(writer);
+            out.tasks.push(tokio::spawn(async move {
+                futures::pin_mut!(stream);
+                while let Some(ev) = stream.next().await {
+                    match ev {
+                        Ok(watcher::Event::InitDone) => {
+                            if !flag.swap(true, Ordering::AcqRel) {
+                                tracing::debug!(kind = %kind, "metadata cache synced");
+                            }
+                        }
+                        Ok(_) => {}
+                        // The watcher relists on its own (with backoff); a kind the server
+                        // does not serve stays unsynced, i.e. read from the API server.
+                        Err(e) => tracing::debug!(kind = %kind, error = %e, "metadata watch"),
+                    }
+                }
+            }));
+            out.kinds.push(Kind {
+                resource: resource.clone(),
+                store,
+                synced,
+            });
+        }
+        out
+    }
+
+    fn kind(&self, resource: &ApiResource) -> Option<&Kind> {
+        self.kinds.iter().find(|k| {
+            k.resource.group == resource.group
+                && k.resource.kind == resource.kind
+                && k.synced.load(Ordering::Acquire)
+        })
+    }
+
+    /// True when every kind has completed its first list.
+    pub fn synced(&self) -> bool {
+        self.kinds.iter().all(|k| k.synced.load(Ordering::Acquire))
+    }
+
+    /// The metadata of one object as `{"metadata": ...}`: `Some(None)` when it does not
+    /// exist, `None` when the cache does not know (kind unsynced: ask the API server).
+    pub fn get(
+        &self,
+        resource: &ApiResource,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Option<Option<Value>> {
+        let kind = self.kind(resource)?;
+        let mut r = ObjectRef::new_with(name, resource.clone());
+        if let Some(ns) = namespace {
+            r = r.within(ns);
+        }
+        let stored = kind.store.get(&r).map(|m| m.metadata.clone());
+        let id = key(&resource.kind, namespace, name);
+        let mut overlay = self.overlay.lock().unwrap_or_else(|p| p.into_inner());
+        let meta = match overlay.get(&id) {
+            Some((at, _)) if at.elapsed() > OVERLAY_TTL => {
+                overlay.remove(&id);
+                stored
+            }
+            Some((_, Overlay::Written { rv: ours, meta })) => match &stored {
+                Some(s) if rv(s).is_none_or(|theirs| theirs >= *ours) => {
+                    overlay.remove(&id);
+                    stored
+                }
+                _ => Some(meta.as_ref().clone()),
+            },
+            Some((_, Overlay::Deleted { uid })) => match &stored {
+                Some(s) if s.uid == *uid => None,
+                _ => {
+                    overlay.remove(&id);
+                    stored
+                }
+            },
+            None => stored,
+        };
+        Some(meta.map(|m| serde_json::json!({ "metadata": m })))
+    }
+
+    /// The metadata of every object of `resource` (in `namespace`, or all) carrying all
+    /// `selector` labels; `None` when the cache does not know the kind.
+    pub fn list(
+        &self,
+        resource: &ApiResource,
+        namespace: Option<&str>,
+        selector: &BTreeMap<String, String>,
+    ) -> Option<Vec<ObjectMeta>> {
+        let kind = self.kind(resource)?;
+        let overlay = self.overlay.lock().unwrap_or_else(|p| p.into_inner());
+        Some(
+            kind.store
+                .state_filter(|m| {
+                    let md = &m.metadata;
+                    namespace.is_none_or(|ns| md.namespace.as_deref() == Some(ns))
+                        && selector
+                            .iter()
+                            .all(|(k, v)| md.labels.as_ref().and_then(|l| l.get(k)) == Some(v))
+                })
+                .into_iter()
+                .map(|m| m.metadata.clone())
+                .filter(|md| {
+                    let id = key(
+                        &resource.kind,
+                        md.namespace.as_deref(),
+                        md.name.as_deref().unwrap_or_default(),
+                    );
+                    !matches!(overlay.get(&id), Some((at, Overlay::Deleted { uid }))
+                        if at.elapsed() <= OVERLAY_TTL && *uid == md.uid)
+                })
+                .collect(),
+        )
+    }
+
+    /// Records an object we just wrote (the API server's answer).
+    pub fn wrote(&self, resource: &ApiResource, meta: &ObjectMeta) {
+        let (Some(name), Some(ours)) = (meta.name.as_deref(), rv(meta)) else {
+            return;
+        };
+        if self.kind(resource).is_none() {
+            return;
+        }
+        let id = key(&resource.kind, meta.namespace.as_deref(), name);
+        let mut overlay = self.overlay.lock().unwrap_or_else(|p| p.into_inner());
+        overlay.retain(|_, (at, _)| at.elapsed() <= OVERLAY_TTL);
+        overlay.insert(
+            id,
+            (
+                Instant::now(),
+                Overlay::Written {
+                    rv: ours,
+                    meta: Box::new(meta.clone()),
+                },
+            ),
+        );
+    }
+
+    /// Records an object we just deleted.
+    pub fn deleted(&self, resource: &ApiResource, meta: &ObjectMeta) {
+        let Some(name) = meta.name.as_deref() else {
+            return;
+        };
+        if self.kind(resource).is_none() {
+            return;
+        }
+        let id = key(&resource.kind, meta.namespace.as_deref(), name);
+        let mut overlay = self.overlay.lock().unwrap_or_else(|p| p.into_inner());
+        overlay.retain(|_, (at, _)| at.elapsed() <= OVERLAY_TTL);
+        overlay.insert(
+            id,
+            (
+                Instant::now(),
+                Overlay::Deleted {
+                    uid: meta.uid.clone(),
+                },
+            ),
+        );
+    }
+
+    /// Objects held (all kinds), for metrics and tests.
+    pub fn len(&self) -> usize {
+        self.kinds.iter().map(|k| k.store.state().len()).sum()
+    }
+
+    /// True when no object is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Waits until every kind has listed once, or `timeout` passes; returns [`Self::synced`].
+    pub async fn wait_synced(&self, timeout: Duration) -> bool {
+        let until = Instant::now() + timeout;
+        while !self.synced() && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.synced()
+    }
+}
