@@ -34,7 +34,11 @@ type Meta = PartialObjectMeta<DynamicObject>;
 struct Kind {
     resource: ApiResource,
     store: Store<Meta>,
+    /// The first list completed: the store is authoritative.
     synced: Arc<AtomicBool>,
+    /// The server answered 404 for the kind (not served, e.g. a CRD not installed): it
+    /// is read from the API server, and [`WatchCache::settled`] does not wait for it.
+    unserved: Arc<AtomicBool>,
 }
 
 enum Overlay {
@@ -96,6 +100,8 @@ impl WatchCache {
             let writer: Writer<Meta> = Writer::new(resource.clone());
             let store = writer.as_reader();
             let synced = Arc::new(AtomicBool::new(false));
+            let unserved = Arc::new(AtomicBool::new(false));
+            let not_served = unserved.clone();
             // Api over PartialObjectMeta: list and watch ask for metadata only.
             let api: Api<Meta> = Api::all_with(client.clone(), resource);
             let flag = synced.clone();
@@ -108,11 +114,17 @@ impl WatchCache {
                 while let Some(ev) = stream.next().await {
                     match ev {
                         Ok(watcher::Event::InitDone) => {
+                            not_served.store(false, Ordering::Release);
                             if !flag.swap(true, Ordering::AcqRel) {
                                 tracing::debug!(kind = %kind, "metadata cache synced");
                             }
                         }
                         Ok(_) => {}
+                        Err(watcher::Error::InitialListFailed(kube::Error::Api(s)))
+                            if s.code == 404 =>
+                        {
+                            not_served.store(true, Ordering::Release);
+                        }
                         // The watcher relists on its own (with backoff); a kind the server
                         // does not serve stays unsynced, i.e. read from the API server.
                         Err(e) => tracing::debug!(kind = %kind, error = %e, "metadata watch"),
@@ -123,6 +135,7 @@ impl WatchCache {
                 resource: resource.clone(),
                 store,
                 synced,
+                unserved,
             });
         }
         out
@@ -139,6 +152,13 @@ impl WatchCache {
     /// True when every kind has completed its first list.
     pub fn synced(&self) -> bool {
         self.kinds.iter().all(|k| k.synced.load(Ordering::Acquire))
+    }
+
+    /// True when every kind has completed its first list or is not served.
+    pub fn settled(&self) -> bool {
+        self.kinds
+            .iter()
+            .all(|k| k.synced.load(Ordering::Acquire) || k.unserved.load(Ordering::Acquire))
     }
 
     /// The metadata of one object as `{"metadata": ...}`: `Some(None)` when it does not
@@ -270,12 +290,12 @@ impl WatchCache {
         self.len() == 0
     }
 
-    /// Waits until every kind has listed once, or `timeout` passes; returns [`Self::synced`].
-    pub async fn wait_synced(&self, timeout: Duration) -> bool {
+    /// Waits until [`Self::settled`], or `timeout` passes; returns [`Self::settled`].
+    pub async fn wait_settled(&self, timeout: Duration) -> bool {
         let until = Instant::now() + timeout;
-        while !self.synced() && Instant::now() < until {
+        while !self.settled() && Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        self.synced()
+        self.settled()
     }
 }

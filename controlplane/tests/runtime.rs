@@ -507,6 +507,56 @@ async fn reconcile_converges_prunes_and_cleans_up() -> Result<()> {
         (0, 0, false)
     );
 
+    // Reads of a converged pass, counted per resource by the management API server:
+    // without the metadata cache every desired object is read back (and every kind listed
+    // for pruning); with it the applier asks nothing. The rest of this test runs with it.
+    let delta = |a: &BTreeMap<&'static str, u64>, b: &BTreeMap<&'static str, u64>| {
+        b.iter()
+            .map(|(k, v)| (*k, v - a[k]))
+            .filter(|(_, v)| *v > 0)
+            .collect::<BTreeMap<&'static str, u64>>()
+    };
+    let r0 = management_reads(&env.management).await?;
+    reconcile(&ctx, &env, name).await?;
+    let without = delta(&r0, &management_reads(&env.management).await?);
+    ctx.start_mgmt_cache(std::time::Duration::from_secs(30))
+        .await;
+    let cache = ctx.mgmt_cache().context("cache")?;
+    ensure!(cache.settled(), "management cache not settled: {cache:?}");
+    let (r0, w0) = (
+        management_reads(&env.management).await?,
+        env.management.api_writes(RESOURCES).await?,
+    );
+    let cached = reconcile(&ctx, &env, name).await?;
+    let with = delta(&r0, &management_reads(&env.management).await?);
+    eprintln!(
+        "converged pass, management reads: without cache {} {without:?}; with cache {} {with:?}",
+        without.values().sum::<u64>(),
+        with.values().sum::<u64>()
+    );
+    assert_eq!(
+        (
+            env.management.api_writes(RESOURCES).await? - w0,
+            cached.hcp_writes
+        ),
+        (0, 0)
+    );
+    // Kinds only the applier reads: none with the cache.
+    for applier_only in ["serviceaccounts", "networkpolicies", "poddisruptionbudgets"] {
+        ensure!(
+            without.contains_key(applier_only),
+            "{applier_only} not read without cache: {without:?}"
+        );
+        ensure!(
+            !with.contains_key(applier_only),
+            "{applier_only} read with cache: {with:?}"
+        );
+    }
+    ensure!(
+        with.values().sum::<u64>() < without.values().sum::<u64>(),
+        "{with:?} vs {without:?}"
+    );
+
     // Disable all default sources: the guest CatalogSources are pruned.
     Api::<DynamicObject>::namespaced_with(env.management.client(), HC_NS, &hc_resource())
         .patch(
@@ -1341,6 +1391,18 @@ async fn catalog_digests_refresh_from_a_real_registry() -> Result<()> {
 
 /// Reconcile until a pass writes nothing in any of `clusters` (at most 4 passes);
 /// the last outcome.
+/// GET and LIST requests per resource so far, as the API server counts them.
+async fn management_reads(c: &Cluster) -> Result<BTreeMap<&'static str, u64>> {
+    let mut out = BTreeMap::new();
+    for r in RESOURCES
+        .iter()
+        .chain(&["namespaces", "customresourcedefinitions"])
+    {
+        out.insert(*r, c.api_requests(&["GET", "LIST"], &[r]).await?);
+    }
+    Ok(out)
+}
+
 async fn converge(
     ctx: &Context,
     env: &Environment,

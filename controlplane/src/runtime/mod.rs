@@ -140,7 +140,7 @@ impl Context {
         );
         let cache = Arc::new(cache);
         *self.mgmt_cache.lock().unwrap_or_else(|p| p.into_inner()) = Some(cache.clone());
-        if !cache.wait_synced(timeout).await {
+        if !cache.wait_settled(timeout).await {
             tracing::info!(cache = ?cache, "management cache not fully synced yet; unsynced kinds are read from the API server");
         }
     }
