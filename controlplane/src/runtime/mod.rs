@@ -12,6 +12,7 @@
 //! - [`uninstall`]: the finalizer's cleanup for every HostedCluster at once.
 
 pub mod controller;
+pub mod deployments;
 pub mod events;
 pub mod facts;
 pub mod leader;
@@ -99,6 +100,8 @@ pub struct Context {
     /// controller loop runs (None before it starts and after it stops: reads go to the API
     /// server).
     mgmt_cache: Arc<std::sync::Mutex<Option<Arc<hcp_olm_apply::cache::WatchCache>>>>,
+    /// Our Deployments' status, kept by a watch alongside `mgmt_cache`.
+    deployment_cache: Arc<std::sync::Mutex<Option<Arc<deployments::DeploymentCache>>>>,
 }
 
 impl Context {
@@ -113,7 +116,16 @@ impl Context {
             failures: Arc::default(),
             warned: Arc::default(),
             mgmt_cache: Arc::default(),
+            deployment_cache: Arc::default(),
         }
+    }
+
+    /// The Deployment status cache, when one runs.
+    pub fn deployment_cache(&self) -> Option<Arc<deployments::DeploymentCache>> {
+        self.deployment_cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The management cache, when one runs.
@@ -140,7 +152,19 @@ impl Context {
         );
         let cache = Arc::new(cache);
         *self.mgmt_cache.lock().unwrap_or_else(|p| p.into_inner()) = Some(cache.clone());
-        if !cache.wait_settled(timeout).await {
+        let deployments = Arc::new(deployments::DeploymentCache::start(&self.client));
+        *self
+            .deployment_cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(deployments.clone());
+        let until = std::time::Instant::now() + timeout;
+        while !deployments.synced() && std::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if !cache
+            .wait_settled(until.saturating_duration_since(std::time::Instant::now()))
+            .await
+        {
             tracing::info!(cache = ?cache, "management cache not fully synced yet; unsynced kinds are read from the API server");
         }
     }
@@ -148,6 +172,10 @@ impl Context {
     /// Stops the management cache (reads go to the API server again).
     pub fn stop_mgmt_cache(&self) {
         *self.mgmt_cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self
+            .deployment_cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     /// Whether `warnings` for `cluster` differ from the ones last reported (and remember

@@ -1012,7 +1012,7 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     // Read back what status reports.
     let guest_sources = read_guest_catalog_sources(&guest, &selector).await;
     let installed = read_installed_operators(&guest).await;
-    let components = read_components(&ctx.client, &guest, &hcp_ns, &desired).await?;
+    let components = read_components(ctx, &guest, &hcp_ns, &desired).await?;
     let all_available = components.iter().all(|c| c.available);
     let st = build_status(
         &input,
@@ -1633,18 +1633,22 @@ fn component_status(name: &str, body: &Value, live: Option<&Deployment>) -> Comp
 /// Every rendered Deployment's availability: the HCP ones, then the guest ones (the guest
 /// agent). A guest that cannot be read leaves its components unavailable with the reason.
 async fn read_components(
-    client: &kube::Client,
+    ctx: &Context,
     guest: &kube::Client,
     hcp_ns: &str,
     desired: &Desired,
 ) -> Result<Vec<ComponentStatus>, Error> {
-    let api: Api<Deployment> = Api::namespaced(client.clone(), hcp_ns);
+    let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), hcp_ns);
+    let cache = ctx.deployment_cache();
     let mut out = Vec::new();
     for o in desired.hcp.iter().filter(|o| o.kind == "Deployment") {
-        let live = api
-            .get_opt(&o.name)
-            .await
-            .map_err(kube_err(format!("reading Deployment {hcp_ns}/{}", o.name)))?;
+        let live = match cache.as_ref().and_then(|c| c.get(hcp_ns, &o.name)) {
+            Some(cached) => cached.map(|d| d.as_ref().clone()),
+            None => api
+                .get_opt(&o.name)
+                .await
+                .map_err(kube_err(format!("reading Deployment {hcp_ns}/{}", o.name)))?,
+        };
         out.push(component_status(&o.name, &o.body, live.as_ref()));
     }
     for o in desired.guest.iter().filter(|o| o.kind == "Deployment") {
@@ -1853,8 +1857,9 @@ pub async fn cleanup(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error
         Ownership::Owned | Ownership::WaitingForHostedControlPlane
     );
     if owned {
+        // Listed from the API server, not the cache: an object made moments ago that the
+        // watch has not delivered yet must not outlive the finalizer.
         let r = Applier::new(ctx.client.clone(), FIELD_MANAGER)
-            .with_cache(ctx.mgmt_cache())
             .prune(&hcp_kinds(), Some(&hcp_ns), &selector, &[])
             .await;
         out.hcp_writes = writes(&r);
