@@ -26,6 +26,11 @@ use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::Value;
 
+/// Called with each changed object's metadata once the store holds the change (not for the
+/// first list): a controller maps it to what to reconcile, so that reconcile reads a store
+/// that already has the change.
+pub type OnChange = Arc<dyn Fn(&ObjectMeta) + Send + Sync>;
+
 /// How long what we wrote overrides the store at most.
 pub const OVERLAY_TTL: Duration = Duration::from_secs(30);
 
@@ -91,6 +96,16 @@ impl WatchCache {
     /// Starts one metadata watch per kind in `kinds` over all namespaces, selecting
     /// `label_selector`. Must be called within a tokio runtime.
     pub fn start(client: &kube::Client, kinds: &[ApiResource], label_selector: &str) -> Self {
+        Self::start_with(client, kinds, label_selector, None)
+    }
+
+    /// [`Self::start`], calling `on_change` for every change after the store has it.
+    pub fn start_with(
+        client: &kube::Client,
+        kinds: &[ApiResource],
+        label_selector: &str,
+        on_change: Option<OnChange>,
+    ) -> Self {
         let mut out = Self {
             kinds: Vec::new(),
             overlay: Mutex::new(HashMap::new()),
@@ -106,6 +121,7 @@ impl WatchCache {
             let api: Api<Meta> = Api::all_with(client.clone(), resource);
             let flag = synced.clone();
             let kind = resource.kind.clone();
+            let on_change = on_change.clone();
             let stream = watcher(api, watcher::Config::default().labels(label_selector))
                 .default_backoff()
                 .reflect(writer);
@@ -117,6 +133,11 @@ impl WatchCache {
                             not_served.store(false, Ordering::Release);
                             if !flag.swap(true, Ordering::AcqRel) {
                                 tracing::debug!(kind = %kind, "metadata cache synced");
+                            }
+                        }
+                        Ok(watcher::Event::Apply(m) | watcher::Event::Delete(m)) => {
+                            if let Some(f) = &on_change {
+                                f(&m.metadata);
                             }
                         }
                         Ok(_) => {}

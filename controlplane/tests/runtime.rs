@@ -519,7 +519,7 @@ async fn reconcile_converges_prunes_and_cleans_up() -> Result<()> {
     let r0 = management_reads(&env.management).await?;
     reconcile(&ctx, &env, name).await?;
     let without = delta(&r0, &management_reads(&env.management).await?);
-    ctx.start_mgmt_cache(std::time::Duration::from_secs(30))
+    ctx.start_mgmt_cache(std::time::Duration::from_secs(30), None)
         .await;
     let cache = ctx.mgmt_cache().context("cache")?;
     ensure!(cache.settled(), "management cache not settled: {cache:?}");
@@ -683,6 +683,12 @@ async fn run_subcommand_reconciles_and_stops_on_sigterm() -> Result<()> {
             "--registry-lookups=false",
             "--olm-image",
             OLM_IMAGE,
+            // Only events reconcile here (no pod runs, so components stay unavailable):
+            // the drift step below must be repaired by a watch, not a requeue.
+            "--waiting-interval",
+            "1h",
+            "--resync-interval",
+            "1h",
         ])
         .env("KUBECONFIG", env.management.kubeconfig())
         .env("RUST_LOG", "info")
@@ -728,6 +734,49 @@ async fn run_subcommand_reconciles_and_stops_on_sigterm() -> Result<()> {
             metrics.contains("hcp_olm_reconcile_duration_seconds"),
             "{metrics}"
         );
+
+        // Drift on a kind no trigger watched before (our NetworkPolicy) is repaired at once,
+        // not at the 5-minute resync: the metadata cache's watch wakes the HostedCluster
+        // after its store holds the change, and the pass sees our field taken.
+        let nps: Api<DynamicObject> = Api::namespaced_with(
+            env.management.client(),
+            &format!("{HC_NS}-example"),
+            &resource("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
+        );
+        let np = nps
+            .list(&ListParams::default().labels("app.kubernetes.io/managed-by=hcp-olm"))
+            .await?
+            .items
+            .into_iter()
+            .next()
+            .context("a NetworkPolicy of ours")?;
+        let np_name = np.metadata.name.clone().unwrap_or_default();
+        let component = |o: &DynamicObject| {
+            o.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("app.kubernetes.io/component").cloned())
+        };
+        let want = component(&np);
+        ensure!(want.is_some(), "no component label on {np_name}");
+        // a merge patch (an Update) changes a label we set
+        nps.patch(
+            &np_name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"app.kubernetes.io/component": "hijacked"}}})),
+        )
+        .await?;
+        let started = std::time::Instant::now();
+        eventually(
+            std::time::Duration::from_secs(20),
+            "NetworkPolicy drift repaired by the running controller",
+            || async {
+                let now = nps.get(&np_name).await?;
+                Ok((component(&now) == want).then_some(()))
+            },
+        )
+        .await?;
+        eprintln!("NetworkPolicy drift repaired in {:?}", started.elapsed());
         Ok(())
     }
     .await;
@@ -1394,10 +1443,11 @@ async fn catalog_digests_refresh_from_a_real_registry() -> Result<()> {
 /// GET and LIST requests per resource so far, as the API server counts them.
 async fn management_reads(c: &Cluster) -> Result<BTreeMap<&'static str, u64>> {
     let mut out = BTreeMap::new();
-    for r in RESOURCES
-        .iter()
-        .chain(&["namespaces", "customresourcedefinitions"])
-    {
+    for r in RESOURCES.iter().chain(&[
+        "namespaces",
+        "customresourcedefinitions",
+        "hostedcontrolplanes",
+    ]) {
         out.insert(*r, c.api_requests(&["GET", "LIST"], &[r]).await?);
     }
     Ok(out)

@@ -3,8 +3,9 @@
 //! kubeconfig named by `status.kubeconfig`, the pull secret, the HCP namespace's
 //! `service-network-admin-kubeconfig` and `pull-secret`) and to Secrets carrying our
 //! labels, mapped back to their HostedCluster through the controller's HostedCluster
-//! store (no labels needed on HyperShift's Secrets). Backoff on errors, bounded
-//! concurrency.
+//! store (no labels needed on HyperShift's Secrets), and by the management caches' watches
+//! once their stores hold a change (see `Context::start_mgmt_cache`). Backoff on errors,
+//! bounded concurrency.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,8 +13,7 @@ use std::time::Instant;
 use tracing::Instrument;
 
 use futures::StreamExt;
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::core::PartialObjectMeta;
@@ -225,27 +225,42 @@ pub(crate) async fn run_controller(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = ctx.client.clone();
-    // Converged passes compare against watched metadata instead of reading every object.
-    ctx.start_mgmt_cache(std::time::Duration::from_secs(30))
-        .await;
     let hcs: Api<HostedCluster> = Api::all(client.clone());
     // Metadata only: a change of data changes the resourceVersion, which is all a
     // trigger needs, and Secret contents never sit in this process's memory.
-    let secrets: Api<PartialObjectMeta<Secret>> = Api::all(client.clone());
-    // Our tunnel gateway Services (metadata: a status change, e.g. a load-balancer
-    // ingress, changes the resourceVersion).
-    let services: Api<PartialObjectMeta<Service>> = Api::all(client.clone());
-    // Our Deployments (metadata: a status change changes the resourceVersion), so
-    // component availability in status follows the pods.
-    let deployments: Api<PartialObjectMeta<Deployment>> = Api::all(client.clone());
-    // HCP namespaces (metadata, HyperShift's label only): a namespace that appears, or
-    // gains the label, after its HostedCluster was first seen wakes that HostedCluster
-    // instead of waiting for the resync.
-    let namespaces: Api<PartialObjectMeta<Namespace>> = Api::all(client);
+    let secrets: Api<PartialObjectMeta<Secret>> = Api::all(client);
     // Our own reflector, so readiness can follow its first complete list (InitDone):
     // Store::wait_until_ready wakes only the last of several waiters, and the Controller
     // itself waits on it.
     let (reader, writer) = kube::runtime::reflector::store::<HostedCluster>();
+    // Converged passes read watched metadata and status instead of the API server. The
+    // same watches wake the HostedCluster an object belongs to, *after* their store holds
+    // the change, so the pass they start reads it: our objects of every kind (drift is
+    // repaired at once, status follows our Deployments' pods, a gateway Service's node
+    // port or ingress reaches the guest), HCP namespaces that appear or gain HyperShift's
+    // label after their HostedCluster, and HyperShift's own OLM Deployments.
+    let (wake_tx, wake_rx) = tokio::sync::mpsc::unbounded_channel::<ObjectRef<HostedCluster>>();
+    let hc_index = reader.clone();
+    let wake: super::stores::Wake = Arc::new(move |changed| {
+        let refs: Vec<ObjectRef<HostedCluster>> = match changed {
+            super::stores::Changed::Labelled(meta) => labelled_owner(meta).into_iter().collect(),
+            super::stores::Changed::HcpNamespace(ns) => {
+                let meta = ObjectMeta {
+                    name: Some(ns.to_string()),
+                    ..Default::default()
+                };
+                let hcs = hc_index.state();
+                namespace_triggers(&meta, hcs.iter().map(|h| h.as_ref()))
+            }
+        };
+        for r in refs {
+            // The receiver lives as long as the controller; a send after it stopped
+            // has nothing left to wake.
+            let _ = wake_tx.send(r);
+        }
+    });
+    ctx.start_mgmt_cache(std::time::Duration::from_secs(30), Some(wake))
+        .await;
     let synced_metrics = ctx.metrics.clone();
     let hc_stream = watcher(hcs, watcher::Config::default())
         .default_backoff()
@@ -260,39 +275,15 @@ pub(crate) async fn run_controller(
     let controller = Controller::for_stream(hc_stream, reader);
     let store = controller.store();
     let defaults = ctx.config.defaults.clone();
-    let ns_store = store.clone();
     controller
         .with_config(ControllerConfig::default().concurrency(opts.concurrency))
         .watches(secrets, watcher::Config::default(), move |s| {
             let hcs = store.state();
             secret_triggers(&s.metadata, hcs.iter().map(|h| h.as_ref()), &defaults)
         })
-        .watches(
-            services,
-            watcher::Config::default().labels(&format!(
-                "{}={}",
-                labels::MANAGED_BY_KEY,
-                labels::MANAGED_BY
-            )),
-            |s| service_triggers(&s.metadata),
-        )
-        .watches(
-            deployments,
-            watcher::Config::default().labels(&format!(
-                "{}={}",
-                labels::MANAGED_BY_KEY,
-                labels::MANAGED_BY
-            )),
-            |d| labelled_owner(&d.metadata),
-        )
-        .watches(
-            namespaces,
-            watcher::Config::default().labels(super::reconcile::HCP_NAMESPACE_LABEL),
-            move |n| {
-                let hcs = ns_store.state();
-                namespace_triggers(&n.metadata, hcs.iter().map(|h| h.as_ref()))
-            },
-        )
+        .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(
+            wake_rx,
+        ))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx.clone())
         .for_each(|r| async move {

@@ -12,13 +12,13 @@
 //! - [`uninstall`]: the finalizer's cleanup for every HostedCluster at once.
 
 pub mod controller;
-pub mod deployments;
 pub mod events;
 pub mod facts;
 pub mod leader;
 pub mod metrics;
 pub mod reconcile;
 pub mod secrets;
+pub mod stores;
 pub mod uninstall;
 
 use std::sync::Arc;
@@ -100,8 +100,8 @@ pub struct Context {
     /// controller loop runs (None before it starts and after it stops: reads go to the API
     /// server).
     mgmt_cache: Arc<std::sync::Mutex<Option<Arc<hcp_olm_apply::cache::WatchCache>>>>,
-    /// Our Deployments' status, kept by a watch alongside `mgmt_cache`.
-    deployment_cache: Arc<std::sync::Mutex<Option<Arc<deployments::DeploymentCache>>>>,
+    /// Watch-fed stores of what a reconcile reads (see [`stores`]), alongside `mgmt_cache`.
+    stores: Arc<std::sync::Mutex<Option<Arc<stores::ManagementStores>>>>,
 }
 
 impl Context {
@@ -116,13 +116,13 @@ impl Context {
             failures: Arc::default(),
             warned: Arc::default(),
             mgmt_cache: Arc::default(),
-            deployment_cache: Arc::default(),
+            stores: Arc::default(),
         }
     }
 
-    /// The Deployment status cache, when one runs.
-    pub fn deployment_cache(&self) -> Option<Arc<deployments::DeploymentCache>> {
-        self.deployment_cache
+    /// The management stores, when they run.
+    pub fn stores(&self) -> Option<Arc<stores::ManagementStores>> {
+        self.stores
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
@@ -137,11 +137,17 @@ impl Context {
     }
 
     /// Starts the management cache (metadata watches of every kind we render into HCP
-    /// namespaces, selected by our managed-by label) and waits up to `timeout` for its
-    /// first lists; until then, and for kinds not served, reads go to the API server.
-    pub async fn start_mgmt_cache(&self, timeout: Duration) {
+    /// namespaces, selected by our managed-by label) and the [`stores`], and waits up to
+    /// `timeout` for their first lists; until then, and for kinds not served, reads go to
+    /// the API server. `wake`, when given, is called after a cache or store holds a change
+    /// (the controller maps it to HostedClusters to reconcile).
+    pub async fn start_mgmt_cache(&self, timeout: Duration, wake: Option<stores::Wake>) {
         let kinds: Vec<_> = reconcile::hcp_kinds().into_iter().map(|(r, _)| r).collect();
-        let cache = hcp_olm_apply::cache::WatchCache::start(
+        let on_change = wake.clone().map(|w| {
+            Arc::new(move |m: &kube::core::ObjectMeta| w(stores::Changed::Labelled(m)))
+                as hcp_olm_apply::cache::OnChange
+        });
+        let cache = hcp_olm_apply::cache::WatchCache::start_with(
             &self.client,
             &kinds,
             &format!(
@@ -149,33 +155,33 @@ impl Context {
                 crate::render::labels::MANAGED_BY_KEY,
                 crate::render::labels::MANAGED_BY
             ),
+            on_change,
         );
         let cache = Arc::new(cache);
         *self.mgmt_cache.lock().unwrap_or_else(|p| p.into_inner()) = Some(cache.clone());
-        let deployments = Arc::new(deployments::DeploymentCache::start(&self.client));
-        *self
-            .deployment_cache
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(deployments.clone());
+        let stores = Arc::new(stores::ManagementStores::start(
+            &self.client,
+            reconcile::HYPERSHIFT_OLM_DEPLOYMENTS,
+            wake,
+        ));
+        *self.stores.lock().unwrap_or_else(|p| p.into_inner()) = Some(stores.clone());
         let until = std::time::Instant::now() + timeout;
-        while !deployments.synced() && std::time::Instant::now() < until {
+        while !stores.synced() && std::time::Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         if !cache
             .wait_settled(until.saturating_duration_since(std::time::Instant::now()))
             .await
+            || !stores.synced()
         {
-            tracing::info!(cache = ?cache, "management cache not fully synced yet; unsynced kinds are read from the API server");
+            tracing::info!(cache = ?cache, stores = ?stores, "management caches not fully synced yet; what is not synced is read from the API server");
         }
     }
 
     /// Stops the management cache (reads go to the API server again).
     pub fn stop_mgmt_cache(&self) {
         *self.mgmt_cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        *self
-            .deployment_cache
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = None;
+        *self.stores.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     /// Whether `warnings` for `cluster` differ from the ones last reported (and remember

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 
+use super::stores::{Lookup, ManagementStores};
 use super::{
     ADMIN_KUBECONFIG_KEY, Context, Error, FIELD_MANAGER, FINALIZER, facts, kube_err, secrets,
 };
@@ -394,12 +395,39 @@ pub async fn hcp_namespace_ownership(
     name: &str,
     hcp_ns: &str,
 ) -> Result<Ownership, Error> {
+    hcp_namespace_ownership_with(client, None, ns, name, hcp_ns).await
+}
+
+/// [`hcp_namespace_ownership`], reading the namespace from `stores` when they have it.
+async fn hcp_namespace_ownership_with(
+    client: &kube::Client,
+    stores: Option<&super::stores::ManagementStores>,
+    ns: &str,
+    name: &str,
+    hcp_ns: &str,
+) -> Result<Ownership, Error> {
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    let Some(live) = namespaces
-        .get_metadata_opt(hcp_ns)
-        .await
-        .map_err(kube_err(format!("reading Namespace {hcp_ns}")))?
-    else {
+    // The store answers only the steady state (the namespace is there and labelled);
+    // anything else is confirmed by the API server, since the namespace watch that woke
+    // this pass may be ahead of the store.
+    let cached = stores
+        .and_then(|s| s.namespaces.get(None, hcp_ns))
+        .flatten()
+        .filter(|n| {
+            n.metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key(HCP_NAMESPACE_LABEL))
+        })
+        .map(|n| Some(n.as_ref().clone()));
+    let live = match cached {
+        Some(live) => live,
+        None => namespaces
+            .get_metadata_opt(hcp_ns)
+            .await
+            .map_err(kube_err(format!("reading Namespace {hcp_ns}")))?,
+    };
+    let Some(live) = live else {
         return Ok(Ownership::NoNamespace);
     };
     let labelled = live
@@ -566,7 +594,8 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     }
     let (ns, name, hcp_ns) = identity(hc)?;
     // Before any write anywhere: is the computed HCP namespace this HostedCluster's?
-    match hcp_namespace_ownership(&ctx.client, &ns, &name, &hcp_ns).await? {
+    let stores = ctx.stores();
+    match hcp_namespace_ownership_with(&ctx.client, stores.as_deref(), &ns, &name, &hcp_ns).await? {
         Ownership::Owned => {}
         Ownership::NoNamespace => {}
         Ownership::WaitingForHostedControlPlane => {
@@ -646,8 +675,13 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
             return Ok(o);
         }
     };
-    let mut active =
-        hypershift_olm_active(&ctx.client, &hcp_ns, debug_deployments.as_deref()).await?;
+    let mut active = hypershift_olm_active(
+        &ctx.client,
+        stores.as_deref(),
+        &hcp_ns,
+        debug_deployments.as_deref(),
+    )
+    .await?;
     if take_over {
         // HyperShift's catalogs keep serving; only its operators must be at 0.
         active.retain(|n| takeover::TAKEN_OVER.contains(&n.as_str()));
@@ -803,7 +837,7 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     // HCP objects are applied, so a new Service's node port reaches the guest at once).
     set_endpoint(
         &mut tunnel,
-        read_gateway_endpoint(&ctx.client, &hcp_ns, &valid).await?,
+        read_gateway_endpoint(ctx, &hcp_ns, &valid).await?,
     );
 
     // The first request to the guest: when it does not answer, say so in status and
@@ -864,10 +898,29 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     } else {
         names::PACKAGESERVER
     };
-    let packageserver_cluster_ip = svcs
-        .get_opt(ps_service)
-        .await
-        .map_err(kube_err(format!("reading Service {hcp_ns}/{ps_service}")))?
+    // From the store only once it has a ClusterIP (otherwise the API server says).
+    let cached = stores
+        .as_ref()
+        .and_then(
+            |s| match ManagementStores::ours(&s.services, &hcp_ns, ps_service) {
+                Lookup::Found(svc) => Some(svc.as_ref().clone()),
+                Lookup::Ask => None,
+            },
+        )
+        .filter(|svc| {
+            svc.spec
+                .as_ref()
+                .and_then(|s| s.cluster_ip.as_deref())
+                .is_some_and(|ip| !ip.is_empty() && ip != "None")
+        });
+    let live = match cached {
+        Some(svc) => Some(svc),
+        None => svcs
+            .get_opt(ps_service)
+            .await
+            .map_err(kube_err(format!("reading Service {hcp_ns}/{ps_service}")))?,
+    };
+    let packageserver_cluster_ip = live
         .and_then(|s| s.spec?.cluster_ip)
         .filter(|ip| !ip.is_empty() && ip != "None");
 
@@ -959,7 +1012,7 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     );
 
     if input.tunnel.gateway_endpoint.is_none() {
-        let again = read_gateway_endpoint(&ctx.client, &hcp_ns, &input.valid).await?;
+        let again = read_gateway_endpoint(ctx, &hcp_ns, &input.valid).await?;
         if again.as_ref().ok() != input.tunnel.gateway_endpoint.as_ref()
             || again.as_ref().err() != input.tunnel.gateway_endpoint_wait.as_ref()
         {
@@ -1445,6 +1498,7 @@ pub fn hypershift_deployment_runs(d: &Deployment, debug_listed: &[&str]) -> bool
 /// The names of HyperShift's OLM Deployments running in `hcp_ns`.
 async fn hypershift_olm_active(
     client: &kube::Client,
+    stores: Option<&super::stores::ManagementStores>,
     hcp_ns: &str,
     debug_deployments: Option<&str>,
 ) -> Result<Vec<String>, Error> {
@@ -1456,10 +1510,22 @@ async fn hypershift_olm_active(
     let api: Api<Deployment> = Api::namespaced(client.clone(), hcp_ns);
     let mut out = Vec::new();
     for name in HYPERSHIFT_OLM_DEPLOYMENTS {
-        let live = api
-            .get_opt(name)
-            .await
-            .map_err(kube_err(format!("reading Deployment {hcp_ns}/{name}")))?;
+        // The store answers "not running" (the steady state while ours run); "running",
+        // which stops ours, is confirmed by the API server.
+        let cached = stores
+            .and_then(|s| s.hypershift_deployment(hcp_ns, name))
+            .map(|d| d.map(|d| d.as_ref().clone()))
+            .filter(|d| {
+                !d.as_ref()
+                    .is_some_and(|d| hypershift_deployment_runs(d, &listed))
+            });
+        let live = match cached {
+            Some(live) => live,
+            None => api
+                .get_opt(name)
+                .await
+                .map_err(kube_err(format!("reading Deployment {hcp_ns}/{name}")))?,
+        };
         if live
             .as_ref()
             .is_some_and(|d| hypershift_deployment_runs(d, &listed))
@@ -1639,11 +1705,17 @@ async fn read_components(
     desired: &Desired,
 ) -> Result<Vec<ComponentStatus>, Error> {
     let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), hcp_ns);
-    let cache = ctx.deployment_cache();
+    let stores = ctx.stores();
     let mut out = Vec::new();
     for o in desired.hcp.iter().filter(|o| o.kind == "Deployment") {
-        let live = match cache.as_ref().and_then(|c| c.get(hcp_ns, &o.name)) {
-            Some(cached) => cached.map(|d| d.as_ref().clone()),
+        // The controller's store of our Deployments wakes a pass only after it holds the
+        // change, so its answer is current for the pass a change starts.
+        let cached = stores
+            .as_ref()
+            .and_then(|c| c.deployments.get(Some(hcp_ns), &o.name))
+            .flatten();
+        let live = match cached {
+            Some(d) => Some(d.as_ref().clone()),
             None => api
                 .get_opt(&o.name)
                 .await
@@ -1786,11 +1858,28 @@ fn tunnel_service_type(v: &validate::ValidInput) -> &'static str {
 /// The gateway endpoint from the live WireGuard Service (see
 /// [`render::tunnel::gateway_endpoint`]).
 async fn read_gateway_endpoint(
-    client: &kube::Client,
+    ctx: &Context,
     hcp_ns: &str,
     valid: &validate::ValidInput,
 ) -> Result<Result<String, render::tunnel::EndpointWait>, Error> {
-    let svc = Api::<Service>::namespaced(client.clone(), hcp_ns)
+    let cached = ctx.stores().and_then(|s| {
+        match ManagementStores::ours(&s.services, hcp_ns, names::TUNNEL_GATEWAY_WG) {
+            Lookup::Found(svc) => Some(svc.as_ref().clone()),
+            Lookup::Ask => None,
+        }
+    });
+    // From the store when it holds the Service (its watch wakes the pass after the store
+    // has a change: a node port, a load-balancer ingress); one we have just created and
+    // the store has not seen yet is read from the API server.
+    if let Some(svc) = cached {
+        return Ok(render::tunnel::gateway_endpoint(
+            Some(&svc),
+            tunnel_service_type(valid),
+            valid.tunnel_address.as_deref(),
+            valid.node_port_address.as_deref(),
+        ));
+    }
+    let svc = Api::<Service>::namespaced(ctx.client.clone(), hcp_ns)
         .get_opt(names::TUNNEL_GATEWAY_WG)
         .await
         .map_err(kube_err(format!(

@@ -1,0 +1,343 @@
+//! Watch-fed stores of management objects a reconcile reads, so a converged pass does not
+//! GET them: our Deployments (status, for component availability) and Services (ClusterIP,
+//! node port, load-balancer ingress), namespaces (metadata) and HyperShift's own OLM
+//! Deployments (one watch per name, by field selector: the same few names in every HCP
+//! namespace, nothing else).
+//!
+//! Each watch wakes the HostedCluster a change belongs to only after its store holds the
+//! change ([`Wake`]), so the pass a change starts reads it. Where a store cannot know yet
+//! (an object we created in this pass; a namespace not labelled, where missing and unlabelled
+//! must be told apart) and where the answer stops our OLM (HyperShift's running), the API
+//! server is asked.
+//!
+//! Each store keeps only what the reads need ([`trim_deployment`], managedFields dropped
+//! everywhere), so memory is a few hundred bytes per object. A store answers only once its
+//! first list completed.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{Namespace, PodTemplateSpec, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Api;
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde::de::DeserializeOwned;
+
+use crate::render::labels;
+
+/// Called with a changed object after its store holds the change.
+pub type OnChange<K> = Arc<dyn Fn(&K) + Send + Sync>;
+
+/// One watched kind. Dropping it stops the watch.
+pub struct Watched<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    store: Store<K>,
+    synced: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl<K> Drop for Watched<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl<K> Watched<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    /// Starts watching `api` with `config`, keeping each object as `trim` leaves it.
+    pub fn start(
+        api: Api<K>,
+        config: watcher::Config,
+        what: &'static str,
+        trim: impl FnMut(&mut K) + Send + 'static,
+        on_change: Option<OnChange<K>>,
+    ) -> Self {
+        let writer: Writer<K> = Writer::default();
+        let store = writer.as_reader();
+        let synced = Arc::new(AtomicBool::new(false));
+        let flag = synced.clone();
+        let stream = watcher(api, config)
+            .default_backoff()
+            .modify(trim)
+            .reflect(writer);
+        let task = tokio::spawn(async move {
+            futures::pin_mut!(stream);
+            while let Some(ev) = stream.next().await {
+                match ev {
+                    Ok(watcher::Event::InitDone) => flag.store(true, Ordering::Release),
+                    // After the store has the change (reflect runs first), so the reconcile
+                    // this wakes reads it.
+                    Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o)) => {
+                        if let Some(f) = &on_change {
+                            f(&o);
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::debug!(what, error = %e, "watch"),
+                }
+            }
+        });
+        Self {
+            store,
+            synced,
+            task,
+        }
+    }
+
+    /// True once the first list completed.
+    pub fn synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
+    }
+
+    /// `Some(None)` when absent, `None` when not synced yet.
+    pub fn get(&self, namespace: Option<&str>, name: &str) -> Option<Option<Arc<K>>> {
+        let mut r = ObjectRef::new(name);
+        if let Some(ns) = namespace {
+            r = r.within(ns);
+        }
+        self.synced().then(|| self.store.get(&r))
+    }
+
+    /// Objects held.
+    pub fn len(&self) -> usize {
+        self.store.state().len()
+    }
+
+    /// True when none is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What a cached lookup of an object we create ourselves may answer.
+pub enum Lookup<T> {
+    /// In the store.
+    Found(T),
+    /// Not known here: ask the API server (not synced, or absent and possibly not
+    /// delivered yet).
+    Ask,
+}
+
+/// What status reads of a Deployment, nothing else (pure).
+pub fn trim_deployment(d: &mut Deployment) {
+    let template_annotations = d
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.annotations.clone());
+    let replicas = d.spec.as_ref().and_then(|s| s.replicas);
+    d.spec = Some(DeploymentSpec {
+        replicas,
+        template: PodTemplateSpec {
+            metadata: Some(ObjectMeta {
+                annotations: template_annotations,
+                ..Default::default()
+            }),
+            spec: None,
+        },
+        ..Default::default()
+    });
+    d.metadata.managed_fields = None;
+    d.metadata.labels = None;
+}
+
+fn ours() -> watcher::Config {
+    watcher::Config::default().labels(&format!(
+        "{}={}",
+        labels::MANAGED_BY_KEY,
+        labels::MANAGED_BY
+    ))
+}
+
+/// What changed, for the controller to map to HostedClusters.
+pub enum Changed<'a> {
+    /// An object carrying our labels (names its HostedCluster).
+    Labelled(&'a ObjectMeta),
+    /// Something in (or the namespace itself) this HCP namespace.
+    HcpNamespace(&'a str),
+}
+
+/// Called after a store holds a change.
+pub type Wake = Arc<dyn for<'a> Fn(Changed<'a>) + Send + Sync>;
+
+/// The stores a reconcile reads from while the controller loop runs.
+pub struct ManagementStores {
+    pub deployments: Watched<Deployment>,
+    pub services: Watched<Service>,
+    pub namespaces: Watched<PartialObjectMeta<Namespace>>,
+    /// HyperShift's OLM Deployments, one watch per name.
+    pub hypershift: Vec<(&'static str, Watched<Deployment>)>,
+}
+
+impl std::fmt::Debug for ManagementStores {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ManagementStores")
+            .field("synced", &self.synced())
+            .field("deployments", &self.deployments.len())
+            .field("services", &self.services.len())
+            .field("namespaces", &self.namespaces.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ManagementStores {
+    /// Starts every watch. `wake`, when given, is called after a store holds a change.
+    pub fn start(
+        client: &kube::Client,
+        hypershift_names: &[&'static str],
+        wake: Option<Wake>,
+    ) -> Self {
+        let labelled = wake.clone().map(|w| {
+            Arc::new(move |m: &ObjectMeta| w(Changed::Labelled(m))) as OnChange<ObjectMeta>
+        });
+        let by_meta = |f: Option<OnChange<ObjectMeta>>| {
+            f.map(|f| Arc::new(move |d: &Deployment| f(&d.metadata)) as OnChange<Deployment>)
+        };
+        let services_wake = labelled
+            .clone()
+            .map(|f| Arc::new(move |s: &Service| f(&s.metadata)) as OnChange<Service>);
+        let namespaces_wake = wake.clone().map(|w| {
+            Arc::new(move |n: &PartialObjectMeta<Namespace>| {
+                if let Some(name) = n.metadata.name.as_deref() {
+                    w(Changed::HcpNamespace(name));
+                }
+            }) as OnChange<PartialObjectMeta<Namespace>>
+        });
+        let hypershift_wake = wake.map(|w| {
+            Arc::new(move |d: &Deployment| {
+                if let Some(ns) = d.metadata.namespace.as_deref() {
+                    w(Changed::HcpNamespace(ns));
+                }
+            }) as OnChange<Deployment>
+        });
+        Self {
+            deployments: Watched::start(
+                Api::all(client.clone()),
+                ours(),
+                "our Deployments",
+                trim_deployment,
+                by_meta(labelled.clone()),
+            ),
+            services: Watched::start(
+                Api::all(client.clone()),
+                ours(),
+                "our Services",
+                |s: &mut Service| s.metadata.managed_fields = None,
+                services_wake,
+            ),
+            // HyperShift's HCP namespaces only (its label): a pass needs nothing else.
+            namespaces: Watched::start(
+                Api::all(client.clone()),
+                watcher::Config::default().labels(super::reconcile::HCP_NAMESPACE_LABEL),
+                "HCP namespaces",
+                |n: &mut PartialObjectMeta<Namespace>| n.metadata.managed_fields = None,
+                namespaces_wake,
+            ),
+            hypershift: hypershift_names
+                .iter()
+                .map(|n| {
+                    (
+                        *n,
+                        Watched::start(
+                            Api::all(client.clone()),
+                            watcher::Config::default().fields(&format!("metadata.name={n}")),
+                            "HyperShift's OLM Deployments",
+                            |d: &mut Deployment| {
+                                // hypershift_deployment_runs tells ours apart by label
+                                let l = d.metadata.labels.take();
+                                trim_deployment(d);
+                                d.metadata.labels = l;
+                            },
+                            hypershift_wake.clone(),
+                        ),
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// True when every watch has listed once.
+    pub fn synced(&self) -> bool {
+        self.deployments.synced()
+            && self.services.synced()
+            && self.namespaces.synced()
+            && self.hypershift.iter().all(|(_, w)| w.synced())
+    }
+
+    /// One of HyperShift's OLM Deployments (authoritative when synced).
+    pub fn hypershift_deployment(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<Option<Arc<Deployment>>> {
+        self.hypershift
+            .iter()
+            .find(|(n, _)| *n == name)
+            .and_then(|(_, w)| w.get(Some(namespace), name))
+    }
+
+    /// An object we create: found in the store, or ask the API server.
+    pub fn ours<K>(w: &Watched<K>, namespace: &str, name: &str) -> Lookup<Arc<K>>
+    where
+        K: kube::Resource<DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+    {
+        match w.get(Some(namespace), name) {
+            Some(Some(o)) => Lookup::Found(o),
+            _ => Lookup::Ask,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trimming_keeps_what_status_reads() {
+        let mut d: Deployment = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a", "namespace": "n", "generation": 3,
+                "labels": {"x": "y"}, "managedFields": [{"manager": "m"}]},
+            "spec": {"replicas": 2, "selector": {"matchLabels": {"a": "b"}},
+                "template": {"metadata": {"annotations": {"hcp-olm.io/config-hash": "h"},
+                                          "labels": {"a": "b"}},
+                             "spec": {"containers": [{"name": "c", "image": "i"}]}}},
+            "status": {"readyReplicas": 2, "observedGeneration": 3}
+        }))
+        .unwrap();
+        trim_deployment(&mut d);
+        let v = serde_json::to_value(&d).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "a", "namespace": "n", "generation": 3},
+                "spec": {"replicas": 2, "selector": {},
+                    "template": {"metadata": {"annotations": {"hcp-olm.io/config-hash": "h"}}}},
+                "status": {"readyReplicas": 2, "observedGeneration": 3}
+            })
+        );
+    }
+}
