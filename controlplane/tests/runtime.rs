@@ -777,6 +777,30 @@ async fn run_subcommand_reconciles_and_stops_on_sigterm() -> Result<()> {
         )
         .await?;
         eprintln!("NetworkPolicy drift repaired in {:?}", started.elapsed());
+
+        // An edit of the HostedOLM's spec takes effect at once, not at the resync.
+        patch_holm(
+            &env,
+            "example",
+            serde_json::json!({"spec": {"images": {"olm": "registry.example/olm:edited"}}}),
+        )
+        .await?;
+        let started = std::time::Instant::now();
+        let deps = Api::<Deployment>::namespaced(env.management.client(), &format!("{HC_NS}-example"));
+        eventually(
+            std::time::Duration::from_secs(20),
+            "a HostedOLM spec edit applied by the running controller",
+            || async {
+                let d = deps.get("hcp-olm-olm-operator").await?;
+                let image = d
+                    .spec
+                    .and_then(|s| s.template.spec)
+                    .and_then(|p| p.containers.first().and_then(|c| c.image.clone()));
+                Ok((image.as_deref() == Some("registry.example/olm:edited")).then_some(()))
+            },
+        )
+        .await?;
+        eprintln!("HostedOLM edit applied in {:?}", started.elapsed());
         Ok(())
     }
     .await;

@@ -100,6 +100,10 @@ pub struct Context {
     /// controller loop runs (None before it starts and after it stops: reads go to the API
     /// server).
     mgmt_cache: Arc<std::sync::Mutex<Option<Arc<hcp_olm_apply::cache::WatchCache>>>>,
+    /// resourceVersion of our last HostedOLM status write per `namespace/name`, until the
+    /// store has caught up with it (so a pass right after the write does not compare
+    /// against the old status and write it again).
+    status_rv: Arc<std::sync::Mutex<std::collections::HashMap<String, u64>>>,
     /// Watch-fed stores of what a reconcile reads (see [`stores`]), alongside `mgmt_cache`.
     stores: Arc<std::sync::Mutex<Option<Arc<stores::ManagementStores>>>>,
 }
@@ -117,6 +121,37 @@ impl Context {
             warned: Arc::default(),
             mgmt_cache: Arc::default(),
             stores: Arc::default(),
+            status_rv: Arc::default(),
+        }
+    }
+
+    /// Remembers the resourceVersion our status write of HostedOLM `key` produced.
+    pub(crate) fn status_written(&self, key: &str, rv: Option<&str>) {
+        let mut m = self.status_rv.lock().unwrap_or_else(|p| p.into_inner());
+        match rv.and_then(|r| r.parse().ok()) {
+            Some(rv) => {
+                m.insert(key.to_string(), rv);
+            }
+            None => {
+                m.remove(key);
+            }
+        }
+    }
+
+    /// Whether a stored HostedOLM `key` at `rv` includes our last status write (then it
+    /// can stand in for a GET). resourceVersions are compared as the etcd revisions the
+    /// kube-apiserver uses; anything unparseable means no.
+    pub(crate) fn status_seen(&self, key: &str, rv: Option<&str>) -> bool {
+        let mut m = self.status_rv.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(want) = m.get(key).copied() else {
+            return true;
+        };
+        match rv.and_then(|r| r.parse::<u64>().ok()) {
+            Some(have) if have >= want => {
+                m.remove(key);
+                true
+            }
+            _ => false,
         }
     }
 

@@ -492,6 +492,17 @@ async fn ensure_hosted_olm(
 ) -> Result<Option<(HostedOLM, bool)>, Error> {
     let api: Api<HostedOLM> = Api::namespaced(ctx.client.clone(), hcp_ns);
     let what = || format!("HostedOLM {hcp_ns}/{name}");
+    // From the store (its watch wakes the pass after it holds an edit) unless it does not
+    // have our last status write yet.
+    if let Some(stores) = ctx.stores()
+        && let Lookup::Found(h) = ManagementStores::ours(&stores.hosted_olms, hcp_ns, name)
+        && ctx.status_seen(
+            &format!("{hcp_ns}/{name}"),
+            h.metadata.resource_version.as_deref(),
+        )
+    {
+        return Ok(Some((h.as_ref().clone(), false)));
+    }
     if let Some(h) = api.get_opt(name).await.map_err(kube_err(what()))? {
         return Ok(Some((h, false)));
     }
@@ -553,13 +564,18 @@ async fn write_status(
         "kind": "HostedOLM",
         "status": new,
     });
-    api.patch_status(
-        &name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .map_err(kube_err(format!("writing status of HostedOLM {ns}/{name}")))?;
+    let written = api
+        .patch_status(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map_err(kube_err(format!("writing status of HostedOLM {ns}/{name}")))?;
+    ctx.status_written(
+        &format!("{ns}/{name}"),
+        written.metadata.resource_version.as_deref(),
+    );
     if let Some(events) = &ctx.events {
         let t = super::events::transitions(&old.conditions, &new.conditions);
         if !t.is_empty() {

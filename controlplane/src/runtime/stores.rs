@@ -1,6 +1,6 @@
 //! Watch-fed stores of management objects a reconcile reads, so a converged pass does not
 //! GET them: our Deployments (status, for component availability) and Services (ClusterIP,
-//! node port, load-balancer ingress), namespaces (metadata) and HyperShift's own OLM
+//! node port, load-balancer ingress), HostedOLMs, namespaces (metadata) and HyperShift's own OLM
 //! Deployments (one watch per name, by field selector: the same few names in every HCP
 //! namespace, nothing else).
 //!
@@ -27,6 +27,7 @@ use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde::de::DeserializeOwned;
 
+use crate::hostedolm::HostedOLM;
 use crate::render::labels;
 
 /// Called with a changed object after its store holds the change.
@@ -181,6 +182,8 @@ pub type Wake = Arc<dyn for<'a> Fn(Changed<'a>) + Send + Sync>;
 pub struct ManagementStores {
     pub deployments: Watched<Deployment>,
     pub services: Watched<Service>,
+    /// HostedOLMs (ours; their spec is what users edit).
+    pub hosted_olms: Watched<HostedOLM>,
     pub namespaces: Watched<PartialObjectMeta<Namespace>>,
     /// HyperShift's OLM Deployments, one watch per name.
     pub hypershift: Vec<(&'static str, Watched<Deployment>)>,
@@ -192,6 +195,7 @@ impl std::fmt::Debug for ManagementStores {
             .field("synced", &self.synced())
             .field("deployments", &self.deployments.len())
             .field("services", &self.services.len())
+            .field("hosted_olms", &self.hosted_olms.len())
             .field("namespaces", &self.namespaces.len())
             .finish_non_exhaustive()
     }
@@ -220,6 +224,13 @@ impl ManagementStores {
                 }
             }) as OnChange<PartialObjectMeta<Namespace>>
         });
+        let holm_wake = wake.clone().map(|w| {
+            Arc::new(move |h: &HostedOLM| {
+                if let Some(ns) = h.metadata.namespace.as_deref() {
+                    w(Changed::HcpNamespace(ns));
+                }
+            }) as OnChange<HostedOLM>
+        });
         let hypershift_wake = wake.map(|w| {
             Arc::new(move |d: &Deployment| {
                 if let Some(ns) = d.metadata.namespace.as_deref() {
@@ -241,6 +252,13 @@ impl ManagementStores {
                 "our Services",
                 |s: &mut Service| s.metadata.managed_fields = None,
                 services_wake,
+            ),
+            hosted_olms: Watched::start(
+                Api::all(client.clone()),
+                watcher::Config::default(),
+                "HostedOLMs",
+                |h: &mut HostedOLM| h.metadata.managed_fields = None,
+                holm_wake,
             ),
             // HyperShift's HCP namespaces only (its label): a pass needs nothing else.
             namespaces: Watched::start(
@@ -277,6 +295,7 @@ impl ManagementStores {
     pub fn synced(&self) -> bool {
         self.deployments.synced()
             && self.services.synced()
+            && self.hosted_olms.synced()
             && self.namespaces.synced()
             && self.hypershift.iter().all(|(_, w)| w.synced())
     }
