@@ -1,11 +1,11 @@
-//! The `run` loop: a kube-runtime `Controller` over HostedClusters cluster-wide,
-//! also woken by changes to the Secrets a reconcile reads (the guest admin
-//! kubeconfig named by `status.kubeconfig`, the pull secret, the HCP namespace's
-//! `service-network-admin-kubeconfig` and `pull-secret`) and to Secrets carrying our
-//! labels, mapped back to their HostedCluster through the controller's HostedCluster
-//! store (no labels needed on HyperShift's Secrets), and by the management caches' watches
-//! once their stores hold a change (see `Context::start_mgmt_cache`). Backoff on errors,
-//! bounded concurrency.
+//! The `run` loop: a kube-runtime `Controller` over HostedClusters cluster-wide, also
+//! woken by the management caches' watches once their stores hold a change (see
+//! `Context::start_mgmt_cache`): our objects, HCP namespaces, HostedOLMs, HyperShift's OLM
+//! Deployments, and the Secrets a reconcile reads (the guest admin kubeconfig named by
+//! `status.kubeconfig`, the pull secret, the HCP namespace's
+//! `service-network-admin-kubeconfig` and `pull-secret`, and Secrets carrying our labels),
+//! mapped back to their HostedCluster through the controller's HostedCluster store (no
+//! labels needed on HyperShift's Secrets). Backoff on errors, bounded concurrency.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -13,10 +13,8 @@ use std::time::Instant;
 use tracing::Instrument;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
-use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -225,10 +223,7 @@ pub(crate) async fn run_controller(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = ctx.client.clone();
-    let hcs: Api<HostedCluster> = Api::all(client.clone());
-    // Metadata only: a change of data changes the resourceVersion, which is all a
-    // trigger needs, and Secret contents never sit in this process's memory.
-    let secrets: Api<PartialObjectMeta<Secret>> = Api::all(client);
+    let hcs: Api<HostedCluster> = Api::all(client);
     // Our own reflector, so readiness can follow its first complete list (InitDone):
     // Store::wait_until_ready wakes only the last of several waiters, and the Controller
     // itself waits on it.
@@ -241,9 +236,15 @@ pub(crate) async fn run_controller(
     // label after their HostedCluster, and HyperShift's own OLM Deployments.
     let (wake_tx, wake_rx) = tokio::sync::mpsc::unbounded_channel::<ObjectRef<HostedCluster>>();
     let hc_index = reader.clone();
+    let defaults = ctx.config.defaults.clone();
     let wake: super::stores::Wake = Arc::new(move |changed| {
         let refs: Vec<ObjectRef<HostedCluster>> = match changed {
             super::stores::Changed::Labelled(meta) => labelled_owner(meta).into_iter().collect(),
+            // The Secrets a reconcile reads (HyperShift's, by name) and ours (by label).
+            super::stores::Changed::Secret(meta) => {
+                let hcs = hc_index.state();
+                secret_triggers(meta, hcs.iter().map(|h| h.as_ref()), &defaults)
+            }
             super::stores::Changed::HcpNamespace(ns) => {
                 let meta = ObjectMeta {
                     name: Some(ns.to_string()),
@@ -272,15 +273,8 @@ pub(crate) async fn run_controller(
             }
         })
         .applied_objects();
-    let controller = Controller::for_stream(hc_stream, reader);
-    let store = controller.store();
-    let defaults = ctx.config.defaults.clone();
-    controller
+    Controller::for_stream(hc_stream, reader)
         .with_config(ControllerConfig::default().concurrency(opts.concurrency))
-        .watches(secrets, watcher::Config::default(), move |s| {
-            let hcs = store.state();
-            secret_triggers(&s.metadata, hcs.iter().map(|h| h.as_ref()), &defaults)
-        })
         .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(
             wake_rx,
         ))

@@ -155,6 +155,55 @@ impl Context {
         }
     }
 
+    /// A Secret, from the stores when its current resourceVersion was read before (no
+    /// request), else from the API server (and kept for the next pass).
+    pub async fn read_secret(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<k8s_openapi::api::core::v1::Secret>, kube::Error> {
+        let api: kube::Api<k8s_openapi::api::core::v1::Secret> =
+            kube::Api::namespaced(self.client.clone(), namespace);
+        let Some(stores) = self.stores() else {
+            return api.get_opt(name).await;
+        };
+        let current = match stores.secrets.get(Some(namespace), name) {
+            Some(Some(current)) => current,
+            // Absent: the store's watch wakes the HostedCluster once a Secret appears, so
+            // absent is the answer, unless it is one of ours that we wrote a moment ago
+            // (the applier's cache, which holds our own writes at once, says so).
+            Some(None) => {
+                let secret = reconcile::hcp_kinds()
+                    .into_iter()
+                    .map(|(r, _)| r)
+                    .find(|r| r.kind == "Secret");
+                let ours_known_absent = secret.is_some_and(|r| {
+                    self.mgmt_cache()
+                        .and_then(|c| c.get(&r, Some(namespace), name))
+                        == Some(None)
+                });
+                if ours_known_absent {
+                    return Ok(None);
+                }
+                return api.get_opt(name).await;
+            }
+            None => return api.get_opt(name).await,
+        };
+        let key = (namespace.to_string(), name.to_string());
+        if let Some(s) = stores.secret_data.get(&key).await
+            && s.metadata.resource_version.is_some()
+            && s.metadata.resource_version == current.metadata.resource_version
+        {
+            return Ok(Some(s.as_ref().clone()));
+        }
+        let live = api.get_opt(name).await?;
+        match &live {
+            Some(s) => stores.secret_data.insert(key, Arc::new(s.clone())).await,
+            None => stores.secret_data.invalidate(&key).await,
+        }
+        Ok(live)
+    }
+
     /// The management stores, when they run.
     pub fn stores(&self) -> Option<Arc<stores::ManagementStores>> {
         self.stores

@@ -293,9 +293,8 @@ pub async fn guest_client(
     let Some((ns, name)) = hc.admin_kubeconfig_secret() else {
         return Ok(Err(GuestAccess::NotPublished));
     };
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-    let Some(secret) = api
-        .get_opt(&name)
+    let Some(secret) = ctx
+        .read_secret(&ns, &name)
         .await
         .map_err(kube_err(format!("reading Secret {ns}/{name}")))?
     else {
@@ -823,9 +822,9 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
         return Ok(o);
     }
 
-    let (pki, _issued) = secrets::pki(&ctx.client, &valid, now).await?;
+    let (pki, _issued) = secrets::pki(ctx, &valid, now).await?;
     let (mut tunnel, new_keys) =
-        match secrets::tunnel_keys(&ctx.client, &valid, now, ctx.schedule.key_propagation).await {
+        match secrets::tunnel_keys(ctx, &valid, now, ctx.schedule.key_propagation).await {
             Ok(k) => k,
             Err(Error::Keys(msg)) => {
                 // Nothing is applied: the live tunnel configs keep the last good keys.
@@ -942,15 +941,14 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
 
     // Hashes of the Secrets our pods mount or pull with (HyperShift's, in the HCP
     // namespace): a changed Secret changes the config-hash annotation and rolls pods.
-    let secrets_api: Api<Secret> = Api::namespaced(ctx.client.clone(), &hcp_ns);
     let mut external_secret_hashes = BTreeMap::new();
     let mut mounted = vec![valid.kubeconfig_secret.clone(), valid.pull_secret.clone()];
     if valid.hypershift_take_over {
         mounted.push(names::HYPERSHIFT_PACKAGESERVER_CERT.to_string());
     }
     for secret_name in &mounted {
-        if let Some(s) = secrets_api
-            .get_opt(secret_name)
+        if let Some(s) = ctx
+            .read_secret(&hcp_ns, secret_name)
             .await
             .map_err(kube_err(format!("reading Secret {hcp_ns}/{secret_name}")))?
         {
@@ -1146,9 +1144,8 @@ async fn read_pull_secret(
     hcp_ns: &str,
 ) -> Result<Option<hcp_olm_oci::PullSecret>, Error> {
     let name = &ctx.config.defaults.pull_secret;
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), hcp_ns);
-    let Some(s) = api
-        .get_opt(name)
+    let Some(s) = ctx
+        .read_secret(hcp_ns, name)
         .await
         .map_err(kube_err(format!("reading Secret {hcp_ns}/{name}")))?
     else {

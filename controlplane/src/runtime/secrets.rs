@@ -200,15 +200,14 @@ fn stored_cert(s: &Secret) -> Option<(CertMaterial, StoredCertInfo)> {
 /// The CA and packageserver certificate: the stored ones when still good, else newly
 /// issued (render writes them back to the same Secrets).
 pub async fn pki(
-    client: &kube::Client,
+    ctx: &super::Context,
     valid: &ValidInput,
     now: OffsetDateTime,
 ) -> Result<(PkiInput, bool), Error> {
     let ns = &valid.cluster.hcp_namespace;
-    let api: Api<Secret> = Api::namespaced(client.clone(), ns);
     let cluster = valid.cluster.key();
-    let ca_secret = api
-        .get_opt(names::CA)
+    let ca_secret = ctx
+        .read_secret(ns, names::CA)
         .await
         .map_err(kube_err(format!("reading Secret {ns}/{}", names::CA)))?;
     // A CA replaced earlier, still trusted by the guest until packageserver has rolled
@@ -239,8 +238,8 @@ pub async fn pki(
     // A new CA re-issues every leaf; a new packageserver certificate alone does not.
     let ca_issued = issued;
     let sans = certs::packageserver_sans(ns, names::PACKAGESERVER);
-    let stored_ps = api
-        .get_opt(names::PACKAGESERVER_CERT)
+    let stored_ps = ctx
+        .read_secret(ns, names::PACKAGESERVER_CERT)
         .await
         .map_err(kube_err(format!(
             "reading Secret {ns}/{}",
@@ -270,8 +269,8 @@ pub async fn pki(
     };
     // The OLM operators' metrics endpoints (serving) and their scraper (client).
     let leaf = async |secret: &str, cn: &str, sans: Vec<String>, client: bool| {
-        let stored = api
-            .get_opt(secret)
+        let stored = ctx
+            .read_secret(ns, secret)
             .await
             .map_err(kube_err(format!("reading Secret {ns}/{secret}")))?
             .as_ref()
@@ -362,15 +361,14 @@ fn decode_key(s: &Secret, key: &str) -> Option<[u8; 32]> {
 /// one under way whose phase has lasted `propagation`) updates the Secret here, with the
 /// read resourceVersion (a concurrent writer makes this reconcile fail and retry).
 pub async fn tunnel_keys(
-    client: &kube::Client,
+    ctx: &super::Context,
     valid: &ValidInput,
     now: OffsetDateTime,
     propagation: std::time::Duration,
 ) -> Result<(TunnelKeys, Option<serde_json::Value>), Error> {
     let ns = &valid.cluster.hcp_namespace;
-    let api: Api<Secret> = Api::namespaced(client.clone(), ns);
-    let stored = api
-        .get_opt(TUNNEL_KEYS_SECRET)
+    let stored = ctx
+        .read_secret(ns, TUNNEL_KEYS_SECRET)
         .await
         .map_err(kube_err(format!(
             "reading Secret {ns}/{TUNNEL_KEYS_SECRET}"
@@ -399,6 +397,9 @@ pub async fn tunnel_keys(
                     "tunnel key rotation"
                 );
                 let updated = store_keys(secret, &next);
+                // With the read resourceVersion: a concurrent writer (or a cached read
+                // that was not current after all) makes this fail and the pass retry.
+                let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
                 api.replace(TUNNEL_KEYS_SECRET, &Default::default(), &updated)
                     .await
                     .map_err(kube_err(format!(

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
-use k8s_openapi::api::core::v1::{Namespace, PodTemplateSpec, Service};
+use k8s_openapi::api::core::v1::{Namespace, PodTemplateSpec, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::core::PartialObjectMeta;
@@ -167,12 +167,17 @@ fn ours() -> watcher::Config {
     ))
 }
 
+/// Secrets whose data is kept at most (a pass reads about eight per HostedCluster).
+pub const SECRET_DATA_CAPACITY: u64 = 16_384;
+
 /// What changed, for the controller to map to HostedClusters.
 pub enum Changed<'a> {
     /// An object carrying our labels (names its HostedCluster).
     Labelled(&'a ObjectMeta),
     /// Something in (or the namespace itself) this HCP namespace.
     HcpNamespace(&'a str),
+    /// A Secret (any: HostedClusters read HyperShift's by name).
+    Secret(&'a ObjectMeta),
 }
 
 /// Called after a store holds a change.
@@ -184,6 +189,13 @@ pub struct ManagementStores {
     pub services: Watched<Service>,
     /// HostedOLMs (ours; their spec is what users edit).
     pub hosted_olms: Watched<HostedOLM>,
+    /// Every Secret's name, labels and resourceVersion (no data): which version of a
+    /// Secret is current, so [`Self::secret_data`] answers reads of unchanged ones.
+    pub secrets: Watched<PartialObjectMeta<Secret>>,
+    /// The data of Secrets a pass has read, by (namespace, name), used while the
+    /// resourceVersion in [`Self::secrets`] is the one read. Bounded (see
+    /// [`SECRET_DATA_CAPACITY`]).
+    pub secret_data: moka::future::Cache<(String, String), Arc<Secret>>,
     pub namespaces: Watched<PartialObjectMeta<Namespace>>,
     /// HyperShift's OLM Deployments, one watch per name.
     pub hypershift: Vec<(&'static str, Watched<Deployment>)>,
@@ -196,6 +208,7 @@ impl std::fmt::Debug for ManagementStores {
             .field("deployments", &self.deployments.len())
             .field("services", &self.services.len())
             .field("hosted_olms", &self.hosted_olms.len())
+            .field("secrets", &self.secrets.len())
             .field("namespaces", &self.namespaces.len())
             .finish_non_exhaustive()
     }
@@ -223,6 +236,10 @@ impl ManagementStores {
                     w(Changed::HcpNamespace(name));
                 }
             }) as OnChange<PartialObjectMeta<Namespace>>
+        });
+        let secrets_wake = wake.clone().map(|w| {
+            Arc::new(move |s: &PartialObjectMeta<Secret>| w(Changed::Secret(&s.metadata)))
+                as OnChange<PartialObjectMeta<Secret>>
         });
         let holm_wake = wake.clone().map(|w| {
             Arc::new(move |h: &HostedOLM| {
@@ -260,6 +277,22 @@ impl ManagementStores {
                 |h: &mut HostedOLM| h.metadata.managed_fields = None,
                 holm_wake,
             ),
+            // Metadata only, trimmed to what identifies a version: Secret contents are
+            // read (and kept in `secret_data`) only for the Secrets a pass uses.
+            secrets: Watched::start(
+                Api::all(client.clone()),
+                watcher::Config::default(),
+                "Secrets (metadata)",
+                |s: &mut PartialObjectMeta<Secret>| {
+                    let m = &mut s.metadata;
+                    m.managed_fields = None;
+                    m.annotations = None;
+                    m.owner_references = None;
+                    m.finalizers = None;
+                },
+                secrets_wake,
+            ),
+            secret_data: moka::future::Cache::new(SECRET_DATA_CAPACITY),
             // HyperShift's HCP namespaces only (its label): a pass needs nothing else.
             namespaces: Watched::start(
                 Api::all(client.clone()),
@@ -296,6 +329,7 @@ impl ManagementStores {
         self.deployments.synced()
             && self.services.synced()
             && self.hosted_olms.synced()
+            && self.secrets.synced()
             && self.namespaces.synced()
             && self.hypershift.iter().all(|(_, w)| w.synced())
     }
