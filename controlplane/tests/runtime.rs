@@ -528,12 +528,23 @@ async fn reconcile_converges_prunes_and_cleans_up() -> Result<()> {
     let warm = management_reads(&env.management).await?;
     reconcile(&ctx, &env, name).await?;
     let first = delta(&warm, &management_reads(&env.management).await?);
-    let (r0, w0) = (
+    let (r0, w0, g0) = (
         management_reads(&env.management).await?,
         env.management.api_writes(RESOURCES).await?,
+        env.guest
+            .api_requests(&["GET", "LIST"], GUEST_READ_RESOURCES)
+            .await?,
     );
     let cached = reconcile(&ctx, &env, name).await?;
     let with = delta(&r0, &management_reads(&env.management).await?);
+    // The guest side still reads what it compares (no per-guest watches yet).
+    eprintln!(
+        "converged pass, guest reads: {}",
+        env.guest
+            .api_requests(&["GET", "LIST"], GUEST_READ_RESOURCES)
+            .await?
+            - g0
+    );
     eprintln!(
         "converged pass, management reads: without cache {} {without:?}; first with cache {} {first:?}; then {} {with:?}",
         without.values().sum::<u64>(),
@@ -1477,6 +1488,23 @@ async fn catalog_digests_refresh_from_a_real_registry() -> Result<()> {
 
 /// Reconcile until a pass writes nothing in any of `clusters` (at most 4 passes);
 /// the last outcome.
+/// Every resource a reconcile reads in the guest.
+const GUEST_READ_RESOURCES: &[&str] = &[
+    "customresourcedefinitions",
+    "catalogsources",
+    "apiservices",
+    "endpoints",
+    "endpointslices",
+    "services",
+    "deployments",
+    "secrets",
+    "serviceaccounts",
+    "operatorhubs",
+    "namespaces",
+    "subscriptions",
+    "clusterserviceversions",
+];
+
 /// GET and LIST requests per resource so far, as the API server counts them.
 async fn management_reads(c: &Cluster) -> Result<BTreeMap<&'static str, u64>> {
     let mut out = BTreeMap::new();

@@ -16,7 +16,8 @@
 //! `HCP_OLM_CONTROLLER_BIN` (default `$CARGO_TARGET_DIR/release/hcp-olm-controller`).
 //!
 //! Last line on stdout:
-//! `controller-bench: n=<N> converge_s=<s> writes_per_hc=<w> idle_writes=<i> rss_mib=<m>`
+//! `controller-bench: n=<N> guests=<real|standin> converge_s=<s> writes_per_hc=<w> idle_writes=<i>
+//! idle_requests_per_s=<r> idle_reconciles=<c> rss_mib=<m>`
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -683,7 +684,13 @@ async fn main() -> Result<()> {
     let rss_kib = status_kib(controller.pid(), "VmHWM");
     let log = controller.log.clone();
     let status = controller.stop()?;
-    let (converge_s, writes_per_hc, idle_writes) = match result {
+    let Measured {
+        converge_s,
+        writes_per_hc,
+        idle_writes,
+        idle_requests_per_s,
+        idle_reconciles,
+    } = match result {
         Ok(r) => r,
         Err(e) => {
             let tail = hcp_olm_e2e::process::log_tail(&log, 30);
@@ -694,7 +701,12 @@ async fn main() -> Result<()> {
         "controller exited with {status} after SIGTERM; guests: {guest_kind}"
     ));
     println!(
-        "controller-bench: n={n} converge_s={converge_s:.1} writes_per_hc={writes_per_hc:.1} idle_writes={idle_writes} rss_mib={:.1}",
+        "controller-bench: n={n} guests={} converge_s={converge_s:.1} writes_per_hc={writes_per_hc:.1} idle_writes={idle_writes} idle_requests_per_s={idle_requests_per_s:.2} idle_reconciles={idle_reconciles:.0} rss_mib={:.1}",
+        if guest_kind.starts_with("STAND-IN") {
+            "standin"
+        } else {
+            "real"
+        },
         mib(rss_kib)
     );
     Ok(())
@@ -713,7 +725,7 @@ async fn measure(
     (harness_cpu0, api_cpu0, etcd_cpu0, guests_cpu0, guest_etcd_cpu0): (f64, f64, f64, f64, f64),
     guest_etcd: &SharedEtcd,
     concurrency: u16,
-) -> Result<(f64, f64, u64)> {
+) -> Result<Measured> {
     // Converge: every HostedOLM has a status and every guest has its packageserver
     // Endpoints (second pass), and management writes have stopped for 10s.
     let holms: Api<DynamicObject> = Api::all_with(mgmt.client(), &holm_resource());
@@ -837,7 +849,24 @@ async fn measure(
         (ireq1 - ireq0) / idle_seconds.max(1) as f64,
         (ireq1 - ireq0) / idle_reconciles.max(1.0),
     ));
-    Ok((converge_s, writes_per_hc, (m2 - m1) + (g2 - g1)))
+    Ok(Measured {
+        converge_s,
+        writes_per_hc,
+        idle_writes: (m2 - m1) + (g2 - g1),
+        idle_requests_per_s: (ireq1 - ireq0) / idle_seconds.max(1) as f64,
+        idle_reconciles,
+    })
+}
+
+/// What [`measure`] found.
+struct Measured {
+    converge_s: f64,
+    writes_per_hc: f64,
+    idle_writes: u64,
+    /// Management API requests per second in the idle window (not WATCH; Lease renewals and
+    /// the harness's own metric polls included).
+    idle_requests_per_s: f64,
+    idle_reconciles: f64,
 }
 
 /// Whether the controller process has exited (a zombie or gone). `try_wait` needs
