@@ -3,15 +3,20 @@
 //! per hosted cluster.
 //!
 //! It is NOT a Kubernetes API server. It speaks the small REST subset the controller uses
-//! against a guest, over plain HTTP on loopback, one virtual guest per path prefix
-//! `/guests/<i>`:
+//! against a guest, over HTTPS on loopback with client-certificate authentication (its own
+//! CA; the kubeconfig carries inline material only, as the controller requires of guest
+//! kubeconfigs), one virtual guest per path prefix `/guests/<i>`:
 //! - GET of one object (404 `Status` when absent) and of collections, with equality
 //!   `labelSelector`s and an optional namespace;
 //! - PATCH (server-side apply and JSON merge patch), POST, PUT, DELETE;
 //! - the guest OLM CRDs, read-only and shared by every guest (parsed from the fixture files).
 //!
-//! An applied object is stored as sent, plus `uid`, `resourceVersion`, `creationTimestamp`
-//! and `generation`; there is no validation, defaulting, admission or watch. Every write is
+//! An applied object is stored as sent, plus `uid`, `resourceVersion`, `creationTimestamp`,
+//! `generation` and, for server-side apply, a `managedFields` entry of the applying field
+//! manager built from the applied object (maps by field, lists owned whole: close enough to
+//! the real fieldsV1 for the controller's "is this object already as desired" check, which
+//! reads only its own manager's fields); there is no validation, defaulting, admission or
+//! watch, and no second manager's fields. Every write is
 //! counted per guest, so the benchmark can count guest writes as the real API server's
 //! `apiserver_request_total` would.
 
@@ -46,6 +51,10 @@ pub struct GuestStandIn {
     shared: Arc<Shared>,
     addr: SocketAddr,
     task: tokio::task::JoinHandle<()>,
+    /// CA certificate (PEM) the server certificate chains to.
+    ca_pem: String,
+    /// The client certificate every guest kubeconfig carries.
+    client: crate::pki::KeyedCert,
 }
 
 impl Drop for GuestStandIn {
@@ -58,6 +67,55 @@ impl GuestStandIn {
     /// Binds 127.0.0.1 on a free port and serves `count` guests that all "serve" the given
     /// CRDs (JSON objects, e.g. parsed from `shared/fixtures/crds`).
     pub async fn start(count: usize, crds: Vec<Value>) -> std::io::Result<Self> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let io = |e: String| std::io::Error::other(e);
+        let ca = crate::pki::Ca::new("hcp-olm guest stand-in CA").map_err(|e| io(e.to_string()))?;
+        let server = ca
+            .issue(
+                "guest-standin",
+                &[],
+                &["127.0.0.1"],
+                crate::pki::Usage::Server,
+            )
+            .map_err(|e| io(e.to_string()))?;
+        let client = ca
+            .issue(
+                "system:admin",
+                &["system:masters"],
+                &[],
+                crate::pki::Usage::Client,
+            )
+            .map_err(|e| io(e.to_string()))?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(
+                CertificateDer::from_pem_slice(ca.cert_pem().as_bytes())
+                    .map_err(|e| io(e.to_string()))?,
+            )
+            .map_err(|e| io(e.to_string()))?;
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider.clone(),
+        )
+        .build()
+        .map_err(|e| io(e.to_string()))?;
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| io(e.to_string()))?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(
+                vec![
+                    CertificateDer::from_pem_slice(server.cert_pem.as_bytes())
+                        .map_err(|e| io(e.to_string()))?,
+                ],
+                PrivateKeyDer::from_pem_slice(server.key_pem.as_bytes())
+                    .map_err(|e| io(e.to_string()))?,
+            )
+            .map_err(|e| io(e.to_string()))?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
@@ -76,7 +134,12 @@ impl GuestStandIn {
                     continue;
                 };
                 let s = s.clone();
+                let acceptor = acceptor.clone();
                 tokio::spawn(async move {
+                    // Client-certificate authentication happens in the handshake.
+                    let Ok(stream) = acceptor.accept(stream).await else {
+                        return;
+                    };
                     let svc = hyper::service::service_fn(move |req| {
                         let s = s.clone();
                         async move { Ok::<_, Infallible>(handle(&s, req).await) }
@@ -87,21 +150,36 @@ impl GuestStandIn {
                 });
             }
         });
-        Ok(Self { shared, addr, task })
+        Ok(Self {
+            shared,
+            addr,
+            task,
+            ca_pem: ca.cert_pem().to_string(),
+            client,
+        })
     }
 
     /// The server URL of guest `i` (for a kubeconfig).
     pub fn url(&self, i: usize) -> String {
-        format!("http://{}/guests/{i}", self.addr)
+        format!("https://{}/guests/{i}", self.addr)
     }
 
-    /// A kubeconfig for guest `i` (no credentials; plain HTTP on loopback).
+    /// A kubeconfig for guest `i`: HTTPS, the stand-in's CA and a client certificate, all
+    /// inline.
     pub fn kubeconfig(&self, i: usize) -> String {
+        use base64::Engine as _;
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
         let doc = json!({
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "guest", "cluster": {"server": self.url(i)}}],
-            "users": [{"name": "admin", "user": {}}],
+            "clusters": [{"name": "guest", "cluster": {
+                "server": self.url(i),
+                "certificate-authority-data": b64(&self.ca_pem),
+            }}],
+            "users": [{"name": "admin", "user": {
+                "client-certificate-data": b64(&self.client.cert_pem),
+                "client-key-data": b64(&self.client.key_pem),
+            }}],
             "contexts": [{"name": "guest", "context": {"cluster": "guest", "user": "admin"}}],
             "current-context": "guest",
         });
@@ -207,6 +285,51 @@ fn selector_matches(selector: &[(String, String)], obj: &Value) -> bool {
             .as_str()
             .is_some_and(|l| l == v)
     })
+}
+
+/// The `fieldManager` query parameter.
+fn field_manager(query: Option<&str>) -> Option<String> {
+    query
+        .unwrap_or_default()
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("fieldManager="))
+        .map(|v| v.replace("%3A", ":"))
+}
+
+/// A fieldsV1 set for everything in `v`: maps by field, lists and scalars as leaves. At the
+/// top the object's identity (apiVersion, kind, metadata name/namespace) is left out, as the
+/// API server does.
+fn fields_of(v: &Value, top: bool) -> Value {
+    let Value::Object(m) = v else {
+        return json!({});
+    };
+    let mut out = serde_json::Map::new();
+    for (k, child) in m {
+        if top && (k == "apiVersion" || k == "kind") {
+            continue;
+        }
+        let sub = if top && k == "metadata" {
+            let mut meta = child.clone();
+            if let Some(o) = meta.as_object_mut() {
+                for id in [
+                    "name",
+                    "namespace",
+                    "uid",
+                    "resourceVersion",
+                    "generation",
+                    "creationTimestamp",
+                    "managedFields",
+                ] {
+                    o.remove(id);
+                }
+            }
+            fields_of(&meta, false)
+        } else {
+            fields_of(child, false)
+        };
+        out.insert(format!("f:{k}"), sub);
+    }
+    Value::Object(out)
 }
 
 fn label_selector(query: Option<&str>) -> Vec<(String, String)> {
@@ -424,7 +547,25 @@ async fn handle(s: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> {
                 })
                 .unwrap_or_else(|| "2026-01-01T00:00:00Z".to_string());
             let rv = s.next_rv.fetch_add(1, Ordering::Relaxed).to_string();
+            let applied_by = content_type
+                .contains("apply-patch")
+                .then(|| field_manager(uri.query()))
+                .flatten();
+            let fields = applied_by.as_ref().map(|_| fields_of(&new, true));
+            let api_version = new["apiVersion"].clone();
             if let Some(meta) = new["metadata"].as_object_mut() {
+                if let (Some(manager), Some(fields)) = (applied_by, fields) {
+                    meta.insert(
+                        "managedFields".into(),
+                        json!([{
+                            "manager": manager,
+                            "operation": "Apply",
+                            "apiVersion": api_version,
+                            "fieldsType": "FieldsV1",
+                            "fieldsV1": fields,
+                        }]),
+                    );
+                }
                 meta.insert("uid".into(), uid.into());
                 meta.insert("resourceVersion".into(), rv.into());
                 meta.insert("generation".into(), generation.into());
