@@ -8,6 +8,15 @@
 //! back to a GET or LIST, so the cache can only save requests, never answer wrongly from an
 //! empty store.
 //!
+//! The store keeps a **trimmed** copy of each object's metadata: names, labels, uid,
+//! resourceVersion, deletion timestamp, our desired-hash annotation and a digest of our field
+//! manager's managed fields ([`compare::fields_digest`]) instead of the managedFields
+//! themselves (a Deployment's fieldsV1 tree is tens of kilobytes in memory; at 1,000 hosted
+//! clusters they were most of the controller's memory). Whether our fields are all still
+//! ours is checked once on the full object (a GET) and remembered as the (desired hash,
+//! fields digest) pair seen then ([`WatchCache::verified`]); while the cached pair is the
+//! same, nothing needs to be read again. After a restart that costs one GET per object.
+//!
 //! A watch lags our own writes by a few milliseconds; what we wrote is kept in an overlay
 //! until the store has caught up (its resourceVersion is at least ours) or for
 //! [`OVERLAY_TTL`] at most, so a pass right after an apply does not write the object again.
@@ -25,6 +34,8 @@ use kube::core::{ObjectMeta, PartialObjectMeta};
 use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::Value;
+
+use crate::compare;
 
 /// Called with each changed object's metadata once the store holds the change (not for the
 /// first list): a controller maps it to what to reconcile, so that reconcile reads a store
@@ -55,6 +66,8 @@ enum Overlay {
 pub struct WatchCache {
     kinds: Vec<Kind>,
     overlay: Mutex<HashMap<String, (Instant, Overlay)>>,
+    /// Per object id: the (desired hash, fields digest) last confirmed up to date.
+    verified: Mutex<HashMap<String, (String, String)>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -88,6 +101,22 @@ fn key(kind: &str, namespace: Option<&str>, name: &str) -> String {
     }
 }
 
+/// Keeps what the applier and pruner need of `meta` (see the module docs).
+pub fn trim(meta: &mut ObjectMeta, field_manager: &str) {
+    let full = serde_json::json!({ "metadata": &*meta });
+    let digest = compare::fields_digest(&full, field_manager);
+    let hash = compare::hash_annotation(&full).map(str::to_string);
+    let mut annotations = std::collections::BTreeMap::new();
+    if let Some(h) = hash {
+        annotations.insert(compare::DESIRED_HASH_ANNOTATION.to_string(), h);
+    }
+    annotations.insert(compare::FIELDS_DIGEST_ANNOTATION.to_string(), digest);
+    meta.annotations = Some(annotations);
+    meta.managed_fields = None;
+    meta.owner_references = None;
+    meta.finalizers = None;
+}
+
 fn rv(meta: &ObjectMeta) -> Option<u64> {
     meta.resource_version.as_deref()?.parse().ok()
 }
@@ -95,8 +124,13 @@ fn rv(meta: &ObjectMeta) -> Option<u64> {
 impl WatchCache {
     /// Starts one metadata watch per kind in `kinds` over all namespaces, selecting
     /// `label_selector`. Must be called within a tokio runtime.
-    pub fn start(client: &kube::Client, kinds: &[ApiResource], label_selector: &str) -> Self {
-        Self::start_with(client, kinds, label_selector, None)
+    pub fn start(
+        client: &kube::Client,
+        kinds: &[ApiResource],
+        label_selector: &str,
+        field_manager: &str,
+    ) -> Self {
+        Self::start_with(client, kinds, label_selector, field_manager, None)
     }
 
     /// [`Self::start`], calling `on_change` for every change after the store has it.
@@ -104,11 +138,13 @@ impl WatchCache {
         client: &kube::Client,
         kinds: &[ApiResource],
         label_selector: &str,
+        field_manager: &str,
         on_change: Option<OnChange>,
     ) -> Self {
         let mut out = Self {
             kinds: Vec::new(),
             overlay: Mutex::new(HashMap::new()),
+            verified: Mutex::new(HashMap::new()),
             tasks: Vec::new(),
         };
         for resource in kinds {
@@ -122,8 +158,10 @@ impl WatchCache {
             let flag = synced.clone();
             let kind = resource.kind.clone();
             let on_change = on_change.clone();
+            let manager = field_manager.to_string();
             let stream = watcher(api, watcher::Config::default().labels(label_selector))
                 .default_backoff()
+                .modify(move |m: &mut Meta| trim(&mut m.metadata, &manager))
                 .reflect(writer);
             out.tasks.push(tokio::spawn(async move {
                 futures::pin_mut!(stream);
@@ -256,8 +294,8 @@ impl WatchCache {
         )
     }
 
-    /// Records an object we just wrote (the API server's answer).
-    pub fn wrote(&self, resource: &ApiResource, meta: &ObjectMeta) {
+    /// Records an object we just wrote (the API server's answer; `field_manager` wrote it).
+    pub fn wrote(&self, resource: &ApiResource, meta: &ObjectMeta, field_manager: &str) {
         let (Some(name), Some(ours)) = (meta.name.as_deref(), rv(meta)) else {
             return;
         };
@@ -265,6 +303,15 @@ impl WatchCache {
             return;
         }
         let id = key(&resource.kind, meta.namespace.as_deref(), name);
+        let mut trimmed = meta.clone();
+        trim(&mut trimmed, field_manager);
+        // What we just applied is up to date by definition.
+        if let Some(pair) = Self::pair(&trimmed) {
+            self.verified
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id.clone(), pair);
+        }
         let mut overlay = self.overlay.lock().unwrap_or_else(|p| p.into_inner());
         overlay.retain(|_, (at, _)| at.elapsed() <= OVERLAY_TTL);
         overlay.insert(
@@ -273,7 +320,7 @@ impl WatchCache {
                 Instant::now(),
                 Overlay::Written {
                     rv: ours,
-                    meta: Box::new(meta.clone()),
+                    meta: Box::new(trimmed),
                 },
             ),
         );
@@ -288,6 +335,10 @@ impl WatchCache {
             return;
         }
         let id = key(&resource.kind, meta.namespace.as_deref(), name);
+        self.verified
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
         let mut overlay = self.overlay.lock().unwrap_or_else(|p| p.into_inner());
         overlay.retain(|_, (at, _)| at.elapsed() <= OVERLAY_TTL);
         overlay.insert(
@@ -299,6 +350,57 @@ impl WatchCache {
                 },
             ),
         );
+    }
+
+    /// (desired hash, fields digest) of a trimmed object.
+    fn pair(meta: &ObjectMeta) -> Option<(String, String)> {
+        let a = meta.annotations.as_ref()?;
+        Some((
+            a.get(compare::DESIRED_HASH_ANNOTATION)?.clone(),
+            a.get(compare::FIELDS_DIGEST_ANNOTATION)?.clone(),
+        ))
+    }
+
+    /// Whether the cached (trimmed) object `live` (as returned by [`Self::get`]) was
+    /// confirmed up to date for desired hash `hash` with its current managed fields.
+    pub fn is_verified(&self, resource: &ApiResource, live: &Value, hash: &str) -> bool {
+        let Ok(meta) = serde_json::from_value::<ObjectMeta>(live["metadata"].clone()) else {
+            return false;
+        };
+        let Some(pair) = Self::pair(&meta) else {
+            return false;
+        };
+        let id = key(
+            &resource.kind,
+            meta.namespace.as_deref(),
+            meta.name.as_deref().unwrap_or_default(),
+        );
+        pair.0 == hash
+            && self
+                .verified
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&id)
+                == Some(&pair)
+    }
+
+    /// Records that the full object `full` (metadata with managedFields) is up to date.
+    pub fn verify(&self, resource: &ApiResource, full: &Value, field_manager: &str) {
+        let Ok(mut meta) = serde_json::from_value::<ObjectMeta>(full["metadata"].clone()) else {
+            return;
+        };
+        let id = key(
+            &resource.kind,
+            meta.namespace.as_deref(),
+            meta.name.as_deref().unwrap_or_default(),
+        );
+        trim(&mut meta, field_manager);
+        if let Some(pair) = Self::pair(&meta) {
+            self.verified
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id, pair);
+        }
     }
 
     /// Objects held (all kinds), for metrics and tests.

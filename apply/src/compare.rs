@@ -93,6 +93,35 @@ fn canonical(v: &Value, out: &mut Vec<u8>) {
     }
 }
 
+/// Annotation a watch cache puts on its trimmed copy of an object (never on the server):
+/// [`fields_digest`] of the managed fields it dropped.
+pub const FIELDS_DIGEST_ANNOTATION: &str = "hcp-olm.io/cached-fields-digest";
+
+/// A digest of `manager`'s server-side-apply entries on `live` (main resource): changes
+/// whenever anyone takes a field from us or we apply a different set. Empty when there is
+/// none.
+pub fn fields_digest(live: &Value, manager: &str) -> String {
+    let mut bytes = Vec::new();
+    for f in our_entries(live, manager) {
+        canonical(f, &mut bytes);
+        bytes.push(b';');
+    }
+    if bytes.is_empty() {
+        return String::new();
+    }
+    Sha256::digest(&bytes)[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The desired-hash annotation of an object (live or desired).
+pub fn hash_annotation(v: &Value) -> Option<&str> {
+    v.pointer("/metadata/annotations")
+        .and_then(|a| a.get(DESIRED_HASH_ANNOTATION))
+        .and_then(Value::as_str)
+}
+
 /// True when applying `desired` (as built by [`with_hash`]) over `live` would change
 /// nothing. `live` needs only its `metadata` (annotations and managedFields).
 pub fn up_to_date(desired: &Value, live: &Value, manager: &str) -> bool {

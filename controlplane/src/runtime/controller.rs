@@ -104,15 +104,6 @@ fn cluster_key(hc: &HostedCluster) -> String {
     )
 }
 
-/// The HostedCluster whose tunnel gateway WireGuard Service has `meta` (by our
-/// labels): its node port or load-balancer ingress is the guest agent's endpoint.
-pub fn service_triggers(meta: &ObjectMeta) -> Option<ObjectRef<HostedCluster>> {
-    if meta.name.as_deref() != Some(crate::render::names::TUNNEL_GATEWAY_WG) {
-        return None;
-    }
-    labelled_owner(meta)
-}
-
 /// The HostedClusters whose computed HCP namespace (`<namespace>-<name>`) is the
 /// Namespace `meta` names. HyperShift creates (and labels) the HCP namespace after the
 /// HostedCluster, so the first reconcile usually finds it missing or not yet labelled;
@@ -383,18 +374,5 @@ mod tests {
             names(secret_triggers(&ours, hcs.iter(), &d)),
             ["clusters/z"]
         );
-    }
-
-    #[test]
-    fn only_our_gateway_service_triggers() {
-        let mut m = meta("clusters-z", "hcp-olm-tunnel-gateway-wg");
-        assert!(service_triggers(&m).is_none());
-        m.labels = Some(crate::runtime::reconcile::selector_for("clusters", "z"));
-        assert_eq!(
-            names(service_triggers(&m).into_iter().collect()),
-            ["clusters/z"]
-        );
-        m.name = Some("hcp-olm-packageserver".into());
-        assert!(service_triggers(&m).is_none());
     }
 }

@@ -239,6 +239,7 @@ impl Context {
                 crate::render::labels::MANAGED_BY_KEY,
                 crate::render::labels::MANAGED_BY
             ),
+            FIELD_MANAGER,
             on_change,
         );
         let cache = Arc::new(cache);
