@@ -101,6 +101,15 @@ fn key(kind: &str, namespace: Option<&str>, name: &str) -> String {
     }
 }
 
+/// The key of the object `meta` describes.
+fn id_of(resource: &ApiResource, meta: &ObjectMeta) -> String {
+    key(
+        &resource.kind,
+        meta.namespace.as_deref(),
+        meta.name.as_deref().unwrap_or_default(),
+    )
+}
+
 /// Keeps what the applier and pruner need of `meta` (see the module docs).
 pub fn trim(meta: &mut ObjectMeta, field_manager: &str) {
     let full = serde_json::json!({ "metadata": &*meta });
@@ -370,11 +379,7 @@ impl WatchCache {
         let Some(pair) = Self::pair(&meta) else {
             return false;
         };
-        let id = key(
-            &resource.kind,
-            meta.namespace.as_deref(),
-            meta.name.as_deref().unwrap_or_default(),
-        );
+        let id = id_of(resource, &meta);
         pair.0 == hash
             && self
                 .verified
@@ -389,11 +394,7 @@ impl WatchCache {
         let Ok(mut meta) = serde_json::from_value::<ObjectMeta>(full["metadata"].clone()) else {
             return;
         };
-        let id = key(
-            &resource.kind,
-            meta.namespace.as_deref(),
-            meta.name.as_deref().unwrap_or_default(),
-        );
+        let id = id_of(resource, &meta);
         trim(&mut meta, field_manager);
         if let Some(pair) = Self::pair(&meta) {
             self.verified

@@ -188,20 +188,10 @@ impl Applier {
             let from_cache = cached.is_some();
             let live = match cached {
                 Some(live) => live,
-                None => {
-                    report.reads += 1;
-                    match api.get_opt(&t.name).await {
-                        Ok(live) => live.map(|l| serde_json::to_value(l).unwrap_or(Value::Null)),
-                        Err(source) => {
-                            report.errors.push(ObjectError {
-                                verb: "get",
-                                id: t.id(),
-                                source,
-                            });
-                            continue;
-                        }
-                    }
-                }
+                None => match read_full(&api, t, &mut report).await {
+                    Ok(live) => live,
+                    Err(()) => continue,
+                },
             };
             let exists = live.is_some();
             let body = compare::with_hash(&t.body);
@@ -222,10 +212,8 @@ impl Applier {
                             report.unchanged += 1;
                             continue;
                         }
-                        report.reads += 1;
-                        match api.get_opt(&t.name).await {
+                        match read_full(&api, t, &mut report).await {
                             Ok(Some(full)) => {
-                                let full = serde_json::to_value(full).unwrap_or(Value::Null);
                                 if compare::up_to_date(&body, &full, &self.field_manager) {
                                     c.verify(&t.resource, &full, &self.field_manager);
                                     report.unchanged += 1;
@@ -233,14 +221,7 @@ impl Applier {
                                 }
                             }
                             Ok(None) => {}
-                            Err(source) => {
-                                report.errors.push(ObjectError {
-                                    verb: "get",
-                                    id: t.id(),
-                                    source,
-                                });
-                                continue;
-                            }
+                            Err(()) => continue,
                         }
                     }
                 }
@@ -350,5 +331,25 @@ impl Applier {
             }
         }
         report
+    }
+}
+/// Reads the whole live object, counting the read; a failure is recorded in `report`
+/// (`Err(())`: skip this target).
+async fn read_full(
+    api: &Api<DynamicObject>,
+    t: &Target,
+    report: &mut Report,
+) -> Result<Option<Value>, ()> {
+    report.reads += 1;
+    match api.get_opt(&t.name).await {
+        Ok(live) => Ok(live.map(|l| serde_json::to_value(l).unwrap_or(Value::Null))),
+        Err(source) => {
+            report.errors.push(ObjectError {
+                verb: "get",
+                id: t.id(),
+                source,
+            });
+            Err(())
+        }
     }
 }

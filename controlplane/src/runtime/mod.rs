@@ -173,15 +173,11 @@ impl Context {
             // absent is the answer, unless it is one of ours that we wrote a moment ago
             // (the applier's cache, which holds our own writes at once, says so).
             Some(None) => {
-                let secret = reconcile::hcp_kinds()
-                    .into_iter()
-                    .map(|(r, _)| r)
-                    .find(|r| r.kind == "Secret");
-                let ours_known_absent = secret.is_some_and(|r| {
-                    self.mgmt_cache()
-                        .and_then(|c| c.get(&r, Some(namespace), name))
-                        == Some(None)
-                });
+                let secret = reconcile::api_resource("v1", "Secret", "secrets");
+                let ours_known_absent = self
+                    .mgmt_cache()
+                    .and_then(|c| c.get(&secret, Some(namespace), name))
+                    == Some(None);
                 if ours_known_absent {
                     return Ok(None);
                 }

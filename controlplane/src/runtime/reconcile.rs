@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 
-use super::stores::{Lookup, ManagementStores};
+use super::stores::Lookup;
 use super::{
     ADMIN_KUBECONFIG_KEY, Context, Error, FIELD_MANAGER, FINALIZER, facts, kube_err, secrets,
 };
@@ -138,7 +138,7 @@ pub fn guest_kinds() -> Vec<(ApiResource, bool)> {
     .collect()
 }
 
-fn api_resource(api_version: &str, kind: &str, plural: &str) -> ApiResource {
+pub(crate) fn api_resource(api_version: &str, kind: &str, plural: &str) -> ApiResource {
     let (group, version) = match api_version.split_once('/') {
         Some((g, v)) => (g.to_string(), v.to_string()),
         None => (String::new(), api_version.to_string()),
@@ -494,7 +494,7 @@ async fn ensure_hosted_olm(
     // From the store (its watch wakes the pass after it holds an edit) unless it does not
     // have our last status write yet.
     if let Some(stores) = ctx.stores()
-        && let Lookup::Found(h) = ManagementStores::ours(&stores.hosted_olms, hcp_ns, name)
+        && let Lookup::Found(h) = stores.hosted_olms.ours(hcp_ns, name)
         && ctx.status_seen(
             &format!("{hcp_ns}/{name}"),
             h.metadata.resource_version.as_deref(),
@@ -916,12 +916,10 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     // From the store only once it has a ClusterIP (otherwise the API server says).
     let cached = stores
         .as_ref()
-        .and_then(
-            |s| match ManagementStores::ours(&s.services, &hcp_ns, ps_service) {
-                Lookup::Found(svc) => Some(svc.as_ref().clone()),
-                Lookup::Ask => None,
-            },
-        )
+        .and_then(|s| match s.services.ours(&hcp_ns, ps_service) {
+            Lookup::Found(svc) => Some(svc.as_ref().clone()),
+            Lookup::Ask => None,
+        })
         .filter(|svc| {
             svc.spec
                 .as_ref()
@@ -1875,12 +1873,13 @@ async fn read_gateway_endpoint(
     hcp_ns: &str,
     valid: &validate::ValidInput,
 ) -> Result<Result<String, render::tunnel::EndpointWait>, Error> {
-    let cached = ctx.stores().and_then(|s| {
-        match ManagementStores::ours(&s.services, hcp_ns, names::TUNNEL_GATEWAY_WG) {
-            Lookup::Found(svc) => Some(svc.as_ref().clone()),
-            Lookup::Ask => None,
-        }
-    });
+    let cached =
+        ctx.stores().and_then(
+            |s| match s.services.ours(hcp_ns, names::TUNNEL_GATEWAY_WG) {
+                Lookup::Found(svc) => Some(svc.as_ref().clone()),
+                Lookup::Ask => None,
+            },
+        );
     // From the store when it holds the Service (its watch wakes the pass after the store
     // has a change: a node port, a load-balancer ingress); one we have just created and
     // the store has not seen yet is read from the API server.

@@ -116,6 +116,15 @@ where
         self.synced().then(|| self.store.get(&r))
     }
 
+    /// An object we create: found in the store, or ask the API server (not synced, or
+    /// absent and possibly not delivered yet).
+    pub fn ours(&self, namespace: &str, name: &str) -> Lookup<Arc<K>> {
+        match self.get(Some(namespace), name) {
+            Some(Some(o)) => Lookup::Found(o),
+            _ => Lookup::Ask,
+        }
+    }
+
     /// Objects held.
     pub fn len(&self) -> usize {
         self.store.state().len()
@@ -344,23 +353,6 @@ impl ManagementStores {
             .iter()
             .find(|(n, _)| *n == name)
             .and_then(|(_, w)| w.get(Some(namespace), name))
-    }
-
-    /// An object we create: found in the store, or ask the API server.
-    pub fn ours<K>(w: &Watched<K>, namespace: &str, name: &str) -> Lookup<Arc<K>>
-    where
-        K: kube::Resource<DynamicType = ()>
-            + Clone
-            + DeserializeOwned
-            + std::fmt::Debug
-            + Send
-            + Sync
-            + 'static,
-    {
-        match w.get(Some(namespace), name) {
-            Some(Some(o)) => Lookup::Found(o),
-            _ => Lookup::Ask,
-        }
     }
 }
 
