@@ -1905,11 +1905,23 @@ async fn spec_changes_converge_and_bad_input_is_contained() -> Result<()> {
         p.max_unavailable.is_some() && p.min_available.is_none(),
         "{p:?}"
     );
+    // Highly available: two gateway replicas with their PodDisruptionBudget, one object
+    // more than a SingleReplica cluster.
+    assert_eq!(
+        replicas(&ha_deps.get("hcp-olm-tunnel-gateway").await?),
+        Some(2)
+    );
     let m = ours(&env.management, &hcp_kinds(), ha).await?;
     let g = ours(&guest3, &guest_kinds(), ha).await?;
+    assert!(
+        m.contains(&format!(
+            "PodDisruptionBudget/{ha_ns}/hcp-olm-tunnel-gateway"
+        )),
+        "{m:?}"
+    );
     assert_eq!(
         (m.len(), g.len()),
-        (initial.0.len(), initial.1.len()),
+        (initial.0.len() + 1, initial.1.len()),
         "{m:?} {g:?}"
     );
     bystander().await?;

@@ -173,7 +173,18 @@ impl PodNetwork {
     fn write_hosts(&self, services: &[ServiceEntry]) -> Result<(), PodNetError> {
         let mut text = String::new();
         for s in services {
-            if let Some(ip) = s.cluster_ip {
+            // A headless Service (no ClusterIP) names its endpoints' addresses.
+            let mut ips: Vec<Ipv4Addr> = match s.cluster_ip {
+                Some(ip) => vec![ip],
+                None => s
+                    .ports
+                    .iter()
+                    .flat_map(|p| p.endpoints.iter().map(|(ip, _)| *ip))
+                    .collect(),
+            };
+            ips.sort_unstable();
+            ips.dedup();
+            for ip in ips {
                 text.push_str(&format!(
                     "{ip}\t{n}.{ns}.svc.{d}\n",
                     n = s.name,

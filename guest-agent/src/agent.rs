@@ -478,6 +478,7 @@ pub async fn run(s: AgentSettings) -> anyhow::Result<()> {
         index: rand::random(),
         previous_private_keys: Vec::new(),
         previous_peer_public_keys: Vec::new(),
+        solicit_after: None,
     });
     let (handle, _tunnel_task) = driver::spawn(udp, peer, cancel.clone());
     // Relocation: a gateway named by a host name may move (a new LoadBalancer IP or node

@@ -295,6 +295,8 @@ pub enum Proto {
     socks,
     tunnel,
     exposed,
+    /// A connection another gateway replica forwarded.
+    peer,
 }
 
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
@@ -307,6 +309,8 @@ pub enum ConnResult {
     dial_failed,
     /// Closed at once: `max_connections` relays were already running.
     over_limit,
+    /// Handed to the replica that holds the tunnel session.
+    forwarded,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -827,6 +831,7 @@ mod tests {
             index: 1,
             previous_private_keys: Vec::new(),
             previous_peer_public_keys: Vec::new(),
+            solicit_after: None,
         });
         let mut st = peer.status();
         let (tx, rx) = watch::channel(st.clone());

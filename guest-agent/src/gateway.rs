@@ -50,6 +50,10 @@ pub struct GatewaySettings {
     pub cluster_domain: String,
     pub connect_listen: Option<SocketAddr>,
     pub socks_listen: Option<SocketAddr>,
+    /// Replicas: forwarded connections from other replicas (see `GatewayConfig`).
+    pub peer_listen: Option<SocketAddr>,
+    /// Replicas: `host:port` of every replica's peer listener.
+    pub peers: Option<String>,
     pub health_listen: SocketAddr,
     pub dns_listen: Option<SocketAddr>,
     pub dns: DnsConfigSpec,
@@ -130,6 +134,20 @@ impl GatewaySettings {
             ));
         }
         let health_listen = socket_addr("health_listen", &c.health_listen)?;
+        let peer_listen = c
+            .peer_listen
+            .as_deref()
+            .map(|s| socket_addr("peer_listen", s))
+            .transpose()?;
+        let peers = c.peers.as_deref().map(|p| {
+            let ok = p.rsplit_once(':').is_some_and(|(h, port)| {
+                (crate::proxy::valid_name(h).is_some() || h.parse::<IpAddr>().is_ok())
+                    && port.parse::<u16>().is_ok_and(|p| p != 0)
+            });
+            ok.then(|| p.to_string())
+                .ok_or_else(|| err("peers", format!("`{p}` is not host:port")))
+        });
+        let peers = peers.transpose()?;
         let dns_listen = c
             .dns
             .listen
@@ -274,6 +292,8 @@ impl GatewaySettings {
             cluster_domain: domain,
             connect_listen,
             socks_listen,
+            peer_listen,
+            peers,
             health_listen,
             dns_listen,
             dns,
@@ -410,6 +430,8 @@ struct Shared {
     cancel: CancellationToken,
     /// Set while the agent is silent for longer than `peer_timeout`.
     peer_gone: AtomicBool,
+    /// The tunnel's latest status (whether this replica holds the session).
+    status: tokio::sync::watch::Receiver<PeerStatus>,
     /// One permit per relayed connection (`max_connections`).
     slots: Arc<tokio::sync::Semaphore>,
 }
@@ -424,11 +446,13 @@ impl Shared {
         );
     }
 
-    /// Decide and resolve a proxy target. Guest-owned names go into the tunnel, and only to
-    /// an address inside the guest CIDRs; management-owned names only when they are an
-    /// allow-listed Service, and never to loopback or link-local addresses. The address is
-    /// checked after resolving, and exactly that address is dialed (no second lookup).
-    async fn route(&self, t: &Target) -> Result<Route, Refusal> {
+    /// Decides where a proxy target goes, without I/O: its qualified name, and whether it is
+    /// management-side (`true`) or a guest name. Guest-owned names go into the tunnel (and,
+    /// in [`Shared::resolve`], only to an address inside the guest CIDRs); management-owned
+    /// names only when they are an allow-listed Service (never to loopback or link-local
+    /// addresses). The address is checked after resolving, and exactly that address is
+    /// dialed (no second lookup).
+    fn classify(&self, t: &Target) -> Result<(String, bool), Refusal> {
         let name = match &t.host {
             // An IP literal cannot be checked against the service table.
             Host::Ip(_) => return Err(Refusal::Denied),
@@ -464,9 +488,14 @@ impl Shared {
             }
             _ => return Err(Refusal::Denied),
         };
+        Ok((name, local))
+    }
+
+    /// Resolves a target [`Shared::classify`] allowed: exactly the address that will be dialed.
+    async fn resolve(&self, name: &str, local: bool, port: u16) -> Result<Route, Refusal> {
         let ips = self
             .dns
-            .lookup_ip(&name)
+            .lookup_ip(name)
             .await
             .map_err(|_| Refusal::ResolveFailed)?;
         let ip = if local {
@@ -479,10 +508,10 @@ impl Shared {
             })
         };
         let Some(ip) = ip else {
-            tracing::info!(target = %t, addresses = ?ips, "no resolved address is allowed");
+            tracing::info!(target = %name, addresses = ?ips, "no resolved address is allowed");
             return Err(Refusal::Denied);
         };
-        let a = SocketAddr::new(ip, t.port);
+        let a = SocketAddr::new(ip, port);
         Ok(if local {
             Route::Local(a)
         } else {
@@ -493,11 +522,137 @@ impl Shared {
     fn stack_family(&self, ip: IpAddr) -> bool {
         ip.is_ipv4() == self.s.tunnel.0.is_ipv4()
     }
+
+    /// Whether this replica holds the agent's session: heard from within the peer timeout.
+    fn has_session(&self) -> bool {
+        has_session(
+            self.status.borrow().since_authenticated,
+            self.s.peer_timeout,
+        )
+    }
+
+    /// Opens a proxy target: checked, then dialed here, or (a guest target while another
+    /// replica holds the tunnel session and `may_forward`) through that replica.
+    async fn open(&self, t: &Target, may_forward: bool) -> Result<Dialed, Failure> {
+        let (name, local) = self.classify(t).map_err(Failure::Refused)?;
+        if !local && !self.has_session() {
+            if may_forward && self.s.peers.is_some() {
+                return match forward(self, &name, t.port).await {
+                    Ok((up, early)) => Ok(Dialed::Peer(up, early)),
+                    Err(e) => {
+                        tracing::info!(target = %name, error = %e, "no replica took the request");
+                        Err(Failure::DialFailed)
+                    }
+                };
+            }
+            if !may_forward {
+                // forwarded to us: fail fast so the forwarding replica tries the next one
+                return Err(Failure::DialFailed);
+            }
+        }
+        let route = self
+            .resolve(&name, local, t.port)
+            .await
+            .map_err(Failure::Refused)?;
+        dial(self, route).await.map_err(|e| {
+            tracing::info!(target = %name, ?route, error = %e, "dial failed");
+            Failure::DialFailed
+        })
+    }
+}
+
+/// Whether the agent was heard from within `timeout` (pure).
+pub fn has_session(since_authenticated: Option<Duration>, timeout: Duration) -> bool {
+    since_authenticated.is_some_and(|d| d <= timeout)
+}
+
+/// Why a proxy request was not served.
+#[derive(Debug, Clone, Copy)]
+enum Failure {
+    Refused(Refusal),
+    DialFailed,
+}
+
+impl Failure {
+    fn result(self) -> ConnResult {
+        match self {
+            Failure::Refused(Refusal::Denied) => ConnResult::denied,
+            Failure::Refused(Refusal::ResolveFailed) => ConnResult::resolve_failed,
+            Failure::DialFailed => ConnResult::dial_failed,
+        }
+    }
+}
+
+impl Dialed {
+    fn result(&self) -> ConnResult {
+        match self {
+            Dialed::Peer(..) => ConnResult::forwarded,
+            _ => ConnResult::ok,
+        }
+    }
+}
+
+/// Whether `ip` is one of this host's (pod's) addresses: binding to it works.
+fn is_own_address(ip: IpAddr) -> bool {
+    std::net::UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok()
+}
+
+/// Hands a guest target to another replica: every address `peers` names (but our own) is
+/// asked in turn over SOCKS5; the first that answers success holds the session. Returns the
+/// stream and any bytes the target already sent after the reply.
+async fn forward(sh: &Shared, name: &str, port: u16) -> std::io::Result<(TcpStream, Vec<u8>)> {
+    use std::io::{Error, ErrorKind};
+    let peers = sh.s.peers.as_deref().unwrap_or_default();
+    let addrs: Vec<SocketAddr> = tokio::time::timeout(DIAL_TIMEOUT, tokio::net::lookup_host(peers))
+        .await
+        .map_err(|_| Error::from(ErrorKind::TimedOut))??
+        .filter(|a| !is_own_address(a.ip()))
+        .collect();
+    let request = socks::client_connect(name, port)
+        .ok_or_else(|| Error::new(ErrorKind::InvalidInput, "name too long"))?;
+    let mut last = Error::new(ErrorKind::NotConnected, "no other replica");
+    for a in addrs {
+        let attempt = async {
+            let mut up = TcpStream::connect(a).await?;
+            let _ = up.set_nodelay(true);
+            up.write_all(&request).await?;
+            let mut buf = Vec::with_capacity(64);
+            let mut chunk = [0u8; 512];
+            loop {
+                let n = up.read(&mut chunk).await?;
+                if n == 0 || buf.len() + n > 4096 {
+                    return Err(Error::from(ErrorKind::UnexpectedEof));
+                }
+                buf.extend_from_slice(&chunk[..n]);
+                match socks::parse_client_reply(&buf) {
+                    Ok(None) => continue,
+                    Ok(Some((socks::REP_SUCCEEDED, used))) => {
+                        return Ok((up, buf.split_off(used)));
+                    }
+                    Ok(Some((code, _))) => {
+                        return Err(Error::new(
+                            ErrorKind::ConnectionRefused,
+                            format!("replica {a} answered {code}"),
+                        ));
+                    }
+                    Err(e) => return Err(Error::new(ErrorKind::InvalidData, e.to_string())),
+                }
+            }
+        };
+        match tokio::time::timeout(DIAL_TIMEOUT, attempt).await {
+            Ok(Ok(x)) => return Ok(x),
+            Ok(Err(e)) => last = e,
+            Err(_) => last = Error::new(ErrorKind::TimedOut, format!("replica {a} timed out")),
+        }
+    }
+    Err(last)
 }
 
 enum Dialed {
     Tunnel(TcpConn),
     Local(TcpStream),
+    /// Through another replica, with what the target already sent.
+    Peer(TcpStream, Vec<u8>),
 }
 
 async fn dial(sh: &Shared, r: Route) -> std::io::Result<Dialed> {
@@ -523,7 +678,7 @@ async fn dial(sh: &Shared, r: Route) -> std::io::Result<Dialed> {
     }
 }
 
-async fn splice(d: Dialed, client: TcpStream, early: &[u8], idle: Duration) {
+async fn splice(d: Dialed, mut client: TcpStream, early: &[u8], idle: Duration) {
     match d {
         Dialed::Tunnel(c) => {
             if !early.is_empty() && c.send(Bytes::copy_from_slice(early)).await.is_err() {
@@ -533,14 +688,22 @@ async fn splice(d: Dialed, client: TcpStream, early: &[u8], idle: Duration) {
                 tracing::debug!("idle tunnel relay closed");
             }
         }
-        Dialed::Local(mut up) => {
-            if !early.is_empty() && up.write_all(early).await.is_err() {
+        Dialed::Local(up) => splice_os(up, client, early, idle).await,
+        Dialed::Peer(up, from_target) => {
+            if !from_target.is_empty() && client.write_all(&from_target).await.is_err() {
                 return;
             }
-            if relay_os(client, up, idle).await.is_err() {
-                tracing::debug!("idle relay closed");
-            }
+            splice_os(up, client, early, idle).await;
         }
+    }
+}
+
+async fn splice_os(mut up: TcpStream, client: TcpStream, early: &[u8], idle: Duration) {
+    if !early.is_empty() && up.write_all(early).await.is_err() {
+        return;
+    }
+    if relay_os(client, up, idle).await.is_err() {
+        tracing::debug!("idle relay closed");
     }
 }
 
@@ -622,27 +785,15 @@ async fn handle_connect(sh: Arc<Shared>, mut s: TcpStream) {
             }
         }
     };
-    let route = match sh.route(&req.target).await {
-        Ok(r) => r,
-        Err(Refusal::Denied) => {
-            // Answered like a name that does not resolve: the client (a guest's
-            // CatalogSource status) learns nothing about what exists behind the gateway.
-            tracing::info!(target = %req.target, "CONNECT denied");
-            sh.metrics.conn(Proto::connect, ConnResult::denied);
-            http_reply(s, "502 Bad Gateway").await;
-            return;
-        }
-        Err(Refusal::ResolveFailed) => {
-            sh.metrics.conn(Proto::connect, ConnResult::resolve_failed);
-            http_reply(s, "502 Bad Gateway").await;
-            return;
-        }
-    };
-    let d = match dial(&sh, route).await {
+    let d = match sh.open(&req.target, true).await {
         Ok(d) => d,
-        Err(e) => {
-            tracing::info!(target = %req.target, ?route, error = %e, "CONNECT dial failed");
-            sh.metrics.conn(Proto::connect, ConnResult::dial_failed);
+        Err(f) => {
+            if matches!(f, Failure::Refused(Refusal::Denied)) {
+                tracing::info!(target = %req.target, "CONNECT denied");
+            }
+            // Every failure answers alike (like a name that does not resolve): the client (a
+            // guest's CatalogSource status) learns nothing about what exists behind the gateway.
+            sh.metrics.conn(Proto::connect, f.result());
             http_reply(s, "502 Bad Gateway").await;
             return;
         }
@@ -653,16 +804,26 @@ async fn handle_connect(sh: Arc<Shared>, mut s: TcpStream) {
     {
         return;
     }
-    sh.metrics.conn(Proto::connect, ConnResult::ok);
+    sh.metrics.conn(Proto::connect, d.result());
     let early = buf[req.head_len..].to_vec();
     splice(d, s, &early, sh.s.idle_timeout).await;
 }
 
-async fn handle_socks(sh: Arc<Shared>, mut s: TcpStream) {
+async fn handle_socks(sh: Arc<Shared>, s: TcpStream) {
+    socks_request(sh, s, Proto::socks).await
+}
+
+/// A connection another replica forwarded: served only through our own tunnel session.
+async fn handle_peer(sh: Arc<Shared>, s: TcpStream) {
+    socks_request(sh, s, Proto::peer).await
+}
+
+async fn socks_request(sh: Arc<Shared>, mut s: TcpStream, proto: Proto) {
+    let may_forward = proto != Proto::peer;
     let deadline = tokio::time::Instant::now() + sh.s.handshake_timeout;
     let mut buf = Vec::with_capacity(512);
     let mut chunk = [0u8; 1024];
-    let bad = |sh: &Shared| sh.metrics.conn(Proto::socks, ConnResult::bad_request);
+    let bad = |sh: &Shared| sh.metrics.conn(proto, ConnResult::bad_request);
     // Greeting.
     let used = loop {
         match socks::parse_greeting(&buf) {
@@ -706,32 +867,21 @@ async fn handle_socks(sh: Arc<Shared>, mut s: TcpStream) {
             }
         }
     };
-    let route = match sh.route(&target).await {
-        Ok(r) => r,
-        Err(Refusal::Denied) => {
-            tracing::info!(%target, "SOCKS CONNECT denied");
-            sh.metrics.conn(Proto::socks, ConnResult::denied);
-            // like a name that does not resolve (see handle_connect)
-            let _ = s
-                .write_all(&socks::reply(socks::REP_HOST_UNREACHABLE))
-                .await;
-            return;
-        }
-        Err(Refusal::ResolveFailed) => {
-            sh.metrics.conn(Proto::socks, ConnResult::resolve_failed);
-            let _ = s
-                .write_all(&socks::reply(socks::REP_HOST_UNREACHABLE))
-                .await;
-            return;
-        }
-    };
-    let d = match dial(&sh, route).await {
+    let d = match sh.open(&target, may_forward).await {
         Ok(d) => d,
-        Err(_) => {
-            sh.metrics.conn(Proto::socks, ConnResult::dial_failed);
-            let _ = s
-                .write_all(&socks::reply(socks::REP_CONNECTION_REFUSED))
-                .await;
+        Err(f) => {
+            let code = match f {
+                Failure::Refused(r) => {
+                    if r == Refusal::Denied {
+                        tracing::info!(%target, "SOCKS CONNECT denied");
+                    }
+                    // like a name that does not resolve (see handle_connect)
+                    socks::REP_HOST_UNREACHABLE
+                }
+                Failure::DialFailed => socks::REP_CONNECTION_REFUSED,
+            };
+            sh.metrics.conn(proto, f.result());
+            let _ = s.write_all(&socks::reply(code)).await;
             return;
         }
     };
@@ -741,7 +891,7 @@ async fn handle_socks(sh: Arc<Shared>, mut s: TcpStream) {
     {
         return;
     }
-    sh.metrics.conn(Proto::socks, ConnResult::ok);
+    sh.metrics.conn(proto, d.result());
     let early = buf[used..].to_vec();
     splice(d, s, &early, sh.s.idle_timeout).await;
 }
@@ -871,6 +1021,14 @@ pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    let peer_l = match s.peer_listen {
+        Some(a) => Some(
+            TcpListener::bind(a)
+                .await
+                .with_context(|| format!("bind peer {a}"))?,
+        ),
+        None => None,
+    };
     let admin = TcpListener::bind(s.health_listen)
         .await
         .with_context(|| format!("bind health {}", s.health_listen))?;
@@ -896,6 +1054,7 @@ pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
         index: rand::random(),
         previous_private_keys: s.keys.previous_private_keys.clone(),
         previous_peer_public_keys: s.keys.previous_peer_public_keys.clone(),
+        solicit_after: Some(s.peer_timeout),
     });
     let (handle, _tunnel_task) = driver::spawn(udp, peer, cancel.clone());
     let gw_ip = s.tunnel.0;
@@ -978,6 +1137,7 @@ pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
         tracker: TaskTracker::new(),
         cancel: listeners_cancel.clone(),
         peer_gone: AtomicBool::new(false),
+        status: handle.status.clone(),
         slots,
     });
     tokio::spawn(watch_peer(Arc::clone(&sh), handle.status.clone()));
@@ -993,6 +1153,10 @@ pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
     if let Some(l) = socks_l {
         tracing::info!(addr = %l.local_addr()?, "SOCKS5 proxy listening");
         tokio::spawn(accept_loop(Arc::clone(&sh), l, Proto::socks, handle_socks));
+    }
+    if let Some(l) = peer_l {
+        tracing::info!(addr = %l.local_addr()?, peers = ?sh.s.peers, "replica listener");
+        tokio::spawn(accept_loop(Arc::clone(&sh), l, Proto::peer, handle_peer));
     }
     {
         let sh = Arc::clone(&sh);
@@ -1063,6 +1227,22 @@ mod tests {
     }
 
     #[test]
+    fn a_replica_holds_the_session_only_while_the_agent_is_heard() {
+        let t = Duration::from_secs(25);
+        assert!(!has_session(None, t), "never heard: another replica has it");
+        assert!(has_session(Some(Duration::from_secs(3)), t));
+        assert!(has_session(Some(t), t));
+        assert!(!has_session(Some(Duration::from_secs(26)), t));
+    }
+
+    #[test]
+    fn own_addresses_are_told_from_other_replicas() {
+        assert!(is_own_address("127.0.0.1".parse().unwrap()));
+        // TEST-NET-2 is never assigned to this host
+        assert!(!is_own_address("198.51.100.7".parse().unwrap()));
+    }
+
+    #[test]
     fn peer_timeout_defaults_to_two_keepalives_and_five_seconds() {
         let mut c = config();
         assert_eq!(
@@ -1113,6 +1293,8 @@ mod tests {
             cluster_domain: None,
             socks_listen: None,
             connect_listen: Some("127.0.0.1:3128".into()),
+            peer_listen: None,
+            peers: None,
             health_listen: "127.0.0.1:9090".into(),
             dns: GatewayDns {
                 local_upstreams: vec!["172.30.0.10".into()],
@@ -1211,6 +1393,25 @@ mod tests {
         let mut c = config();
         c.mtu = Some(100);
         assert_eq!(GatewaySettings::from_config(&c).unwrap_err().field, "mtu");
+        for bad in ["peers-without-port", "bad_name!:1081", "peers:0", ":1081"] {
+            let mut c = config();
+            c.peers = Some(bad.into());
+            assert_eq!(
+                GatewaySettings::from_config(&c).unwrap_err().field,
+                "peers",
+                "{bad}"
+            );
+        }
+        let mut c = config();
+        c.peers = Some("hcp-olm-tunnel-gateway-peers.clusters-a.svc:1081".into());
+        c.peer_listen = Some("0.0.0.0:1081".into());
+        let s = GatewaySettings::from_config(&c).unwrap();
+        assert_eq!(s.peer_listen, Some("0.0.0.0:1081".parse().unwrap()));
+        c.peer_listen = Some("nope".into());
+        assert_eq!(
+            GatewaySettings::from_config(&c).unwrap_err().field,
+            "peer_listen"
+        );
         for (i, (ns, name, port, field)) in [
             ("*", "cat", 50051, "allowed_local_services[0].namespace"),
             ("clusters-a", "*", 50051, "allowed_local_services[0].name"),

@@ -1328,3 +1328,263 @@ fn bulk_push_through_the_tunnel_loses_no_datagrams() {
         w.logs()
     );
 }
+
+/// Highly available gateway (issue 13 item 6): two replicas sharing the keys, each in its own
+/// namespace ("pods" A and B), behind a node namespace N where the agent's WireGuard Service
+/// lives. N's nftables DNAT with `numgen random` over both replicas, and `conntrack -D` when
+/// an endpoint goes, stand in for kube-proxy (named); `/etc/hosts` listing both replicas
+/// stands in for the headless peers Service's DNS. Proxy clients connect to a replica
+/// directly (what the SOCKS/CONNECT Service would pick).
+///
+/// - A request landing on the replica without the agent's session is forwarded to the one
+///   with it (counted `result="forwarded"` there, `proto="peer"` on the holder).
+/// - kill -9 of the holder in the middle of a relayed stream: the stream ends at once, and
+///   calls through the survivor work again within 8 s: the agent's next keepalive (every 2 s
+///   here, 10 s as shipped) reaches the survivor, which answers data for a session it does
+///   not hold with a handshake offer; one round trip later it holds the session. (Without
+///   the offer the agent's dead-peer timeout decides: 3 × keepalive + 5 s, measured 11.0 s
+///   and 11.2 s here, 35 s as shipped.)
+/// - The killed replica restarts (as its Deployment would) and forwards to the survivor.
+#[test]
+fn replicas_forward_to_the_session_holder_and_survive_its_kill() {
+    const SVC: &str = "198.18.50.1";
+    const A_ADDR: &str = "198.18.54.2";
+    const B_ADDR: &str = "198.18.54.6";
+    const PEERS: &str = "gw-peers.test";
+    let n = Netns::create("han").unwrap();
+    let g = Netns::create("hag").unwrap();
+    let a = Netns::create("haa").unwrap();
+    let b = Netns::create("hab").unwrap();
+    connect(&n, &format!("{SVC}/30"), &g, &format!("{G_ADDR}/30")).unwrap();
+    connect(&n, "198.18.54.1/30", &a, &format!("{A_ADDR}/30")).unwrap();
+    connect(&n, "198.18.54.5/30", &b, &format!("{B_ADDR}/30")).unwrap();
+    assert!(
+        n.output("sysctl", &["-qw", "net.ipv4.ip_forward=1"])
+            .unwrap()
+            .status
+            .success()
+    );
+    a.ip(&["route", "add", "default", "via", "198.18.54.1"])
+        .unwrap();
+    b.ip(&["route", "add", "default", "via", "198.18.54.5"])
+        .unwrap();
+    for a in [GUEST_CAT, GUEST_DNS] {
+        g.ip(&["addr", "add", &format!("{a}/32"), "dev", "lo"])
+            .unwrap();
+    }
+    let hosts = format!("127.0.0.1 localhost\n{A_ADDR} {PEERS}\n{B_ADDR} {PEERS}\n");
+    for r in [&a, &b] {
+        r.set_hosts(&hosts).unwrap();
+    }
+    let nft = |rules: String| {
+        let mut cmd = n.command("nft");
+        cmd.args(["-f", "-"]).stdin(std::process::Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), rules.as_bytes()).unwrap();
+        assert!(child.wait().unwrap().success(), "nft: {rules}");
+    };
+    // kube-proxy stand-in: the WireGuard Service's endpoints.
+    let service = |endpoints: &[&str]| {
+        let map: Vec<String> = endpoints
+            .iter()
+            .enumerate()
+            .map(|(i, ip)| format!("{i} : {ip} . 51820"))
+            .collect();
+        nft(format!(
+            "table ip hasvc\ndelete table ip hasvc\ntable ip hasvc {{\n chain pre {{\n  type nat hook prerouting priority -100;\n  ip daddr {SVC} udp dport 51820 dnat ip to numgen random mod {} map {{ {} }}\n }}\n}}\n",
+            endpoints.len(),
+            map.join(", ")
+        ));
+    };
+    service(&[A_ADDR, B_ADDR]);
+
+    let dir = tempfile::tempdir().unwrap();
+    let gw_key = PrivateKey::generate();
+    let agent_key = PrivateKey::generate();
+    let gw_key_file = dir.path().join("gw.key");
+    let agent_key_file = dir.path().join("agent.key");
+    std::fs::write(&gw_key_file, gw_key.to_base64()).unwrap();
+    std::fs::write(&agent_key_file, agent_key.to_base64()).unwrap();
+    let gw = serde_json::json!({
+        "listen_port": 51820,
+        "private_key_file": gw_key_file,
+        "agent_public_key": agent_key.public_key().to_string(),
+        "tunnel_address": hcp_olm_tunnel_api::GATEWAY_TUNNEL_ADDRESS,
+        "agent_tunnel_address": hcp_olm_tunnel_api::AGENT_TUNNEL_ADDRESS,
+        "guest_cidrs": ["198.18.52.0/24"],
+        "hcp_namespace": HCP_NS,
+        "connect_listen": "0.0.0.0:3128",
+        "peer_listen": "0.0.0.0:1081",
+        "peers": format!("{PEERS}:1081"),
+        "health_listen": GW_HEALTH,
+        "persistent_keepalive_seconds": 2,
+        "dns": {"local_upstreams": ["127.0.0.1:5354"]},
+        "allowed_services": [{"namespace": GUEST_NS, "name": "*", "port": 50051}],
+        "exposed_services": [],
+        "drain_timeout_seconds": 3
+    });
+    let agent = serde_json::json!({
+        "gateway_endpoint": format!("{SVC}:51820"),
+        "gateway_public_key": gw_key.public_key().to_string(),
+        "private_key_file": agent_key_file,
+        "tunnel_address": hcp_olm_tunnel_api::AGENT_TUNNEL_ADDRESS,
+        "gateway_tunnel_address": hcp_olm_tunnel_api::GATEWAY_TUNNEL_ADDRESS,
+        "persistent_keepalive_seconds": 2,
+        "allowed_services": [{"namespace": "*", "name": "*", "port": 50051}],
+        "allowed_cidrs": ["198.18.52.0/24"],
+        "guest_dns": [GUEST_DNS],
+        "exposed_services": [],
+        "health_listen": AGENT_HEALTH,
+        "drain_timeout_seconds": 3
+    });
+    let gw_conf = dir.path().join("gateway.json");
+    let agent_conf = dir.path().join("agent.json");
+    std::fs::write(&gw_conf, serde_json::to_vec_pretty(&gw).unwrap()).unwrap();
+    std::fs::write(&agent_conf, serde_json::to_vec_pretty(&agent).unwrap()).unwrap();
+    let guest_cat = dir.path().join("guest-catalog");
+    catalog_subset(
+        &guest_cat,
+        &["eda-openshift-operator", "nvidia-network-operator"],
+    );
+    let _opm = opm(&g, "opm-guest", &guest_cat, "0.0.0.0:50051");
+    let cat = format!("cat.{GUEST_NS}.svc.cluster.local");
+    let _dns = dnsmasq(&g, "dnsmasq-guest", GUEST_DNS, 53, &[(&cat, GUEST_CAT)]);
+    let start_gateway = |ns: &Netns, name: &str| {
+        let mut cmd = ns.command(GATEWAY);
+        cmd.arg("--config").arg(&gw_conf);
+        ns.spawn(name, cmd).unwrap()
+    };
+    let mut replicas = vec![
+        (&a, A_ADDR, Some(start_gateway(&a, "gateway-a"))),
+        (&b, B_ADDR, Some(start_gateway(&b, "gateway-b"))),
+    ];
+    let mut cmd = g.command(AGENT);
+    cmd.arg("--config").arg(&agent_conf);
+    let agent_p = g.spawn("agent", cmd).unwrap();
+    let logs = |replicas: &[(&Netns, &str, Option<NsProcess>)]| {
+        let mut s = format!("--- agent\n{}", agent_p.log_tail(30));
+        for (_, addr, p) in replicas {
+            if let Some(p) = p {
+                s.push_str(&format!("\n--- gateway {addr}\n{}", p.log_tail(30)));
+            }
+        }
+        s
+    };
+    wait_for("guest opm", Duration::from_secs(60), || {
+        packages(&g, &format!("{GUEST_CAT}:50051"), None).is_ok()
+    });
+    wait_for("agent ready (handshake)", Duration::from_secs(20), || {
+        ready(&g, AGENT_HEALTH)
+    });
+    let handshakes = |ns: &Netns| metric(ns, GW_HEALTH, "hcp_olm_tunnel_last_handshake_timestamp");
+    let holder = replicas
+        .iter()
+        .position(|(ns, _, _)| handshakes(ns) > 0)
+        .unwrap_or_else(|| panic!("no replica holds the session\n{}", logs(&replicas)));
+    let other = 1 - holder;
+    eprintln!("the agent's flow went to {}", replicas[holder].1);
+    assert_eq!(handshakes(replicas[other].0), 0, "both replicas handshook");
+
+    // Through either replica.
+    let guest = format!("{cat}:50051");
+    for (_, addr, _) in &replicas {
+        packages(&n, &guest, Some(&format!("{addr}:3128")))
+            .unwrap_or_else(|e| panic!("via {addr}: {e}\n{}", logs(&replicas)));
+    }
+    let forwarded = |ns: &Netns| {
+        metric(
+            ns,
+            GW_HEALTH,
+            "hcp_olm_tunnel_proxy_connections_total{proto=\"connect\",result=\"forwarded\"}",
+        )
+    };
+    assert_eq!(forwarded(replicas[other].0), 1, "{}", logs(&replicas));
+    assert_eq!(forwarded(replicas[holder].0), 0);
+    assert_eq!(
+        metric(
+            replicas[holder].0,
+            GW_HEALTH,
+            "hcp_olm_tunnel_proxy_connections_total{proto=\"peer\",result=\"ok\"}"
+        ),
+        1
+    );
+
+    // A relayed stream through the holder, then kill -9 of the holder in its middle.
+    let mut stream = {
+        use std::io::{Read, Write};
+        let mut cmd = n.command("bash");
+        cmd.args([
+            "-c",
+            &format!(
+                "exec 3<>/dev/tcp/{}/3128; printf 'CONNECT {guest} HTTP/1.1\\r\\nHost: {guest}\\r\\n\\r\\n' >&3; cat <&3",
+                replicas[holder].1
+            ),
+        ])
+        .stdout(std::process::Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        let mut out = child.stdout.take().unwrap();
+        let mut head = [0u8; 39];
+        out.read_exact(&mut head).unwrap();
+        assert!(
+            String::from_utf8_lossy(&head).starts_with("HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&head)
+        );
+        let _ = std::io::stdout().flush();
+        (child, out)
+    };
+    let (_, addr, p) = &mut replicas[holder];
+    p.take().unwrap().kill();
+    eprintln!("killed the holder {addr}");
+    let t0 = Instant::now();
+    // The endpoints controller and kube-proxy: the killed pod leaves the Service, and its
+    // UDP conntrack entries go.
+    let survivor = replicas[other].1;
+    service(&[survivor]);
+    let _ = n.output(
+        "conntrack",
+        &["-D", "-p", "udp", "--orig-port-dst", "51820"],
+    );
+    {
+        use std::io::Read;
+        let mut rest = Vec::new();
+        let _ = stream.1.read_to_end(&mut rest);
+        let _ = stream.0.wait();
+        eprintln!(
+            "the stream through the killed replica ended after {:?}",
+            t0.elapsed()
+        );
+    }
+    let t = wait_for(
+        "calls through the survivor after the holder's kill -9",
+        Duration::from_secs(40),
+        || packages(&n, &guest, Some(&format!("{survivor}:3128"))).is_ok(),
+    );
+    eprintln!("calls through the survivor work again {t:?} after the kill");
+    assert!(
+        t0.elapsed() < Duration::from_secs(8),
+        "recovered only after {:?} (bound 8 s)\n{}",
+        t0.elapsed(),
+        logs(&replicas)
+    );
+    // (the metric is refreshed on a timer)
+    wait_for(
+        "the survivor's handshake metric",
+        Duration::from_secs(10),
+        || handshakes(replicas[other].0) > 0,
+    );
+
+    // The killed replica comes back (its Deployment) and joins the Service again; the agent's
+    // flow stays with the survivor, and the new replica forwards to it.
+    let (ns, addr, p) = &mut replicas[holder];
+    *p = Some(start_gateway(ns, "gateway-restarted"));
+    let back = *addr;
+    service(&[A_ADDR, B_ADDR]);
+    wait_for("restarted replica ready", Duration::from_secs(10), || {
+        ready(replicas[holder].0, GW_HEALTH)
+    });
+    packages(&n, &guest, Some(&format!("{back}:3128")))
+        .unwrap_or_else(|e| panic!("via the restarted {back}: {e}\n{}", logs(&replicas)));
+    assert_eq!(forwarded(replicas[holder].0), 1, "{}", logs(&replicas));
+    drop(agent_p);
+}

@@ -145,6 +145,17 @@ pub struct GatewayConfig {
     /// HTTP CONNECT listener (`ip:port`) OLM pods use as `GRPC_PROXY`/`HTTPS_PROXY`; optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connect_listen: Option<String>,
+    /// Replicas: where this replica takes connections other replicas forward (`ip:port`,
+    /// SOCKS5). They are answered only through this replica's own tunnel session, never
+    /// forwarded again. Optional.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_listen: Option<String>,
+    /// Replicas: `host:port` naming every replica's `peer_listen` (a headless Service). A
+    /// proxy request for a guest target that arrives while this replica holds no tunnel
+    /// session (the agent's WireGuard flow is pinned to one replica) is forwarded to a
+    /// replica that holds it. Optional.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peers: Option<String>,
     /// `/healthz` `/readyz` `/metrics`.
     pub health_listen: String,
     pub dns: GatewayDns,
@@ -286,6 +297,8 @@ mod tests {
             cluster_domain: None,
             socks_listen: Some("0.0.0.0:1080".into()),
             connect_listen: Some("0.0.0.0:3128".into()),
+            peer_listen: None,
+            peers: None,
             health_listen: "0.0.0.0:9090".into(),
             dns: GatewayDns {
                 local_upstreams: vec!["172.30.0.10".into()],

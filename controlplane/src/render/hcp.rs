@@ -670,7 +670,10 @@ pub(super) fn render(
     // WireGuard to the agent (UDP; its NATed address and port are not known in advance) and,
     // in management placement, this HCP's catalog pods. Nothing else in the management
     // network, whatever a proxy client asks for.
+    let gateway_pods = json!([{"podSelector": {"matchLabels": selector(names::TUNNEL_GATEWAY)}}]);
     let mut egress = vec![
+        // the other replicas (forwarding to the one holding the agent's session)
+        json!({"to": gateway_pods, "ports": [{"protocol": "TCP", "port": ports::GATEWAY_PEER}]}),
         json!({"ports": [
             {"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53},
             {"protocol": "UDP", "port": 5353}, {"protocol": "TCP", "port": 5353},
@@ -696,6 +699,7 @@ pub(super) fn render(
                 "ingress": [
                     {"ports": [{"protocol": "UDP", "port": ports::WIREGUARD}]},
                     {"from": olm_clients, "ports": [{"protocol": "TCP", "port": ports::SOCKS}]},
+                    {"from": gateway_pods, "ports": [{"protocol": "TCP", "port": ports::GATEWAY_PEER}]},
                 ],
                 "egress": egress,
             }
@@ -773,6 +777,18 @@ pub(super) fn render(
         ),
         "services",
     );
+    // Headless: each replica's address, ready or not (every replica is ready once bound).
+    let mut peers = service(
+        input,
+        names::TUNNEL_GATEWAY_PEERS,
+        "tunnel-gateway",
+        names::TUNNEL_GATEWAY,
+        json!([{"name": "peer", "protocol": "TCP", "port": ports::GATEWAY_PEER, "targetPort": ports::GATEWAY_PEER}]),
+        "ClusterIP",
+    );
+    peers["spec"]["clusterIP"] = json!("None");
+    peers["spec"]["publishNotReadyAddresses"] = json!(true);
+    push(out, peers, "services");
     let wg_type = match v.tunnel_service_type {
         TunnelServiceType::NodePort => "NodePort",
         TunnelServiceType::LoadBalancer => "LoadBalancer",
@@ -813,51 +829,81 @@ pub(super) fn render(
         });
     }
 
-    // Deployments: tunnel gateway first (OLM needs it for guest catalogs).
-    push(
-        out,
-        deployment(
-            input,
-            PodSpec {
-                name: names::TUNNEL_GATEWAY,
-                component: "tunnel-gateway",
-                replicas: 1,
-                service_account: names::TUNNEL_GATEWAY,
-                automount_token: false,
-                priority_class: CONTROL_PLANE_PRIORITY,
-                init_containers: vec![],
-                containers: vec![json!({
-                    "name": "gateway",
-                    "image": v.images.tunnel_gateway,
-                    "imagePullPolicy": "IfNotPresent",
-                    "args": ["--config", "/etc/hcp-olm/tunnel/config.json"],
-                    "ports": [
-                        {"name": "wireguard", "containerPort": ports::WIREGUARD, "protocol": "UDP"},
-                        {"name": "socks", "containerPort": ports::SOCKS, "protocol": "TCP"},
-                        {"name": "health", "containerPort": ports::TUNNEL_HEALTH, "protocol": "TCP"},
-                    ],
-                    "livenessProbe": http_probe("/healthz", ports::TUNNEL_HEALTH, "HTTP", 10, 3),
-                    "readinessProbe": http_probe("/readyz", ports::TUNNEL_HEALTH, "HTTP", 0, 3),
-                    // Limit: max_connections (128) stalled relays at up to ~1 MiB each plus the
-                    // process (security_gateway_stream_flood_keeps_memory_bounded).
-                    "resources": {"requests": {"cpu": "10m", "memory": "30Mi"}, "limits": {"memory": super::tunnel::TUNNEL_MEMORY_LIMIT}},
-                    "securityContext": container_security(),
-                    "volumeMounts": [{"name": "config", "mountPath": "/etc/hcp-olm/tunnel", "readOnly": true}],
-                })],
-                volumes: vec![
-                    json!({"name": "config", "secret": {"secretName": names::TUNNEL_GATEWAY, "defaultMode": 0o440}}),
-                ],
-                config_hash: config_hash(&BTreeMap::from([(
-                    names::TUNNEL_GATEWAY.to_string(),
-                    gw_hash,
-                )])),
-                image_pull_secrets: vec![],
-                strategy: None,
-                termination_grace_seconds: None,
-            },
+    // Deployments: tunnel gateway first (OLM needs it for guest catalogs). Highly
+    // available: two replicas on different nodes (zones where required) sharing the keys.
+    // The agent's WireGuard flow reaches one of them (the Service pins it); the other
+    // forwards guest targets to it, and takes the session over when it goes (the agent
+    // re-handshakes through the same Service address).
+    let (gw_replicas, gw_strategy) = match v.availability {
+        AvailabilityPolicy::SingleReplica => (1, None),
+        AvailabilityPolicy::HighlyAvailable => (
+            2,
+            Some(
+                json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}),
+            ),
         ),
-        "deployments",
+    };
+    let mut gateway = deployment(
+        input,
+        PodSpec {
+            name: names::TUNNEL_GATEWAY,
+            component: "tunnel-gateway",
+            replicas: gw_replicas,
+            service_account: names::TUNNEL_GATEWAY,
+            automount_token: false,
+            priority_class: CONTROL_PLANE_PRIORITY,
+            init_containers: vec![],
+            containers: vec![json!({
+                "name": "gateway",
+                "image": v.images.tunnel_gateway,
+                "imagePullPolicy": "IfNotPresent",
+                "args": ["--config", "/etc/hcp-olm/tunnel/config.json"],
+                "ports": [
+                    {"name": "wireguard", "containerPort": ports::WIREGUARD, "protocol": "UDP"},
+                    {"name": "socks", "containerPort": ports::SOCKS, "protocol": "TCP"},
+                    {"name": "peer", "containerPort": ports::GATEWAY_PEER, "protocol": "TCP"},
+                    {"name": "health", "containerPort": ports::TUNNEL_HEALTH, "protocol": "TCP"},
+                ],
+                "livenessProbe": http_probe("/healthz", ports::TUNNEL_HEALTH, "HTTP", 10, 3),
+                "readinessProbe": http_probe("/readyz", ports::TUNNEL_HEALTH, "HTTP", 0, 3),
+                // Limit: max_connections (128) stalled relays at up to ~1 MiB each plus the
+                // process (security_gateway_stream_flood_keeps_memory_bounded).
+                "resources": {"requests": {"cpu": "10m", "memory": "30Mi"}, "limits": {"memory": super::tunnel::TUNNEL_MEMORY_LIMIT}},
+                "securityContext": container_security(),
+                "volumeMounts": [{"name": "config", "mountPath": "/etc/hcp-olm/tunnel", "readOnly": true}],
+            })],
+            volumes: vec![
+                json!({"name": "config", "secret": {"secretName": names::TUNNEL_GATEWAY, "defaultMode": 0o440}}),
+            ],
+            config_hash: config_hash(&BTreeMap::from([(
+                names::TUNNEL_GATEWAY.to_string(),
+                gw_hash,
+            )])),
+            image_pull_secrets: vec![],
+            strategy: gw_strategy,
+            termination_grace_seconds: None,
+        },
     );
+    if v.availability == AvailabilityPolicy::HighlyAvailable {
+        spread_replicas(&mut gateway, names::TUNNEL_GATEWAY, v.zone_spread_required);
+        push(out, gateway, "deployments");
+        push(
+            out,
+            json!({
+                "apiVersion": "policy/v1",
+                "kind": "PodDisruptionBudget",
+                "metadata": metadata(v, names::TUNNEL_GATEWAY, Some(&hcp_ns), "tunnel-gateway", owner(input)),
+                "spec": {
+                    "maxUnavailable": 1,
+                    "selector": {"matchLabels": selector(names::TUNNEL_GATEWAY)},
+                    "unhealthyPodEvictionPolicy": "AlwaysAllow",
+                },
+            }),
+            "poddisruptionbudgets",
+        );
+    } else {
+        push(out, gateway, "deployments");
+    }
 
     if management {
         for c in catalogs {

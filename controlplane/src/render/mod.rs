@@ -47,6 +47,8 @@ pub mod names {
     pub const CATALOG_SA: &str = "hcp-olm-catalog";
     pub const TUNNEL_GATEWAY: &str = "hcp-olm-tunnel-gateway";
     pub const TUNNEL_GATEWAY_WG: &str = "hcp-olm-tunnel-gateway-wg";
+    /// Headless Service naming every gateway replica (forwarding to the session holder).
+    pub const TUNNEL_GATEWAY_PEERS: &str = "hcp-olm-tunnel-gateway-peers";
     pub const GUEST_NAMESPACE: &str = "hcp-olm";
     pub const GUEST_AGENT: &str = "hcp-olm-guest-agent";
     pub const GUEST_AGENT_PEER: &str = "hcp-olm-guest-agent-peer";
@@ -76,6 +78,8 @@ pub mod ports {
     pub const OLM_METRICS_TLS: u16 = 8443;
     pub const WIREGUARD: u16 = 51820;
     pub const SOCKS: u16 = 1080;
+    /// Gateway replicas forward to each other here.
+    pub const GATEWAY_PEER: u16 = 1081;
     pub const TUNNEL_HEALTH: u16 = 8081;
 }
 

@@ -319,6 +319,15 @@ pub fn gateway_config(
         cluster_domain: None,
         socks_listen: Some(format!("0.0.0.0:{}", ports::SOCKS)),
         connect_listen: None,
+        // Every replica (one, or two when highly available) finds the others here; one
+        // without the agent's session forwards guest targets to the one that has it.
+        peer_listen: Some(format!("0.0.0.0:{}", ports::GATEWAY_PEER)),
+        peers: Some(format!(
+            "{}.{}.svc:{}",
+            names::TUNNEL_GATEWAY_PEERS,
+            net.hcp_namespace,
+            ports::GATEWAY_PEER
+        )),
         health_listen: format!("0.0.0.0:{}", ports::TUNNEL_HEALTH),
         dns: GatewayDns {
             local_upstreams: net.management_dns.clone(),

@@ -32,6 +32,7 @@ fn establish() -> State {
         index: 1,
         previous_private_keys: Vec::new(),
         previous_peer_public_keys: Vec::new(),
+        solicit_after: None,
     });
     let mut gw = Peer::new(PeerConfig {
         private_key: gw_key,
@@ -44,6 +45,7 @@ fn establish() -> State {
         index: 2,
         previous_private_keys: Vec::new(),
         previous_peer_public_keys: Vec::new(),
+        solicit_after: None,
     });
     let now = Instant::now();
     let p = packet::udp_packet(

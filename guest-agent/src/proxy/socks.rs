@@ -132,9 +132,91 @@ pub fn reply(code: u8) -> [u8; 10] {
     [5, code, 0, 1, 0, 0, 0, 0, 0, 0]
 }
 
+/// Client side (a gateway replica forwarding to another): the greeting (no-auth) and a
+/// CONNECT request for `name:port`, sent together. `None` for a name over 255 bytes.
+pub fn client_connect(name: &str, port: u16) -> Option<Vec<u8>> {
+    let n = u8::try_from(name.len()).ok()?;
+    let mut out = vec![5, 1, 0, 5, 1, 0, 3, n];
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(&port.to_be_bytes());
+    Some(out)
+}
+
+/// Client side: parses the server's method selection and CONNECT reply (as answered to
+/// [`client_connect`]); returns the reply code and the bytes used. `Ok(None)`: need more.
+pub fn parse_client_reply(buf: &[u8]) -> Result<Option<(u8, usize)>, SocksError> {
+    match buf.first() {
+        None => return Ok(None),
+        Some(5) => {}
+        Some(_) => return Err(SocksError::Version),
+    }
+    match buf.get(1) {
+        None => return Ok(None),
+        Some(0) => {}
+        Some(_) => return Err(SocksError::NoAcceptableMethod),
+    }
+    let r = &buf[2..];
+    if r.len() < 4 {
+        return Ok(None);
+    }
+    if r[0] != 5 {
+        return Err(SocksError::Version);
+    }
+    let addr_len = match r[3] {
+        0x01 => 4,
+        0x04 => 16,
+        0x03 => match r.get(4) {
+            Some(&n) => 1 + usize::from(n),
+            None => return Ok(None),
+        },
+        _ => return Err(SocksError::AddressType),
+    };
+    let len = 4 + addr_len + 2;
+    if r.len() < len {
+        return Ok(None);
+    }
+    Ok(Some((r[1], 2 + len)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn client_messages_round_trip_through_our_parsers() {
+        let m = client_connect("cat.team-a.svc.cluster.local", 50051).unwrap();
+        let used = parse_greeting(&m).unwrap().unwrap();
+        let (t, n) = parse_request(&m[used..]).unwrap().unwrap();
+        assert_eq!(t.to_string(), "cat.team-a.svc.cluster.local:50051");
+        assert_eq!(used + n, m.len());
+        assert_eq!(client_connect(&"a".repeat(256), 1), None);
+
+        let mut answer = vec![5, 0];
+        answer.extend_from_slice(&reply(REP_SUCCEEDED));
+        answer.extend_from_slice(b"early");
+        assert_eq!(parse_client_reply(&answer), Ok(Some((0, 12))));
+        for cut in 0..12 {
+            assert_eq!(parse_client_reply(&answer[..cut]), Ok(None), "{cut}");
+        }
+        let mut refused = vec![5, 0];
+        refused.extend_from_slice(&reply(REP_HOST_UNREACHABLE));
+        assert_eq!(
+            parse_client_reply(&refused),
+            Ok(Some((REP_HOST_UNREACHABLE, 12)))
+        );
+        let mut v6 = vec![5, 0, 5, 0, 0, 4];
+        v6.extend_from_slice(&[0; 18]);
+        assert_eq!(parse_client_reply(&v6), Ok(Some((0, 24))));
+        assert_eq!(
+            parse_client_reply(&[5, 0xff]),
+            Err(SocksError::NoAcceptableMethod)
+        );
+        assert_eq!(parse_client_reply(&[4, 0]), Err(SocksError::Version));
+        assert_eq!(
+            parse_client_reply(&[5, 0, 5, 0, 0, 9]),
+            Err(SocksError::AddressType)
+        );
+    }
 
     #[test]
     fn greeting() {

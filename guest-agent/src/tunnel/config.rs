@@ -281,6 +281,7 @@ pub fn parse(path: &Path, text: &str) -> Result<TunnelConfig, TunnelConfigError>
             index: rand::random::<u32>(),
             previous_private_keys: Vec::new(),
             previous_peer_public_keys: Vec::new(),
+            solicit_after: None,
         },
     })
 }

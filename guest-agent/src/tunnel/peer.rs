@@ -125,6 +125,12 @@ pub struct PeerConfig {
     pub previous_private_keys: Vec<PrivateKey>,
     /// Key rotation, answering side: peer keys still accepted in handshakes it starts.
     pub previous_peer_public_keys: Vec<PublicKey>,
+    /// Answering side with replicas: a data datagram that matches no session of ours, while
+    /// nothing authenticated came from the peer for this long (or ever), is answered with a
+    /// handshake initiation to its sender (at most one per [`REKEY_TIMEOUT`]). Another
+    /// replica held the session and is gone, and the peer's flow now reaches us: this takes
+    /// the session over in one round trip instead of after the peer's dead-peer timeout.
+    pub solicit_after: Option<Duration>,
 }
 
 impl PeerConfig {
@@ -307,6 +313,9 @@ pub struct Counters {
     pub rekeys: u64,
     /// Answering side: moves to another accepted key pair because the peer used it.
     pub key_switches: u64,
+    /// Answering side: handshakes offered to the sender of data for a session we do not
+    /// hold ([`PeerConfig::solicit_after`]).
+    pub solicited: u64,
     /// Drops, indexed like [`DropReason::ALL`].
     pub dropped: [u64; 9],
 }
@@ -362,6 +371,9 @@ pub struct Peer {
     endpoint: Option<SocketAddr>,
     dialer: bool,
     dead_peer_timeout: Option<Duration>,
+    solicit_after: Option<Duration>,
+    /// When the last solicited initiation went out.
+    last_solicit: Option<Instant>,
     allowed_ips: Vec<Cidr>,
     last_authenticated: Option<Instant>,
     last_restart: Option<Instant>,
@@ -413,6 +425,12 @@ impl Peer {
             dialer: cfg.endpoint.is_some(),
             endpoint: cfg.endpoint,
             dead_peer_timeout: cfg.dead_peer_timeout,
+            solicit_after: if cfg.endpoint.is_some() {
+                None
+            } else {
+                cfg.solicit_after
+            },
+            last_solicit: None,
             allowed_ips: cfg.allowed_ips,
             last_authenticated: None,
             last_restart: None,
@@ -692,6 +710,33 @@ impl Peer {
         }
     }
 
+    /// See [`PeerConfig::solicit_after`]. The initiation is sealed to the peer's static key,
+    /// so only the peer can answer it; a forged datagram gets at most one 148-byte initiation
+    /// per [`REKEY_TIMEOUT`] sent to its (claimed) source, and never while the peer is heard.
+    fn solicit(&mut self, from: SocketAddr, now: Instant, out: &mut Vec<Output>) {
+        let Some(after) = self.solicit_after else {
+            return;
+        };
+        let heard = self
+            .last_authenticated
+            .is_some_and(|t| now.saturating_duration_since(t) < after);
+        let spaced = self
+            .last_solicit
+            .is_none_or(|t| now.saturating_duration_since(t) >= REKEY_TIMEOUT);
+        if heard || !spaced {
+            return;
+        }
+        if let TunnResult::WriteToNetwork(d) =
+            self.tunn.format_handshake_initiation(&mut self.buf, true)
+        {
+            let d = d.to_vec();
+            self.last_solicit = Some(now);
+            self.counters.solicited += 1;
+            tracing::info!(%from, "data for a session we do not hold: handshake offered");
+            self.emit(Some(from), d, out);
+        }
+    }
+
     /// Handles one UDP datagram received from `from`. Returns the drop reason if it was
     /// rejected (already counted); never panics on any input.
     pub fn handle_datagram(
@@ -743,6 +788,9 @@ impl Peer {
             Err(e) => {
                 let r = DropReason::from_wg(&e);
                 tracing::debug!(%from, error = ?e, reason = r.as_str(), "dropped datagram");
+                if msg_type == DATA {
+                    self.solicit(from, now, out);
+                }
                 return Err(self.drop_with(r));
             }
         };
@@ -1010,6 +1058,7 @@ mod tests {
             index: 1,
             previous_private_keys: Vec::new(),
             previous_peer_public_keys: Vec::new(),
+            solicit_after: None,
         });
         let gw = Peer::new(PeerConfig {
             private_key: gw_key.clone(),
@@ -1022,6 +1071,7 @@ mod tests {
             index: 2,
             previous_private_keys: Vec::new(),
             previous_peer_public_keys: Vec::new(),
+            solicit_after: None,
         });
         Pair {
             guest,
@@ -1067,6 +1117,106 @@ mod tests {
 
     fn ping(seq: u16) -> Vec<u8> {
         packet::icmp_echo_request(GUEST_IP, GW_IP, 7, seq, b"hello")
+    }
+
+    fn sends(out: Vec<Output>) -> Vec<(SocketAddr, Vec<u8>)> {
+        out.into_iter()
+            .filter_map(|o| match o {
+                Output::Send { to, datagram } => Some((to, datagram)),
+                Output::Deliver(_) => None,
+            })
+            .collect()
+    }
+
+    /// A second gateway replica (same keys) gets the guest's data after the first one went:
+    /// it offers a handshake to the sender at once, and one round trip later holds the
+    /// session. Once, not per datagram; never while the guest is heard.
+    #[test]
+    fn a_replica_without_the_session_offers_a_handshake_to_the_senders_data() {
+        let mut p = pair();
+        let mut out = Vec::new();
+        p.guest.send_packet(&ping(1), &mut out).unwrap();
+        let (_, at_gw) = exchange(&mut p, out);
+        assert_eq!(at_gw.len(), 1, "first replica served");
+        let mut replica = Peer::new(PeerConfig {
+            private_key: p.gw_key.clone(),
+            peer_public_key: p.guest_key.public_key(),
+            preshared_key: None,
+            endpoint: None,
+            persistent_keepalive: None,
+            dead_peer_timeout: None,
+            allowed_ips: vec!["198.18.41.2/32".parse().unwrap()],
+            index: 3,
+            previous_private_keys: Vec::new(),
+            previous_peer_public_keys: Vec::new(),
+            solicit_after: Some(Duration::from_secs(25)),
+        });
+        let now = Instant::now();
+        // The guest's flow now lands on the replica.
+        let mut data = Vec::new();
+        p.guest.send_packet(&ping(2), &mut data).unwrap();
+        let (_, datagram) = sends(data).remove(0);
+        assert_eq!(datagram[0], DATA);
+        let mut out = Vec::new();
+        assert!(
+            replica
+                .handle_datagram(p.guest_addr, &datagram, now, &mut out)
+                .is_err()
+        );
+        let offered = sends(out);
+        assert_eq!(offered.len(), 1);
+        assert_eq!(offered[0].0, p.guest_addr, "to the sender");
+        assert_eq!(offered[0].1[0], HANDSHAKE_INIT);
+        assert_eq!(replica.counters().solicited, 1);
+        // More data at once: no second offer.
+        let mut out = Vec::new();
+        let _ = replica.handle_datagram(p.guest_addr, &datagram, now, &mut out);
+        assert!(sends(out).is_empty());
+        // The guest answers; the replica holds the session and delivers.
+        let mut to_replica = Vec::new();
+        p.guest
+            .handle_datagram(sa(GW), &offered[0].1, now, &mut to_replica)
+            .unwrap();
+        let mut back = Vec::new();
+        for (to, d) in sends(to_replica) {
+            assert_eq!(to, sa(GW));
+            replica
+                .handle_datagram(p.guest_addr, &d, now, &mut back)
+                .unwrap();
+        }
+        assert!(replica.handshake_age().is_some(), "session taken over");
+        assert_eq!(replica.endpoint(), Some(p.guest_addr));
+        // The initiator's first message (a keepalive) confirms the session to the guest.
+        let mut ignored = Vec::new();
+        for (to, d) in sends(back) {
+            assert_eq!(to, p.guest_addr);
+            let _ = p.guest.handle_datagram(sa(GW), &d, now, &mut ignored);
+        }
+        let mut data = Vec::new();
+        p.guest.send_packet(&ping(3), &mut data).unwrap();
+        let mut delivered = Vec::new();
+        for (_, d) in sends(data) {
+            let _ = replica.handle_datagram(p.guest_addr, &d, now, &mut delivered);
+        }
+        assert!(
+            delivered
+                .iter()
+                .any(|o| matches!(o, Output::Deliver(d) if *d == ping(3))),
+            "the guest's next packet is served by the replica"
+        );
+        // Heard now: forged data for an unknown session is not answered, even after the
+        // spacing.
+        let mut forged = vec![DATA, 0, 0, 0, 9, 9, 9, 9];
+        forged.extend_from_slice(&[0u8; 40]);
+        let mut out = Vec::new();
+        let _ = replica.handle_datagram(
+            sa(GUEST2),
+            &forged,
+            now + REKEY_TIMEOUT + Duration::from_secs(1),
+            &mut out,
+        );
+        assert!(sends(out).is_empty());
+        assert_eq!(replica.counters().solicited, 1);
     }
 
     fn established() -> Pair {
@@ -1332,6 +1482,7 @@ mod tests {
             index: 9,
             previous_private_keys: Vec::new(),
             previous_peer_public_keys: Vec::new(),
+            solicit_after: None,
         });
         let mut so = Vec::new();
         stranger.send_packet(&ping(1), &mut so).unwrap();
@@ -1395,6 +1546,7 @@ mod tests {
             index: 9,
             previous_private_keys: Vec::new(),
             previous_peer_public_keys: Vec::new(),
+            solicit_after: None,
         });
         let mut out = Vec::new();
         stranger.send_packet(&ping(1), &mut out).unwrap();

@@ -103,6 +103,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         index: rand::random(),
         previous_private_keys: Vec::new(),
         previous_peer_public_keys: Vec::new(),
+        solicit_after: None,
     });
     let socket = UdpSocket::bind(args.listen)
         .await
