@@ -4026,3 +4026,37 @@ async fn hypershift_take_over_and_hand_back() -> Result<()> {
     }
     Ok(())
 }
+
+/// A pass for a HostedCluster whose HCP namespace does not exist sends no HostedOLM request:
+/// a HostedOLM created then lands in the namespace if someone creates it in between, labelled
+/// as HyperShift's or not, since the ownership check was already made.
+/// `secret_changes_trigger_reconciles` hit this race under load ("wrote into an unlabelled
+/// namespace"). Failed on the old code: one GET and one POST of hostedolms.
+#[tokio::test]
+async fn no_hosted_olm_request_before_the_hcp_namespace_exists() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    let ctx = ctx(controller_client(&env).await?);
+    let name = "nons";
+    put_kubeconfig_secret(&env, "nons-admin-kubeconfig").await?;
+    create_hc_ns(
+        &env.management,
+        HC_NS,
+        name,
+        "nons-admin-kubeconfig",
+        serde_json::json!({}),
+        false,
+    )
+    .await?;
+    let requests = || async {
+        env.management
+            .api_requests(&["GET", "POST", "PUT", "PATCH"], &["hostedolms"])
+            .await
+    };
+    let before = requests().await?;
+    let o = reconcile(&ctx, &env, name).await?;
+    assert_eq!(o.state, State::Waiting("WaitingForHCPNamespace".into()));
+    assert_eq!(requests().await? - before, 0, "HostedOLM requests");
+    Ok(())
+}

@@ -612,7 +612,18 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     let stores = ctx.stores();
     match hcp_namespace_ownership_with(&ctx.client, stores.as_deref(), &ns, &name, &hcp_ns).await? {
         Ownership::Owned => {}
-        Ownership::NoNamespace => {}
+        // Nothing is written into the namespace until a pass has seen it labelled: one
+        // created between this check and a write could be anybody's. Its creation (or
+        // labelling) wakes this HostedCluster.
+        Ownership::NoNamespace => {
+            tracing::info!(cluster = %format!("{ns}/{name}"), namespace = %hcp_ns, "HCP namespace does not exist yet");
+            let mut o = Outcome::new(
+                State::Waiting("WaitingForHCPNamespace".into()),
+                ctx.schedule.waiting,
+            );
+            o.hcp_writes = usize::from(ensure_finalizer(ctx, hc, true).await?);
+            return Ok(o);
+        }
         Ownership::WaitingForHostedControlPlane => {
             return Ok(Outcome::new(
                 State::Waiting("WaitingForHostedControlPlane".into()),
