@@ -521,6 +521,29 @@ async fn guest_objects(env: &Environment, guest_net: &PodNetwork) -> Result<()> 
     Ok(())
 }
 
+/// The `/metrics` text of the gateway process `pid`, read inside its pod's network namespace
+/// (the health port is not in any Service).
+fn gateway_metrics(pid: u32) -> Result<String, String> {
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--net=/proc/{pid}/ns/net"))
+        .args([
+            "timeout",
+            "5",
+            "bash",
+            "-c",
+            "exec 3<>/dev/tcp/127.0.0.1/8081 && printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' >&3 && cat <&3",
+        ])
+        .output()
+        .map_err(|e| format!("nsenter: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "reading the gateway's metrics: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 async fn catalog_states(env: &Environment) -> Result<BTreeMap<String, String>> {
     catalog_states_of(env.guest.client()).await
 }
@@ -1074,6 +1097,88 @@ async fn run_steps(
             }
         })
         .await?;
+    }
+    steps.end();
+
+    steps.begin(
+        "tunnel gateway killed (kill -9) and restarted by the node: the new process takes the agent's session over and serves OLM; guest catalog READY within 90 s",
+    );
+    {
+        let world = &*world;
+        let node = world.mgmt_node.as_ref().context("management node")?;
+        let gw_key = (HCP_NS.to_string(), "hcp-olm-tunnel-gateway".to_string());
+        let (seen, recorder) = record_states(world.env.guest.client());
+        let t0 = Instant::now();
+        let since = |t: Instant| t.duration_since(t0).as_secs_f64();
+        until("guest catalog READY before the kill", 120, || async {
+            let m = catalog_states(&world.env)
+                .await
+                .map_err(|e| e.to_string())?;
+            match m.get(USER_SOURCE).map(String::as_str) {
+                Some("READY") => Ok(()),
+                s => Err(format!("{USER_SOURCE} is {s:?}")),
+            }
+        })
+        .await?;
+        let before = node.view().pids.get(&gw_key).cloned().unwrap_or_default();
+        ensure!(!before.is_empty(), "no tunnel gateway process to kill");
+        let killed = Instant::now();
+        for pid in &before {
+            std::process::Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status()?;
+        }
+        let mut restarted = Vec::new();
+        until("the node restarts the gateway container", 60, || {
+            let now = node.view().pids.get(&gw_key).cloned().unwrap_or_default();
+            let fresh = !now.is_empty() && now.iter().all(|p| !before.contains(p));
+            if fresh {
+                restarted = now.clone();
+            }
+            let r = if fresh {
+                Ok(())
+            } else {
+                Err(format!("gateway pids {now:?} (killed {before:?})"))
+            };
+            async move { r }
+        })
+        .await?;
+        // The new process holds a session and has relayed OLM's calls into the guest (its
+        // own counters, read inside its pod's network namespace), and the guest's
+        // CatalogSource says READY.
+        let pid = restarted[0];
+        until("the restarted gateway serves OLM and the guest catalog is READY", 90, || async move {
+            let metrics = gateway_metrics(pid)?;
+            let value = |prefix: &str| -> f64 {
+                metrics
+                    .lines()
+                    .filter(|l| l.starts_with(prefix))
+                    .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+                    .sum()
+            };
+            let handshake = value("hcp_olm_tunnel_last_handshake_timestamp_seconds");
+            let relayed = value(
+                "hcp_olm_tunnel_proxy_connections_total{proto=\"socks\",result=\"ok\"}",
+            );
+            let m = catalog_states(&world.env)
+                .await
+                .map_err(|e| e.to_string())?;
+            let state = m.get(USER_SOURCE).cloned().unwrap_or_default();
+            if handshake > 0.0 && relayed >= 1.0 && state == "READY" {
+                Ok(())
+            } else {
+                Err(format!(
+                    "handshake {handshake}, relayed socks connections {relayed}, {USER_SOURCE} {state}"
+                ))
+            }
+        })
+        .await?;
+        (log)(&format!(
+            "  gateway kill -9 -> served again after {:.1} s; {USER_SOURCE} states since the kill (s, state): {:?}",
+            killed.elapsed().as_secs_f64(),
+            states_since(&seen, since(killed))
+        ));
+        recorder.abort();
     }
     steps.end();
 
