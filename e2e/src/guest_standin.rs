@@ -205,6 +205,29 @@ impl GuestStandIn {
         self.shared.requests.load(Ordering::Relaxed)
     }
 
+    /// The object guest `i` holds, as stored.
+    pub fn get(
+        &self,
+        i: usize,
+        group: &str,
+        plural: &str,
+        ns: Option<&str>,
+        name: &str,
+    ) -> Option<Value> {
+        let key = (
+            group.to_string(),
+            plural.to_string(),
+            ns.map(str::to_string),
+            name.to_string(),
+        );
+        self.shared.guests[i]
+            .objects
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .cloned()
+    }
+
     /// Whether guest `i` holds the object.
     pub fn has(&self, i: usize, group: &str, plural: &str, ns: Option<&str>, name: &str) -> bool {
         let key = (

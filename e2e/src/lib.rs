@@ -3,6 +3,7 @@
 //! - [`tools`]: where the upstream binaries are (`make tools`).
 //! - [`cluster`]: etcd + kube-apiserver control planes ([`Cluster`], [`Environment`]).
 //! - [`netns`]: network namespaces joined by veth, with per-namespace `resolv.conf`.
+//! - [`fleet`]: many HostedClusters and the controller's identity (benchmark, restart test).
 //! - [`guest_standin`]: a minimal stand-in for many guest API servers (controller benchmark only).
 //! - [`podnet`]: a cluster's pod network: router namespace, pod namespaces, Services, DNS.
 //! - [`registry`]: a real OCI registry on loopback.
@@ -11,6 +12,7 @@
 //! - [`process`]: processes that stand in for pods, killed by PID and waited for.
 
 pub mod cluster;
+pub mod fleet;
 pub mod guest_standin;
 pub mod hostile_registry;
 pub mod kubeconfig;

@@ -75,6 +75,11 @@ pub fn bin(name: &str) -> Result<PathBuf, ToolError> {
     }
 }
 
+/// A file of this repository (`p` relative to its root).
+pub fn repo_file(p: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(p)
+}
+
 /// The shared fixtures directory: `$HCP_OLM_SHARED/fixtures`, else `shared/fixtures` beside the
 /// repository checkout (CI clones the repository with `shared/` next to it).
 pub fn fixtures_dir() -> PathBuf {

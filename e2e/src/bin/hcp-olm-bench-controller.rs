@@ -25,35 +25,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use futures::StreamExt as _;
+use hcp_olm_e2e::fleet::{
+    HC_NS, OLM_IMAGE, RESOURCES, controller_identity, create_hosted_cluster, guest_crd_files,
+    holm_resource, hosted_cluster_template, yaml_docs,
+};
 use hcp_olm_e2e::guest_standin::GuestStandIn;
 use hcp_olm_e2e::tools::fixtures_dir;
 use hcp_olm_e2e::{Cluster, ClusterOptions, SharedEtcd};
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Endpoints, Secret};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-
-const HC_NS: &str = "clusters";
-const OLM_IMAGE: &str = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
-const RELEASE_IMAGE: &str = "quay.io/openshift-release-dev/ocp-release:4.18.3-x86_64";
-
-/// Every resource the controller may write, in either cluster.
-const RESOURCES: &[&str] = &[
-    "deployments",
-    "services",
-    "serviceaccounts",
-    "secrets",
-    "networkpolicies",
-    "poddisruptionbudgets",
-    "hostedolms",
-    "hostedclusters",
-    "catalogsources",
-    "apiservices",
-    "endpoints",
-    "operatorhubs",
-    "namespaces",
-    "events",
-];
+use k8s_openapi::api::core::v1::Endpoints;
+use kube::api::{Api, DynamicObject, ListParams};
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T> {
     match std::env::var(name) {
@@ -147,27 +127,6 @@ async fn served(c: &Cluster) -> Result<(f64, f64)> {
         metric_sum(&short, "apiserver_request_total{"),
         metric_sum(&short, "apiserver_request_duration_seconds_sum{"),
     ))
-}
-
-fn guest_crd_files() -> Vec<PathBuf> {
-    let fx = fixtures_dir();
-    vec![
-        fx.join("crds/olm/operators.coreos.com_catalogsources.yaml"),
-        fx.join("crds/olm/operators.coreos.com_clusterserviceversions.yaml"),
-        fx.join("crds/openshift/0000_03_marketplace_01_operatorhubs.crd.yaml"),
-    ]
-}
-
-fn yaml_docs(path: &PathBuf) -> Result<Vec<serde_json::Value>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
-    let mut out = Vec::new();
-    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
-        let v: serde_json::Value = serde::Deserialize::deserialize(doc)?;
-        if !v.is_null() {
-            out.push(v);
-        }
-    }
-    Ok(out)
 }
 
 /// One real guest: kube-apiserver on the shared etcd, the guest CRDs and namespace.
@@ -277,115 +236,6 @@ impl Guests {
             Guests::StandIn(_) => 0.0,
         }
     }
-}
-
-fn hc_resource() -> ApiResource {
-    ApiResource {
-        group: "hypershift.openshift.io".into(),
-        version: "v1beta1".into(),
-        api_version: "hypershift.openshift.io/v1beta1".into(),
-        kind: "HostedCluster".into(),
-        plural: "hostedclusters".into(),
-    }
-}
-
-fn holm_resource() -> ApiResource {
-    ApiResource {
-        group: "olm.hcp-olm.io".into(),
-        version: "v1alpha1".into(),
-        api_version: "olm.hcp-olm.io/v1alpha1".into(),
-        kind: "HostedOLM".into(),
-        plural: "hostedolms".into(),
-    }
-}
-
-fn hosted_cluster_template() -> Result<serde_json::Value> {
-    let mut v = yaml_docs(&fixtures_dir().join("hypershift/examples/none-minimal.yaml"))?
-        .into_iter()
-        .find(|v| v["kind"] == "HostedCluster")
-        .context("fixture has a HostedCluster")?;
-    // The fixture carries the placeholder `fakeAddress`, which the real CRD rejects.
-    if let Some(services) = v["spec"]["services"].as_array_mut() {
-        for svc in services {
-            if let Some(np) = svc["servicePublishingStrategy"]["nodePort"].as_object_mut() {
-                np.insert("address".into(), "api.example.com".into());
-            }
-        }
-    }
-    v["spec"]["release"]["image"] = RELEASE_IMAGE.into();
-    v["metadata"]["namespace"] = HC_NS.into();
-    Ok(v)
-}
-
-/// Kubeconfig Secret, HostedCluster (+ status) and HCP namespace for hosted cluster `i`.
-async fn create_hosted_cluster(
-    mgmt: &Cluster,
-    template: &serde_json::Value,
-    i: usize,
-    kubeconfig: Vec<u8>,
-) -> Result<()> {
-    let name = format!("hc{i}");
-    let secret_name = format!("{name}-admin-kubeconfig");
-    let s = Secret {
-        metadata: kube::api::ObjectMeta {
-            name: Some(secret_name.clone()),
-            namespace: Some(HC_NS.into()),
-            ..Default::default()
-        },
-        data: Some(BTreeMap::from([(
-            "kubeconfig".to_string(),
-            ByteString(kubeconfig),
-        )])),
-        ..Default::default()
-    };
-    Api::<Secret>::namespaced(mgmt.client(), HC_NS)
-        .create(&PostParams::default(), &s)
-        .await?;
-    mgmt.ensure_hcp_namespace(&format!("{HC_NS}-{name}"))
-        .await?;
-    let mut v = template.clone();
-    v["metadata"]["name"] = name.clone().into();
-    let obj: DynamicObject = serde_json::from_value(v)?;
-    let api: Api<DynamicObject> = Api::namespaced_with(mgmt.client(), HC_NS, &hc_resource());
-    api.create(&PostParams::default(), &obj).await?;
-    api.patch_status(
-        &name,
-        &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({"status": {
-            "kubeconfig": {"name": secret_name},
-            "version": {
-                "desired": {"image": RELEASE_IMAGE, "version": "4.18.3"},
-                "availableUpdates": [],
-                "observedGeneration": 1,
-            },
-        }})),
-    )
-    .await?;
-    Ok(())
-}
-
-/// The controller's ServiceAccount with the ClusterRole and binding from manifests/.
-async fn controller_identity(mgmt: &Cluster) -> Result<PathBuf> {
-    let sa = mgmt
-        .service_account(
-            "hcp-olm-system",
-            "hcp-olm-controller",
-            Duration::from_secs(6 * 3600),
-        )
-        .await?;
-    let role: ClusterRole = serde_yaml_ng::from_str(&std::fs::read_to_string(repo_file(
-        "manifests/controller/clusterrole.yaml",
-    ))?)?;
-    Api::<ClusterRole>::all(mgmt.client())
-        .create(&PostParams::default(), &role)
-        .await?;
-    let binding: ClusterRoleBinding = serde_yaml_ng::from_str(&std::fs::read_to_string(
-        repo_file("manifests/controller/clusterrolebinding.yaml"),
-    )?)?;
-    Api::<ClusterRoleBinding>::all(mgmt.client())
-        .create(&PostParams::default(), &binding)
-        .await?;
-    Ok(sa.kubeconfig)
 }
 
 fn controller_bin() -> PathBuf {

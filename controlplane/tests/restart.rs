@@ -1,0 +1,448 @@
+//! Restarts at fleet scale (issue 16 item 5): 200 HostedClusters against the real management
+//! kube-apiserver, the controller as a real process (debug build) under its ServiceAccount
+//! and the RBAC from `manifests/`, with leader election on. Guests are served by
+//! [`hcp_olm_e2e::guest_standin`] (a STAND-IN, not 200 guest API servers; the management
+//! side, where the checks are made, is real).
+//!
+//! 1. The leader is killed (SIGKILL) when half the HostedOLMs have a status; a second
+//!    controller takes the Lease over and converges the fleet.
+//! 2. Key rotations are started on 20 clusters; the leader is killed while some are in their
+//!    first phase; a third controller finishes every rotation.
+//!
+//! After each: every HCP namespace holds the same set of our objects and nothing of ours is
+//! anywhere else (no duplicate, no orphan), and every Deployment has the same
+//! `metadata.generation` and pod-template config hash in all 200 namespaces (a restart that
+//! re-rendered with new keys or certificates, or wrote a template twice, would show as a
+//! cluster whose Deployments moved further than the others': an extra pod roll).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use futures::StreamExt as _;
+use hcp_olm_e2e::fleet::{
+    HC_NS, OLM_IMAGE, RESOURCES, controller_identity, create_hosted_cluster, guest_crd_files,
+    holm_resource, hosted_cluster_template, yaml_docs,
+};
+use hcp_olm_e2e::guest_standin::GuestStandIn;
+use hcp_olm_e2e::process::{self, ManagedProcess};
+use hcp_olm_e2e::{Cluster, ClusterOptions};
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
+
+const N: usize = 200;
+const ROTATED: usize = 20;
+const CONTROLLER: &str = env!("CARGO_BIN_EXE_hcp-olm-controller");
+const OURS: &str = "app.kubernetes.io/managed-by=hcp-olm";
+
+fn progress(msg: impl std::fmt::Display) {
+    eprintln!("[restart] {msg}");
+}
+
+fn start_controller(kubeconfig: &Path, dir: &Path, name: &str) -> Result<ManagedProcess> {
+    let port = hcp_olm_e2e::ports::free_port()?;
+    let mut cmd = process::command(CONTROLLER);
+    cmd.args([
+        "run",
+        "--admin-addr",
+        &format!("127.0.0.1:{port}"),
+        "--registry-lookups=false",
+        "--olm-image",
+        OLM_IMAGE,
+        "--concurrency",
+        "4",
+        "--leader-elect=true",
+        "--leader-elect-identity",
+        name,
+        "--leader-elect-lease-duration",
+        "6s",
+        "--leader-elect-renew-deadline",
+        "4s",
+        "--leader-elect-retry-period",
+        "1s",
+        "--tunnel-key-propagation",
+        "5s",
+    ])
+    .env("KUBECONFIG", kubeconfig)
+    .env("RUST_LOG", "warn");
+    Ok(ManagedProcess::spawn(
+        name,
+        cmd,
+        &dir.join(format!("{name}.log")),
+    )?)
+}
+
+async fn hosted_olms(mgmt: &Cluster) -> Result<Vec<DynamicObject>> {
+    let api: Api<DynamicObject> = Api::all_with(mgmt.client(), &holm_resource());
+    Ok(api.list(&ListParams::default()).await?.items)
+}
+
+/// HostedOLMs with a status, and guests whose packageserver Endpoints exist (second pass).
+async fn progress_of(mgmt: &Cluster, guests: &GuestStandIn) -> Result<(usize, usize)> {
+    let with_status = hosted_olms(mgmt)
+        .await?
+        .iter()
+        .filter(|h| h.data["status"]["observedGeneration"].is_i64())
+        .count();
+    let guests_done = (0..N)
+        .filter(|i| guests.has(*i, "", "endpoints", Some("default"), "packageserver"))
+        .count();
+    Ok((with_status, guests_done))
+}
+
+/// Until every HostedOLM has a status, every guest is done and management writes have
+/// stopped for 10 s.
+async fn converge(
+    mgmt: &Cluster,
+    guests: &GuestStandIn,
+    controller: &ManagedProcess,
+    limit: Duration,
+) -> Result<Duration> {
+    let t0 = Instant::now();
+    let mut last_writes = mgmt.api_writes(RESOURCES).await?;
+    let mut last_change = Instant::now();
+    let mut last_report = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        ensure!(
+            controller.exited().is_none(),
+            "controller exited:\n{}",
+            controller.log_tail(30)
+        );
+        let w = mgmt.api_writes(RESOURCES).await?;
+        if w != last_writes {
+            last_writes = w;
+            last_change = Instant::now();
+        }
+        let (statuses, done) = progress_of(mgmt, guests).await?;
+        if last_report.elapsed() >= Duration::from_secs(15) {
+            last_report = Instant::now();
+            progress(format!(
+                "{:.0}s: {statuses}/{N} statuses, {done}/{N} guests done",
+                t0.elapsed().as_secs_f64()
+            ));
+        }
+        if statuses == N && done == N && last_change.elapsed() >= Duration::from_secs(10) {
+            return Ok(last_change - t0);
+        }
+        if t0.elapsed() > limit {
+            bail!(
+                "not converged after {limit:?}: {statuses}/{N} statuses, {done}/{N} guests\n{}",
+                controller.log_tail(30)
+            );
+        }
+    }
+}
+
+/// Our objects by namespace: `Kind/name` sets.
+async fn our_objects(mgmt: &Cluster) -> Result<BTreeMap<String, BTreeSet<String>>> {
+    let kinds = hcp_olm_controlplane::runtime::reconcile::hcp_kinds();
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (r, _) in kinds {
+        let api: Api<DynamicObject> = Api::all_with(mgmt.client(), &r);
+        let list = match api.list_metadata(&ListParams::default().labels(OURS)).await {
+            Ok(l) => l,
+            Err(kube::Error::Api(s)) if s.code == 404 => continue,
+            Err(e) => return Err(e.into()),
+        };
+        for o in list.items {
+            out.entry(o.metadata.namespace.clone().unwrap_or_default())
+                .or_default()
+                .insert(format!(
+                    "{}/{}",
+                    r.kind,
+                    o.metadata.name.clone().unwrap_or_default()
+                ));
+        }
+    }
+    Ok(out)
+}
+
+/// Every HCP namespace holds the same objects, and only HCP namespaces hold any.
+fn check_objects(objects: &BTreeMap<String, BTreeSet<String>>) -> Result<usize> {
+    let expected: BTreeSet<String> = (0..N).map(|i| format!("{HC_NS}-hc{i}")).collect();
+    let namespaces: BTreeSet<String> = objects.keys().cloned().collect();
+    let stray: Vec<_> = namespaces.difference(&expected).collect();
+    ensure!(
+        stray.is_empty(),
+        "objects of ours outside HCP namespaces: {stray:?}"
+    );
+    let missing: Vec<_> = expected.difference(&namespaces).collect();
+    ensure!(
+        missing.is_empty(),
+        "HCP namespaces without our objects: {missing:?}"
+    );
+    let reference = &objects[&format!("{HC_NS}-hc0")];
+    for (ns, set) in objects {
+        ensure!(
+            set == reference,
+            "{ns} differs from {HC_NS}-hc0: extra {:?}, missing {:?}",
+            set.difference(reference).collect::<Vec<_>>(),
+            reference.difference(set).collect::<Vec<_>>()
+        );
+    }
+    Ok(reference.len())
+}
+
+/// Deployment name → namespace → (generation, pod-template config hash).
+type Rollouts = BTreeMap<String, BTreeMap<String, (i64, String)>>;
+
+async fn rollouts(mgmt: &Cluster) -> Result<Rollouts> {
+    let api: Api<Deployment> = Api::all(mgmt.client());
+    let mut out: Rollouts = BTreeMap::new();
+    for d in api.list(&ListParams::default().labels(OURS)).await?.items {
+        let hash = d
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.metadata.as_ref())
+            .and_then(|m| m.annotations.as_ref())
+            .and_then(|a| a.get("hcp-olm.io/config-hash").cloned())
+            .unwrap_or_default();
+        out.entry(d.metadata.name.clone().unwrap_or_default())
+            .or_default()
+            .insert(
+                d.metadata.namespace.clone().unwrap_or_default(),
+                (d.metadata.generation.unwrap_or(0), hash),
+            );
+    }
+    Ok(out)
+}
+
+/// Each Deployment moved exactly as far in every namespace (the restart added no roll).
+/// Config hashes may differ between clusters (each has its own keys and certificates);
+/// generations may not.
+fn check_no_extra_roll(r: &Rollouts, before: &Rollouts) -> Result<()> {
+    for (name, by_ns) in r {
+        let generations: BTreeSet<i64> = by_ns.values().map(|(g, _)| *g).collect();
+        ensure!(
+            generations.len() == 1 && by_ns.len() == N,
+            "Deployment {name}: generations {:?} over {} namespaces",
+            by_ns
+                .iter()
+                .filter(|(_, (g, _))| Some(g) != generations.first())
+                .take(10)
+                .collect::<Vec<_>>(),
+            by_ns.len()
+        );
+        // What existed when the leader died kept its pod template.
+        for (ns, (_, hash)) in by_ns {
+            if let Some((_, h0)) = before.get(name).and_then(|b| b.get(ns)) {
+                ensure!(
+                    h0 == hash,
+                    "Deployment {ns}/{name}: pod template changed across the restart ({h0} -> {hash})"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Public key (base64) of a stored private key (base64 text of 32 bytes).
+fn public_of(private_b64: &[u8]) -> Result<String> {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let text = std::str::from_utf8(private_b64)?.trim();
+    let bytes: [u8; 32] = b64
+        .decode(text)?
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("a private key is 32 bytes"))?;
+    let secret = x25519_dalek::StaticSecret::from(bytes);
+    Ok(b64.encode(x25519_dalek::PublicKey::from(&secret).as_bytes()))
+}
+
+/// Gateway config (management) and agent config (guest `i`, from the stand-in) name each
+/// other's current public keys and carry no previous key.
+async fn check_tunnel_keys(mgmt: &Cluster, guests: &GuestStandIn, i: usize) -> Result<()> {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let gw = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(
+        mgmt.client(),
+        &format!("{HC_NS}-hc{i}"),
+    )
+    .get("hcp-olm-tunnel-gateway")
+    .await?
+    .data
+    .unwrap_or_default();
+    let gw_config: hcp_olm_tunnel_api::GatewayConfig =
+        serde_json::from_slice(&gw.get("config.json").context("config.json")?.0)?;
+    let gw_public = public_of(&gw.get("private-key").context("gateway private-key")?.0)?;
+    ensure!(
+        !gw.contains_key("extra-private-key") && gw_config.previous_agent_public_keys.is_empty(),
+        "hc{i}: the gateway still accepts old keys"
+    );
+    let agent = guests
+        .get(
+            i,
+            "",
+            "secrets",
+            Some("hcp-olm"),
+            "hcp-olm-guest-agent-peer",
+        )
+        .context("the agent's Secret in the guest")?;
+    let field = |k: &str| -> Result<Vec<u8>> {
+        Ok(b64.decode(
+            agent["data"][k]
+                .as_str()
+                .with_context(|| format!("agent Secret has {k}"))?,
+        )?)
+    };
+    let agent_config: hcp_olm_tunnel_api::AgentPeerConfig =
+        serde_json::from_slice(&field("peer.json")?)?;
+    let agent_public = public_of(&field("private-key")?)?;
+    ensure!(
+        gw_config.agent_public_key == agent_public,
+        "hc{i}: the gateway expects another agent key"
+    );
+    ensure!(
+        agent_config.gateway_public_key == gw_public,
+        "hc{i}: the agent expects another gateway key"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leader_killed_mid_convergence_and_mid_key_rotation() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut opts = ClusterOptions::new("management");
+    // ~9 Services per hosted cluster
+    opts.service_cidr = "198.18.0.0/16".into();
+    let mgmt = Cluster::start(opts).await?;
+    let fx = hcp_olm_e2e::tools::fixtures_dir();
+    mgmt.install_crds(&[
+        fx.join("hypershift/crds/hostedclusters-Hypershift-Default.crd.yaml"),
+        hcp_olm_e2e::tools::repo_file("manifests/crds/hostedolm.yaml"),
+    ])
+    .await?;
+    mgmt.ensure_namespace(HC_NS).await?;
+    let kubeconfig = controller_identity(&mgmt).await?;
+    let mut crds = Vec::new();
+    for f in guest_crd_files() {
+        crds.extend(yaml_docs(&f)?);
+    }
+    let guests = GuestStandIn::start(N, crds).await?;
+    let template = hosted_cluster_template()?;
+    futures::stream::iter(0..N)
+        .map(|i| {
+            let (mgmt, template, guests) = (&mgmt, &template, &guests);
+            async move {
+                create_hosted_cluster(mgmt, template, i, guests.kubeconfig(i).into_bytes())
+                    .await
+                    .with_context(|| format!("creating HostedCluster hc{i}"))
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>>>()?;
+    progress(format!("{N} HostedClusters created"));
+
+    // 1. Killed mid-convergence.
+    let first = start_controller(&kubeconfig, dir.path(), "controller-a")?;
+    let t0 = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (statuses, _) = progress_of(&mgmt, &guests).await?;
+        if statuses >= N / 2 {
+            break;
+        }
+        ensure!(
+            first.exited().is_none() && t0.elapsed() < Duration::from_secs(900),
+            "half the fleet not reached: {statuses}/{N}\n{}",
+            first.log_tail(30)
+        );
+    }
+    first.kill();
+    let (statuses, done) = progress_of(&mgmt, &guests).await?;
+    progress(format!(
+        "leader killed (SIGKILL) after {:.0}s at {statuses}/{N} statuses, {done}/{N} guests done",
+        t0.elapsed().as_secs_f64()
+    ));
+    let at_kill = rollouts(&mgmt).await?;
+    let second = start_controller(&kubeconfig, dir.path(), "controller-b")?;
+    let took = converge(&mgmt, &guests, &second, Duration::from_secs(1200)).await?;
+    progress(format!(
+        "the new leader converged the fleet in {:.0}s",
+        took.as_secs_f64()
+    ));
+    let per_hc = check_objects(&our_objects(&mgmt).await?)?;
+    let converged = rollouts(&mgmt).await?;
+    check_no_extra_roll(&converged, &at_kill)?;
+    progress(format!(
+        "no duplicate or orphan ({per_hc} objects in each of {N} HCP namespaces), no extra roll"
+    ));
+
+    // 2. Killed mid key rotation.
+    let holm = holm_resource();
+    for i in 0..ROTATED {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(mgmt.client(), &format!("{HC_NS}-hc{i}"), &holm);
+        api.patch(
+            &format!("hc{i}"),
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"tunnel": {"keyRotation": "r1"}}})),
+        )
+        .await?;
+    }
+    let phases = |items: &[DynamicObject]| -> BTreeMap<String, usize> {
+        let mut m = BTreeMap::new();
+        for h in items {
+            let r = &h.data["status"]["tunnel"]["keyRotation"];
+            if r["token"] == "r1" {
+                *m.entry(r["phase"].as_str().unwrap_or("").to_string())
+                    .or_default() += 1;
+            }
+        }
+        m
+    };
+    let t0 = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let p = phases(&hosted_olms(&mgmt).await?);
+        if p.get("NewKeysAccepted").copied().unwrap_or(0) > 0 {
+            progress(format!("rotation phases when the leader is killed: {p:?}"));
+            break;
+        }
+        ensure!(
+            t0.elapsed() < Duration::from_secs(120),
+            "no rotation started: {p:?}\n{}",
+            second.log_tail(30)
+        );
+    }
+    second.kill();
+    let at_kill = rollouts(&mgmt).await?;
+    let third = start_controller(&kubeconfig, dir.path(), "controller-c")?;
+    let t0 = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let p = phases(&hosted_olms(&mgmt).await?);
+        if p.get("Idle").copied().unwrap_or(0) == ROTATED {
+            progress(format!(
+                "every rotation finished under the new leader after {:.0}s",
+                t0.elapsed().as_secs_f64()
+            ));
+            break;
+        }
+        ensure!(
+            third.exited().is_none() && t0.elapsed() < Duration::from_secs(300),
+            "rotations not finished: {p:?}\n{}",
+            third.log_tail(30)
+        );
+    }
+    converge(&mgmt, &guests, &third, Duration::from_secs(600)).await?;
+    check_objects(&our_objects(&mgmt).await?)?;
+    // Neither end restarts for a rotation: the rotated clusters' Deployments moved no
+    // further than the others'.
+    check_no_extra_roll(&rollouts(&mgmt).await?, &at_kill)?;
+    // Both ends of every rotated tunnel agree on the new keys, and neither accepts the old
+    // ones any more: the rotation was finished, not restarted or split by the new leader.
+    for i in 0..ROTATED {
+        check_tunnel_keys(&mgmt, &guests, i).await?;
+    }
+    progress(format!(
+        "the {ROTATED} rotated tunnels: gateway and agent configs name each other's new keys, no old key accepted"
+    ));
+    third.kill();
+    Ok(())
+}
