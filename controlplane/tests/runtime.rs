@@ -14,6 +14,7 @@ use hcp_olm_controlplane::runtime::reconcile::{
 };
 use hcp_olm_controlplane::runtime::{Config, Context, FINALIZER};
 use hcp_olm_e2e::cluster::{Cluster, Environment};
+use hcp_olm_e2e::hypershift_standin;
 use hcp_olm_e2e::tools::fixtures_dir;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -3539,220 +3540,6 @@ async fn cpo_scales(env: &Environment, name: &str, names: &[&str]) -> Result<()>
     Ok(())
 }
 
-/// Stand-in for HyperShift's hosted-cluster-config-operator's OLM writes to the guest
-/// (`reconcileOLM` in its resources controller, management placement): OperatorHub spec
-/// `{}`, the three default CatalogSources with `address: <name>:50051`, the packageserver
-/// APIService with the root CA's `ca.crt`, Service `default/packageserver` (port 443) and
-/// Endpoints to HyperShift's packageserver ClusterIP, and deleting `redhat-marketplace`.
-/// Create-or-update as its `CreateOrUpdate`: an object is written only when the fields it
-/// sets differ. Returns the objects it wrote (`Kind/name`).
-async fn hcco_round(env: &Environment, hcp_ns: &str) -> Result<Vec<String>> {
-    let guest = env.guest.client();
-    let mut wrote = Vec::new();
-    let root_ca = Api::<Secret>::namespaced(env.management.client(), hcp_ns)
-        .get("root-ca")
-        .await?;
-    let ca = root_ca
-        .data
-        .unwrap_or_default()
-        .get("ca.crt")
-        .map(|b| b.0.clone())
-        .context("root-ca has ca.crt")?;
-    let ps_ip = Api::<Service>::namespaced(env.management.client(), hcp_ns)
-        .get("packageserver")
-        .await?
-        .spec
-        .and_then(|s| s.cluster_ip)
-        .context("HyperShift's packageserver Service has a ClusterIP")?;
-    use base64::Engine as _;
-    let ca_b64 = base64::engine::general_purpose::STANDARD.encode(&ca);
-    let mut objects: Vec<(ApiResource, Option<&str>, &str, serde_json::Value)> = vec![
-        (
-            resource("config.openshift.io/v1", "OperatorHub", "operatorhubs"),
-            None,
-            "cluster",
-            serde_json::json!({"spec": {}}),
-        ),
-        (
-            resource("apiregistration.k8s.io/v1", "APIService", "apiservices"),
-            None,
-            "v1.packages.operators.coreos.com",
-            serde_json::json!({"spec": {
-                "caBundle": ca_b64, "group": "packages.operators.coreos.com",
-                "groupPriorityMinimum": 2000,
-                "service": {"name": "packageserver", "namespace": "default", "port": 443},
-                "version": "v1", "versionPriority": 15}}),
-        ),
-        (
-            resource("v1", "Endpoints", "endpoints"),
-            Some("default"),
-            "packageserver",
-            serde_json::json!({"subsets": [{"addresses": [{"ip": ps_ip}],
-                "ports": [{"name": "https", "port": 443, "protocol": "TCP"}]}]}),
-        ),
-    ];
-    for (name, display, priority) in [
-        ("certified-operators", "Certified Operators", -200),
-        ("community-operators", "Community Operators", -400),
-        ("redhat-operators", "Red Hat Operators", -100),
-    ] {
-        objects.push((
-            catalog_source_ar(),
-            Some("openshift-marketplace"),
-            name,
-            serde_json::json!({
-                "metadata": {"annotations": {"target.workload.openshift.io/management":
-                    r#"{"effect": "PreferredDuringScheduling"}"#}},
-                "spec": {"sourceType": "grpc", "displayName": display,
-                    "grpcPodConfig": {"securityContextConfig": "restricted"},
-                    "publisher": "Red Hat", "priority": priority,
-                    "updateStrategy": {"registryPoll": {"interval": "10m"}},
-                    "address": format!("{name}:50051")}}),
-        ));
-    }
-    for (ar, ns, name, want) in objects {
-        let api: Api<DynamicObject> = match ns {
-            Some(ns) => Api::namespaced_with(guest.clone(), ns, &ar),
-            None => Api::all_with(guest.clone(), &ar),
-        };
-        match api.get_opt(name).await? {
-            None => {
-                let mut body = want.clone();
-                body["apiVersion"] = serde_json::json!(ar.api_version);
-                body["kind"] = serde_json::json!(ar.kind);
-                body["metadata"]["name"] = serde_json::json!(name);
-                if let Some(ns) = ns {
-                    body["metadata"]["namespace"] = serde_json::json!(ns);
-                }
-                api.create(&PostParams::default(), &serde_json::from_value(body)?)
-                    .await?;
-                wrote.push(format!("{}/{name}", ar.kind));
-            }
-            Some(mut live) => {
-                let mut changed = false;
-                for (k, v) in want.as_object().context("object")? {
-                    if k == "metadata" {
-                        let anns = live.metadata.annotations.get_or_insert_default();
-                        for (ak, av) in v["annotations"].as_object().context("annotations")? {
-                            let av = av.as_str().unwrap_or_default().to_string();
-                            if anns.get(ak) != Some(&av) {
-                                anns.insert(ak.clone(), av);
-                                changed = true;
-                            }
-                        }
-                    } else if live.data.get(k) != Some(v) {
-                        live.data[k] = v.clone();
-                        changed = true;
-                    }
-                }
-                if changed {
-                    api.replace(name, &PostParams::default(), &live).await?;
-                    wrote.push(format!("{}/{name}", ar.kind));
-                }
-            }
-        }
-    }
-    // Service default/packageserver: it sets name and port of the one port; the server's
-    // defaults (protocol, targetPort) are not a difference.
-    let svcs = Api::<Service>::namespaced(guest.clone(), "default");
-    match svcs.get_opt("packageserver").await? {
-        None => {
-            svcs.create(
-                &PostParams::default(),
-                &serde_json::from_value(serde_json::json!({
-                    "metadata": {"name": "packageserver", "namespace": "default"},
-                    "spec": {"ports": [{"name": "https", "port": 443}]}}))?,
-            )
-            .await?;
-            wrote.push("Service/packageserver".into());
-        }
-        Some(mut live) => {
-            let ports = live
-                .spec
-                .as_ref()
-                .and_then(|s| s.ports.clone())
-                .unwrap_or_default();
-            if ports.len() != 1 || ports[0].name.as_deref() != Some("https") || ports[0].port != 443
-            {
-                let spec = live.spec.get_or_insert_default();
-                spec.ports = Some(vec![k8s_openapi::api::core::v1::ServicePort {
-                    name: Some("https".into()),
-                    port: 443,
-                    ..Default::default()
-                }]);
-                svcs.replace("packageserver", &PostParams::default(), &live)
-                    .await?;
-                wrote.push("Service/packageserver".into());
-            }
-        }
-    }
-    let cs =
-        Api::<DynamicObject>::namespaced_with(guest, "openshift-marketplace", &catalog_source_ar());
-    if cs.get_opt("redhat-marketplace").await?.is_some() {
-        cs.delete("redhat-marketplace", &Default::default()).await?;
-        wrote.push("CatalogSource/redhat-marketplace (deleted)".into());
-    }
-    Ok(wrote)
-}
-
-/// resourceVersions of the guest objects HyperShift's hosted-cluster-config-operator writes.
-async fn hcco_object_versions(env: &Environment) -> Result<BTreeMap<String, String>> {
-    let guest = env.guest.client();
-    let mut out = BTreeMap::new();
-    let mut add = |k: String, o: Option<kube::api::ObjectMeta>| {
-        out.insert(
-            k,
-            o.and_then(|m| m.resource_version)
-                .unwrap_or_else(|| "absent".into()),
-        );
-    };
-    let hub = Api::<DynamicObject>::all_with(
-        guest.clone(),
-        &resource("config.openshift.io/v1", "OperatorHub", "operatorhubs"),
-    );
-    add(
-        "OperatorHub/cluster".into(),
-        hub.get_opt("cluster").await?.map(|o| o.metadata),
-    );
-    let aps = Api::<DynamicObject>::all_with(
-        guest.clone(),
-        &resource("apiregistration.k8s.io/v1", "APIService", "apiservices"),
-    );
-    add(
-        "APIService".into(),
-        aps.get_opt("v1.packages.operators.coreos.com")
-            .await?
-            .map(|o| o.metadata),
-    );
-    let eps = Api::<DynamicObject>::namespaced_with(
-        guest.clone(),
-        "default",
-        &resource("v1", "Endpoints", "endpoints"),
-    );
-    add(
-        "Endpoints/packageserver".into(),
-        eps.get_opt("packageserver").await?.map(|o| o.metadata),
-    );
-    let svcs = Api::<Service>::namespaced(guest.clone(), "default");
-    add(
-        "Service/packageserver".into(),
-        svcs.get_opt("packageserver").await?.map(|o| o.metadata),
-    );
-    let cs =
-        Api::<DynamicObject>::namespaced_with(guest, "openshift-marketplace", &catalog_source_ar());
-    for n in [
-        "certified-operators",
-        "community-operators",
-        "redhat-operators",
-    ] {
-        add(
-            format!("CatalogSource/{n}"),
-            cs.get_opt(n).await?.map(|o| o.metadata),
-        );
-    }
-    Ok(out)
-}
-
 /// Issue 13, item 13 (take over and hand back) on real API servers, with stand-ins for
 /// HyperShift's control-plane-operator (scales per `debug-deployments`) and its
 /// hosted-cluster-config-operator (its guest OLM writes, every 5 s): `TakeOver` lists
@@ -3763,7 +3550,7 @@ async fn hcco_object_versions(env: &Environment) -> Result<BTreeMap<String, Stri
 /// no write to any of those objects by anyone after the first round, and no guest write of
 /// ours. Removing the field restores the annotation exactly and HyperShift's OLM returns.
 /// (The APIService's `Available` and Subscriptions being served need a packageserver pod and
-/// OLM running, which this tier has not: not covered here.)
+/// OLM running: the scenario's take-over steps cover them with the real OLM, `olm_e2e.rs`.)
 #[tokio::test]
 async fn hypershift_take_over_and_hand_back() -> Result<()> {
     let _serial = SERIAL.lock().await;
@@ -3933,13 +3720,15 @@ async fn hypershift_take_over_and_hand_back() -> Result<()> {
     ensure!(!g.contains(&"Service/packageserver".to_string()), "{g:?}");
 
     // Side by side.
-    let first = hcco_round(&env, &hcp_ns).await?;
+    let first =
+        hypershift_standin::hcco_round(&env.guest.client(), &env.management.client(), &hcp_ns)
+            .await?;
     ensure!(
         first.len() >= 7,
         "the config operator's first round: {first:?}"
     );
     converge(&ctx, &env, name, &[&env.management, &env.guest]).await?;
-    let settled = hcco_object_versions(&env).await?;
+    let settled = hypershift_standin::hcco_object_versions(&env.guest.client()).await?;
     let guest_writes_before = env.guest.api_writes(RESOURCES).await?;
     let mut hcco_writes = Vec::new();
     let start = std::time::Instant::now();
@@ -3947,7 +3736,10 @@ async fn hypershift_take_over_and_hand_back() -> Result<()> {
     while start.elapsed() < std::time::Duration::from_secs(soak_seconds()) {
         tokio::time::sleep(std::time::Duration::from_secs(5)).await;
         cpo_scales(&env, name, &theirs).await?;
-        hcco_writes.extend(hcco_round(&env, &hcp_ns).await?);
+        hcco_writes.extend(
+            hypershift_standin::hcco_round(&env.guest.client(), &env.management.client(), &hcp_ns)
+                .await?,
+        );
         let w0 = env.guest.api_writes(RESOURCES).await?;
         reconcile(&ctx, &env, name).await?;
         ensure!(
@@ -3956,7 +3748,7 @@ async fn hypershift_take_over_and_hand_back() -> Result<()> {
         );
         rounds += 1;
     }
-    let after = hcco_object_versions(&env).await?;
+    let after = hypershift_standin::hcco_object_versions(&env.guest.client()).await?;
     let changed: Vec<_> = settled
         .iter()
         .filter(|(k, v)| after.get(*k) != Some(v))

@@ -7,6 +7,7 @@
 //! - [`guest_standin`]: a minimal stand-in for many guest API servers (controller benchmark only).
 //! - [`podnet`]: a cluster's pod network: router namespace, pod namespaces, Services, DNS.
 //! - [`registry`]: a real OCI registry on loopback.
+//! - [`hypershift_standin`]: HyperShift's hosted-cluster-config-operator's guest OLM writes.
 //! - [`hostile_registry`]: a stand-in for a hostile registry (answers chosen by the test).
 //! - [`kubelet`]: a kubelet stand-in that runs rendered pods as processes.
 //! - [`process`]: processes that stand in for pods, killed by PID and waited for.
@@ -15,6 +16,7 @@ pub mod cluster;
 pub mod fleet;
 pub mod guest_standin;
 pub mod hostile_registry;
+pub mod hypershift_standin;
 pub mod kubeconfig;
 pub mod kubelet;
 pub mod netns;

@@ -201,6 +201,9 @@ pub enum Finish {
     All,
     /// Stop before deleting the HostedCluster (the demo leaves it up to explore).
     BeforeDelete,
+    /// Every step, and before the deletion HyperShift's own OLM is taken over (issue 13
+    /// item 13) and both run side by side for the given time.
+    AllWithTakeOver(Duration),
 }
 
 /// Runs the scenario. The world is returned (also on failure, when it got that far) so the
@@ -1274,11 +1277,414 @@ async fn run_steps(
     recorder.abort();
     steps.end();
 
-    if finish == Finish::All {
+    if let Finish::AllWithTakeOver(soak) = finish {
+        take_over_steps(world, &mgmt_net, log, steps, soak).await?;
+    }
+    if finish != Finish::BeforeDelete {
         steps.begin("delete the HostedCluster: nothing of ours left in either cluster");
         delete_hosted_cluster(world, log).await?;
         steps.end();
     }
+    Ok(())
+}
+
+/// The APIService `v1.packages.operators.coreos.com`'s `Available` status in the guest
+/// (`""` when absent).
+async fn apiservice_available(env: &Environment) -> Result<String> {
+    let api: Api<DynamicObject> = Api::all_with(
+        env.guest.client(),
+        &ar("apiregistration.k8s.io", "v1", "APIService", "apiservices"),
+    );
+    let Some(a) = api.get_opt("v1.packages.operators.coreos.com").await? else {
+        return Ok(String::new());
+    };
+    Ok(a.data["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "Available")
+        .and_then(|c| c["status"].as_str())
+        .unwrap_or("")
+        .to_string())
+}
+
+/// Issue 13 item 13 with the real OLM: HyperShift's OLM objects appear in the HCP
+/// namespace as its control-plane-operator makes them (created here, named: its Deployments
+/// at 0 replicas as it keeps every component `debug-deployments` lists; its catalogs running
+/// on the node), the HostedOLM asks for `TakeOver`, and a stand-in for its
+/// hosted-cluster-config-operator (`hypershift_standin`, every 5 s) writes the guest's OLM
+/// objects. Then both run side by side for `soak`: the packageserver APIService stays
+/// `Available` at every 1 s sample, no object is rewritten by anyone, packagemanifests list
+/// at every 15 s sample, and Subscriptions to a HyperShift catalog and to the guest catalog
+/// are installed meanwhile.
+async fn take_over_steps(
+    world: &mut World,
+    mgmt_net: &PodNetwork,
+    log: &Log,
+    steps: &mut Steps,
+    soak: Duration,
+) -> Result<()> {
+    use crate::hypershift_standin::{hcco_object_versions, hcco_round};
+    steps.begin(
+        "HyperShift's OLM objects appear (stand-ins, named) and the HostedOLM takes over: ours serve behind HyperShift's packageserver Service and certificate",
+    );
+    let mgmt = world.env.management.client();
+    let guest = world.env.guest.client();
+    // HyperShift's root CA and packageserver serving certificate.
+    let ca = crate::pki::Ca::new("root-ca")?;
+    let ps_sans = [
+        "packageserver".to_string(),
+        "packageserver.default".to_string(),
+        "packageserver.default.svc".to_string(),
+        "packageserver.default.svc.cluster.local".to_string(),
+        format!("packageserver.{HCP_NS}.svc"),
+        format!("packageserver.{HCP_NS}.svc.cluster.local"),
+    ];
+    let sans: Vec<&str> = ps_sans.iter().map(String::as_str).collect();
+    let leaf = ca.issue("packageserver", &[], &sans, crate::pki::Usage::Server)?;
+    put_secret(
+        &world.env.management,
+        HCP_NS,
+        "root-ca",
+        "ca.crt",
+        ca.cert_pem().as_bytes().to_vec(),
+    )
+    .await?;
+    Api::<Secret>::namespaced(mgmt.clone(), HCP_NS)
+        .create(
+            &PostParams::default(),
+            &Secret {
+                metadata: kube::api::ObjectMeta {
+                    name: Some("packageserver-cert".into()),
+                    namespace: Some(HCP_NS.into()),
+                    ..Default::default()
+                },
+                data: Some(BTreeMap::from([
+                    (
+                        "tls.crt".to_string(),
+                        ByteString(leaf.cert_pem.into_bytes()),
+                    ),
+                    ("tls.key".to_string(), ByteString(leaf.key_pem.into_bytes())),
+                ])),
+                ..Default::default()
+            },
+        )
+        .await?;
+    let svc_ar = ar("", "v1", "Service", "services");
+    apply_json(
+        &world.env.management,
+        &svc_ar,
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "packageserver", "namespace": HCP_NS},
+            "spec": {"selector": {"app": "packageserver",
+                    "hypershift.openshift.io/control-plane-component": "packageserver"},
+                "ports": [{"name": "https", "port": 443, "targetPort": 5443, "protocol": "TCP"}]}
+        }),
+    )
+    .await?;
+    // HyperShift's catalogs (management placement): Deployment `<name>-catalog`, Service
+    // `<name>`, the same index images the node already has.
+    let dep_ar = ar("apps", "v1", "Deployment", "deployments");
+    for (svc, image) in [
+        (
+            "redhat-operators",
+            "registry.redhat.io/redhat/redhat-operator-index:v4.18",
+        ),
+        (
+            "certified-operators",
+            "registry.redhat.io/redhat/certified-operator-index:v4.18",
+        ),
+        (
+            "community-operators",
+            "registry.redhat.io/redhat/community-operator-index:v4.18",
+        ),
+    ] {
+        let labels = serde_json::json!({"app": format!("{svc}-catalog")});
+        apply_json(&world.env.management, &dep_ar, serde_json::json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": format!("{svc}-catalog"), "namespace": HCP_NS,
+                "labels": {"hypershift.openshift.io/managed-by": "control-plane-operator"}},
+            "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                "template": {"metadata": {"labels": labels}, "spec": {
+                    "automountServiceAccountToken": false,
+                    "containers": [{
+                        "name": "registry", "image": image,
+                        "args": ["serve", "/configs", "--cache-dir=/tmp/cache", "--pprof-addr="],
+                        "ports": [{"name": "grpc", "containerPort": 50051}],
+                        "readinessProbe": {"grpc": {"port": 50051}, "periodSeconds": 2, "failureThreshold": 30}}]}}}
+        })).await?;
+        apply_json(&world.env.management, &svc_ar, serde_json::json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": svc, "namespace": HCP_NS},
+            "spec": {"selector": labels, "ports": [{"name": "grpc", "port": 50051, "targetPort": 50051, "protocol": "TCP"}]}
+        })).await?;
+    }
+    let holms: Api<DynamicObject> = Api::namespaced_with(mgmt.clone(), HCP_NS, &holm_ar());
+    holms
+        .patch(
+            NAME,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"hyperShiftOLM": "TakeOver"}})),
+        )
+        .await?;
+    let hcs: Api<DynamicObject> = Api::namespaced_with(mgmt.clone(), HC_NS, &hc_ar());
+    until(
+        "debug-deployments lists HyperShift's OLM operators",
+        60,
+        || async {
+            let hc = hcs.get(NAME).await.map_err(|e| e.to_string())?;
+            let v = hc
+                .metadata
+                .annotations
+                .unwrap_or_default()
+                .get("hypershift.openshift.io/debug-deployments")
+                .cloned()
+                .unwrap_or_default();
+            let listed: Vec<&str> = v.split(',').collect();
+            if ["catalog-operator", "olm-operator", "packageserver"]
+                .iter()
+                .all(|n| listed.contains(n))
+            {
+                Ok(())
+            } else {
+                Err(format!("debug-deployments {v:?}"))
+            }
+        },
+    )
+    .await?;
+    // HyperShift's control-plane-operator keeps every listed component at 0 (stand-in: its
+    // Deployments are made at 0).
+    for d in ["catalog-operator", "olm-operator", "packageserver"] {
+        let labels = if d == "packageserver" {
+            serde_json::json!({"app": "packageserver",
+                "hypershift.openshift.io/control-plane-component": "packageserver"})
+        } else {
+            serde_json::json!({"app": d})
+        };
+        apply_json(
+            &world.env.management,
+            &dep_ar,
+            serde_json::json!({
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": d, "namespace": HCP_NS,
+                    "labels": {"hypershift.openshift.io/managed-by": "control-plane-operator"}},
+                "spec": {"replicas": 0, "selector": {"matchLabels": labels},
+                    "template": {"metadata": {"labels": labels},
+                        "spec": {"containers": [{"name": d, "image": OLM_IMAGE}]}}}
+            }),
+        )
+        .await?;
+    }
+    let deps: Api<Deployment> = Api::namespaced(mgmt.clone(), HCP_NS);
+    until(
+        "our packageserver serves HyperShift's certificate behind its Service, rolled out",
+        180,
+        || async {
+            let d = deps
+                .get("hcp-olm-packageserver")
+                .await
+                .map_err(|e| e.to_string())?;
+            let tpl = serde_json::to_value(&d.spec).map_err(|e| e.to_string())?;
+            let labelled = tpl["template"]["metadata"]["labels"]["app"] == "packageserver";
+            let cert = tpl["template"]["spec"]["volumes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|v| v["secret"]["secretName"] == "packageserver-cert");
+            let st = d.status.unwrap_or_default();
+            let want = d.spec.and_then(|s| s.replicas).unwrap_or(1);
+            let rolled = st.observed_generation == d.metadata.generation
+                && st.updated_replicas.unwrap_or(0) == want
+                && st.ready_replicas.unwrap_or(0) == want;
+            if labelled && cert && rolled {
+                Ok(())
+            } else {
+                Err(format!(
+                    "labelled {labelled}, HyperShift's cert {cert}, rolled out {rolled}: {st:?}"
+                ))
+            }
+        },
+    )
+    .await?;
+    // Our guest objects that HyperShift's config operator writes are gone (pruned).
+    until(
+        "ours gone from the guest objects HyperShift's config operator writes",
+        60,
+        || async {
+            let a = Api::<DynamicObject>::all_with(
+                guest.clone(),
+                &ar("apiregistration.k8s.io", "v1", "APIService", "apiservices"),
+            )
+            .get_opt("v1.packages.operators.coreos.com")
+            .await
+            .map_err(|e| e.to_string())?;
+            let ours = a.is_some_and(|a| {
+                a.metadata
+                    .labels
+                    .is_some_and(|l| l.contains_key("app.kubernetes.io/managed-by"))
+            });
+            if ours {
+                Err("our APIService is still there".to_string())
+            } else {
+                Ok(())
+            }
+        },
+    )
+    .await?;
+    let first = hcco_round(&guest, &mgmt, HCP_NS).await?;
+    (log)(&format!(
+        "  HyperShift's config operator (stand-in), first round: {first:?}"
+    ));
+    // The guest API server reaches HyperShift's packageserver Service (kube-proxy's part for
+    // the host namespace, as before for ours).
+    let guest_ip = Api::<Service>::namespaced(guest.clone(), "default")
+        .get("packageserver")
+        .await?
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .context("guest packageserver ClusterIP")?;
+    let theirs_ip = Api::<Service>::namespaced(mgmt.clone(), HCP_NS)
+        .get("packageserver")
+        .await?
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .context("HyperShift's packageserver ClusterIP")?;
+    world.nat = None;
+    world.nat = Some(
+        HostNat::create(
+            mgmt_net,
+            &[(
+                guest_ip.parse()?,
+                443,
+                SocketAddr::new(theirs_ip.parse()?, 443),
+            )],
+        )
+        .await?,
+    );
+    {
+        let world = &*world;
+        until(
+            "APIService Available and every CatalogSource READY",
+            240,
+            || async {
+                let _ = hcco_round(&guest, &mgmt, HCP_NS).await;
+                let a = apiservice_available(&world.env)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let m = catalog_states(&world.env)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let ready = [
+                    "redhat-operators",
+                    "certified-operators",
+                    "community-operators",
+                    USER_SOURCE,
+                ]
+                .iter()
+                .all(|n| m.get(*n).map(String::as_str) == Some("READY"));
+                if a == "True" && ready {
+                    Ok(())
+                } else {
+                    Err(format!("APIService Available={a:?}, CatalogSources {m:?}"))
+                }
+            },
+        )
+        .await?;
+    }
+    steps.end();
+
+    steps.begin(&format!(
+        "side by side for {}s: APIService Available at every sample, nothing rewritten, packagemanifests listed, Subscriptions installed",
+        soak.as_secs()
+    ));
+    let world = &*world;
+    let settled = hcco_object_versions(&guest).await?;
+    let start = Instant::now();
+    let monitor = async {
+        let mut samples = 0u32;
+        let mut unavailable = Vec::new();
+        let mut hcco_writes = Vec::new();
+        let mut listings = 0u32;
+        let mut listing_failures = Vec::new();
+        let mut tick = 0u64;
+        while start.elapsed() < soak {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            tick += 1;
+            samples += 1;
+            match apiservice_available(&world.env).await {
+                Ok(a) if a == "True" => {}
+                other => unavailable.push((start.elapsed().as_secs(), format!("{other:?}"))),
+            }
+            if tick.is_multiple_of(5) {
+                hcco_writes.extend(hcco_round(&guest, &mgmt, HCP_NS).await?);
+            }
+            if tick.is_multiple_of(15) {
+                listings += 1;
+                match package_manifests(&world.env).await {
+                    Ok(p)
+                        if p.iter().any(|n| n.starts_with("guest-widget "))
+                            && p.iter().any(|n| n.starts_with("redhat-widget ")) => {}
+                    other => {
+                        listing_failures.push((start.elapsed().as_secs(), format!("{other:?}")))
+                    }
+                }
+            }
+        }
+        anyhow::Ok((
+            samples,
+            unavailable,
+            hcco_writes,
+            listings,
+            listing_failures,
+        ))
+    };
+    let installs = async {
+        tokio::time::sleep(soak / 6).await;
+        let a = subscribe(
+            &world.env,
+            "redhat-widget",
+            "redhat-operators",
+            "takeover-redhat",
+        )
+        .await?;
+        let b = subscribe(&world.env, "guest-widget", USER_SOURCE, "takeover-guest").await?;
+        anyhow::Ok((a, b, start.elapsed()))
+    };
+    let (monitored, installed) = tokio::join!(monitor, installs);
+    let (samples, unavailable, hcco_writes, listings, listing_failures) = monitored?;
+    let (a, b, installed_at) = installed?;
+    let after = hcco_object_versions(&guest).await?;
+    let changed: Vec<_> = settled
+        .iter()
+        .filter(|(k, v)| after.get(*k) != Some(v))
+        .map(|(k, _)| k.clone())
+        .collect();
+    (log)(&format!(
+        "  {samples} APIService samples, {} not Available; config operator writes after its first rounds: {}; objects changed: {changed:?}; {listings} packagemanifest listings, {} failed; Subscriptions installed by {:.0}s: {a}; {b}",
+        unavailable.len(),
+        hcco_writes.len(),
+        listing_failures.len(),
+        installed_at.as_secs_f64()
+    ));
+    ensure!(
+        unavailable.is_empty(),
+        "APIService not Available at {unavailable:?}"
+    );
+    ensure!(
+        hcco_writes.is_empty(),
+        "ping-pong: the config operator rewrote {hcco_writes:?}"
+    );
+    ensure!(changed.is_empty(), "written during the soak: {changed:?}");
+    ensure!(
+        listing_failures.is_empty(),
+        "packagemanifests: {listing_failures:?}"
+    );
+    ensure!(
+        installed_at < soak,
+        "Subscriptions installed only after the soak ({installed_at:?})"
+    );
+    steps.end();
     Ok(())
 }
 
