@@ -174,6 +174,20 @@ fn check_objects(objects: &BTreeMap<String, BTreeSet<String>>) -> Result<usize> 
         "HCP namespaces without our objects: {missing:?}"
     );
     let reference = &objects[&format!("{HC_NS}-hc0")];
+    for d in [
+        "hcp-olm-catalog-operator",
+        "hcp-olm-olm-operator",
+        "hcp-olm-packageserver",
+        "hcp-olm-tunnel-gateway",
+        "hcp-olm-redhat-operators",
+        "hcp-olm-certified-operators",
+        "hcp-olm-community-operators",
+    ] {
+        ensure!(
+            reference.contains(&format!("Deployment/{d}")),
+            "{HC_NS}-hc0 lacks Deployment {d}: {reference:?}"
+        );
+    }
     for (ns, set) in objects {
         ensure!(
             set == reference,
@@ -249,6 +263,23 @@ fn public_of(private_b64: &[u8]) -> Result<String> {
         .map_err(|_| anyhow::anyhow!("a private key is 32 bytes"))?;
     let secret = x25519_dalek::StaticSecret::from(bytes);
     Ok(b64.encode(x25519_dalek::PublicKey::from(&secret).as_bytes()))
+}
+
+/// The agent public keys the gateway of hc`i` accepts: (current, current and previous).
+async fn gateway_agent_keys(mgmt: &Cluster, i: usize) -> Result<(String, Vec<String>)> {
+    let gw = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(
+        mgmt.client(),
+        &format!("{HC_NS}-hc{i}"),
+    )
+    .get("hcp-olm-tunnel-gateway")
+    .await?
+    .data
+    .unwrap_or_default();
+    let c: hcp_olm_tunnel_api::GatewayConfig =
+        serde_json::from_slice(&gw.get("config.json").context("config.json")?.0)?;
+    let mut all = c.previous_agent_public_keys.clone();
+    all.push(c.agent_public_key.clone());
+    Ok((c.agent_public_key, all))
 }
 
 /// Gateway config (management) and agent config (guest `i`, from the stand-in) name each
@@ -355,6 +386,10 @@ async fn leader_killed_mid_convergence_and_mid_key_rotation() -> Result<()> {
     }
     first.kill();
     let (statuses, done) = progress_of(&mgmt, &guests).await?;
+    ensure!(
+        done < N,
+        "the fleet converged before the kill ({statuses}/{N} statuses, {done}/{N} guests): not mid-convergence"
+    );
     progress(format!(
         "leader killed (SIGKILL) after {:.0}s at {statuses}/{N} statuses, {done}/{N} guests done",
         t0.elapsed().as_secs_f64()
@@ -374,6 +409,10 @@ async fn leader_killed_mid_convergence_and_mid_key_rotation() -> Result<()> {
     ));
 
     // 2. Killed mid key rotation.
+    let mut before = Vec::new();
+    for i in 0..ROTATED {
+        before.push(gateway_agent_keys(&mgmt, i).await?.0);
+    }
     let holm = holm_resource();
     for i in 0..ROTATED {
         let api: Api<DynamicObject> =
@@ -412,6 +451,26 @@ async fn leader_killed_mid_convergence_and_mid_key_rotation() -> Result<()> {
     }
     second.kill();
     let at_kill = rollouts(&mgmt).await?;
+    // What each rotated cluster had when the leader died: its phase, and the agent keys its
+    // gateway accepted.
+    let killed_in: BTreeMap<String, String> = hosted_olms(&mgmt)
+        .await?
+        .iter()
+        .filter(|h| h.data["status"]["tunnel"]["keyRotation"]["token"] == "r1")
+        .map(|h| {
+            (
+                h.metadata.namespace.clone().unwrap_or_default(),
+                h.data["status"]["tunnel"]["keyRotation"]["phase"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string(),
+            )
+        })
+        .collect();
+    let mut accepted_at_kill = Vec::new();
+    for i in 0..ROTATED {
+        accepted_at_kill.push(gateway_agent_keys(&mgmt, i).await?.1);
+    }
     let third = start_controller(&kubeconfig, dir.path(), "controller-c")?;
     let t0 = Instant::now();
     loop {
@@ -439,6 +498,20 @@ async fn leader_killed_mid_convergence_and_mid_key_rotation() -> Result<()> {
     // ones any more: the rotation was finished, not restarted or split by the new leader.
     for i in 0..ROTATED {
         check_tunnel_keys(&mgmt, &guests, i).await?;
+        let (now, _) = gateway_agent_keys(&mgmt, i).await?;
+        ensure!(now != before[i], "hc{i}: the agent key did not change");
+        // A rotation under way when the leader died was finished with the keys it had
+        // already handed out, not started again with fresh ones.
+        if killed_in
+            .get(&format!("{HC_NS}-hc{i}"))
+            .is_some_and(|p| p == "NewKeysAccepted" || p == "OldKeysAccepted")
+        {
+            ensure!(
+                accepted_at_kill[i].contains(&now),
+                "hc{i}: rotation restarted by the new leader (agent key {now} was not among {:?} at the kill)",
+                accepted_at_kill[i]
+            );
+        }
     }
     progress(format!(
         "the {ROTATED} rotated tunnels: gateway and agent configs name each other's new keys, no old key accepted"

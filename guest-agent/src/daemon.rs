@@ -356,6 +356,7 @@ pub struct TunnelMetrics {
     pub key_reloads: Family<ReloadLabels, Counter>,
     pub rekeys: Counter,
     pub key_switches: Counter,
+    pub handshake_offers: Counter,
 }
 
 impl TunnelMetrics {
@@ -370,6 +371,7 @@ impl TunnelMetrics {
             key_reloads: Family::default(),
             rekeys: Counter::default(),
             key_switches: Counter::default(),
+            handshake_offers: Counter::default(),
         };
         r.register(
             "tunnel_last_handshake_timestamp_seconds",
@@ -416,6 +418,11 @@ impl TunnelMetrics {
             "Moves to another accepted key pair because the peer handshook with it",
             m.key_switches.clone(),
         );
+        r.register(
+            "tunnel_handshake_offers",
+            "Handshakes offered to the sender of data for a session this replica does not hold",
+            m.handshake_offers.clone(),
+        );
         m
     }
 
@@ -442,7 +449,7 @@ impl TunnelMetrics {
         let m = self.clone();
         tokio::spawn(async move {
             let (mut rx0, mut tx0, mut drop0, mut pin0, mut pout0, mut ref0) = (0, 0, 0, 0, 0, 0);
-            let (mut rk0, mut ks0) = (0, 0);
+            let (mut rk0, mut ks0, mut ho0) = (0, 0, 0);
             loop {
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 if status.has_changed().is_err() {
@@ -489,6 +496,7 @@ impl TunnelMetrics {
                 );
                 bump(&m.rekeys, &mut rk0, s.counters.rekeys);
                 bump(&m.key_switches, &mut ks0, s.counters.key_switches);
+                bump(&m.handshake_offers, &mut ho0, s.counters.solicited);
             }
         });
     }
@@ -703,7 +711,7 @@ mod tests {
         hcp_olm_binkit::admin::encode(r).expect("encode")
     }
 
-    const TUNNEL: [&str; 9] = [
+    const TUNNEL: [&str; 10] = [
         "hcp_olm_tunnel_last_handshake_timestamp_seconds",
         "hcp_olm_tunnel_payload_bytes_total",
         "hcp_olm_tunnel_proxy_connections_total",
@@ -713,6 +721,7 @@ mod tests {
         "hcp_olm_tunnel_key_reloads_total",
         "hcp_olm_tunnel_rekeys_total",
         "hcp_olm_tunnel_key_switches_total",
+        "hcp_olm_tunnel_handshake_offers_total",
     ];
 
     const DNS: [&str; 9] = [

@@ -30,6 +30,8 @@ pub const DEFAULT_MAX_CONNECTIONS: u32 = 128;
 pub const DEFAULT_HANDSHAKE_TIMEOUT_SECONDS: u64 = 10;
 pub const DEFAULT_IDLE_TIMEOUT_SECONDS: u64 = 3600;
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connecting to another replica (same cluster network; a gone pod's address does not answer).
+const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Retransmission interval of DNS queries to the agent.
 const DNS_RETRANSMIT: Duration = Duration::from_millis(400);
 
@@ -54,6 +56,8 @@ pub struct GatewaySettings {
     pub peer_listen: Option<SocketAddr>,
     /// Replicas: `host:port` of every replica's peer listener.
     pub peers: Option<String>,
+    /// This replica's address among `peers` (set by the binary from `POD_IP`).
+    pub own_address: Option<IpAddr>,
     pub health_listen: SocketAddr,
     pub dns_listen: Option<SocketAddr>,
     pub dns: DnsConfigSpec,
@@ -294,6 +298,7 @@ impl GatewaySettings {
             socks_listen,
             peer_listen,
             peers,
+            own_address: None,
             health_listen,
             dns_listen,
             dns,
@@ -535,6 +540,10 @@ impl Shared {
     /// replica holds the tunnel session and `may_forward`) through that replica.
     async fn open(&self, t: &Target, may_forward: bool) -> Result<Dialed, Failure> {
         let (name, local) = self.classify(t).map_err(Failure::Refused)?;
+        if local && !may_forward {
+            // the peer port serves guest targets through this replica's session, nothing else
+            return Err(Failure::Refused(Refusal::Denied));
+        }
         if !local && !self.has_session() {
             if may_forward && self.s.peers.is_some() {
                 return match forward(self, &name, t.port).await {
@@ -606,14 +615,21 @@ async fn forward(sh: &Shared, name: &str, port: u16) -> std::io::Result<(TcpStre
     let addrs: Vec<SocketAddr> = tokio::time::timeout(DIAL_TIMEOUT, tokio::net::lookup_host(peers))
         .await
         .map_err(|_| Error::from(ErrorKind::TimedOut))??
-        .filter(|a| !is_own_address(a.ip()))
+        .filter(|a| match sh.s.own_address {
+            Some(own) => a.ip() != own && !a.ip().is_loopback(),
+            None => !is_own_address(a.ip()),
+        })
         .collect();
     let request = socks::client_connect(name, port)
         .ok_or_else(|| Error::new(ErrorKind::InvalidInput, "name too long"))?;
     let mut last = Error::new(ErrorKind::NotConnected, "no other replica");
     for a in addrs {
         let attempt = async {
-            let mut up = TcpStream::connect(a).await?;
+            let mut up = tokio::time::timeout(PEER_CONNECT_TIMEOUT, TcpStream::connect(a))
+                .await
+                .map_err(|_| {
+                    Error::new(ErrorKind::TimedOut, format!("replica {a}: no connection"))
+                })??;
             let _ = up.set_nodelay(true);
             up.write_all(&request).await?;
             let mut buf = Vec::with_capacity(64);
@@ -639,7 +655,8 @@ async fn forward(sh: &Shared, name: &str, port: u16) -> std::io::Result<(TcpStre
                 }
             }
         };
-        match tokio::time::timeout(DIAL_TIMEOUT, attempt).await {
+        // The holder answers after its own name lookup and dial (each up to DIAL_TIMEOUT).
+        match tokio::time::timeout(PEER_CONNECT_TIMEOUT + 2 * DIAL_TIMEOUT, attempt).await {
             Ok(Ok(x)) => return Ok(x),
             Ok(Err(e)) => last = e,
             Err(_) => last = Error::new(ErrorKind::TimedOut, format!("replica {a} timed out")),

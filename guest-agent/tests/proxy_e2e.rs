@@ -1477,10 +1477,18 @@ fn replicas_forward_to_the_session_holder_and_survive_its_kill() {
         ready(&g, AGENT_HEALTH)
     });
     let handshakes = |ns: &Netns| metric(ns, GW_HEALTH, "hcp_olm_tunnel_last_handshake_timestamp");
-    let holder = replicas
-        .iter()
-        .position(|(ns, _, _)| handshakes(ns) > 0)
-        .unwrap_or_else(|| panic!("no replica holds the session\n{}", logs(&replicas)));
+    // (the metric is refreshed on a timer)
+    let mut holder = None;
+    wait_for(
+        "a replica's handshake metric",
+        Duration::from_secs(10),
+        || {
+            holder = replicas.iter().position(|(ns, _, _)| handshakes(ns) > 0);
+            holder.is_some()
+        },
+    );
+    let holder =
+        holder.unwrap_or_else(|| panic!("no replica holds the session\n{}", logs(&replicas)));
     let other = 1 - holder;
     eprintln!("the agent's flow went to {}", replicas[holder].1);
     assert_eq!(handshakes(replicas[other].0), 0, "both replicas handshook");
@@ -1516,7 +1524,7 @@ fn replicas_forward_to_the_session_holder_and_survive_its_kill() {
         cmd.args([
             "-c",
             &format!(
-                "exec 3<>/dev/tcp/{}/3128; printf 'CONNECT {guest} HTTP/1.1\\r\\nHost: {guest}\\r\\n\\r\\n' >&3; cat <&3",
+                "exec 3<>/dev/tcp/{}/3128; printf 'CONNECT {guest} HTTP/1.1\\r\\nHost: {guest}\\r\\n\\r\\n' >&3; timeout 20 cat <&3",
                 replicas[holder].1
             ),
         ])
@@ -1550,9 +1558,11 @@ fn replicas_forward_to_the_session_holder_and_survive_its_kill() {
         let mut rest = Vec::new();
         let _ = stream.1.read_to_end(&mut rest);
         let _ = stream.0.wait();
-        eprintln!(
-            "the stream through the killed replica ended after {:?}",
-            t0.elapsed()
+        let ended = t0.elapsed();
+        eprintln!("the stream through the killed replica ended after {ended:?}");
+        assert!(
+            ended < Duration::from_secs(5),
+            "the stream outlived its replica by {ended:?}"
         );
     }
     let t = wait_for(
@@ -1572,6 +1582,17 @@ fn replicas_forward_to_the_session_holder_and_survive_its_kill() {
         "the survivor's handshake metric",
         Duration::from_secs(10),
         || handshakes(replicas[other].0) > 0,
+    );
+    // It took the session over by offering a handshake, not by waiting for the agent's
+    // dead-peer timeout.
+    assert!(
+        metric(
+            replicas[other].0,
+            GW_HEALTH,
+            "hcp_olm_tunnel_handshake_offers_total"
+        ) >= 1,
+        "{}",
+        logs(&replicas)
     );
 
     // The killed replica comes back (its Deployment) and joins the Service again; the agent's

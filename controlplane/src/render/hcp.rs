@@ -858,6 +858,8 @@ pub(super) fn render(
                 "image": v.images.tunnel_gateway,
                 "imagePullPolicy": "IfNotPresent",
                 "args": ["--config", "/etc/hcp-olm/tunnel/config.json"],
+                // skipped among the replicas' addresses when forwarding
+                "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
                 "ports": [
                     {"name": "wireguard", "containerPort": ports::WIREGUARD, "protocol": "UDP"},
                     {"name": "socks", "containerPort": ports::SOCKS, "protocol": "TCP"},

@@ -1104,7 +1104,7 @@ async fn run_steps(
     steps.end();
 
     steps.begin(
-        "tunnel gateway killed (kill -9) and restarted by the node: the new process takes the agent's session over and serves OLM; guest catalog READY within 90 s",
+        "tunnel gateway killed (kill -9) and restarted by the node: the new process takes the agent's session over (handshake offer) and serves OLM; guest catalog READY within 30 s",
     );
     {
         let world = &*world;
@@ -1160,6 +1160,7 @@ async fn run_steps(
                     .sum()
             };
             let handshake = value("hcp_olm_tunnel_last_handshake_timestamp_seconds");
+            let offers = value("hcp_olm_tunnel_handshake_offers_total");
             let relayed = value(
                 "hcp_olm_tunnel_proxy_connections_total{proto=\"socks\",result=\"ok\"}",
             );
@@ -1167,20 +1168,27 @@ async fn run_steps(
                 .await
                 .map_err(|e| e.to_string())?;
             let state = m.get(USER_SOURCE).cloned().unwrap_or_default();
-            if handshake > 0.0 && relayed >= 1.0 && state == "READY" {
+            if handshake > 0.0 && offers >= 1.0 && relayed >= 1.0 && state == "READY" {
                 Ok(())
             } else {
                 Err(format!(
-                    "handshake {handshake}, relayed socks connections {relayed}, {USER_SOURCE} {state}"
+                    "handshake {handshake}, handshakes offered {offers}, relayed socks connections {relayed}, {USER_SOURCE} {state}"
                 ))
             }
         })
         .await?;
+        let served_after = killed.elapsed();
         (log)(&format!(
             "  gateway kill -9 -> served again after {:.1} s; {USER_SOURCE} states since the kill (s, state): {:?}",
-            killed.elapsed().as_secs_f64(),
+            served_after.as_secs_f64(),
             states_since(&seen, since(killed))
         ));
+        // The new process offered the agent a handshake on its first keepalive (10 s as
+        // rendered); the agent's own dead-peer path would take 3 x 10 s + 5 s.
+        ensure!(
+            served_after < Duration::from_secs(30),
+            "served again only after {served_after:?}"
+        );
         recorder.abort();
     }
     steps.end();
@@ -1519,15 +1527,38 @@ async fn take_over_steps(
             .get_opt("v1.packages.operators.coreos.com")
             .await
             .map_err(|e| e.to_string())?;
-            let ours = a.is_some_and(|a| {
-                a.metadata
-                    .labels
+            let ours = |m: Option<kube::api::ObjectMeta>| {
+                m.and_then(|m| m.labels)
                     .is_some_and(|l| l.contains_key("app.kubernetes.io/managed-by"))
-            });
-            if ours {
-                Err("our APIService is still there".to_string())
-            } else {
+            };
+            let svc = Api::<Service>::namespaced(guest.clone(), "default")
+                .get_opt("packageserver")
+                .await
+                .map_err(|e| e.to_string())?;
+            let cs =
+                Api::<DynamicObject>::namespaced_with(guest.clone(), MARKETPLACE, &catsrc_ar())
+                    .get_opt("redhat-operators")
+                    .await
+                    .map_err(|e| e.to_string())?;
+            let left: Vec<&str> = [
+                ("APIService", ours(a.map(|o| o.metadata))),
+                (
+                    "Service default/packageserver",
+                    ours(svc.map(|o| o.metadata)),
+                ),
+                (
+                    "CatalogSource redhat-operators",
+                    ours(cs.map(|o| o.metadata)),
+                ),
+            ]
+            .into_iter()
+            .filter(|(_, o)| *o)
+            .map(|(n, _)| n)
+            .collect();
+            if left.is_empty() {
                 Ok(())
+            } else {
+                Err(format!("ours still there: {left:?}"))
             }
         },
     )

@@ -19,6 +19,10 @@ struct Args {
     /// JSON config file (hcp_olm_tunnel_api::GatewayConfig).
     #[arg(long, env = "HCP_OLM_GATEWAY_CONFIG")]
     config: PathBuf,
+    /// This pod's address (downward API `status.podIP`): skipped among the `peers`
+    /// addresses. Without it, an address counts as ours when a socket can bind to it.
+    #[arg(long, env = "POD_IP")]
+    pod_ip: Option<std::net::IpAddr>,
     #[command(flatten)]
     log: hcp_olm_binkit::LogArgs,
 }
@@ -42,6 +46,7 @@ fn main() -> ExitCode {
         .and_then(|c| gateway::GatewaySettings::from_config(&c))
         .map(|mut s| {
             s.config_path = Some(args.config.clone());
+            s.own_address = args.pod_ip;
             s
         });
     daemon::run_daemon("hcp-olm-gateway", settings, gateway::run)

@@ -26,6 +26,10 @@ pub const MAX_PACKET: usize = 65_535 - 32;
 const BUF_LEN: usize = 65_536 + 64;
 /// WireGuard's REKEY_TIMEOUT: the spacing of our own handshake restarts.
 const REKEY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Offers of [`Peer::solicit`] within one [`REKEY_TIMEOUT`], over all senders.
+const SOLICIT_SOURCES: usize = 8;
+/// The smallest WireGuard data message (header and tag, an empty keepalive).
+const MIN_DATA_LEN: usize = 32;
 /// While no session has ever existed (the agent started before its gateway), the first
 /// handshake is retried after 1, 2 and 4 s before settling at [`REKEY_TIMEOUT`]: doubling,
 /// so a slow path (a round trip near a second) still completes an attempt.
@@ -372,8 +376,8 @@ pub struct Peer {
     dialer: bool,
     dead_peer_timeout: Option<Duration>,
     solicit_after: Option<Duration>,
-    /// When the last solicited initiation went out.
-    last_solicit: Option<Instant>,
+    /// Recent offers by destination (at most [`SOLICIT_SOURCES`]), for their spacing.
+    solicited_to: std::collections::VecDeque<(SocketAddr, Instant)>,
     allowed_ips: Vec<Cidr>,
     last_authenticated: Option<Instant>,
     last_restart: Option<Instant>,
@@ -430,7 +434,7 @@ impl Peer {
             } else {
                 cfg.solicit_after
             },
-            last_solicit: None,
+            solicited_to: std::collections::VecDeque::new(),
             allowed_ips: cfg.allowed_ips,
             last_authenticated: None,
             last_restart: None,
@@ -711,8 +715,11 @@ impl Peer {
     }
 
     /// See [`PeerConfig::solicit_after`]. The initiation is sealed to the peer's static key,
-    /// so only the peer can answer it; a forged datagram gets at most one 148-byte initiation
-    /// per [`REKEY_TIMEOUT`] sent to its (claimed) source, and never while the peer is heard.
+    /// so only the peer can answer it. Spacing: one offer per sender address per
+    /// [`REKEY_TIMEOUT`] (so a forger's address cannot use up the agent's turn), and at most
+    /// [`SOLICIT_SOURCES`] offers per [`REKEY_TIMEOUT`] over all senders: forged datagrams get
+    /// at most that many 148-byte initiations sent to their claimed sources, and none while
+    /// the peer is heard.
     fn solicit(&mut self, from: SocketAddr, now: Instant, out: &mut Vec<Output>) {
         let Some(after) = self.solicit_after else {
             return;
@@ -720,17 +727,26 @@ impl Peer {
         let heard = self
             .last_authenticated
             .is_some_and(|t| now.saturating_duration_since(t) < after);
-        let spaced = self
-            .last_solicit
-            .is_none_or(|t| now.saturating_duration_since(t) >= REKEY_TIMEOUT);
-        if heard || !spaced {
+        if heard {
+            return;
+        }
+        while self
+            .solicited_to
+            .front()
+            .is_some_and(|(_, t)| now.saturating_duration_since(*t) >= REKEY_TIMEOUT)
+        {
+            self.solicited_to.pop_front();
+        }
+        if self.solicited_to.len() >= SOLICIT_SOURCES
+            || self.solicited_to.iter().any(|(a, _)| *a == from)
+        {
             return;
         }
         if let TunnResult::WriteToNetwork(d) =
             self.tunn.format_handshake_initiation(&mut self.buf, true)
         {
             let d = d.to_vec();
-            self.last_solicit = Some(now);
+            self.solicited_to.push_back((from, now));
             self.counters.solicited += 1;
             tracing::info!(%from, "data for a session we do not hold: handshake offered");
             self.emit(Some(from), d, out);
@@ -788,7 +804,7 @@ impl Peer {
             Err(e) => {
                 let r = DropReason::from_wg(&e);
                 tracing::debug!(%from, error = ?e, reason = r.as_str(), "dropped datagram");
-                if msg_type == DATA {
+                if msg_type == DATA && datagram.len() >= MIN_DATA_LEN {
                     self.solicit(from, now, out);
                 }
                 return Err(self.drop_with(r));
@@ -1128,6 +1144,41 @@ mod tests {
             .collect()
     }
 
+    /// Forged data from many claimed sources: at most SOLICIT_SOURCES offers per
+    /// REKEY_TIMEOUT in all, then more once that has passed.
+    #[test]
+    fn handshake_offers_are_bounded_over_all_senders() {
+        let p = pair();
+        let mut replica = Peer::new(PeerConfig {
+            private_key: p.gw_key.clone(),
+            peer_public_key: p.guest_key.public_key(),
+            preshared_key: None,
+            endpoint: None,
+            persistent_keepalive: None,
+            dead_peer_timeout: None,
+            allowed_ips: vec!["198.18.41.2/32".parse().unwrap()],
+            index: 3,
+            previous_private_keys: Vec::new(),
+            previous_peer_public_keys: Vec::new(),
+            solicit_after: Some(Duration::from_secs(25)),
+        });
+        let mut forged = vec![DATA, 0, 0, 0, 9, 9, 9, 9];
+        forged.extend_from_slice(&[0u8; 40]);
+        let now = Instant::now();
+        let mut offers = 0;
+        for i in 0..100u16 {
+            let from = SocketAddr::new("198.18.40.9".parse().unwrap(), 1000 + i);
+            let mut out = Vec::new();
+            let _ = replica.handle_datagram(from, &forged, now, &mut out);
+            offers += sends(out).len();
+        }
+        assert_eq!(offers, SOLICIT_SOURCES);
+        let later = now + REKEY_TIMEOUT;
+        let mut out = Vec::new();
+        let _ = replica.handle_datagram(sa(GUEST), &forged, later, &mut out);
+        assert_eq!(sends(out).len(), 1);
+    }
+
     /// A second gateway replica (same keys) gets the guest's data after the first one went:
     /// it offers a handshake to the sender at once, and one round trip later holds the
     /// session. Once, not per datagram; never while the guest is heard.
@@ -1152,6 +1203,16 @@ mod tests {
             solicit_after: Some(Duration::from_secs(25)),
         });
         let now = Instant::now();
+        // A forger's junk first: too short is ignored; well-sized gets an offer to its
+        // (claimed) source, which does not use up the real sender's turn.
+        let mut forged = vec![DATA, 0, 0, 0, 9, 9, 9, 9];
+        let mut out = Vec::new();
+        let _ = replica.handle_datagram(sa(GUEST2), &forged, now, &mut out);
+        assert!(sends(out).is_empty(), "shorter than a data message");
+        forged.extend_from_slice(&[0u8; 40]);
+        let mut out = Vec::new();
+        let _ = replica.handle_datagram(sa(GUEST2), &forged, now, &mut out);
+        assert_eq!(sends(out).len(), 1);
         // The guest's flow now lands on the replica.
         let mut data = Vec::new();
         p.guest.send_packet(&ping(2), &mut data).unwrap();
@@ -1167,7 +1228,7 @@ mod tests {
         assert_eq!(offered.len(), 1);
         assert_eq!(offered[0].0, p.guest_addr, "to the sender");
         assert_eq!(offered[0].1[0], HANDSHAKE_INIT);
-        assert_eq!(replica.counters().solicited, 1);
+        assert_eq!(replica.counters().solicited, 2);
         // More data at once: no second offer.
         let mut out = Vec::new();
         let _ = replica.handle_datagram(p.guest_addr, &datagram, now, &mut out);
@@ -1206,8 +1267,6 @@ mod tests {
         );
         // Heard now: forged data for an unknown session is not answered, even after the
         // spacing.
-        let mut forged = vec![DATA, 0, 0, 0, 9, 9, 9, 9];
-        forged.extend_from_slice(&[0u8; 40]);
         let mut out = Vec::new();
         let _ = replica.handle_datagram(
             sa(GUEST2),
@@ -1216,7 +1275,7 @@ mod tests {
             &mut out,
         );
         assert!(sends(out).is_empty());
-        assert_eq!(replica.counters().solicited, 1);
+        assert_eq!(replica.counters().solicited, 2);
     }
 
     fn established() -> Pair {
