@@ -8,8 +8,8 @@
 #   HyperShift's clients reach it, proxy-agent in G over mTLS to the server); `direct` is the
 #   same client inside G. The same three paths are then measured against our catalog server
 #   (hcp-olm-catalog-server, HostedOLM catalogServer: HcpOlm) serving the same catalog, where
-#   the catalog no longer bounds the stream; that ratio is printed on its own line, the final
-#   line keeps the opm figure (the default catalog server).
+#   the catalog no longer bounds the stream: the final line's bulk ratios come from this leg;
+#   the opm leg is printed for information (opm bounds its own stream).
 # - TUN mode: iperf3 single-stream TCP through our `hcp-olm-tunnel` pair against a
 #   wireguard-go pair, each pair in two fresh network namespaces joined by a veth (MTU 1500,
 #   tunnel MTU 1420), rounds alternating, medians compared.
@@ -17,14 +17,23 @@
 #   split-DNS engine (`hcp-olm-dns`, the engine the gateway embeds), dnsmasq and CoreDNS, all
 #   three configured for the same split (svc.cluster.local -> a "guest" dnsmasq, the rest ->
 #   a "management" dnsmasq, answers with TTL 300, caching on), on loopback, rounds alternating.
+# Fairness: the systems compared run in a rotating order (round i starts with system i mod n);
+# every system's runs are printed as min/median/max; a failed or erroring run (no figure, a
+# DNS answer that is not NOERROR) fails the whole benchmark instead of entering a median as 0.
+# DNS efficiency is answers per CPU-second of the server process (from /proc), so the load
+# generator sharing the two cores does not decide it; raw qps is printed too.
 # Per-run figures go to stderr; the last line is
-#   tunnel-bench: catalog_vs_konnectivity=<r> rpc_p99_vs_konnectivity=<r> tun_vs_wireguard_go=<r> dns_cached_vs_dnsmasq=<r> dns_cached_vs_coredns=<r>
+#   tunnel-bench: bulk_vs_konnectivity=<r> bulk_vs_direct=<r> rpc_p99_vs_konnectivity=<r> tun_vs_wireguard_go=<r> dns_cpu_vs_coredns=<r> dns_cpu_vs_dnsmasq=<r>
+# (bulk: the catalog-server backend leg, where the transport is the bottleneck; the opm leg
+# is printed for information).
 # Usage: scripts/bench-tunnel.sh [ROUNDS] [SECONDS]
 set -euo pipefail
 umask 077
 root="$(cd "$(dirname "$0")/.." && pwd)"
 rounds="${1:-3}"
 secs="${2:-6}"
+[[ "$rounds" -ge 3 ]] || { echo "bench-tunnel: at least 3 rounds" >&2; exit 64; }
+fail() { echo "bench-tunnel: FAILED: $*" >&2; exit 1; }
 for t in iperf3 wg ip python3 dnsperf dnsmasq; do
   command -v "$t" >/dev/null || { echo "bench-tunnel: $t not installed" >&2; exit 1; }
 done
@@ -132,9 +141,10 @@ run_pair() {  # kind -> Mbit/s
     ours_up "$na" "${tag}oa" "$work/a.key" "$work/b.pub" "$TA" "$TB" "$B:$PORT" "$A"
   fi
   local r
-  r="$(iperf || echo 0)"
+  r="$(iperf)" || r=""
   cleanup
-  echo "${r:-0}"
+  [[ -n "$r" ]] && python3 -c "import sys; sys.exit(0 if float('$r') > 0 else 1)" || return 1
+  echo "$r"
 }
 
 # --- catalog leg ---------------------------------------------------------------------------
@@ -233,7 +243,8 @@ rpc_bench() {  # label netns addr proxy -> "mbit p99" (figures on stderr)
   local mbit p99
   mbit="$(sed -n 's/.*mbit_per_s=\([0-9.]*\).*/\1/p' <<<"$out")"
   p99="$(sed -n 's/.*small_p99_ms=\([0-9.]*\).*/\1/p' <<<"$out")"
-  echo "${mbit:-0} ${p99:-0}"
+  [[ -n "$mbit" && -n "$p99" ]] || return 1
+  echo "$mbit $p99"
 }
 catalog_stop() {
   cleanup
@@ -265,6 +276,9 @@ dns:
   rules:
     - { suffix: svc.cluster.local, owner: guest }
     - { suffix: ".", owner: local }
+  # All load comes from one client here: the per-client limit (200 qps by default, a
+  # tenant-isolation setting that dnsmasq and CoreDNS do not have) is raised out of the way.
+  clients: { rate_limit_qps: 100000000, rate_limit_burst: 100000000 }
 EOF_
   cat >"$work/Corefile" <<EOF_
 svc.cluster.local:5405 {
@@ -279,10 +293,13 @@ svc.cluster.local:5405 {
 }
 EOF_
   dns_bg "$ourdns" --config "$work/ours.yaml"
+  pid_ours=$!
   dns_bg dnsmasq --no-daemon --conf-file=/dev/null --no-resolv --no-hosts --bind-interfaces \
     --listen-address=127.0.0.1 --port=5404 --cache-size=10000 --pid-file= \
     --server=/svc.cluster.local/127.0.0.1#5403 --server=127.0.0.1#5401
+  pid_dnsmasq=$!
   dns_bg "$coredns" -conf "$work/Corefile"
+  pid_coredns=$!
   : >"$work/queries"
   for i in $(seq 25); do
     echo "host$i.bench.mgmt A" >>"$work/queries"
@@ -291,75 +308,108 @@ EOF_
   sleep 1.5
 }
 
-dnsperf_qps() {  # port seconds -> qps (avg latency on stderr)
-  local out
+cpu_ticks() {  # pid -> utime + stime in clock ticks
+  awk '{print $14 + $15}' "/proc/$1/stat"
+}
+
+dnsperf_qps() {  # port seconds label name pid -> "qps answers_per_cpu_second" (details on stderr)
+  local out t0 t1
+  t0="$(cpu_ticks "$5")"
   out="$(dnsperf -s 127.0.0.1 -p "$1" -d "$work/queries" -c 4 -l "$2" 2>&1)"
-  local qps lat lost codes
+  t1="$(cpu_ticks "$5")"
+  local qps lat lost codes done_
   qps="$(awk '/Queries per second:/ {print $4}' <<<"$out")"
   lat="$(awk '/Average Latency/ {print $4}' <<<"$out")"
   lost="$(awk '/Queries lost:/ {print $3}' <<<"$out")"
+  done_="$(awk '/Queries completed:/ {print $3}' <<<"$out")"
   codes="$(awk -F': ' '/Response codes:/ {print $2}' <<<"$out" | sed 's/^ *//')"
-  echo "bench-tunnel:   ${3:-run} port $1 ($4): ${qps:-0} qps, avg latency ${lat:-?} s, lost ${lost:-?}, codes ${codes:-?}" >&2
+  local per_cpu
+  per_cpu="$(python3 -c "t=($t1-$t0)/$(getconf CLK_TCK); print('%.0f' % (${done_:-0}/t) if t > 0 else 0)")"
+  echo "bench-tunnel:   ${3:-run} port $1 ($4): ${qps:-0} qps, ${per_cpu} answers per server CPU-second, avg latency ${lat:-?} s, lost ${lost:-?}, codes ${codes:-?}" >&2
   # only answers count: a server that fails fast must not look fast
-  if [[ "$codes" != NOERROR* ]] || [[ "$codes" == *SERVFAIL* || "$codes" == *NXDOMAIN* || "$codes" == *REFUSED* ]]; then
+  if [[ -z "$qps" || "$codes" != NOERROR* ]] || [[ "$codes" == *SERVFAIL* || "$codes" == *NXDOMAIN* || "$codes" == *REFUSED* ]]; then
     echo "bench-tunnel: port $1 ($4) answered with errors: $codes" >&2
-    echo 0
-    return
+    return 1
   fi
-  echo "${qps:-0}"
+  # unanswered queries are failures too (beyond dnsperf's in-flight tail at the end)
+  if [[ "${lost:-0}" -gt $(( ${done_:-0} / 100 + 8 )) ]]; then
+    echo "bench-tunnel: port $1 ($4) lost ${lost} queries" >&2
+    return 1
+  fi
+  echo "$qps $per_cpu"
 }
 
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+spread() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {m=(NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2; printf "%s/%s/%s", a[1], m, a[NR]}'; }
+ratio() { python3 -c "print('%.3f' % ($1 / $2))"; }
+# rotated I N: the N system indexes of round I (1-based), starting with system I mod N
+rotated() { local i=$1 n=$2 k; for k in $(seq 0 $((n - 1))); do echo $(( (i - 1 + k) % n )); done; }
 
 keys
 ours=() wggo=()
 for i in $(seq "$rounds"); do
-  w="$(run_pair wggo)"; wggo+=("$w")
-  o="$(run_pair ours)"; ours+=("$o")
+  for k in $(rotated "$i" 2); do
+    case $k in
+      0) w="$(run_pair wggo)" || fail "round $i: wireguard-go iperf3 run"; wggo+=("$w") ;;
+      1) o="$(run_pair ours)" || fail "round $i: hcp-olm-tunnel iperf3 run"; ours+=("$o") ;;
+    esac
+  done
   echo "bench-tunnel: round $i: wireguard-go ${w} Mbit/s, ours ${o} Mbit/s (iperf3 single stream, ${secs}s)" >&2
 done
 mo="$(median "${ours[@]}")" mw="$(median "${wggo[@]}")"
-ratio="$(python3 -c "print('%.3f' % ($mo / $mw) if $mw > 0 else 'na')")"
-echo "tun-bench: ours_mbit=$mo wireguard_go_mbit=$mw tun_vs_wireguard_go=$ratio" >&2
+r_tun="$(ratio "$mo" "$mw")"
+echo "tun-bench: ours_mbit(min/median/max)=$(spread "${ours[@]}") wireguard_go_mbit=$(spread "${wggo[@]}") tun_vs_wireguard_go=$r_tun" >&2
 
 echo "bench-tunnel: catalog path: ListBundles of $(basename "$catalog") x3 and 500 GetPackage, per round" >&2
 catalog_setup
-c_ours=() c_konn=() c_direct=() p_ours=() p_konn=() p_direct=()
-for i in $(seq "$rounds"); do
-  read -r m p <<<"$(rpc_bench "round $i ours (gateway+agent, CONNECT)" "$nm" "$CAT_NAME:50051" 127.0.0.1:3128)"; c_ours+=("$m"); p_ours+=("$p")
-  read -r m p <<<"$(rpc_bench "round $i konnectivity (http-connect, UDS)" "$nm" "$CAT_NAME:50051" "unix:$work/konn/konn.sock")"; c_konn+=("$m"); p_konn+=("$p")
-  read -r m p <<<"$(rpc_bench "round $i direct (client in G)" "$ng" "$CAT_NAME:50051" -)"; c_direct+=("$m"); p_direct+=("$p")
-done
-s_ours=() s_konn=() s_direct=()
-for i in $(seq "$rounds"); do
-  read -r m _ <<<"$(rpc_bench "round $i catalog-server backend: ours" "$nm" "$CAT2_NAME:50052" 127.0.0.1:3128)"; s_ours+=("$m")
-  read -r m _ <<<"$(rpc_bench "round $i catalog-server backend: konnectivity" "$nm" "$CAT2_NAME:50052" "unix:$work/konn/konn.sock")"; s_konn+=("$m")
-  read -r m _ <<<"$(rpc_bench "round $i catalog-server backend: direct" "$ng" "$CAT2_NAME:50052" -)"; s_direct+=("$m")
+declare -a c_m c_p s_m
+names=(ours konnectivity direct)
+ns_of=("$nm" "$nm" "$ng")
+proxy_of=(127.0.0.1:3128 "unix:$work/konn/konn.sock" -)
+for leg in opm server; do
+  for i in $(seq "$rounds"); do
+    for k in $(rotated "$i" 3); do
+      if [[ $leg == opm ]]; then addr="$CAT_NAME:50051"; label="round $i ${names[$k]} (opm backend)"
+      else addr="$CAT2_NAME:50052"; label="round $i ${names[$k]} (catalog-server backend)"; fi
+      r="$(rpc_bench "$label" "${ns_of[$k]}" "$addr" "${proxy_of[$k]}")" || fail "$label"
+      read -r m p <<<"$r"
+      if [[ $leg == opm ]]; then c_m[$k]+="$m "; c_p[$k]+="$p "
+      else s_m[$k]+="$m "; fi
+    done
+  done
 done
 catalog_stop
-co="$(median "${c_ours[@]}")" ck="$(median "${c_konn[@]}")" cd_="$(median "${c_direct[@]}")"
-po="$(median "${p_ours[@]}")" pk="$(median "${p_konn[@]}")" pd="$(median "${p_direct[@]}")"
-r_cat="$(python3 -c "print('%.3f' % ($co / $ck) if $ck > 0 and $co > 0 else 'na')")"
-r_p99="$(python3 -c "print('%.3f' % ($po / $pk) if $pk > 0 and $po > 0 else 'na')")"
-echo "catalog-bench-path: ours_mbit=$co konn_mbit=$ck direct_mbit=$cd_ ours_p99_ms=$po konn_p99_ms=$pk direct_p99_ms=$pd" >&2
-so="$(median "${s_ours[@]}")" sk="$(median "${s_konn[@]}")" sd="$(median "${s_direct[@]}")"
-r_srv="$(python3 -c "print('%.3f' % ($so / $sk) if $sk > 0 and $so > 0 else 'na')")"
-echo "catalog-bench-path (hcp-olm-catalog-server backend): ours_mbit=$so konn_mbit=$sk direct_mbit=$sd catalog_vs_konnectivity=$r_srv" >&2
+# shellcheck disable=SC2086
+{
+  co="$(median ${c_m[0]})" ck="$(median ${c_m[1]})" cd_="$(median ${c_m[2]})"
+  po="$(median ${c_p[0]})" pk="$(median ${c_p[1]})"
+  so="$(median ${s_m[0]})" sk="$(median ${s_m[1]})" sd="$(median ${s_m[2]})"
+  echo "catalog-bench-path (opm backend, for information): Mbit/s min/median/max ours=$(spread ${c_m[0]}) konnectivity=$(spread ${c_m[1]}) direct=$(spread ${c_m[2]}); small-RPC p99 ms ours=$(spread ${c_p[0]}) konnectivity=$(spread ${c_p[1]}) direct=$(spread ${c_p[2]})" >&2
+  echo "catalog-bench-path (hcp-olm-catalog-server backend): Mbit/s min/median/max ours=$(spread ${s_m[0]}) konnectivity=$(spread ${s_m[1]}) direct=$(spread ${s_m[2]})" >&2
+}
+r_bulk_k="$(ratio "$so" "$sk")" r_bulk_d="$(ratio "$so" "$sd")" r_p99="$(ratio "$po" "$pk")"
 
-echo "bench-tunnel: DNS, cached answers (dnsperf -c 4, ${secs}s per run)" >&2
+echo "bench-tunnel: DNS, cached answers (dnsperf -c 4, ${secs}s per run; ours with its per-client rate limit raised)" >&2
 dns_setup
-dnsperf_qps 5402 2 warm-up ours >/dev/null
-dnsperf_qps 5404 2 warm-up dnsmasq >/dev/null
-dnsperf_qps 5405 2 warm-up coredns >/dev/null
-dq_ours=() dq_dnsmasq=() dq_coredns=()
+dns_names=(ours dnsmasq coredns)
+dns_ports=(5402 5404 5405)
+dns_pid_of=("$pid_ours" "$pid_dnsmasq" "$pid_coredns")
+for k in 0 1 2; do
+  dnsperf_qps "${dns_ports[$k]}" 2 warm-up "${dns_names[$k]}" "${dns_pid_of[$k]}" >/dev/null || fail "DNS warm-up ${dns_names[$k]}"
+done
+declare -a dq dc
 for i in $(seq "$rounds"); do
-  dq_ours+=("$(dnsperf_qps 5402 "$secs" "round $i" ours)")
-  dq_dnsmasq+=("$(dnsperf_qps 5404 "$secs" "round $i" dnsmasq)")
-  dq_coredns+=("$(dnsperf_qps 5405 "$secs" "round $i" coredns)")
+  for k in $(rotated "$i" 3); do
+    r="$(dnsperf_qps "${dns_ports[$k]}" "$secs" "round $i" "${dns_names[$k]}" "${dns_pid_of[$k]}")" || fail "round $i DNS ${dns_names[$k]}"
+    read -r q c <<<"$r"
+    dq[$k]+="$q "; dc[$k]+="$c "
+  done
 done
 dns_stop
-qo="$(median "${dq_ours[@]}")" qd="$(median "${dq_dnsmasq[@]}")" qc="$(median "${dq_coredns[@]}")"
-r_dnsmasq="$(python3 -c "print('%.3f' % ($qo / $qd) if $qd > 0 else 'na')")"
-r_coredns="$(python3 -c "print('%.3f' % ($qo / $qc) if $qc > 0 else 'na')")"
-echo "dns-bench: ours_qps=$qo dnsmasq_qps=$qd coredns_qps=$qc" >&2
-echo "tunnel-bench: catalog_vs_konnectivity=$r_cat rpc_p99_vs_konnectivity=$r_p99 tun_vs_wireguard_go=$ratio dns_cached_vs_dnsmasq=$r_dnsmasq dns_cached_vs_coredns=$r_coredns"
+# shellcheck disable=SC2086
+{
+  echo "dns-bench: qps min/median/max ours=$(spread ${dq[0]}) dnsmasq=$(spread ${dq[1]}) coredns=$(spread ${dq[2]}); answers per server CPU-second ours=$(spread ${dc[0]}) dnsmasq=$(spread ${dc[1]}) coredns=$(spread ${dc[2]})" >&2
+  co_="$(median ${dc[0]})" cm="$(median ${dc[1]})" cc="$(median ${dc[2]})"
+}
+r_dns_c="$(ratio "$co_" "$cc")" r_dns_m="$(ratio "$co_" "$cm")"
+echo "tunnel-bench: bulk_vs_konnectivity=$r_bulk_k bulk_vs_direct=$r_bulk_d rpc_p99_vs_konnectivity=$r_p99 tun_vs_wireguard_go=$r_tun dns_cpu_vs_coredns=$r_dns_c dns_cpu_vs_dnsmasq=$r_dns_m"
