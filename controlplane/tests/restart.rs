@@ -22,12 +22,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail, ensure};
 use futures::StreamExt as _;
 use hcp_olm_e2e::fleet::{
-    HC_NS, OLM_IMAGE, RESOURCES, controller_identity, create_hosted_cluster, guest_crd_files,
-    holm_resource, hosted_cluster_template, yaml_docs,
+    Guests, HC_NS, OLM_IMAGE, RESOURCES, controller_identity, create_hosted_cluster,
+    guest_crd_files, holm_resource, hosted_cluster_template, start_real_guest, yaml_docs,
 };
 use hcp_olm_e2e::guest_standin::GuestStandIn;
 use hcp_olm_e2e::process::{self, ManagedProcess};
-use hcp_olm_e2e::{Cluster, ClusterOptions};
+use hcp_olm_e2e::{Cluster, ClusterOptions, SharedEtcd};
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 
@@ -35,6 +35,8 @@ const N: usize = 200;
 const ROTATED: usize = 20;
 const CONTROLLER: &str = env!("CARGO_BIN_EXE_hcp-olm-controller");
 const OURS: &str = "app.kubernetes.io/managed-by=hcp-olm";
+/// The tests here each run a whole fleet: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn progress(msg: impl std::fmt::Display) {
     eprintln!("[restart] {msg}");
@@ -79,15 +81,16 @@ async fn hosted_olms(mgmt: &Cluster) -> Result<Vec<DynamicObject>> {
 }
 
 /// HostedOLMs with a status, and guests whose packageserver Endpoints exist (second pass).
-async fn progress_of(mgmt: &Cluster, guests: &GuestStandIn) -> Result<(usize, usize)> {
+async fn progress_of(mgmt: &Cluster, guests: &Guests, n: usize) -> Result<(usize, usize)> {
     let with_status = hosted_olms(mgmt)
         .await?
         .iter()
         .filter(|h| h.data["status"]["observedGeneration"].is_i64())
         .count();
-    let guests_done = (0..N)
-        .filter(|i| guests.has(*i, "", "endpoints", Some("default"), "packageserver"))
-        .count();
+    let mut guests_done = 0;
+    for i in 0..n {
+        guests_done += usize::from(guests.done(i).await);
+    }
     Ok((with_status, guests_done))
 }
 
@@ -95,7 +98,8 @@ async fn progress_of(mgmt: &Cluster, guests: &GuestStandIn) -> Result<(usize, us
 /// stopped for 10 s.
 async fn converge(
     mgmt: &Cluster,
-    guests: &GuestStandIn,
+    guests: &Guests,
+    n: usize,
     controller: &ManagedProcess,
     limit: Duration,
 ) -> Result<Duration> {
@@ -115,20 +119,20 @@ async fn converge(
             last_writes = w;
             last_change = Instant::now();
         }
-        let (statuses, done) = progress_of(mgmt, guests).await?;
+        let (statuses, done) = progress_of(mgmt, guests, n).await?;
         if last_report.elapsed() >= Duration::from_secs(15) {
             last_report = Instant::now();
             progress(format!(
-                "{:.0}s: {statuses}/{N} statuses, {done}/{N} guests done",
+                "{:.0}s: {statuses}/{n} statuses, {done}/{n} guests done",
                 t0.elapsed().as_secs_f64()
             ));
         }
-        if statuses == N && done == N && last_change.elapsed() >= Duration::from_secs(10) {
+        if statuses == n && done == n && last_change.elapsed() >= Duration::from_secs(10) {
             return Ok(last_change - t0);
         }
         if t0.elapsed() > limit {
             bail!(
-                "not converged after {limit:?}: {statuses}/{N} statuses, {done}/{N} guests\n{}",
+                "not converged after {limit:?}: {statuses}/{n} statuses, {done}/{n} guests\n{}",
                 controller.log_tail(30)
             );
         }
@@ -334,6 +338,7 @@ async fn check_tunnel_keys(mgmt: &Cluster, guests: &GuestStandIn, i: usize) -> R
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn leader_killed_mid_convergence_and_mid_key_rotation() -> Result<()> {
+    let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir()?;
     let mut opts = ClusterOptions::new("management");
     // ~9 Services per hosted cluster
@@ -351,13 +356,14 @@ async fn leader_killed_mid_convergence_and_mid_key_rotation() -> Result<()> {
     for f in guest_crd_files() {
         crds.extend(yaml_docs(&f)?);
     }
-    let guests = GuestStandIn::start(N, crds).await?;
+    let standin = GuestStandIn::start(N, crds).await?;
+    let guests = Guests::StandIn(standin);
     let template = hosted_cluster_template()?;
     futures::stream::iter(0..N)
         .map(|i| {
             let (mgmt, template, guests) = (&mgmt, &template, &guests);
             async move {
-                create_hosted_cluster(mgmt, template, i, guests.kubeconfig(i).into_bytes())
+                create_hosted_cluster(mgmt, template, i, guests.kubeconfig(i)?)
                     .await
                     .with_context(|| format!("creating HostedCluster hc{i}"))
             }
@@ -374,7 +380,7 @@ async fn leader_killed_mid_convergence_and_mid_key_rotation() -> Result<()> {
     let t0 = Instant::now();
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let (statuses, _) = progress_of(&mgmt, &guests).await?;
+        let (statuses, _) = progress_of(&mgmt, &guests, N).await?;
         if statuses >= N / 2 {
             break;
         }
@@ -385,7 +391,7 @@ async fn leader_killed_mid_convergence_and_mid_key_rotation() -> Result<()> {
         );
     }
     first.kill();
-    let (statuses, done) = progress_of(&mgmt, &guests).await?;
+    let (statuses, done) = progress_of(&mgmt, &guests, N).await?;
     ensure!(
         done < N,
         "the fleet converged before the kill ({statuses}/{N} statuses, {done}/{N} guests): not mid-convergence"
@@ -396,7 +402,7 @@ async fn leader_killed_mid_convergence_and_mid_key_rotation() -> Result<()> {
     ));
     let at_kill = rollouts(&mgmt).await?;
     let second = start_controller(&kubeconfig, dir.path(), "controller-b")?;
-    let took = converge(&mgmt, &guests, &second, Duration::from_secs(1200)).await?;
+    let took = converge(&mgmt, &guests, N, &second, Duration::from_secs(1200)).await?;
     progress(format!(
         "the new leader converged the fleet in {:.0}s",
         took.as_secs_f64()
@@ -489,7 +495,7 @@ async fn leader_killed_mid_convergence_and_mid_key_rotation() -> Result<()> {
             third.log_tail(30)
         );
     }
-    converge(&mgmt, &guests, &third, Duration::from_secs(600)).await?;
+    converge(&mgmt, &guests, N, &third, Duration::from_secs(600)).await?;
     check_objects(&our_objects(&mgmt).await?)?;
     // Neither end restarts for a rotation: the rotated clusters' Deployments moved no
     // further than the others'.
@@ -497,7 +503,10 @@ async fn leader_killed_mid_convergence_and_mid_key_rotation() -> Result<()> {
     // Both ends of every rotated tunnel agree on the new keys, and neither accepts the old
     // ones any more: the rotation was finished, not restarted or split by the new leader.
     for i in 0..ROTATED {
-        check_tunnel_keys(&mgmt, &guests, i).await?;
+        let Guests::StandIn(standin) = &guests else {
+            bail!("stand-in guests");
+        };
+        check_tunnel_keys(&mgmt, standin, i).await?;
         let (now, _) = gateway_agent_keys(&mgmt, i).await?;
         ensure!(now != before[i], "hc{i}: the agent key did not change");
         // A rotation under way when the leader died was finished with the keys it had
@@ -517,5 +526,84 @@ async fn leader_killed_mid_convergence_and_mid_key_rotation() -> Result<()> {
         "the {ROTATED} rotated tunnels: gateway and agent configs name each other's new keys, no old key accepted"
     ));
     third.kill();
+    Ok(())
+}
+
+/// One fleet of `n` HostedClusters converged by the controller against `guests`; returns the
+/// guests' write requests by resource (the controller's alone: counted from before it
+/// started), and prints them per HostedCluster.
+async fn fleet_writes(guests: &Guests, n: usize, what: &str) -> Result<BTreeMap<String, u64>> {
+    let dir = tempfile::tempdir()?;
+    let mut opts = ClusterOptions::new("management");
+    opts.service_cidr = "198.18.0.0/16".into();
+    let mgmt = Cluster::start(opts).await?;
+    let fx = hcp_olm_e2e::tools::fixtures_dir();
+    mgmt.install_crds(&[
+        fx.join("hypershift/crds/hostedclusters-Hypershift-Default.crd.yaml"),
+        hcp_olm_e2e::tools::repo_file("manifests/crds/hostedolm.yaml"),
+    ])
+    .await?;
+    mgmt.ensure_namespace(HC_NS).await?;
+    let kubeconfig = controller_identity(&mgmt).await?;
+    let template = hosted_cluster_template()?;
+    for i in 0..n {
+        create_hosted_cluster(&mgmt, &template, i, guests.kubeconfig(i)?).await?;
+    }
+    let before = guests.writes_by_resource().await?;
+    let controller = start_controller(&kubeconfig, dir.path(), &format!("controller-{what}"))?;
+    converge(&mgmt, guests, n, &controller, Duration::from_secs(600)).await?;
+    let after = guests.writes_by_resource().await?;
+    controller.kill();
+    let writes: BTreeMap<String, u64> = after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
+        .filter(|(_, v)| *v > 0)
+        .collect();
+    progress(format!(
+        "{what} guests, writes per HostedCluster by resource: {}",
+        writes
+            .iter()
+            .map(|(k, v)| format!("{k}={:.1}", *v as f64 / n as f64))
+            .collect::<Vec<_>>()
+            .join(" ")
+    ));
+    Ok(writes)
+}
+
+/// Issue 16 item 1: the benchmark's guest stand-in must take the writes real guest API
+/// servers take. Three HostedClusters converged against three real guest kube-apiservers
+/// (one shared etcd), then against the stand-in: the same write requests by resource.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn standin_guests_take_the_writes_real_guests_take() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    const G: usize = 3;
+    let etcd = SharedEtcd::start("guests-etcd")?;
+    let mut real = Vec::new();
+    for i in 0..G {
+        real.push(start_real_guest(i, &etcd, &[]).await?);
+    }
+    let real = Guests::Real(real);
+    // A real API server also writes for itself (APIService status from its availability
+    // controller, IPAddress objects for ClusterIPs, its own Leases): not the controller's.
+    let ours = |m: BTreeMap<String, u64>| -> BTreeMap<String, u64> {
+        m.into_iter()
+            .filter(|(k, _)| RESOURCES.contains(&k.as_str()))
+            .collect()
+    };
+    let real_writes = ours(fleet_writes(&real, G, "real").await?);
+    drop(real);
+    let mut crds = Vec::new();
+    for f in guest_crd_files() {
+        crds.extend(yaml_docs(&f)?);
+    }
+    let standin = Guests::StandIn(GuestStandIn::start(G, crds).await?);
+    let standin_writes = ours(fleet_writes(&standin, G, "stand-in").await?);
+    progress(format!(
+        "the controller's guest writes, both: {real_writes:?}"
+    ));
+    assert_eq!(
+        standin_writes, real_writes,
+        "stand-in (left) and real guests (right) took different writes"
+    );
     Ok(())
 }

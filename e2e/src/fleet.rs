@@ -7,14 +7,17 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use futures::StreamExt as _;
+
 use anyhow::{Context as _, Result};
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Endpoints, Secret};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 
-use crate::Cluster;
+use crate::guest_standin::GuestStandIn;
 use crate::tools::fixtures_dir;
+use crate::{Cluster, ClusterOptions, SharedEtcd};
 
 /// Every resource the controller may write, in either cluster.
 pub const RESOURCES: &[&str] = &[
@@ -29,6 +32,7 @@ pub const RESOURCES: &[&str] = &[
     "catalogsources",
     "apiservices",
     "endpoints",
+    "endpointslices",
     "operatorhubs",
     "namespaces",
     "events",
@@ -192,4 +196,182 @@ pub async fn controller_identity(mgmt: &Cluster) -> Result<PathBuf> {
         }
     }
     Ok(sa.kubeconfig)
+}
+
+/// CPU seconds (user + system) a process has used so far (0 when unreadable).
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+        return 0.0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // Fields after the command: state is index 0, utime is field 14 overall → index 11.
+    let ticks: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
+    ticks as f64 / 100.0
+}
+
+/// The API server's `/metrics` text.
+pub async fn metrics_text(c: &Cluster) -> Result<String> {
+    let req = http::Request::get("/metrics").body(Vec::new())?;
+    Ok(c.client().request_text(req).await?)
+}
+
+/// One real guest: kube-apiserver on the shared etcd, the guest CRDs and namespace.
+pub async fn start_real_guest(i: usize, etcd: &SharedEtcd, extra: &[String]) -> Result<Cluster> {
+    let mut opts = ClusterOptions::new(&format!("guest{i}"));
+    opts.shared_etcd = Some(etcd.with_prefix(&format!("guest{i}")));
+    opts.extra_apiserver_args = extra.to_vec();
+    opts.ready_timeout = Duration::from_secs(240);
+    let c = Cluster::start(opts)
+        .await
+        .with_context(|| format!("starting guest {i}"))?;
+    c.install_crds(&guest_crd_files()).await?;
+    c.ensure_namespace("openshift-marketplace").await?;
+    Ok(c)
+}
+
+pub enum Guests {
+    Real(Vec<Cluster>),
+    StandIn(GuestStandIn),
+}
+
+impl Guests {
+    pub fn kubeconfig(&self, i: usize) -> Result<Vec<u8>> {
+        match self {
+            Guests::Real(cs) => Ok(std::fs::read(cs[i].kubeconfig())?),
+            Guests::StandIn(s) => Ok(s.kubeconfig(i).into_bytes()),
+        }
+    }
+
+    pub async fn writes(&self) -> Result<u64> {
+        match self {
+            Guests::Real(cs) => {
+                let counts = futures::stream::iter(cs.iter())
+                    .map(|c| c.api_writes(RESOURCES))
+                    .buffer_unordered(8)
+                    .collect::<Vec<_>>()
+                    .await;
+                let mut sum = 0;
+                for c in counts {
+                    sum += c?;
+                }
+                Ok(sum)
+            }
+            Guests::StandIn(s) => Ok(s.total_writes()),
+        }
+    }
+
+    /// Has guest `i` got the packageserver Endpoints (written on the controller's second pass)?
+    pub async fn done(&self, i: usize) -> bool {
+        match self {
+            Guests::Real(cs) => Api::<Endpoints>::namespaced(cs[i].client(), "default")
+                .get_opt("packageserver")
+                .await
+                .ok()
+                .flatten()
+                .is_some(),
+            Guests::StandIn(s) => s.has(i, "", "endpoints", Some("default"), "packageserver"),
+        }
+    }
+
+    /// For real guests: guest 0's write requests by resource, subresource and verb.
+    pub async fn breakdown(&self) -> Result<String> {
+        let Guests::Real(cs) = self else {
+            return Ok(String::new());
+        };
+        let text = metrics_text(&cs[0]).await?;
+        let label = |line: &str, name: &str| -> String {
+            line.split_once(&format!("{name}=\""))
+                .and_then(|(_, r)| r.split_once('"'))
+                .map(|(v, _)| v.to_string())
+                .unwrap_or_default()
+        };
+        let mut out = BTreeMap::<String, f64>::new();
+        for l in text
+            .lines()
+            .filter(|l| l.starts_with("apiserver_request_total{"))
+        {
+            let verb = label(l, "verb");
+            if !["POST", "PUT", "PATCH", "APPLY", "DELETE"].contains(&verb.as_str()) {
+                continue;
+            }
+            let v: f64 = l
+                .rsplit(' ')
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0);
+            let key = format!(
+                "{}{}/{verb}",
+                label(l, "resource"),
+                match label(l, "subresource").as_str() {
+                    "" => String::new(),
+                    s => format!("/{s}"),
+                }
+            );
+            *out.entry(key).or_default() += v;
+        }
+        Ok(out
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" "))
+    }
+
+    /// Write requests (POST, PUT, PATCH, APPLY, DELETE) by `resource[/subresource]`, summed
+    /// over every guest: the real API servers' own counters, or the stand-in's.
+    pub async fn writes_by_resource(&self) -> Result<BTreeMap<String, u64>> {
+        match self {
+            Guests::Real(cs) => {
+                let mut out = BTreeMap::new();
+                for c in cs {
+                    for (k, v) in writes_by_resource(&metrics_text(c).await?) {
+                        *out.entry(k).or_default() += v;
+                    }
+                }
+                Ok(out)
+            }
+            Guests::StandIn(s) => Ok(s.writes_by_resource()),
+        }
+    }
+
+    pub fn cpu_seconds(&self) -> f64 {
+        match self {
+            Guests::Real(cs) => cs.iter().map(|c| cpu_seconds(c.pids()[0])).sum(),
+            Guests::StandIn(_) => 0.0,
+        }
+    }
+}
+
+/// Write requests by `resource[/subresource]` in a kube-apiserver's `/metrics` text (pure).
+pub fn writes_by_resource(text: &str) -> BTreeMap<String, u64> {
+    let label = |line: &str, name: &str| -> String {
+        line.split_once(&format!("{name}=\""))
+            .and_then(|(_, r)| r.split_once('"'))
+            .map(|(v, _)| v.to_string())
+            .unwrap_or_default()
+    };
+    let mut out = BTreeMap::new();
+    for l in text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+    {
+        let verb = label(l, "verb");
+        if !["POST", "PUT", "PATCH", "APPLY", "DELETE"].contains(&verb.as_str()) {
+            continue;
+        }
+        let v: f64 = l
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        let key = match label(l, "subresource").as_str() {
+            "" => label(l, "resource"),
+            sub => format!("{}/{sub}", label(l, "resource")),
+        };
+        *out.entry(key).or_default() += v as u64;
+    }
+    out
 }

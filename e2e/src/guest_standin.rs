@@ -37,6 +37,24 @@ type Key = (String, String, Option<String>, String); // group, plural, namespace
 struct Guest {
     objects: Mutex<BTreeMap<Key, Value>>,
     writes: AtomicU64,
+    /// Writes by `plural[/subresource]`.
+    by_resource: Mutex<BTreeMap<String, u64>>,
+}
+
+impl Guest {
+    fn wrote(&self, p: &Path) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        let key = match &p.subresource {
+            Some(sub) => format!("{}/{sub}", p.plural),
+            None => p.plural.clone(),
+        };
+        *self
+            .by_resource
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key)
+            .or_default() += 1;
+    }
 }
 
 struct Shared {
@@ -200,6 +218,22 @@ impl GuestStandIn {
             .sum()
     }
 
+    /// Writes over all guests by `plural[/subresource]`.
+    pub fn writes_by_resource(&self) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        for g in &self.shared.guests {
+            for (k, v) in g
+                .by_resource
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+            {
+                *out.entry(k.clone()).or_default() += v;
+            }
+        }
+        out
+    }
+
     /// Requests of any verb over all guests.
     pub fn total_requests(&self) -> u64 {
         self.shared.requests.load(Ordering::Relaxed)
@@ -269,6 +303,7 @@ struct Path {
     plural: String,
     namespace: Option<String>,
     name: Option<String>,
+    subresource: Option<String>,
 }
 
 fn parse_path(path: &str) -> Option<Path> {
@@ -288,9 +323,14 @@ fn parse_path(path: &str) -> Option<Path> {
         ["namespaces", ns, more @ ..] if !more.is_empty() => (Some(ns.to_string()), more),
         other => (None, other),
     };
-    let (plural, name) = match rest {
-        [plural] => (plural.to_string(), None),
-        [plural, name] | [plural, name, _] => (plural.to_string(), Some(name.to_string())),
+    let (plural, name, subresource) = match rest {
+        [plural] => (plural.to_string(), None, None),
+        [plural, name] => (plural.to_string(), Some(name.to_string()), None),
+        [plural, name, sub] => (
+            plural.to_string(),
+            Some(name.to_string()),
+            Some(sub.to_string()),
+        ),
         _ => return None,
     };
     Some(Path {
@@ -299,6 +339,7 @@ fn parse_path(path: &str) -> Option<Path> {
         plural,
         namespace,
         name,
+        subresource,
     })
 }
 
@@ -506,7 +547,7 @@ async fn handle(s: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> {
         }
         (Method::DELETE, Some(name)) => match objects.remove(&key(name)) {
             Some(_) => {
-                guest.writes.fetch_add(1, Ordering::Relaxed);
+                guest.wrote(&p);
                 status(StatusCode::OK, "", format!("deleted {name}"))
             }
             None => not_found(name),
@@ -598,7 +639,7 @@ async fn handle(s: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> {
                 }
             }
             objects.insert(k, new.clone());
-            guest.writes.fetch_add(1, Ordering::Relaxed);
+            guest.wrote(&p);
             let code = if old.is_some() {
                 StatusCode::OK
             } else {

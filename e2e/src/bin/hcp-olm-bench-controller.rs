@@ -26,13 +26,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail, ensure};
 use futures::StreamExt as _;
 use hcp_olm_e2e::fleet::{
-    HC_NS, OLM_IMAGE, RESOURCES, controller_identity, create_hosted_cluster, guest_crd_files,
-    holm_resource, hosted_cluster_template, yaml_docs,
+    Guests, HC_NS, OLM_IMAGE, RESOURCES, controller_identity, cpu_seconds, create_hosted_cluster,
+    guest_crd_files, holm_resource, hosted_cluster_template, metrics_text, start_real_guest,
+    yaml_docs,
 };
 use hcp_olm_e2e::guest_standin::GuestStandIn;
 use hcp_olm_e2e::tools::fixtures_dir;
 use hcp_olm_e2e::{Cluster, ClusterOptions, SharedEtcd};
-use k8s_openapi::api::core::v1::Endpoints;
 use kube::api::{Api, DynamicObject, ListParams};
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T> {
@@ -53,20 +53,6 @@ fn progress(msg: impl std::fmt::Display) {
 }
 
 /// utime + stime of a process, seconds.
-fn cpu_seconds(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-        return 0.0;
-    };
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // Fields after the command: state is index 0, utime is field 14 overall → index 11.
-    let ticks: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
-        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
-    ticks as f64 / 100.0
-}
-
 /// A `/proc/<pid>/status` field in KiB (VmRSS, VmHWM).
 fn status_kib(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -109,11 +95,6 @@ fn metric_sum(text: &str, prefix: &str) -> f64 {
         .sum()
 }
 
-async fn metrics_text(c: &Cluster) -> Result<String> {
-    let req = http::Request::get("/metrics").body(Vec::new())?;
-    Ok(c.client().request_text(req).await?)
-}
-
 /// Requests served and their summed server-side duration, per the API server. Long-running
 /// requests (WATCH, CONNECT) are left out: a watch counts its whole lifetime.
 async fn served(c: &Cluster) -> Result<(f64, f64)> {
@@ -127,115 +108,6 @@ async fn served(c: &Cluster) -> Result<(f64, f64)> {
         metric_sum(&short, "apiserver_request_total{"),
         metric_sum(&short, "apiserver_request_duration_seconds_sum{"),
     ))
-}
-
-/// One real guest: kube-apiserver on the shared etcd, the guest CRDs and namespace.
-async fn start_real_guest(i: usize, etcd: &SharedEtcd, extra: &[String]) -> Result<Cluster> {
-    let mut opts = ClusterOptions::new(&format!("guest{i}"));
-    opts.shared_etcd = Some(etcd.with_prefix(&format!("guest{i}")));
-    opts.extra_apiserver_args = extra.to_vec();
-    opts.ready_timeout = Duration::from_secs(240);
-    let c = Cluster::start(opts)
-        .await
-        .with_context(|| format!("starting guest {i}"))?;
-    c.install_crds(&guest_crd_files()).await?;
-    c.ensure_namespace("openshift-marketplace").await?;
-    Ok(c)
-}
-
-enum Guests {
-    Real(Vec<Cluster>),
-    StandIn(GuestStandIn),
-}
-
-impl Guests {
-    fn kubeconfig(&self, i: usize) -> Result<Vec<u8>> {
-        match self {
-            Guests::Real(cs) => Ok(std::fs::read(cs[i].kubeconfig())?),
-            Guests::StandIn(s) => Ok(s.kubeconfig(i).into_bytes()),
-        }
-    }
-
-    async fn writes(&self) -> Result<u64> {
-        match self {
-            Guests::Real(cs) => {
-                let counts = futures::stream::iter(cs.iter())
-                    .map(|c| c.api_writes(RESOURCES))
-                    .buffer_unordered(8)
-                    .collect::<Vec<_>>()
-                    .await;
-                let mut sum = 0;
-                for c in counts {
-                    sum += c?;
-                }
-                Ok(sum)
-            }
-            Guests::StandIn(s) => Ok(s.total_writes()),
-        }
-    }
-
-    /// Has guest `i` got the packageserver Endpoints (written on the controller's second pass)?
-    async fn done(&self, i: usize) -> bool {
-        match self {
-            Guests::Real(cs) => Api::<Endpoints>::namespaced(cs[i].client(), "default")
-                .get_opt("packageserver")
-                .await
-                .ok()
-                .flatten()
-                .is_some(),
-            Guests::StandIn(s) => s.has(i, "", "endpoints", Some("default"), "packageserver"),
-        }
-    }
-
-    /// For real guests: guest 0's write requests by resource, subresource and verb.
-    async fn breakdown(&self) -> Result<String> {
-        let Guests::Real(cs) = self else {
-            return Ok(String::new());
-        };
-        let text = metrics_text(&cs[0]).await?;
-        let label = |line: &str, name: &str| -> String {
-            line.split_once(&format!("{name}=\""))
-                .and_then(|(_, r)| r.split_once('"'))
-                .map(|(v, _)| v.to_string())
-                .unwrap_or_default()
-        };
-        let mut out = BTreeMap::<String, f64>::new();
-        for l in text
-            .lines()
-            .filter(|l| l.starts_with("apiserver_request_total{"))
-        {
-            let verb = label(l, "verb");
-            if !["POST", "PUT", "PATCH", "APPLY", "DELETE"].contains(&verb.as_str()) {
-                continue;
-            }
-            let v: f64 = l
-                .rsplit(' ')
-                .next()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0.0);
-            let key = format!(
-                "{}{}/{verb}",
-                label(l, "resource"),
-                match label(l, "subresource").as_str() {
-                    "" => String::new(),
-                    s => format!("/{s}"),
-                }
-            );
-            *out.entry(key).or_default() += v;
-        }
-        Ok(out
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(" "))
-    }
-
-    fn cpu_seconds(&self) -> f64 {
-        match self {
-            Guests::Real(cs) => cs.iter().map(|c| cpu_seconds(c.pids()[0])).sum(),
-            Guests::StandIn(_) => 0.0,
-        }
-    }
 }
 
 fn controller_bin() -> PathBuf {
