@@ -80,6 +80,24 @@ async fn hosted_olms(mgmt: &Cluster) -> Result<Vec<DynamicObject>> {
     Ok(api.list(&ListParams::default()).await?.items)
 }
 
+/// The management cluster with the HostedCluster and HostedOLM CRDs, the HostedClusters'
+/// namespace, and the controller's identity (its kubeconfig).
+async fn management() -> Result<(Cluster, std::path::PathBuf)> {
+    let mut opts = ClusterOptions::new("management");
+    // ~9 Services per hosted cluster
+    opts.service_cidr = "198.18.0.0/16".into();
+    let mgmt = Cluster::start(opts).await?;
+    let fx = hcp_olm_e2e::tools::fixtures_dir();
+    mgmt.install_crds(&[
+        fx.join("hypershift/crds/hostedclusters-Hypershift-Default.crd.yaml"),
+        hcp_olm_e2e::tools::repo_file("manifests/crds/hostedolm.yaml"),
+    ])
+    .await?;
+    mgmt.ensure_namespace(HC_NS).await?;
+    let kubeconfig = controller_identity(&mgmt).await?;
+    Ok((mgmt, kubeconfig))
+}
+
 /// HostedOLMs with a status, and guests whose packageserver Endpoints exist (second pass).
 async fn progress_of(mgmt: &Cluster, guests: &Guests, n: usize) -> Result<(usize, usize)> {
     let with_status = hosted_olms(mgmt)
@@ -340,18 +358,7 @@ async fn check_tunnel_keys(mgmt: &Cluster, guests: &GuestStandIn, i: usize) -> R
 async fn leader_killed_mid_convergence_and_mid_key_rotation() -> Result<()> {
     let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir()?;
-    let mut opts = ClusterOptions::new("management");
-    // ~9 Services per hosted cluster
-    opts.service_cidr = "198.18.0.0/16".into();
-    let mgmt = Cluster::start(opts).await?;
-    let fx = hcp_olm_e2e::tools::fixtures_dir();
-    mgmt.install_crds(&[
-        fx.join("hypershift/crds/hostedclusters-Hypershift-Default.crd.yaml"),
-        hcp_olm_e2e::tools::repo_file("manifests/crds/hostedolm.yaml"),
-    ])
-    .await?;
-    mgmt.ensure_namespace(HC_NS).await?;
-    let kubeconfig = controller_identity(&mgmt).await?;
+    let (mgmt, kubeconfig) = management().await?;
     let mut crds = Vec::new();
     for f in guest_crd_files() {
         crds.extend(yaml_docs(&f)?);
@@ -534,17 +541,7 @@ async fn leader_killed_mid_convergence_and_mid_key_rotation() -> Result<()> {
 /// started), and prints them per HostedCluster.
 async fn fleet_writes(guests: &Guests, n: usize, what: &str) -> Result<BTreeMap<String, u64>> {
     let dir = tempfile::tempdir()?;
-    let mut opts = ClusterOptions::new("management");
-    opts.service_cidr = "198.18.0.0/16".into();
-    let mgmt = Cluster::start(opts).await?;
-    let fx = hcp_olm_e2e::tools::fixtures_dir();
-    mgmt.install_crds(&[
-        fx.join("hypershift/crds/hostedclusters-Hypershift-Default.crd.yaml"),
-        hcp_olm_e2e::tools::repo_file("manifests/crds/hostedolm.yaml"),
-    ])
-    .await?;
-    mgmt.ensure_namespace(HC_NS).await?;
-    let kubeconfig = controller_identity(&mgmt).await?;
+    let (mgmt, kubeconfig) = management().await?;
     let template = hosted_cluster_template()?;
     for i in 0..n {
         create_hosted_cluster(&mgmt, &template, i, guests.kubeconfig(i)?).await?;

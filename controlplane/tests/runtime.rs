@@ -14,7 +14,8 @@ use hcp_olm_controlplane::runtime::reconcile::{
 };
 use hcp_olm_controlplane::runtime::{Config, Context, FINALIZER};
 use hcp_olm_e2e::cluster::{Cluster, Environment};
-use hcp_olm_e2e::hypershift_standin;
+use hcp_olm_e2e::fleet::RESOURCES;
+use hcp_olm_e2e::hypershift_standin::{self, catalog_source_ar, resource};
 use hcp_olm_e2e::tools::fixtures_dir;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -27,27 +28,6 @@ const HC_NS: &str = "clusters";
 /// cores, lease renewals and readiness timings of one test starve in another's load.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const OLM_IMAGE: &str = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
-
-/// Resources whose writes we count (everything the controller may touch).
-const RESOURCES: &[&str] = &[
-    "deployments",
-    "services",
-    "serviceaccounts",
-    "secrets",
-    "networkpolicies",
-    "poddisruptionbudgets",
-    "hostedolms",
-    "hostedclusters",
-    "catalogsources",
-    "apiservices",
-    "endpoints",
-    "endpointslices",
-    "operatorhubs",
-    "namespaces",
-    "events",
-    "servicemonitors",
-    "subscriptions",
-];
 
 fn repo_file(p: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(p)
@@ -1560,25 +1540,6 @@ async fn snapshot(env: &Environment, name: &str) -> Result<(Vec<String>, Vec<Str
 }
 
 /// A resource of `group/version` (`version` alone for the core group).
-fn resource(api_version: &str, kind: &str, plural: &str) -> ApiResource {
-    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
-    ApiResource {
-        group: group.into(),
-        version: version.into(),
-        api_version: api_version.into(),
-        kind: kind.into(),
-        plural: plural.into(),
-    }
-}
-
-fn catalog_source_ar() -> ApiResource {
-    resource(
-        "operators.coreos.com/v1alpha1",
-        "CatalogSource",
-        "catalogsources",
-    )
-}
-
 /// Spec changes converge with nothing stale (compared by our labels in both
 /// clusters), and bad input (unreachable guest, invalid HostedOLM override) is
 /// reported without losing objects, while a second HostedCluster with its own guest

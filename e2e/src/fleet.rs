@@ -19,7 +19,8 @@ use crate::guest_standin::GuestStandIn;
 use crate::tools::fixtures_dir;
 use crate::{Cluster, ClusterOptions, SharedEtcd};
 
-/// Every resource the controller may write, in either cluster.
+/// Every resource the controller may write, in either cluster (the tests count writes to
+/// these).
 pub const RESOURCES: &[&str] = &[
     "deployments",
     "services",
@@ -36,6 +37,8 @@ pub const RESOURCES: &[&str] = &[
     "operatorhubs",
     "namespaces",
     "events",
+    "servicemonitors",
+    "subscriptions",
 ];
 pub const HC_NS: &str = "clusters";
 pub const OLM_IMAGE: &str = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
@@ -282,37 +285,7 @@ impl Guests {
         let Guests::Real(cs) = self else {
             return Ok(String::new());
         };
-        let text = metrics_text(&cs[0]).await?;
-        let label = |line: &str, name: &str| -> String {
-            line.split_once(&format!("{name}=\""))
-                .and_then(|(_, r)| r.split_once('"'))
-                .map(|(v, _)| v.to_string())
-                .unwrap_or_default()
-        };
-        let mut out = BTreeMap::<String, f64>::new();
-        for l in text
-            .lines()
-            .filter(|l| l.starts_with("apiserver_request_total{"))
-        {
-            let verb = label(l, "verb");
-            if !["POST", "PUT", "PATCH", "APPLY", "DELETE"].contains(&verb.as_str()) {
-                continue;
-            }
-            let v: f64 = l
-                .rsplit(' ')
-                .next()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0.0);
-            let key = format!(
-                "{}{}/{verb}",
-                label(l, "resource"),
-                match label(l, "subresource").as_str() {
-                    "" => String::new(),
-                    s => format!("/{s}"),
-                }
-            );
-            *out.entry(key).or_default() += v;
-        }
+        let out = write_requests(&metrics_text(&cs[0]).await?, true);
         Ok(out
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
@@ -347,6 +320,12 @@ impl Guests {
 
 /// Write requests by `resource[/subresource]` in a kube-apiserver's `/metrics` text (pure).
 pub fn writes_by_resource(text: &str) -> BTreeMap<String, u64> {
+    write_requests(text, false)
+}
+
+/// Write requests (POST, PUT, PATCH, APPLY, DELETE) in a kube-apiserver's `/metrics` text by
+/// `resource[/subresource]`, and `/verb` when `by_verb` (pure).
+fn write_requests(text: &str, by_verb: bool) -> BTreeMap<String, u64> {
     let label = |line: &str, name: &str| -> String {
         line.split_once(&format!("{name}=\""))
             .and_then(|(_, r)| r.split_once('"'))
@@ -367,10 +346,13 @@ pub fn writes_by_resource(text: &str) -> BTreeMap<String, u64> {
             .next()
             .and_then(|v| v.parse().ok())
             .unwrap_or(0.0);
-        let key = match label(l, "subresource").as_str() {
+        let mut key = match label(l, "subresource").as_str() {
             "" => label(l, "resource"),
             sub => format!("{}/{sub}", label(l, "resource")),
         };
+        if by_verb {
+            key = format!("{key}/{verb}");
+        }
         *out.entry(key).or_default() += v as u64;
     }
     out

@@ -9,7 +9,8 @@ use anyhow::{Context as _, Result};
 use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 
-fn resource(api_version: &str, kind: &str, plural: &str) -> ApiResource {
+/// An [`ApiResource`] from `group/version` (or `version`), kind and plural.
+pub fn resource(api_version: &str, kind: &str, plural: &str) -> ApiResource {
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
     ApiResource {
         group: group.into(),
@@ -20,7 +21,8 @@ fn resource(api_version: &str, kind: &str, plural: &str) -> ApiResource {
     }
 }
 
-fn catalog_source_ar() -> ApiResource {
+/// `operators.coreos.com/v1alpha1` CatalogSources.
+pub fn catalog_source_ar() -> ApiResource {
     resource(
         "operators.coreos.com/v1alpha1",
         "CatalogSource",

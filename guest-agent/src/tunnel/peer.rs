@@ -1144,12 +1144,9 @@ mod tests {
             .collect()
     }
 
-    /// Forged data from many claimed sources: at most SOLICIT_SOURCES offers per
-    /// REKEY_TIMEOUT in all, then more once that has passed.
-    #[test]
-    fn handshake_offers_are_bounded_over_all_senders() {
-        let p = pair();
-        let mut replica = Peer::new(PeerConfig {
+    /// Another gateway replica of `p` (its keys) that offers handshakes.
+    fn second_replica(p: &Pair) -> Peer {
+        Peer::new(PeerConfig {
             private_key: p.gw_key.clone(),
             peer_public_key: p.guest_key.public_key(),
             preshared_key: None,
@@ -1161,7 +1158,15 @@ mod tests {
             previous_private_keys: Vec::new(),
             previous_peer_public_keys: Vec::new(),
             solicit_after: Some(Duration::from_secs(25)),
-        });
+        })
+    }
+
+    /// Forged data from many claimed sources: at most SOLICIT_SOURCES offers per
+    /// REKEY_TIMEOUT in all, then more once that has passed.
+    #[test]
+    fn handshake_offers_are_bounded_over_all_senders() {
+        let p = pair();
+        let mut replica = second_replica(&p);
         let mut forged = vec![DATA, 0, 0, 0, 9, 9, 9, 9];
         forged.extend_from_slice(&[0u8; 40]);
         let now = Instant::now();
@@ -1189,19 +1194,7 @@ mod tests {
         p.guest.send_packet(&ping(1), &mut out).unwrap();
         let (_, at_gw) = exchange(&mut p, out);
         assert_eq!(at_gw.len(), 1, "first replica served");
-        let mut replica = Peer::new(PeerConfig {
-            private_key: p.gw_key.clone(),
-            peer_public_key: p.guest_key.public_key(),
-            preshared_key: None,
-            endpoint: None,
-            persistent_keepalive: None,
-            dead_peer_timeout: None,
-            allowed_ips: vec!["198.18.41.2/32".parse().unwrap()],
-            index: 3,
-            previous_private_keys: Vec::new(),
-            previous_peer_public_keys: Vec::new(),
-            solicit_after: Some(Duration::from_secs(25)),
-        });
+        let mut replica = second_replica(&p);
         let now = Instant::now();
         // A forger's junk first: too short is ignored; well-sized gets an offer to its
         // (claimed) source, which does not use up the real sender's turn.
