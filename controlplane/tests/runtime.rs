@@ -3689,7 +3689,7 @@ async fn hypershift_take_over_and_hand_back() -> Result<()> {
         "the config operator's first round: {first:?}"
     );
     converge(&ctx, &env, name, &[&env.management, &env.guest]).await?;
-    let settled = hypershift_standin::hcco_object_versions(&env.guest.client()).await?;
+    let settled = hypershift_standin::hcco_object_versions(&env.guest.client(), false).await?;
     let guest_writes_before = env.guest.api_writes(RESOURCES).await?;
     let mut hcco_writes = Vec::new();
     let start = std::time::Instant::now();
@@ -3709,7 +3709,7 @@ async fn hypershift_take_over_and_hand_back() -> Result<()> {
         );
         rounds += 1;
     }
-    let after = hypershift_standin::hcco_object_versions(&env.guest.client()).await?;
+    let after = hypershift_standin::hcco_object_versions(&env.guest.client(), false).await?;
     let changed: Vec<_> = settled
         .iter()
         .filter(|(k, v)| after.get(*k) != Some(v))

@@ -191,7 +191,12 @@ pub async fn hcco_round(
 }
 
 /// resourceVersions of the guest objects HyperShift's hosted-cluster-config-operator writes.
-pub async fn hcco_object_versions(guest: &kube::Client) -> Result<BTreeMap<String, String>> {
+/// With `olm_runs`, a CatalogSource counts as written only when its generation, labels or
+/// annotations change: OLM's catalog-operator writes its status (connection state) all along.
+pub async fn hcco_object_versions(
+    guest: &kube::Client,
+    olm_runs: bool,
+) -> Result<BTreeMap<String, String>> {
     let guest = guest.clone();
     let mut out = BTreeMap::new();
     let mut add = |k: String, o: Option<kube::api::ObjectMeta>| {
@@ -240,10 +245,19 @@ pub async fn hcco_object_versions(guest: &kube::Client) -> Result<BTreeMap<Strin
         "community-operators",
         "redhat-operators",
     ] {
-        add(
-            format!("CatalogSource/{n}"),
-            cs.get_opt(n).await?.map(|o| o.metadata),
-        );
+        let meta = cs.get_opt(n).await?.map(|o| o.metadata);
+        let meta = if olm_runs {
+            meta.map(|m| kube::api::ObjectMeta {
+                resource_version: Some(format!(
+                    "generation {:?}, labels {:?}, annotations {:?}",
+                    m.generation, m.labels, m.annotations
+                )),
+                ..Default::default()
+            })
+        } else {
+            meta
+        };
+        add(format!("CatalogSource/{n}"), meta);
     }
     Ok(out)
 }

@@ -1630,7 +1630,7 @@ async fn take_over_steps(
         soak.as_secs()
     ));
     let world = &*world;
-    let settled = hcco_object_versions(&guest).await?;
+    let settled = hcco_object_versions(&guest, true).await?;
     let start = Instant::now();
     let monitor = async {
         let mut samples = 0u32;
@@ -1685,7 +1685,7 @@ async fn take_over_steps(
     let (monitored, installed) = tokio::join!(monitor, installs);
     let (samples, unavailable, hcco_writes, listings, listing_failures) = monitored?;
     let (a, b, installed_at) = installed?;
-    let after = hcco_object_versions(&guest).await?;
+    let after = hcco_object_versions(&guest, true).await?;
     let changed: Vec<_> = settled
         .iter()
         .filter(|(k, v)| after.get(*k) != Some(v))
