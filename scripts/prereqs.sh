@@ -20,16 +20,20 @@ declare -A pkg_of=(
   [bwrap]=bubblewrap [nft]=nftables [conntrack]=conntrack [dnsmasq]=dnsmasq-base
   [curl]=curl [git]=git [make]=make [python3]=python3 [ping]=iputils-ping
   [wireguard-go]=wireguard-go [wg]=wireguard-tools [dnsperf]=dnsperf [iperf3]=iperf3
+  [runc]=runc
 )
 cmds=(ip setpriv nsenter unshare bwrap nft conntrack dnsmasq git make)
 case "$what" in
-test) cmds+=(curl python3 ping wg) ;;
+test) cmds+=(curl python3 ping wg runc) ;;
 bench) cmds+=(curl python3 ping wg dnsperf iperf3) ;;
 esac
 # file → Debian package: the CA bundle the image tests (and make images) put in every image.
-declare -A pkg_of_file=([/etc/ssl/certs/ca-certificates.crt]=ca-certificates)
+declare -A pkg_of_file=([/etc/ssl/certs/ca-certificates.crt]=ca-certificates
+  [/usr/lib/cni/bridge]=containernetworking-plugins)
 files=()
-[ "$what" = test ] && files+=(/etc/ssl/certs/ca-certificates.crt)
+# The real nodes (e2e/src/realnode.rs): containerd runs pods with runc and wires them with the
+# CNI bridge, host-local and loopback plugins.
+[ "$what" = test ] && files+=(/etc/ssl/certs/ca-certificates.crt /usr/lib/cni/bridge)
 
 say() { echo "prereqs($what): $*" >&2; }
 missing_pkgs() {

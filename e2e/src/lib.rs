@@ -9,6 +9,7 @@
 //! - [`registry`]: a real OCI registry on loopback.
 //! - [`hypershift_standin`]: HyperShift's hosted-cluster-config-operator's guest OLM writes.
 //! - [`hostile_registry`]: a stand-in for a hostile registry (answers chosen by the test).
+//! - [`realnode`]: real nodes (containerd, runc, CNI bridge, kubelet) in their own namespaces.
 //! - [`kubelet`]: a kubelet stand-in that runs rendered pods as processes.
 //! - [`process`]: processes that stand in for pods, killed by PID and waited for.
 
@@ -24,6 +25,7 @@ pub mod pki;
 pub mod podnet;
 pub mod ports;
 pub mod process;
+pub mod realnode;
 pub mod registry;
 pub mod scenario;
 pub mod tools;

@@ -27,6 +27,8 @@ pub const TEST_USER_PASSWORD: &str = "reader-password";
 /// bcrypt of [`TEST_USER_PASSWORD`], for [`Registry::start_with_htpasswd`].
 pub const TEST_USER_HASH: &str = "$2b$04$YTBWyrvuWWpeR9htC8snxOC6bGa7OysKMY95pmO8RYFr/K7.5IojW";
 
+const LOOPBACK: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
 /// A running registry; dropping it kills the process and removes its storage.
 pub struct Registry {
     process: ManagedProcess,
@@ -45,7 +47,7 @@ impl std::fmt::Debug for Registry {
 impl Registry {
     /// Starts a registry with filesystem storage on a free loopback port (plain HTTP).
     pub fn start() -> Result<Self, RegistryError> {
-        Self::start_with(None)
+        Self::start_with(None, LOOPBACK)
     }
 
     /// [`Registry::start`] requiring HTTP basic auth (the registry's htpasswd backend):
@@ -53,16 +55,26 @@ impl Registry {
     /// htpasswd file, e.g. [`TEST_USER_HASH`]).
     pub fn start_with_htpasswd(users: &[(&str, &str)]) -> Result<Self, RegistryError> {
         let lines: String = users.iter().map(|(u, h)| format!("{u}:{h}\n")).collect();
-        Self::start_with(Some(lines))
+        Self::start_with(Some(lines), LOOPBACK)
     }
 
-    fn start_with(htpasswd: Option<String>) -> Result<Self, RegistryError> {
+    /// [`Registry::start_with_htpasswd`] on `ip` instead of loopback (the host end of a real
+    /// node's link, [`crate::realnode::Site::host_ip`], so its containerd can pull).
+    pub fn start_with_htpasswd_on(
+        ip: std::net::IpAddr,
+        users: &[(&str, &str)],
+    ) -> Result<Self, RegistryError> {
+        let lines: String = users.iter().map(|(u, h)| format!("{u}:{h}\n")).collect();
+        Self::start_with(Some(lines), ip)
+    }
+
+    fn start_with(htpasswd: Option<String>, ip: std::net::IpAddr) -> Result<Self, RegistryError> {
         let bin = tools::bin("registry")?;
         let dir = tempfile::Builder::new()
             .prefix("hcp-olm-registry-")
             .tempdir()?;
         let port = ports::free_port()?;
-        let addr = format!("127.0.0.1:{port}");
+        let addr = std::net::SocketAddr::new(ip, port).to_string();
         let mut config = format!(
             "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n",
             dir.path().join("data").display()
@@ -102,7 +114,7 @@ impl Registry {
         })
     }
 
-    /// `127.0.0.1:<port>`, usable as the registry part of image references.
+    /// `<ip>:<port>` (`127.0.0.1:<port>` unless started on another address), usable as the registry part of image references.
     pub fn addr(&self) -> &str {
         &self.addr
     }

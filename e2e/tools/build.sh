@@ -62,6 +62,15 @@ for c in catalog olm package-server copy-content; do
 done
 build opm opm "$OPM_VERSION" github.com/operator-framework/operator-registry/cmd/opm -tags containers_image_openpgp \
   -ldflags "-s -w -X github.com/operator-framework/operator-registry/cmd/opm/version.gitCommit=${OPM_VERSION}"
+# The real nodes (e2e/src/realnode.rs): kubelet from the same Kubernetes release, containerd 2
+# with its runc shim and ctr, and our pod sandbox process (e2e/tools/pause).
+build kubenode kubelet "$KUBE_VERSION" k8s.io/kubernetes/cmd/kubelet -ldflags "$kube_ld"
+ctd_ld="-s -w -X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION"
+for c in containerd containerd-shim-runc-v2 ctr; do
+  build containerd "$c" "$CONTAINERD_VERSION" "github.com/containerd/containerd/v2/cmd/$c" \
+    -tags "no_btrfs no_devmapper no_zfs" -ldflags "$ctd_ld"
+done
+build pause pause v1 . -ldflags "-s -w"
 build registry registry "$REGISTRY_VERSION" github.com/distribution/distribution/v3/cmd/registry -ldflags "-s -w"
 build wireguard-go wireguard-go "$WIREGUARD_GO_VERSION" golang.zx2c4.com/wireguard -ldflags "-s -w"
 if [ "$bench" = 1 ]; then

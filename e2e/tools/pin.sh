@@ -23,6 +23,8 @@ staging_ver="v0.${KUBE_VERSION#v1.}"
   sed -n '/^replace (/,/^)/p' "$kmod" | awk '/=> \.\/staging/ {print "\t" $1 " => " $1 " '"$staging_ver"'"}'
   echo ")"
 } > "$here/kube/go.mod"
+# The node binaries in their own module, so kube-apiserver's cache key does not change with them.
+sed 's#^module hcp-olm/e2e/tools/kube$#module hcp-olm/e2e/tools/kubenode#' "$here/kube/go.mod" > "$here/kubenode/go.mod"
 cat > "$here/kube/tools.go" <<'GO'
 //go:build tools
 
@@ -41,6 +43,21 @@ write_simple() { # dir module-path version import...
     printf ')\n'
   } > "$here/$dir/tools.go"
 }
+cat > "$here/kubenode/tools.go" <<'GO'
+//go:build tools
+
+// Package tools pins the node and controller binaries (kubelet, kube-proxy,
+// kube-controller-manager, kube-scheduler) of the hcp-olm real-node test environment.
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+)
+GO
+
 write_simple etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" go.etcd.io/etcd/server/v3
 write_simple olm github.com/operator-framework/operator-lifecycle-manager "$OLM_VERSION" \
   github.com/operator-framework/operator-lifecycle-manager/cmd/catalog \
@@ -49,6 +66,10 @@ write_simple olm github.com/operator-framework/operator-lifecycle-manager "$OLM_
 write_simple opm github.com/operator-framework/operator-registry "$OPM_VERSION" \
   github.com/operator-framework/operator-registry/cmd/opm
 write_simple wireguard-go golang.zx2c4.com/wireguard "$WIREGUARD_GO_VERSION" golang.zx2c4.com/wireguard
+write_simple containerd github.com/containerd/containerd/v2 "$CONTAINERD_VERSION" \
+  github.com/containerd/containerd/v2/cmd/containerd \
+  github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+  github.com/containerd/containerd/v2/cmd/ctr
 write_simple registry github.com/distribution/distribution/v3 "$REGISTRY_VERSION" \
   github.com/distribution/distribution/v3/cmd/registry
 
@@ -61,7 +82,7 @@ printf '\nreplace sigs.k8s.io/apiserver-network-proxy/konnectivity-client => sig
 write_simple coredns github.com/coredns/coredns "$COREDNS_VERSION" github.com/coredns/coredns
 
 export GONOSUMDB=sigs.k8s.io/apiserver-network-proxy
-for d in kube etcd olm opm registry wireguard-go konnectivity coredns; do
+for d in kube kubenode containerd etcd olm opm registry wireguard-go konnectivity coredns; do
   echo "pin: tidying $d" >&2
   (cd "$here/$d" && go mod tidy -e >/dev/null)
 done

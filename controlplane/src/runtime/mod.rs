@@ -6,6 +6,7 @@
 //! - [`facts`]: release version and catalog images (registry lookups);
 //! - [`secrets`]: PKI and tunnel keys persisted in the HCP namespace;
 //! - [`controller`]: the kube-runtime `Controller` loop behind `hcp-olm-controller run`;
+//! - [`pods`]: why a component's pods are not ready (image pulls, scheduling, crashes);
 //! - [`metrics`]: Prometheus metrics and the admin HTTP endpoints;
 //! - [`leader`]: leader election with a `coordination.k8s.io/v1` Lease;
 //! - [`events`]: Kubernetes Events on HostedOLM condition transitions;
@@ -16,6 +17,7 @@ pub mod events;
 pub mod facts;
 pub mod leader;
 pub mod metrics;
+pub mod pods;
 pub mod reconcile;
 pub mod secrets;
 pub mod stores;

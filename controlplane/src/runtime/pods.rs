@@ -1,0 +1,188 @@
+//! Why a component's pods are not ready, in the kubelet's and the scheduler's own words: a
+//! Deployment says only how many replicas are ready; its pods say `ImagePullBackOff` (and
+//! which image), `Unschedulable` (and why), `CrashLoopBackOff`. Pure.
+
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+
+/// Longest message kept (pod status text comes from the kubelet, the scheduler and the
+/// registry, and ends up in HostedOLM status).
+pub const MAX_MESSAGE: usize = 512;
+
+/// Container waiting reasons that explain an unready pod. `ContainerCreating` and
+/// `PodInitializing` are progress, not problems.
+const WAITING_PROBLEMS: &[&str] = &[
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+    "CrashLoopBackOff",
+];
+
+/// A pod problem: the reason as Kubernetes names it and a message naming the pod, the
+/// container and its image.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    pub reason: String,
+    pub message: String,
+}
+
+fn bounded(mut s: String) -> String {
+    if s.len() > MAX_MESSAGE {
+        let mut cut = MAX_MESSAGE;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push('…');
+    }
+    s
+}
+
+fn container_problem(pod: &str, c: &ContainerStatus) -> Option<Problem> {
+    let w = c.state.as_ref()?.waiting.as_ref()?;
+    let reason = w.reason.as_deref()?;
+    if !WAITING_PROBLEMS.contains(&reason) {
+        return None;
+    }
+    let detail = w.message.as_deref().unwrap_or_default().trim();
+    let mut message = format!("pod {pod}, container {} (image {})", c.name, c.image);
+    if !detail.is_empty() {
+        message.push_str(": ");
+        message.push_str(detail);
+    }
+    Some(Problem {
+        reason: reason.to_string(),
+        message: bounded(message),
+    })
+}
+
+/// The first problem among `pods`, most telling first: a pod the scheduler cannot place,
+/// then an init container, then a container that cannot start or keeps crashing. `None`
+/// when the pods are only on their way (creating, pulling, probing).
+pub fn problem<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Option<Problem> {
+    let mut pods: Vec<&Pod> = pods.into_iter().collect();
+    // Stable order: the same pods give the same answer (status is written only on change).
+    pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let name = |p: &Pod| p.metadata.name.clone().unwrap_or_default();
+    for p in &pods {
+        let Some(s) = p.status.as_ref() else { continue };
+        if let Some(c) = s
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "PodScheduled" && c.status == "False" && c.reason.is_some())
+        {
+            return Some(Problem {
+                reason: c.reason.clone().unwrap_or_default(),
+                message: bounded(format!(
+                    "pod {}: {}",
+                    name(p),
+                    c.message.as_deref().unwrap_or_default().trim()
+                )),
+            });
+        }
+    }
+    for p in &pods {
+        let Some(s) = p.status.as_ref() else { continue };
+        let statuses = s
+            .init_container_statuses
+            .iter()
+            .flatten()
+            .chain(s.container_statuses.iter().flatten());
+        for c in statuses {
+            if let Some(problem) = container_problem(&name(p), c) {
+                return Some(problem);
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, status: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "n"},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    /// A status as the real kubelet wrote it (hcp-olm's real-node test, wrong pull secret).
+    fn image_pull_backoff(name: &str) -> Pod {
+        pod(
+            name,
+            serde_json::json!({
+                "phase": "Pending",
+                "conditions": [{"type": "PodScheduled", "status": "True"},
+                               {"type": "Ready", "status": "False", "reason": "ContainersNotReady"}],
+                "containerStatuses": [{
+                    "name": "catalog-server", "image": "198.19.200.1:5000/hcp-olm/cs:test",
+                    "imageID": "", "ready": false, "restartCount": 0,
+                    "state": {"waiting": {"reason": "ImagePullBackOff",
+                        "message": "Back-off pulling image \"198.19.200.1:5000/hcp-olm/cs:test\": ErrImagePull: failed to authorize: 401 Unauthorized"}},
+                }],
+            }),
+        )
+    }
+
+    #[test]
+    fn image_pull_failures_name_the_image_and_why() {
+        let p = problem([&image_pull_backoff("a")]).unwrap();
+        assert_eq!(p.reason, "ImagePullBackOff");
+        assert!(p.message.starts_with(
+            "pod a, container catalog-server (image 198.19.200.1:5000/hcp-olm/cs:test): Back-off"
+        ));
+        assert!(p.message.contains("401 Unauthorized"));
+    }
+
+    #[test]
+    fn unschedulable_comes_first_and_progress_is_no_problem() {
+        let creating = pod(
+            "b",
+            serde_json::json!({"containerStatuses": [{"name": "c", "image": "i", "imageID": "",
+                "ready": false, "restartCount": 0,
+                "state": {"waiting": {"reason": "ContainerCreating"}}}]}),
+        );
+        assert_eq!(problem([&creating]), None);
+        let unschedulable = pod(
+            "z",
+            serde_json::json!({"phase": "Pending", "conditions": [{"type": "PodScheduled",
+                "status": "False", "reason": "Unschedulable",
+                "message": "0/1 nodes are available: 1 Insufficient memory."}]}),
+        );
+        let p = problem([&image_pull_backoff("a"), &creating, &unschedulable]).unwrap();
+        assert_eq!(p.reason, "Unschedulable");
+        assert_eq!(
+            p.message,
+            "pod z: 0/1 nodes are available: 1 Insufficient memory."
+        );
+    }
+
+    #[test]
+    fn init_containers_and_crash_loops_count_and_messages_are_bounded() {
+        let p = pod(
+            "c",
+            serde_json::json!({
+                "initContainerStatuses": [{"name": "copy", "image": "x", "imageID": "",
+                    "ready": false, "restartCount": 3,
+                    "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "é".repeat(1000)}}}],
+            }),
+        );
+        let got = problem([&p]).unwrap();
+        assert_eq!(got.reason, "CrashLoopBackOff");
+        assert!(
+            got.message
+                .starts_with("pod c, container copy (image x): é")
+        );
+        assert!(got.message.len() <= MAX_MESSAGE + '…'.len_utf8());
+        // Order does not depend on the order given.
+        let a = image_pull_backoff("a");
+        assert_eq!(problem([&p, &a]), problem([&a, &p]));
+    }
+}

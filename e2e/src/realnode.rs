@@ -1,0 +1,770 @@
+//! Real Kubernetes nodes for the test environment: containerd 2 with runc, the CNI bridge and
+//! the kubelet of the pinned Kubernetes release, joined to a test API server ([`Cluster`]).
+//!
+//! Each node is a site of its own, as kind runs each node in a container:
+//! - its own **network namespace**, joined to the host by a veth pair ([`Site`]; addresses from
+//!   198.19.200.0/22, pod CIDRs from 198.19.208.0/20). The host routes the node's pod CIDR to
+//!   it, so pods reach host-side servers (API server, registry) without masquerading;
+//! - its own **mount namespace**, in which the fixed host paths the kubelet, containerd and
+//!   the CNI plugins use (`/run`, `/var/lib/{kubelet,containerd,cni}`, `/var/log/{pods,containers}`,
+//!   `/etc/cni/net.d`, `/opt/cni/bin`) are the node's own directories, so several nodes and
+//!   tests never share them and the host's are never touched;
+//! - its own **cgroup subtree**, `/hcp-olm-<node>` in every cgroup hierarchy (v1, and the
+//!   unified one of a hybrid host): the daemons run
+//!   in `<root>/system`, the kubelet puts pods under `<root>/kubepods` (`cgroupRoot`). Teardown
+//!   kills every process in the subtree by PID, waits for them, then removes the subtree.
+//!
+//! What this machine kind needs (cgroup v1, no CAP_SYS_RESOURCE) is set here and nowhere else:
+//! the kubelet's `failCgroupV1: false`, the cgroupfs driver, `oomScoreAdj: 0`, no iptables
+//! chains and no kernel-default changes; containerd's `restrict_oom_score_adj`.
+//!
+//! The pod sandbox image (our `pause`, `e2e/tools/pause`) is pulled by containerd from the
+//! test's registry before the kubelet starts, as kind's node image carries it preloaded.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use kube::api::{Api, PostParams};
+
+use crate::cluster::{Cluster, ClusterError};
+use crate::netns::{self, Netns, NetnsError};
+use crate::process::{self, ManagedProcess, ProcessError};
+use crate::tools::{self, ToolError};
+
+/// Errors setting up or running a real node.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error(transparent)]
+    Tool(#[from] ToolError),
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error("{what}: {source}")]
+    Kube { what: String, source: kube::Error },
+    #[error("node {node}: {problem}")]
+    Setup { node: String, problem: String },
+    #[error("node {node}: {component} {problem}; last log lines:\n{log}")]
+    NotReady {
+        node: String,
+        component: String,
+        problem: String,
+        log: String,
+    },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> NodeError {
+    let what = what.into();
+    move |source| NodeError::Io { what, source }
+}
+
+/// The fixed host paths a node gets its own copy of (mount namespace), and the node-directory
+/// name each is bound from.
+const PRIVATE_PATHS: &[(&str, &str)] = &[
+    ("/run", "run"),
+    ("/var/lib/kubelet", "kubelet"),
+    ("/var/lib/containerd", "containerd"),
+    ("/var/lib/cni", "cni-state"),
+    ("/var/log/pods", "log-pods"),
+    ("/var/log/containers", "log-containers"),
+    ("/etc/cni/net.d", "cni-conf"),
+];
+
+/// Where Debian's containernetworking-plugins package installs the CNI plugins.
+const CNI_PLUGINS: &str = "/usr/lib/cni";
+
+/// How many sites one test process may create (addresses are allocated per process).
+const MAX_SITES: u32 = 16;
+static SITES: AtomicU32 = AtomicU32::new(0);
+
+/// A node's network: a namespace and a veth pair to the host. Create it before the API server
+/// and registry the node talks to, so they can bind to [`Site::host_ip`].
+#[derive(Debug)]
+pub struct Site {
+    netns: Netns,
+    host_if: String,
+    host_ip: Ipv4Addr,
+    node_ip: Ipv4Addr,
+    pod_cidr: String,
+}
+
+impl Site {
+    /// Creates the namespace, the veth pair (host `198.19.200.4k+1/30`, node `…+2`) and the
+    /// host's route to the node's pod CIDR (`198.19.(208+k).0/24`).
+    pub fn create() -> Result<Self, NodeError> {
+        let k = SITES.fetch_add(1, Ordering::Relaxed);
+        if k >= MAX_SITES {
+            return Err(NodeError::Setup {
+                node: "-".into(),
+                problem: format!("a test process may create at most {MAX_SITES} node sites"),
+            });
+        }
+        let base = 4 * k;
+        let host_ip = Ipv4Addr::new(198, 19, 200 + (base / 256) as u8, (base % 256) as u8 + 1);
+        let node_ip = Ipv4Addr::new(198, 19, 200 + (base / 256) as u8, (base % 256) as u8 + 2);
+        let pod_cidr = format!("198.19.{}.0/24", 208 + k);
+        let netns = Netns::create("hon")?;
+        let host_if = netns::unique_name("honh");
+        let node_if = netns::unique_name("honn");
+        netns::run_ip(&[
+            "link",
+            "add",
+            &host_if,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &node_if,
+            "netns",
+            netns.name(),
+        ])?;
+        let site = Self {
+            netns,
+            host_if,
+            host_ip,
+            node_ip,
+            pod_cidr,
+        };
+        netns::run_ip(&[
+            "addr",
+            "add",
+            &format!("{host_ip}/30"),
+            "dev",
+            &site.host_if,
+        ])?;
+        netns::run_ip(&["link", "set", &site.host_if, "up"])?;
+        site.netns
+            .ip(&["addr", "add", &format!("{node_ip}/30"), "dev", &node_if])?;
+        site.netns.ip(&["link", "set", &node_if, "up"])?;
+        site.netns
+            .ip(&["route", "add", "default", "via", &host_ip.to_string()])?;
+        netns::run_ip(&[
+            "route",
+            "add",
+            &site.pod_cidr,
+            "via",
+            &node_ip.to_string(),
+            "dev",
+            &site.host_if,
+        ])?;
+        Ok(site)
+    }
+
+    /// The host's end of the veth: where servers the node must reach bind.
+    pub fn host_ip(&self) -> Ipv4Addr {
+        self.host_ip
+    }
+
+    /// The node's address (the kubelet's `--node-ip`).
+    pub fn node_ip(&self) -> Ipv4Addr {
+        self.node_ip
+    }
+
+    /// The node's pod CIDR (its CNI bridge's host-local range).
+    pub fn pod_cidr(&self) -> &str {
+        &self.pod_cidr
+    }
+
+    /// The network namespace.
+    pub fn netns(&self) -> &Netns {
+        &self.netns
+    }
+}
+
+impl Drop for Site {
+    fn drop(&mut self) {
+        // The route goes with the link; the link goes with the namespace (Netns's drop), but
+        // delete it first so its name is free at once.
+        let _ = netns::run_ip(&["link", "del", &self.host_if]);
+    }
+}
+
+/// A registry the node pulls from over plain HTTP (a test registry on the host).
+#[derive(Clone, Debug)]
+pub struct PlainHttpRegistry {
+    /// `host:port`.
+    pub host: String,
+}
+
+/// What a node needs besides its [`Site`].
+#[derive(Clone, Debug)]
+pub struct NodeOptions {
+    /// The Node name (also the kubelet's `--hostname-override`).
+    pub name: String,
+    /// The pod sandbox image, pulled before the kubelet starts.
+    pub sandbox_image: String,
+    /// `user:password` for pulling [`NodeOptions::sandbox_image`] (containerd's own pull;
+    /// pods pull with their `imagePullSecrets`).
+    pub sandbox_credentials: Option<String>,
+    /// Registries reached over plain HTTP.
+    pub plain_http: Vec<PlainHttpRegistry>,
+    /// How long to wait for the Node to be Ready.
+    pub ready_timeout: Duration,
+}
+
+impl NodeOptions {
+    /// Defaults for `name`: 90 s to become Ready.
+    pub fn new(name: &str, sandbox_image: &str) -> Self {
+        Self {
+            name: name.into(),
+            sandbox_image: sandbox_image.into(),
+            sandbox_credentials: None,
+            plain_http: Vec::new(),
+            ready_timeout: Duration::from_secs(90),
+        }
+    }
+}
+
+/// A running node. Dropping it kills the kubelet, containerd and every pod process by PID,
+/// waits for them, and removes its cgroups, mounts, directories and network.
+pub struct RealNode {
+    name: String,
+    kubelet: ManagedProcess,
+    containerd: ManagedProcess,
+    mount_ns: PathBuf,
+    cgroup: String,
+    // Dropped after the processes (declaration order): the directory, then the network.
+    dir: tempfile::TempDir,
+    site: Site,
+}
+
+impl std::fmt::Debug for RealNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RealNode")
+            .field("name", &self.name)
+            .field("node_ip", &self.site.node_ip)
+            .finish()
+    }
+}
+
+/// The cgroup hierarchies: every v1 one, and the unified (v2) one of a hybrid host, where the
+/// kubelet makes the pods' cgroups too.
+fn hierarchies() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.join("cgroup.procs").exists() {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Creates `/<root>/system` in every hierarchy; cpuset cgroups get their parent's CPUs and
+/// memory nodes (a new cpuset cgroup has none, and no process can join it).
+fn create_cgroups(root: &str) -> Result<(), NodeError> {
+    for h in hierarchies() {
+        for rel in [root.to_string(), format!("{root}/system")] {
+            let dir = h.join(&rel);
+            std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
+            if h.ends_with("cpuset") {
+                for f in ["cpuset.cpus", "cpuset.mems"] {
+                    let parent = dir.parent().map(|p| p.join(f)).unwrap_or_default();
+                    let v = std::fs::read_to_string(&parent)
+                        .map_err(io(format!("reading {}", parent.display())))?;
+                    std::fs::write(dir.join(f), v.trim())
+                        .map_err(io(format!("writing {}/{f}", dir.display())))?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every process id in the cgroup subtree `root` of any hierarchy.
+fn cgroup_pids(root: &str) -> Vec<u32> {
+    let mut pids = std::collections::BTreeSet::new();
+    for h in hierarchies() {
+        for e in walkdir::WalkDir::new(h.join(root)).into_iter().flatten() {
+            if e.file_name() == "cgroup.procs"
+                && let Ok(s) = std::fs::read_to_string(e.path())
+            {
+                pids.extend(s.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+            }
+        }
+    }
+    pids.into_iter().collect()
+}
+
+/// Kills every process in the subtree (SIGKILL, by PID) until none is left (bounded), then
+/// removes the subtree's directories, deepest first.
+fn remove_cgroups(root: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let pids = cgroup_pids(root);
+        if pids.is_empty() {
+            break;
+        }
+        if Instant::now() > deadline {
+            tracing::warn!(cgroup = root, ?pids, "processes left in the node's cgroups");
+            break;
+        }
+        for pid in pids {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .output();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for h in hierarchies() {
+        let top = h.join(root);
+        let mut dirs: Vec<PathBuf> = walkdir::WalkDir::new(&top)
+            .into_iter()
+            .flatten()
+            .filter(|e| e.file_type().is_dir())
+            .map(|e| e.into_path())
+            .collect();
+        dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+        for d in dirs {
+            if let Err(e) = std::fs::remove_dir(&d)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(cgroup = %d.display(), error = %e, "removing a cgroup failed");
+            }
+        }
+    }
+}
+
+fn run(what: &str, cmd: &mut Command) -> Result<String, NodeError> {
+    let out = cmd.output().map_err(io(format!("running {what}")))?;
+    if !out.status.success() {
+        return Err(NodeError::Setup {
+            node: "-".into(),
+            problem: format!(
+                "{what} failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+impl RealNode {
+    /// Starts containerd and the kubelet on `site`, registers the node with `cluster` (client
+    /// certificate for `system:node:<name>` in `system:nodes`, bound to the `system:node` role)
+    /// and waits until the Node is Ready.
+    pub async fn start(
+        site: Site,
+        cluster: &Cluster,
+        opts: NodeOptions,
+    ) -> Result<Self, NodeError> {
+        let name = opts.name.clone();
+        let setup = |problem: String| NodeError::Setup {
+            node: name.clone(),
+            problem,
+        };
+        let kubelet_bin = tools::bin("kubelet")?;
+        let containerd_bin = tools::bin("containerd")?;
+        let ctr = tools::bin("ctr")?;
+        let shim = tools::bin("containerd-shim-runc-v2")?;
+        for p in ["bridge", "host-local", "loopback", "portmap"] {
+            if !Path::new(CNI_PLUGINS).join(p).is_file() {
+                return Err(setup(format!(
+                    "CNI plugin {CNI_PLUGINS}/{p} missing: install the Debian package containernetworking-plugins (scripts/prereqs.sh test does)"
+                )));
+            }
+        }
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("hcp-olm-node-{name}-"))
+            .tempdir()
+            .map_err(io("creating the node directory"))?;
+        let d = dir.path().to_path_buf();
+        let cgroup = format!("hcp-olm-{}", site.netns.name());
+
+        // 1. Mount namespace, pinned to a file so every daemon can enter it.
+        let ns_dir = d.join("ns");
+        let mount_ns = ns_dir.join("mnt");
+        std::fs::create_dir_all(&ns_dir).map_err(io("creating the namespace directory"))?;
+        let ns_s = ns_dir.display().to_string();
+        run(
+            "mount --bind",
+            Command::new("mount").args(["--bind", &ns_s, &ns_s]),
+        )?;
+        run(
+            "mount --make-private",
+            Command::new("mount").args(["--make-private", &ns_s]),
+        )?;
+        std::fs::write(&mount_ns, b"").map_err(io("creating the mount namespace file"))?;
+        let mut script = String::from("set -e\n");
+        for (target, src) in PRIVATE_PATHS {
+            let src = d.join(src);
+            std::fs::create_dir_all(&src).map_err(io(format!("creating {}", src.display())))?;
+            script.push_str(&format!(
+                "mkdir -p {target}\nmount --bind {} {target}\n",
+                src.display()
+            ));
+        }
+        script.push_str(&format!(
+            "mkdir -p /opt/cni/bin\nmount --bind {CNI_PLUGINS} /opt/cni/bin\n"
+        ));
+        let mut node = Self {
+            name: name.clone(),
+            // Placeholders until the daemons start: a `true` that has exited.
+            kubelet: ManagedProcess::spawn(
+                "placeholder",
+                process::command("true"),
+                &d.join("placeholder.log"),
+            )?,
+            containerd: ManagedProcess::spawn(
+                "placeholder",
+                process::command("true"),
+                &d.join("placeholder.log"),
+            )?,
+            mount_ns: mount_ns.clone(),
+            cgroup: cgroup.clone(),
+            dir,
+            site,
+        };
+        run(
+            "unshare --mount",
+            Command::new("unshare")
+                .arg(format!("--mount={}", mount_ns.display()))
+                .args(["--propagation", "private", "sh", "-c", &script]),
+        )?;
+        create_cgroups(&cgroup)?;
+
+        // 2. Configuration.
+        let certs_d = d.join("certs.d");
+        for r in &opts.plain_http {
+            let hd = certs_d.join(&r.host);
+            std::fs::create_dir_all(&hd).map_err(io("creating certs.d"))?;
+            std::fs::write(
+                hd.join("hosts.toml"),
+                format!(
+                    "server = \"http://{h}\"\n[host.\"http://{h}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
+                    h = r.host
+                ),
+            )
+            .map_err(io("writing hosts.toml"))?;
+        }
+        let containerd_toml = d.join("containerd.toml");
+        std::fs::write(
+            &containerd_toml,
+            containerd_config(&opts.sandbox_image, &certs_d),
+        )
+        .map_err(io("writing containerd.toml"))?;
+        std::fs::write(
+            d.join("cni-conf/10-hcp-olm.conflist"),
+            cni_config(node.site.pod_cidr()),
+        )
+        .map_err(io("writing the CNI configuration"))?;
+        let kubelet_yaml = d.join("kubelet.yaml");
+        std::fs::write(
+            &kubelet_yaml,
+            kubelet_config(&cgroup, node.site.node_ip(), &d.join("volume-plugins")),
+        )
+        .map_err(io("writing the kubelet configuration"))?;
+
+        // 3. containerd, in the node's namespaces and cgroups.
+        let path_env = format!(
+            "{}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            shim.parent()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        );
+        let containerd_cmd = node.enter(
+            &path_env,
+            &[
+                containerd_bin.display().to_string(),
+                "--config".into(),
+                containerd_toml.display().to_string(),
+            ],
+        );
+        node.containerd =
+            ManagedProcess::spawn("containerd", containerd_cmd, &d.join("containerd.log"))?;
+        let start = Instant::now();
+        loop {
+            let ok = node
+                .ctr(&ctr, &["version"])
+                .output()
+                .map(|o| o.status.success())
+                .unwrap_or(false);
+            if ok {
+                break;
+            }
+            if start.elapsed() > Duration::from_secs(30) || node.containerd.exited().is_some() {
+                return Err(NodeError::NotReady {
+                    node: name.clone(),
+                    component: "containerd".into(),
+                    problem: "did not answer on its socket within 30s".into(),
+                    log: node.containerd.log_tail(20),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+
+        // 4. The sandbox image, pulled by containerd from the test registry.
+        let mut pull: Vec<&str> = vec!["images", "pull"];
+        if opts
+            .plain_http
+            .iter()
+            .any(|r| opts.sandbox_image.starts_with(&format!("{}/", r.host)))
+        {
+            pull.push("--plain-http");
+        }
+        if let Some(c) = &opts.sandbox_credentials {
+            pull.extend(["--user", c.as_str()]);
+        }
+        pull.push(&opts.sandbox_image);
+        let out = node
+            .ctr(&ctr, &pull)
+            .output()
+            .map_err(io("running ctr images pull"))?;
+        if !out.status.success() {
+            return Err(setup(format!(
+                "pulling the sandbox image {}: {}",
+                opts.sandbox_image,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+
+        // 5. The kubelet, with its own identity.
+        let user = format!("system:node:{name}");
+        let identity = cluster.user(&user, &["system:nodes"]).await?;
+        let crb: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": format!("hcp-olm-e2e-node-{name}")},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:node"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        }))
+        .map_err(|e| setup(format!("node ClusterRoleBinding: {e}")))?;
+        match Api::<ClusterRoleBinding>::all(cluster.client())
+            .create(&PostParams::default(), &crb)
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(source) => {
+                return Err(NodeError::Kube {
+                    what: "binding the node's user to system:node".into(),
+                    source,
+                });
+            }
+        }
+        let kubelet_cmd = node.enter(
+            &path_env,
+            &[
+                kubelet_bin.display().to_string(),
+                format!("--config={}", kubelet_yaml.display()),
+                format!("--kubeconfig={}", identity.kubeconfig.display()),
+                format!("--hostname-override={name}"),
+                format!("--node-ip={}", node.site.node_ip()),
+                "--root-dir=/var/lib/kubelet".into(),
+                "--v=2".into(),
+            ],
+        );
+        node.kubelet = ManagedProcess::spawn("kubelet", kubelet_cmd, &d.join("kubelet.log"))?;
+
+        // 6. Ready.
+        let nodes: Api<Node> = Api::all(cluster.client());
+        let start = Instant::now();
+        loop {
+            let ready = nodes.get_opt(&name).await.ok().flatten().is_some_and(|n| {
+                n.status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+            });
+            if ready {
+                tracing::info!(node = %name, secs = start.elapsed().as_secs_f64(), "node ready");
+                return Ok(node);
+            }
+            if start.elapsed() > opts.ready_timeout || node.kubelet.exited().is_some() {
+                return Err(NodeError::NotReady {
+                    node: name.clone(),
+                    component: "kubelet".into(),
+                    problem: format!("the Node was not Ready within {:?}", opts.ready_timeout),
+                    log: node.kubelet.log_tail(30),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// A command that runs `argv` in the node's mount and network namespaces and cgroups.
+    fn enter(&self, path_env: &str, argv: &[String]) -> Command {
+        // The shell joins the node's cgroups (as itself, before exec, so nothing the daemon
+        // forks escapes them), then becomes the daemon.
+        let mut join = String::new();
+        for h in hierarchies() {
+            join.push_str(&format!(
+                "echo $$ > {}/{}/system/cgroup.procs\n",
+                h.display(),
+                self.cgroup
+            ));
+        }
+        join.push_str("exec \"$@\"\n");
+        let mut cmd = process::command("nsenter");
+        cmd.arg(format!("--mount={}", self.mount_ns.display()))
+            .arg(format!("--net=/run/netns/{}", self.site.netns.name()))
+            .args(["--", "sh", "-c", &join, "sh"])
+            .args(argv)
+            .env("PATH", path_env)
+            .env_remove("CI");
+        cmd
+    }
+
+    fn ctr(&self, ctr: &Path, args: &[&str]) -> Command {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--mount={}", self.mount_ns.display()))
+            .arg("--")
+            .arg(ctr)
+            .args([
+                "--address",
+                "/run/containerd/containerd.sock",
+                "--namespace",
+                "k8s.io",
+            ])
+            .args(args);
+        cmd
+    }
+
+    /// The Node name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The node's network site.
+    pub fn site(&self) -> &Site {
+        &self.site
+    }
+
+    /// The process ids in the node's cgroups (daemons, shims and every container process).
+    pub fn pids(&self) -> Vec<u32> {
+        cgroup_pids(&self.cgroup)
+    }
+
+    /// The node's cgroup subtree (`/<this>` in every hierarchy).
+    pub fn cgroup(&self) -> &str {
+        &self.cgroup
+    }
+
+    /// The kubelet's log, for error messages.
+    pub fn kubelet_log(&self, lines: usize) -> String {
+        self.kubelet.log_tail(lines)
+    }
+
+    /// The node's directory (logs, configuration).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for RealNode {
+    fn drop(&mut self) {
+        self.kubelet.kill();
+        self.containerd.kill();
+        remove_cgroups(&self.cgroup);
+        // The mount namespace ends with its last process and its pinning file.
+        let ns = self.mount_ns.display().to_string();
+        let _ = Command::new("umount").arg(&ns).output();
+        if let Some(p) = self.mount_ns.parent() {
+            let _ = Command::new("umount").arg(p).output();
+        }
+    }
+}
+
+/// containerd 2's configuration: CRI with runc (cgroupfs), our CNI, the registries' hosts
+/// files, and what this machine kind needs.
+pub fn containerd_config(sandbox_image: &str, certs_d: &Path) -> String {
+    format!(
+        r#"version = 3
+root = "/var/lib/containerd"
+state = "/run/containerd"
+[grpc]
+  address = "/run/containerd/containerd.sock"
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+[plugins."io.containerd.cri.v1.images".pinned_images]
+  sandbox = "{sandbox_image}"
+[plugins."io.containerd.cri.v1.images".registry]
+  config_path = "{certs_d}"
+[plugins."io.containerd.cri.v1.runtime"]
+  # no CAP_SYS_RESOURCE here: every sandbox fails without it
+  restrict_oom_score_adj = true
+[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+  SystemdCgroup = false
+[plugins."io.containerd.cri.v1.runtime".cni]
+  bin_dirs = ["/opt/cni/bin"]
+  conf_dir = "/etc/cni/net.d"
+"#,
+        certs_d = certs_d.display()
+    )
+}
+
+/// The CNI configuration: a bridge with host-local addresses from the node's pod CIDR, no
+/// masquerading (the host routes the pod CIDR to the node).
+pub fn cni_config(pod_cidr: &str) -> String {
+    serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": "hcp-olm",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": "cni0",
+                "isGateway": true,
+                "ipMasq": false,
+                "hairpinMode": true,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": pod_cidr}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                },
+            },
+            {"type": "portmap", "capabilities": {"portMappings": true}},
+        ],
+    })
+    .to_string()
+}
+
+/// The kubelet's configuration for this machine kind (cgroup v1, no CAP_SYS_RESOURCE, a
+/// shared host whose sysctls and firewall are not ours).
+pub fn kubelet_config(cgroup_root: &str, node_ip: Ipv4Addr, volume_plugins: &Path) -> String {
+    format!(
+        r#"apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+failCgroupV1: false
+cgroupDriver: cgroupfs
+cgroupRoot: /{cgroup_root}
+oomScoreAdj: 0
+makeIPTablesUtilChains: false
+protectKernelDefaults: false
+failSwapOn: false
+containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
+volumePluginDir: {volume_plugins}
+address: {node_ip}
+readOnlyPort: 0
+healthzPort: 0
+authentication:
+  anonymous: {{enabled: false}}
+  webhook: {{enabled: false}}
+authorization:
+  mode: AlwaysAllow
+enforceNodeAllocatable: []
+localStorageCapacityIsolation: false
+evictionHard: {{}}
+serializeImagePulls: false
+"#,
+        volume_plugins = volume_plugins.display()
+    )
+}

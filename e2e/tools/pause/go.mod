@@ -1,0 +1,3 @@
+module hcp-olm/e2e/tools/pause
+
+go 1.26.3
