@@ -3813,3 +3813,203 @@ async fn no_hosted_olm_request_before_the_hcp_namespace_exists() -> Result<()> {
     assert_eq!(requests().await? - before, 0, "HostedOLM requests");
     Ok(())
 }
+
+/// Issue 15: a component that is not ready says why in Kubernetes' own words, read from a real
+/// node (containerd, runc, kubelet) with kube-controller-manager and kube-scheduler making and
+/// placing the pods:
+/// 1. a management cluster without HyperShift's PriorityClasses: the pods cannot be created,
+///    every HCP component says `FailedCreate` naming the missing class;
+/// 2. with them (created as HyperShift's operator creates them), read with a pod list per
+///    component (no pod store yet): the release images are on public registries the node
+///    cannot reach (it resolves no name), so components say `ErrImagePull`/`ImagePullBackOff`
+///    naming their image (or `Unschedulable` for a replica the single node cannot place);
+///    the OLM operators and packageserver, whose pods mount HyperShift's
+///    `service-network-admin-kubeconfig`, say `SecretMissing` naming it;
+/// 3. with that Secret (as HyperShift's control-plane-operator writes it), read from the
+///    controller's label-selected pod watch: every HCP component says it cannot pull.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn components_say_why_their_pods_are_not_ready_on_a_real_node() -> Result<()> {
+    use base64::Engine as _;
+    use hcp_olm_e2e::cluster::ClusterOptions;
+    use hcp_olm_e2e::realnode::{
+        ClusterControllers, NodeOptions, PlainHttpRegistry, RealNode, Site, push_sandbox_image,
+    };
+    use hcp_olm_e2e::registry::{Registry, TEST_USER_HASH, TEST_USER_PASSWORD};
+    use k8s_openapi::api::scheduling::v1::PriorityClass;
+
+    let _serial = SERIAL.lock().await;
+    let site = Site::create()?;
+    let mut mo = ClusterOptions::new("management");
+    mo.bind_address = site.host_ip().into();
+    let (management, guest) = tokio::try_join!(
+        Cluster::start(mo),
+        Cluster::start(ClusterOptions::new("guest"))
+    )?;
+    let env = Environment { management, guest };
+    setup(&env).await?;
+    let reg =
+        Registry::start_with_htpasswd_on(site.host_ip().into(), &[("reader", TEST_USER_HASH)])?;
+    let auth =
+        base64::engine::general_purpose::STANDARD.encode(format!("reader:{TEST_USER_PASSWORD}"));
+    let docker_config =
+        serde_json::to_vec(&serde_json::json!({"auths": {reg.addr(): {"auth": auth}}}))?;
+    let oci = hcp_olm_oci::Client::new(hcp_olm_oci::ClientOptions {
+        pull_secret: hcp_olm_oci::PullSecret::parse(&docker_config)?,
+        plain_http: vec![reg.addr().to_string()],
+        ..Default::default()
+    })?;
+    let pause = push_sandbox_image(&oci, reg.addr()).await?;
+    let mut nopts = NodeOptions::new("node-a", &pause);
+    nopts.sandbox_credentials = Some(format!("reader:{TEST_USER_PASSWORD}"));
+    nopts.plain_http = vec![PlainHttpRegistry {
+        host: reg.addr().to_string(),
+    }];
+    let node = RealNode::start(site, &env.management, nopts).await?;
+    let controllers = ClusterControllers::start(&env.management)?;
+
+    let ctx = ctx(controller_client(&env).await?);
+    let name = "example";
+    let hcp_ns = format!("{HC_NS}-{name}");
+    put_kubeconfig_secret(&env, "example-admin-kubeconfig").await?;
+    create_hc(&env, name, "example-admin-kubeconfig").await?;
+
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Want {
+        FailedCreate,
+        PullsOrSecret,
+        Pulls,
+    }
+    let pulls = |c: &hcp_olm_controlplane::hostedolm::ComponentStatus| {
+        (["ErrImagePull", "ImagePullBackOff"].contains(&c.reason.as_str())
+            && c.message.contains("(image "))
+            || c.reason == "Unschedulable"
+    };
+    // Every HCP component explained as `want` says; returns "component: reason" lines.
+    let explained = |holm: &HostedOLM, hcp: &[String], want: Want| -> Result<Vec<String>> {
+        let comps = &holm.status.as_ref().context("no status")?.components;
+        let mut out = Vec::new();
+        for n in hcp {
+            let c = comps
+                .iter()
+                .find(|c| &c.name == n)
+                .with_context(|| format!("no component {n}"))?;
+            let ok = match want {
+                Want::FailedCreate => {
+                    c.reason == "FailedCreate"
+                        && c.message.contains("no PriorityClass with name hypershift-")
+                }
+                Want::PullsOrSecret => {
+                    pulls(c)
+                        || (c.reason == "SecretMissing"
+                            && c.message.contains("service-network-admin-kubeconfig"))
+                }
+                Want::Pulls => pulls(c),
+            };
+            ensure!(!c.available && ok, "component {n}: {c:?}");
+            out.push(format!("{n}: {}", c.reason));
+        }
+        let available = holm
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Available"))
+            .context("no Available condition")?;
+        let named = match want {
+            Want::FailedCreate => available.message.contains("(FailedCreate)"),
+            Want::Pulls | Want::PullsOrSecret => {
+                available.message.contains("(ErrImagePull)")
+                    || available.message.contains("(ImagePullBackOff)")
+            }
+        };
+        ensure!(named, "{available:?}");
+        Ok(out)
+    };
+    for (way, want, bound) in [
+        ("no PriorityClasses", Want::FailedCreate, 120u64),
+        ("pod list", Want::PullsOrSecret, 180),
+        ("pod watch", Want::Pulls, 120),
+    ] {
+        if way == "pod list" {
+            // HyperShift's operator creates these on the management cluster.
+            for (pc, value) in [
+                ("hypershift-control-plane", 100_000_000),
+                ("hypershift-api-critical", 100_001_000),
+            ] {
+                let pc: PriorityClass = serde_json::from_value(serde_json::json!({
+                    "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                    "metadata": {"name": pc}, "value": value, "globalDefault": false,
+                }))?;
+                Api::<PriorityClass>::all(env.management.client())
+                    .create(&PostParams::default(), &pc)
+                    .await?;
+            }
+        }
+        if way == "pod watch" {
+            // HyperShift's control-plane-operator writes the OLM operators' kubeconfig for
+            // the guest; without it their pods wait in ContainerCreating (SecretMissing).
+            let kubeconfig = std::fs::read(env.guest.kubeconfig())?;
+            put_secret(
+                &env.management,
+                &hcp_ns,
+                "service-network-admin-kubeconfig",
+                "kubeconfig",
+                kubeconfig,
+            )
+            .await?;
+            ctx.start_mgmt_cache(std::time::Duration::from_secs(30), None)
+                .await;
+            ensure!(
+                ctx.stores().is_some_and(|s| s.pods.synced()),
+                "the pod store did not sync"
+            );
+        }
+        let start = std::time::Instant::now();
+        let reasons = loop {
+            reconcile(&ctx, &env, name).await?;
+            let hcp: Vec<String> = Api::<Deployment>::namespaced(env.management.client(), &hcp_ns)
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .filter_map(|d| d.metadata.name)
+                .collect();
+            let holm = holm_of(&env, name).await?;
+            match explained(&holm, &hcp, want) {
+                Ok(r) if !hcp.is_empty() => break r,
+                other => {
+                    if start.elapsed() > std::time::Duration::from_secs(bound) {
+                        let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(
+                            env.management.client(),
+                            &hcp_ns,
+                        )
+                        .list(&ListParams::default())
+                        .await?;
+                        let pods: Vec<String> = pods
+                            .items
+                            .iter()
+                            .map(|p| {
+                                format!(
+                                    "{}: {}",
+                                    p.metadata.name.as_deref().unwrap_or_default(),
+                                    serde_json::to_string(&p.status).unwrap_or_default()
+                                )
+                            })
+                            .collect();
+                        anyhow::bail!(
+                            "{way}: components not explained within {bound}s: {other:?}\npods:\n{}\n{}\nkubelet:\n{}",
+                            pods.join("\n"),
+                            controllers.log_tail(10),
+                            node.kubelet_log(20)
+                        );
+                    }
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        };
+        eprintln!(
+            "[runtime] real node, {way}: explained after {:.0}s: {}",
+            start.elapsed().as_secs_f64(),
+            reasons.join(", ")
+        );
+    }
+    Ok(())
+}

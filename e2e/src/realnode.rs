@@ -413,6 +413,18 @@ impl RealNode {
         script.push_str(&format!(
             "mkdir -p /opt/cni/bin\nmount --bind {CNI_PLUGINS} /opt/cni/bin\n"
         ));
+        // No name server: the node resolves nothing outside the test (an image on a public
+        // registry fails to pull at once instead of reaching out), and pods inherit it.
+        let resolv = d.join("resolv.conf");
+        std::fs::write(
+            &resolv,
+            "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n",
+        )
+        .map_err(io("writing the node's resolv.conf"))?;
+        script.push_str(&format!(
+            "mount --bind {} /etc/resolv.conf\n",
+            resolv.display()
+        ));
         let mut node = Self {
             name: name.clone(),
             // Placeholders until the daemons start: a `true` that has exited.
@@ -767,4 +779,134 @@ serializeImagePulls: false
 "#,
         volume_plugins = volume_plugins.display()
     )
+}
+
+/// kube-controller-manager and kube-scheduler of the pinned release for a test cluster (with
+/// real nodes, Deployments become pods on them). Dropping it kills both by PID.
+pub struct ClusterControllers {
+    controller_manager: ManagedProcess,
+    scheduler: ManagedProcess,
+    _dir: tempfile::TempDir,
+}
+
+impl std::fmt::Debug for ClusterControllers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterControllers")
+            .field("controller_manager", &self.controller_manager.pid())
+            .field("scheduler", &self.scheduler.pid())
+            .finish()
+    }
+}
+
+impl ClusterControllers {
+    /// Starts both with the cluster's admin kubeconfig, no leader election and no serving
+    /// port (nothing scrapes them); the controller-manager publishes the cluster CA
+    /// (`kube-root-ca.crt`) and runs every default controller.
+    pub fn start(cluster: &Cluster) -> Result<Self, NodeError> {
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("hcp-olm-controllers-{}-", cluster.name()))
+            .tempdir()
+            .map_err(io("creating the controllers' directory"))?;
+        let ca = dir.path().join("ca.crt");
+        std::fs::write(&ca, cluster.ca_pem()).map_err(io("writing the cluster CA"))?;
+        let kubeconfig = cluster.kubeconfig().display().to_string();
+        let mut kcm = process::command(tools::bin("kube-controller-manager")?);
+        kcm.args([
+            format!("--kubeconfig={kubeconfig}"),
+            format!("--root-ca-file={}", ca.display()),
+            "--leader-elect=false".into(),
+            "--secure-port=0".into(),
+            "--controllers=*".into(),
+            format!("--cluster-name={}", cluster.name()),
+            "--v=1".into(),
+        ]);
+        let controller_manager = ManagedProcess::spawn(
+            "kube-controller-manager",
+            kcm,
+            &dir.path().join("kube-controller-manager.log"),
+        )?;
+        let mut sched = process::command(tools::bin("kube-scheduler")?);
+        sched.args([
+            format!("--kubeconfig={kubeconfig}"),
+            "--leader-elect=false".into(),
+            "--secure-port=0".into(),
+            "--v=1".into(),
+        ]);
+        let scheduler = ManagedProcess::spawn(
+            "kube-scheduler",
+            sched,
+            &dir.path().join("kube-scheduler.log"),
+        )?;
+        std::thread::sleep(Duration::from_millis(500));
+        for p in [&controller_manager, &scheduler] {
+            if p.exited().is_some() {
+                return Err(NodeError::NotReady {
+                    node: "-".into(),
+                    component: p.name().into(),
+                    problem: "exited at start".into(),
+                    log: p.log_tail(20),
+                });
+            }
+        }
+        Ok(Self {
+            controller_manager,
+            scheduler,
+            _dir: dir,
+        })
+    }
+
+    /// The last log lines of both, for error messages.
+    pub fn log_tail(&self, lines: usize) -> String {
+        format!(
+            "kube-controller-manager:\n{}\nkube-scheduler:\n{}",
+            self.controller_manager.log_tail(lines),
+            self.scheduler.log_tail(lines)
+        )
+    }
+}
+
+/// Builds the pod sandbox image (our `pause`, `e2e/tools/pause`) as `make images` builds ours
+/// and pushes it to `registry` (`host:port`) with `client`; returns its reference.
+pub async fn push_sandbox_image(
+    client: &hcp_olm_oci::Client,
+    registry: &str,
+) -> Result<String, NodeError> {
+    let setup = |problem: String| NodeError::Setup {
+        node: "-".into(),
+        problem,
+    };
+    let ca = std::fs::read(hcp_olm_images::CA_BUNDLE).map_err(io(format!(
+        "reading {} (Debian package ca-certificates)",
+        hcp_olm_images::CA_BUNDLE
+    )))?;
+    let def = hcp_olm_images::ImageDef {
+        name: "hcp-olm-e2e-pause",
+        binaries: &["pause"],
+        description: "pod sandbox of the hcp-olm real-node tests",
+    };
+    let mut files = hcp_olm_images::base_files(ca);
+    let bin = tools::bin("pause")?;
+    files.push(hcp_olm_images::File {
+        path: format!("{}/pause", hcp_olm_images::BIN_DIR),
+        mode: 0o755,
+        data: std::fs::read(&bin).map_err(io(format!("reading {}", bin.display())))?,
+    });
+    let meta = hcp_olm_images::Meta {
+        version: "test".into(),
+        revision: "test".into(),
+        created: 0,
+    };
+    let img = hcp_olm_images::build(&def, &files, &meta)
+        .map_err(|e| setup(format!("building the pause image: {e}")))?;
+    let reference = format!("{registry}/hcp-olm/pause:test");
+    client
+        .push_built(
+            &reference,
+            &img.layers,
+            img.config.clone(),
+            img.manifest.clone(),
+        )
+        .await
+        .map_err(|e| setup(format!("pushing {reference}: {e}")))?;
+    Ok(reference)
 }

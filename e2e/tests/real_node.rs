@@ -7,6 +7,8 @@
 //! - a wrong pull secret and a missing image end as the kubelet's `ErrImagePull` /
 //!   `ImagePullBackOff` naming the image and why, and the controller's reading of pod status
 //!   (`runtime::pods::problem`, what HostedOLM status shows) says the same;
+//! - with kube-controller-manager and kube-scheduler, a Deployment's pods are scheduled onto
+//!   the node, become Ready and are published in their Service's EndpointSlice;
 //! - deleting the pod stops the server with SIGTERM (it drains and exits well before the
 //!   grace period would have the kubelet SIGKILL it);
 //! - the node's teardown leaves no process, cgroup, mount or namespace behind.
@@ -22,13 +24,17 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use base64::Engine as _;
-use hcp_olm_e2e::realnode::{NodeOptions, PlainHttpRegistry, RealNode, Site};
+use hcp_olm_e2e::realnode::{
+    ClusterControllers, NodeOptions, PlainHttpRegistry, RealNode, Site, push_sandbox_image,
+};
 use hcp_olm_e2e::registry::{Registry, TEST_USER_HASH, TEST_USER_PASSWORD};
 use hcp_olm_e2e::{Cluster, ClusterOptions, tools};
 use hcp_olm_images::{File, IMAGES, ImageDef, Meta};
 use hcp_olm_oci::{Client, ClientOptions, PullSecret};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
-use kube::api::{Api, DeleteParams, PostParams};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
 const NS: &str = "catalogs";
 const NODE: &str = "node-a";
@@ -189,19 +195,7 @@ async fn our_catalog_server_image_runs_on_a_real_node() -> Result<()> {
     // Images: the pod sandbox (our pause) and the catalog server from this build's binary,
     // both made by the same code as `make images`.
     let ca = std::fs::read(hcp_olm_images::CA_BUNDLE).context("the CA bundle (ca-certificates)")?;
-    let pause_def = ImageDef {
-        name: "hcp-olm-e2e-pause",
-        binaries: &["pause"],
-        description: "pod sandbox of the hcp-olm real-node tests",
-    };
-    let mut pause_files = hcp_olm_images::base_files(ca.clone());
-    pause_files.push(File {
-        path: format!("{}/pause", hcp_olm_images::BIN_DIR),
-        mode: 0o755,
-        data: std::fs::read(tools::bin("pause")?)?,
-    });
-    let pause_ref = format!("{}/hcp-olm/pause:test", reg.addr());
-    push(&client, &pause_ref, &pause_def, &pause_files).await?;
+    let pause_ref = push_sandbox_image(&client, reg.addr()).await?;
     let cs_def = IMAGES
         .iter()
         .find(|d| d.name == "hcp-olm-catalog-server")
@@ -378,6 +372,62 @@ async fn our_catalog_server_image_runs_on_a_real_node() -> Result<()> {
             "{problem:?}"
         );
     }
+
+    // A Deployment and a Service: kube-controller-manager makes the pods, kube-scheduler
+    // places them on the node, the EndpointSlice controller publishes the ready ones.
+    let controllers = ClusterControllers::start(&cluster)?;
+    let template = pod("template", &cs_ref, "pull-secret")?;
+    let mut spec = serde_json::to_value(template.spec.context("spec")?)?;
+    if let Some(o) = spec.as_object_mut() {
+        o.remove("nodeName");
+    }
+    let deployment: Deployment = serde_json::from_value(serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "catalog", "namespace": NS},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "catalog"}},
+            "template": {"metadata": {"labels": {"app": "catalog"}}, "spec": spec},
+        },
+    }))?;
+    let started = Instant::now();
+    Api::<Deployment>::namespaced(kc.clone(), NS)
+        .create(&PostParams::default(), &deployment)
+        .await?;
+    let service: Service = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "catalog", "namespace": NS},
+        "spec": {"selector": {"app": "catalog"}, "ports": [{"name": "grpc", "port": 50051}]},
+    }))?;
+    Api::<Service>::namespaced(kc.clone(), NS)
+        .create(&PostParams::default(), &service)
+        .await?;
+    let slices: Api<EndpointSlice> = Api::namespaced(kc.clone(), NS);
+    loop {
+        let ready: usize = slices
+            .list(&ListParams::default().labels("kubernetes.io/service-name=catalog"))
+            .await?
+            .items
+            .iter()
+            .flat_map(|s| s.endpoints.iter().flatten())
+            .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+            .count();
+        if ready == 2 {
+            break;
+        }
+        ensure!(
+            started.elapsed() < BOUND,
+            "the Deployment's 2 pods were not ready endpoints within {BOUND:?} ({ready} were)\n{}\nkubelet:\n{}",
+            controllers.log_tail(20),
+            node.kubelet_log(20)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!(
+        "real-node: Deployment of 2 scheduled, Ready and in the Service's EndpointSlice in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    drop(controllers);
 
     // Deleting the pod: SIGTERM, the server drains and exits; well inside the grace period.
     let started = Instant::now();

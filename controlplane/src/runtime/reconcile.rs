@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 
+use super::pods;
 use super::stores::Lookup;
 use super::{
     ADMIN_KUBECONFIG_KEY, Context, Error, FIELD_MANAGER, FINALIZER, facts, kube_err, secrets,
@@ -1708,13 +1709,104 @@ fn component_status(name: &str, body: &Value, live: Option<&Deployment>) -> Comp
         _ if live.is_none() => (false, "NotCreated"),
         _ => (false, "PodsNotReady"),
     };
-    ComponentStatus {
+    let mut c = ComponentStatus {
         name: name.to_string(),
         available,
         ready_replicas: Some(ready),
         desired_replicas,
         reason: reason.to_string(),
         message: String::new(),
+    };
+    // Pods that cannot even be created (admission refused them: a missing PriorityClass, a
+    // quota): the ReplicaSet's ReplicaFailure condition, which the Deployment carries.
+    if reason == "PodsNotReady"
+        && let Some(f) = live
+            .and_then(|d| d.status.as_ref()?.conditions.as_ref())
+            .and_then(|cs| {
+                cs.iter()
+                    .find(|c| c.type_ == "ReplicaFailure" && c.status == "True")
+            })
+    {
+        c.reason = f.reason.clone().unwrap_or_else(|| "ReplicaFailure".into());
+        let mut message = f.message.clone().unwrap_or_default();
+        if message.len() > pods::MAX_MESSAGE {
+            let mut cut = pods::MAX_MESSAGE;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+            message.push('…');
+        }
+        c.message = message;
+    }
+    c
+}
+
+/// Whether a rendered Deployment's selector (`spec.selector.matchLabels`) selects `labels`.
+fn selects(body: &Value, labels: Option<&BTreeMap<String, String>>) -> bool {
+    let Some(want) = body["spec"]["selector"]["matchLabels"].as_object() else {
+        return false;
+    };
+    !want.is_empty()
+        && want
+            .iter()
+            .all(|(k, v)| labels.and_then(|l| l.get(k)).map(String::as_str) == v.as_str())
+}
+
+/// Pods of a rendered Deployment looked up with a list (the guest's, or the management
+/// cluster's before its pod store has synced): at most [`POD_LIST_LIMIT`]. A failed read
+/// explains nothing (the component stays `PodsNotReady`).
+async fn pod_problem_listed(
+    client: &kube::Client,
+    ns: &str,
+    body: &Value,
+) -> Option<pods::Problem> {
+    let selector: Vec<String> = body["spec"]["selector"]["matchLabels"]
+        .as_object()?
+        .iter()
+        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+        .collect();
+    if selector.is_empty() {
+        return None;
+    }
+    let api: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), ns);
+    let lp = ListParams::default()
+        .labels(&selector.join(","))
+        .limit(POD_LIST_LIMIT);
+    match api.list(&lp).await {
+        Ok(list) => pods::problem(list.items.iter()),
+        Err(e) => {
+            tracing::debug!(namespace = ns, error = %e, "listing a component's pods");
+            None
+        }
+    }
+}
+
+/// The Secrets a rendered Deployment's pods mount and cannot start without (volume name,
+/// Secret name), in volume order. Pure.
+fn mounted_secrets(body: &Value) -> Vec<(String, String)> {
+    body["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|v| v["secret"]["optional"].as_bool() != Some(true))
+        .filter_map(|v| {
+            Some((
+                v["name"].as_str()?.to_string(),
+                v["secret"]["secretName"].as_str()?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// Pods read per component when its pods are listed.
+const POD_LIST_LIMIT: u32 = 20;
+
+/// Replaces `PodsNotReady` with what the pods say, when they say something.
+fn explain(c: &mut ComponentStatus, problem: Option<pods::Problem>) {
+    if let Some(p) = problem {
+        c.reason = p.reason;
+        c.message = p.message;
     }
 }
 
@@ -1743,13 +1835,62 @@ async fn read_components(
                 .await
                 .map_err(kube_err(format!("reading Deployment {hcp_ns}/{}", o.name)))?,
         };
-        out.push(component_status(&o.name, &o.body, live.as_ref()));
+        let mut c = component_status(&o.name, &o.body, live.as_ref());
+        if c.reason == "PodsNotReady" {
+            let from_store = stores.as_ref().filter(|s| s.pods.synced()).map(|s| {
+                s.pods
+                    .all()
+                    .into_iter()
+                    .filter(|p| {
+                        p.metadata.namespace.as_deref() == Some(hcp_ns)
+                            && selects(&o.body, p.metadata.labels.as_ref())
+                    })
+                    .collect::<Vec<_>>()
+            });
+            let problem = match from_store {
+                Some(pods) => pods::problem(pods.iter().map(|p| p.as_ref())),
+                None => pod_problem_listed(&ctx.client, hcp_ns, &o.body).await,
+            };
+            explain(&mut c, problem);
+        }
+        if c.reason == "PodsNotReady" {
+            // Pods whose Secret volume does not exist wait in ContainerCreating with no
+            // reason of their own (the kubelet says it only in Events).
+            for (volume, secret) in mounted_secrets(&o.body) {
+                let exists = match stores
+                    .as_ref()
+                    .and_then(|s| s.secrets.get(Some(hcp_ns), &secret))
+                {
+                    Some(found) => found.is_some(),
+                    None => Api::<Secret>::namespaced(ctx.client.clone(), hcp_ns)
+                        .get_metadata_opt(&secret)
+                        .await
+                        .map(|m| m.is_some())
+                        // unknown: say nothing rather than something wrong
+                        .unwrap_or(true),
+                };
+                if !exists {
+                    c.reason = "SecretMissing".into();
+                    c.message = format!(
+                        "pods cannot start: Secret {hcp_ns}/{secret} (volume {volume}) does not exist"
+                    );
+                    break;
+                }
+            }
+        }
+        out.push(c);
     }
     for o in desired.guest.iter().filter(|o| o.kind == "Deployment") {
         let ns = o.namespace.as_deref().unwrap_or_default();
         let api: Api<Deployment> = Api::namespaced(guest.clone(), ns);
         match api.get_opt(&o.name).await {
-            Ok(live) => out.push(component_status(&o.name, &o.body, live.as_ref())),
+            Ok(live) => {
+                let mut c = component_status(&o.name, &o.body, live.as_ref());
+                if c.reason == "PodsNotReady" {
+                    explain(&mut c, pod_problem_listed(guest, ns, &o.body).await);
+                }
+                out.push(c);
+            }
             Err(e) => {
                 let mut c = component_status(&o.name, &o.body, None);
                 c.reason = "GuestUnreadable".into();
@@ -1783,10 +1924,14 @@ fn build_status(
     let degraded = conditions
         .iter()
         .any(|c| c.type_ == DEGRADED && c.status == "True");
-    let not_ready: Vec<&str> = components
+    // Each with what its pods say when they say more than "not ready" (ImagePullBackOff, ...).
+    let not_ready: Vec<String> = components
         .iter()
         .filter(|c| !c.available)
-        .map(|c| c.name.as_str())
+        .map(|c| match c.reason.as_str() {
+            "" | "PodsNotReady" => c.name.clone(),
+            r => format!("{} ({r})", c.name),
+        })
         .collect();
     let (ok, reason, message) = if degraded {
         (false, "Degraded", "see the Degraded condition".to_string())
@@ -2023,6 +2168,76 @@ mod tests {
             "status": status,
         }))
         .unwrap()
+    }
+
+    /// The condition as the real kube-controller-manager wrote it (real-node runtime test, a
+    /// management cluster without HyperShift's PriorityClasses).
+    #[test]
+    fn pods_that_cannot_be_created_say_why_and_selectors_match_labels() {
+        let rendered = json!({"spec": {"replicas": 3,
+            "selector": {"matchLabels": {"app.kubernetes.io/name": "p"}}}});
+        let failing = live(
+            "h",
+            1,
+            json!({"replicas": 0, "conditions": [
+                {"type": "Available", "status": "False", "reason": "MinimumReplicasUnavailable"},
+                {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+                 "message": "pods \"p-6948fb9fcf-\" is forbidden: no PriorityClass with name hypershift-control-plane was found"}]}),
+        );
+        let c = component_status("p", &rendered, Some(&failing));
+        assert!(!c.available);
+        assert_eq!(c.reason, "FailedCreate");
+        assert!(
+            c.message
+                .contains("no PriorityClass with name hypershift-control-plane")
+        );
+        // A ready Deployment is available whatever an old condition says.
+        let ready = live(
+            "h",
+            1,
+            json!({"readyReplicas": 3, "conditions": [
+                {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate"}]}),
+        );
+        let c = component_status("p", &rendered, Some(&ready));
+        assert!(c.available && c.reason.is_empty(), "{c:?}");
+        // No ReplicaFailure: the pods are asked (PodsNotReady until they say more).
+        let c = component_status("p", &rendered, Some(&live("h", 1, json!({"replicas": 3}))));
+        assert_eq!(c.reason, "PodsNotReady");
+
+        let labels = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert!(selects(
+            &rendered,
+            Some(&labels(&[("app.kubernetes.io/name", "p"), ("x", "y")]))
+        ));
+        assert!(!selects(
+            &rendered,
+            Some(&labels(&[("app.kubernetes.io/name", "q")]))
+        ));
+        assert!(!selects(&rendered, None));
+        let body = json!({"spec": {"template": {"spec": {"volumes": [
+            {"name": "kubeconfig", "secret": {"secretName": "service-network-admin-kubeconfig"}},
+            {"name": "tmp", "emptyDir": {}},
+            {"name": "maybe", "secret": {"secretName": "x", "optional": true}},
+            {"name": "cert", "secret": {"secretName": "serving"}}]}}}});
+        assert_eq!(
+            mounted_secrets(&body),
+            [
+                (
+                    "kubeconfig".to_string(),
+                    "service-network-admin-kubeconfig".to_string()
+                ),
+                ("cert".to_string(), "serving".to_string())
+            ]
+        );
+        // An empty selector selects nothing here (never every pod of the namespace).
+        assert!(!selects(
+            &json!({"spec": {"selector": {"matchLabels": {}}}}),
+            Some(&labels(&[]))
+        ));
     }
 
     #[test]

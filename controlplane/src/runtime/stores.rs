@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
-use k8s_openapi::api::core::v1::{Namespace, PodTemplateSpec, Secret, Service};
+use k8s_openapi::api::core::v1::{Namespace, Pod, PodSpec, PodTemplateSpec, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::core::PartialObjectMeta;
@@ -130,6 +130,15 @@ where
         self.store.state().len()
     }
 
+    /// Every object held (empty until synced).
+    pub fn all(&self) -> Vec<Arc<K>> {
+        if self.synced() {
+            self.store.state()
+        } else {
+            Vec::new()
+        }
+    }
+
     /// True when none is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -176,6 +185,16 @@ fn ours() -> watcher::Config {
     ))
 }
 
+/// Keeps of a pod what [`super::pods::problem`] and the label match read: name, namespace,
+/// labels and status (conditions and container states; not the spec).
+pub fn trim_pod(p: &mut Pod) {
+    let m = &mut p.metadata;
+    m.managed_fields = None;
+    m.annotations = None;
+    m.owner_references = None;
+    p.spec = Some(PodSpec::default());
+}
+
 /// Secrets whose data is kept at most (a pass reads about eight per HostedCluster).
 pub const SECRET_DATA_CAPACITY: u64 = 16_384;
 
@@ -195,6 +214,9 @@ pub type Wake = Arc<dyn for<'a> Fn(Changed<'a>) + Send + Sync>;
 /// The stores a reconcile reads from while the controller loop runs.
 pub struct ManagementStores {
     pub deployments: Watched<Deployment>,
+    /// The pods of our Deployments, trimmed to what says why one is not ready
+    /// ([`super::pods::problem`]).
+    pub pods: Watched<Pod>,
     pub services: Watched<Service>,
     /// HostedOLMs (ours; their spec is what users edit).
     pub hosted_olms: Watched<HostedOLM>,
@@ -215,6 +237,7 @@ impl std::fmt::Debug for ManagementStores {
         f.debug_struct("ManagementStores")
             .field("synced", &self.synced())
             .field("deployments", &self.deployments.len())
+            .field("pods", &self.pods.len())
             .field("services", &self.services.len())
             .field("hosted_olms", &self.hosted_olms.len())
             .field("secrets", &self.secrets.len())
@@ -236,6 +259,13 @@ impl ManagementStores {
         let by_meta = |f: Option<OnChange<ObjectMeta>>| {
             f.map(|f| Arc::new(move |d: &Deployment| f(&d.metadata)) as OnChange<Deployment>)
         };
+        let pods_wake = labelled.clone().map(|f| {
+            Arc::new(move |p: &Pod| {
+                if super::pods::problem([p]).is_some() {
+                    f(&p.metadata)
+                }
+            }) as OnChange<Pod>
+        });
         let services_wake = labelled
             .clone()
             .map(|f| Arc::new(move |s: &Service| f(&s.metadata)) as OnChange<Service>);
@@ -271,6 +301,15 @@ impl ManagementStores {
                 "our Deployments",
                 trim_deployment,
                 by_meta(labelled.clone()),
+            ),
+            pods: Watched::start(
+                Api::all(client.clone()),
+                ours(),
+                "our pods",
+                trim_pod,
+                // Only a pod with a problem wakes its HostedCluster: readiness changes reach
+                // the Deployment (watched above), and a pass reads the pods then.
+                pods_wake,
             ),
             services: Watched::start(
                 Api::all(client.clone()),
@@ -336,6 +375,7 @@ impl ManagementStores {
     /// True when every watch has listed once.
     pub fn synced(&self) -> bool {
         self.deployments.synced()
+            && self.pods.synced()
             && self.services.synced()
             && self.hosted_olms.synced()
             && self.secrets.synced()
