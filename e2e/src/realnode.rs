@@ -1,5 +1,6 @@
-//! Real Kubernetes nodes for the test environment: containerd 2 with runc, the CNI bridge and
-//! the kubelet of the pinned Kubernetes release, joined to a test API server ([`Cluster`]).
+//! Real Kubernetes nodes for the test environment: containerd 2 with runc, the CNI bridge, the
+//! kubelet and kube-proxy (nftables mode) of the pinned Kubernetes release, joined to a test
+//! API server ([`Cluster`]).
 //!
 //! Each node is a site of its own, as kind runs each node in a container:
 //! - its own **network namespace**, joined to the host by a veth pair ([`Site`]; addresses from
@@ -84,6 +85,35 @@ const PRIVATE_PATHS: &[(&str, &str)] = &[
 
 /// Where Debian's containernetworking-plugins package installs the CNI plugins.
 const CNI_PLUGINS: &str = "/usr/lib/cni";
+
+/// Every node's pod CIDR is in this range (kube-proxy's `--cluster-cidr`).
+const POD_CIDRS: &str = "198.19.208.0/20";
+
+/// Binds ClusterRole `role` to `user` (idempotent).
+async fn bind(cluster: &Cluster, name: &str, role: &str, user: &str) -> Result<(), NodeError> {
+    let crb: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }))
+    .map_err(|e| NodeError::Setup {
+        node: "-".into(),
+        problem: format!("ClusterRoleBinding {name}: {e}"),
+    })?;
+    match Api::<ClusterRoleBinding>::all(cluster.client())
+        .create(&PostParams::default(), &crb)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(source) => Err(NodeError::Kube {
+            what: format!("binding {user} to {role}"),
+            source,
+        }),
+    }
+}
 
 /// How many sites one test process may create (addresses are allocated per process).
 const MAX_SITES: u32 = 16;
@@ -232,6 +262,7 @@ impl NodeOptions {
 pub struct RealNode {
     name: String,
     kubelet: ManagedProcess,
+    kube_proxy: ManagedProcess,
     containerd: ManagedProcess,
     mount_ns: PathBuf,
     cgroup: String,
@@ -433,6 +464,11 @@ impl RealNode {
                 process::command("true"),
                 &d.join("placeholder.log"),
             )?,
+            kube_proxy: ManagedProcess::spawn(
+                "placeholder",
+                process::command("true"),
+                &d.join("placeholder.log"),
+            )?,
             containerd: ManagedProcess::spawn(
                 "placeholder",
                 process::command("true"),
@@ -546,30 +582,25 @@ impl RealNode {
             )));
         }
 
-        // 5. The kubelet, with its own identity.
+        // 5. The kubelet and kube-proxy, each with its own identity and bootstrap role.
         let user = format!("system:node:{name}");
         let identity = cluster.user(&user, &["system:nodes"]).await?;
-        let crb: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": format!("hcp-olm-e2e-node-{name}")},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:node"},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-        }))
-        .map_err(|e| setup(format!("node ClusterRoleBinding: {e}")))?;
-        match Api::<ClusterRoleBinding>::all(cluster.client())
-            .create(&PostParams::default(), &crb)
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(source) => {
-                return Err(NodeError::Kube {
-                    what: "binding the node's user to system:node".into(),
-                    source,
-                });
-            }
-        }
+        bind(
+            cluster,
+            &format!("hcp-olm-e2e-node-{name}"),
+            "system:node",
+            &user,
+        )
+        .await?;
+        let proxy_user = format!("hcp-olm-e2e:kube-proxy:{name}");
+        let proxy_identity = cluster.user(&proxy_user, &[]).await?;
+        bind(
+            cluster,
+            &format!("hcp-olm-e2e-kube-proxy-{name}"),
+            "system:node-proxier",
+            &proxy_user,
+        )
+        .await?;
         let kubelet_cmd = node.enter(
             &path_env,
             &[
@@ -583,6 +614,25 @@ impl RealNode {
             ],
         );
         node.kubelet = ManagedProcess::spawn("kubelet", kubelet_cmd, &d.join("kubelet.log"))?;
+        // kube-proxy in nftables mode, in the node's network namespace (its rules are the
+        // node's alone, as are its default health and metrics ports). No conntrack sysctl
+        // changes (a namespace may not make them).
+        let proxy_cmd = node.enter(
+            &path_env,
+            &[
+                tools::bin("kube-proxy")?.display().to_string(),
+                format!("--kubeconfig={}", proxy_identity.kubeconfig.display()),
+                "--proxy-mode=nftables".into(),
+                format!("--hostname-override={name}"),
+                format!("--cluster-cidr={}", POD_CIDRS),
+                "--conntrack-max-per-core=0".into(),
+                "--conntrack-tcp-timeout-established=0".into(),
+                "--conntrack-tcp-timeout-close-wait=0".into(),
+                "--v=1".into(),
+            ],
+        );
+        node.kube_proxy =
+            ManagedProcess::spawn("kube-proxy", proxy_cmd, &d.join("kube-proxy.log"))?;
 
         // 6. Ready.
         let nodes: Api<Node> = Api::all(cluster.client());
@@ -595,6 +645,14 @@ impl RealNode {
                     .iter()
                     .any(|c| c.type_ == "Ready" && c.status == "True")
             });
+            if let Some(status) = node.kube_proxy.exited() {
+                return Err(NodeError::NotReady {
+                    node: name.clone(),
+                    component: "kube-proxy".into(),
+                    problem: format!("exited ({status})"),
+                    log: node.kube_proxy.log_tail(8),
+                });
+            }
             if ready {
                 tracing::info!(node = %name, secs = start.elapsed().as_secs_f64(), "node ready");
                 return Ok(node);
@@ -674,6 +732,11 @@ impl RealNode {
         self.kubelet.log_tail(lines)
     }
 
+    /// kube-proxy's log, for error messages.
+    pub fn kube_proxy_log(&self, lines: usize) -> String {
+        self.kube_proxy.log_tail(lines)
+    }
+
     /// The node's directory (logs, configuration).
     pub fn dir(&self) -> &Path {
         self.dir.path()
@@ -683,6 +746,7 @@ impl RealNode {
 impl Drop for RealNode {
     fn drop(&mut self) {
         self.kubelet.kill();
+        self.kube_proxy.kill();
         self.containerd.kill();
         remove_cgroups(&self.cgroup);
         // The mount namespace ends with its last process and its pinning file.

@@ -8,7 +8,8 @@
 //!   `ImagePullBackOff` naming the image and why, and the controller's reading of pod status
 //!   (`runtime::pods::problem`, what HostedOLM status shows) says the same;
 //! - with kube-controller-manager and kube-scheduler, a Deployment's pods are scheduled onto
-//!   the node, become Ready and are published in their Service's EndpointSlice;
+//!   the node, become Ready and are published in their Service's EndpointSlice, and the
+//!   Service's ClusterIP answers from the node through kube-proxy's nftables rules;
 //! - deleting the pod stops the server with SIGTERM (it drains and exits well before the
 //!   grace period would have the kubelet SIGKILL it);
 //! - the node's teardown leaves no process, cgroup, mount or namespace behind.
@@ -425,6 +426,35 @@ async fn our_catalog_server_image_runs_on_a_real_node() -> Result<()> {
     }
     eprintln!(
         "real-node: Deployment of 2 scheduled, Ready and in the Service's EndpointSlice in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    // kube-proxy (nftables) on the node: the Service's ClusterIP answers from the node.
+    let cluster_ip = Api::<Service>::namespaced(kc.clone(), NS)
+        .get("catalog")
+        .await?
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .context("the Service has no ClusterIP")?;
+    let started = Instant::now();
+    let target: std::net::SocketAddr = format!("{cluster_ip}:50051").parse()?;
+    loop {
+        let ok = hcp_olm_e2e::netns::in_netns(node.site().netns().name(), move || {
+            std::net::TcpStream::connect_timeout(&target, Duration::from_secs(1)).map(|_| ())
+        })
+        .await
+        .is_ok();
+        if ok {
+            break;
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(30),
+            "the Service's ClusterIP {target} did not answer from the node within 30s\nkube-proxy:\n{}",
+            node.kube_proxy_log(30)
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    eprintln!(
+        "real-node: ClusterIP {target} answers from the node (kube-proxy nftables) after {:.1}s",
         started.elapsed().as_secs_f64()
     );
     drop(controllers);

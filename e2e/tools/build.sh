@@ -62,10 +62,10 @@ for c in catalog olm package-server copy-content; do
 done
 build opm opm "$OPM_VERSION" github.com/operator-framework/operator-registry/cmd/opm -tags containers_image_openpgp \
   -ldflags "-s -w -X github.com/operator-framework/operator-registry/cmd/opm/version.gitCommit=${OPM_VERSION}"
-# The real nodes (e2e/src/realnode.rs): kubelet, controller-manager and scheduler from the same
+# The real nodes (e2e/src/realnode.rs): kubelet, kube-proxy, controller-manager and scheduler from the same
 # Kubernetes release, containerd 2
 # with its runc shim and ctr, and our pod sandbox process (e2e/tools/pause).
-for c in kubelet kube-controller-manager kube-scheduler; do
+for c in kubelet kube-proxy kube-controller-manager kube-scheduler; do
   build kubenode "$c" "$KUBE_VERSION" "k8s.io/kubernetes/cmd/$c" -ldflags "$kube_ld"
 done
 ctd_ld="-s -w -X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION"
