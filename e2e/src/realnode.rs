@@ -732,6 +732,34 @@ impl RealNode {
         self.kubelet.log_tail(lines)
     }
 
+    /// The last `lines` lines of every container log of pod `namespace/pod` (the kubelet's
+    /// files under the node's `/var/log/pods`), for error messages.
+    pub fn pod_logs(&self, namespace: &str, pod: &str, lines: usize) -> String {
+        let prefix = format!("{namespace}_{pod}_");
+        let mut out = String::new();
+        let root = self.dir.path().join("log-pods");
+        for e in walkdir::WalkDir::new(&root)
+            .sort_by_file_name()
+            .into_iter()
+            .flatten()
+        {
+            let in_pod = e
+                .path()
+                .strip_prefix(&root)
+                .ok()
+                .and_then(|r| r.components().next())
+                .is_some_and(|c| c.as_os_str().to_string_lossy().starts_with(&prefix));
+            if in_pod && e.file_type().is_file() {
+                out.push_str(&format!(
+                    "== {}\n{}\n",
+                    e.path().display(),
+                    process::log_tail(e.path(), lines)
+                ));
+            }
+        }
+        out
+    }
+
     /// kube-proxy's log, for error messages.
     pub fn kube_proxy_log(&self, lines: usize) -> String {
         self.kube_proxy.log_tail(lines)

@@ -4,6 +4,9 @@
 //! that enforces the `restricted` Pod Security level:
 //! - the pod becomes Ready through the kubelet's own gRPC readiness probe, its process runs as
 //!   uid 65532 with a read-only root, and the host reaches it at its pod IP;
+//! - a catalog image shaped like Red Hat's index images (FBC under `/configs`, opm and its
+//!   cache owned by the image's user; `Image::to_oci` of the scenario's index image) is served
+//!   by the real opm;
 //! - a wrong pull secret and a missing image end as the kubelet's `ErrImagePull` /
 //!   `ImagePullBackOff` naming the image and why, and the controller's reading of pod status
 //!   (`runtime::pods::problem`, what HostedOLM status shows) says the same;
@@ -133,7 +136,8 @@ async fn wait_pod<T>(
                 .and_then(|p| p.status)
                 .map(|s| serde_json::to_string_pretty(&s).unwrap_or_default());
             bail!(
-                "pod {name}: not {what} within {BOUND:?}; status: {status:?}\nkubelet:\n{}",
+                "pod {name}: not {what} within {BOUND:?}; status: {status:?}\nlogs:\n{}\nkubelet:\n{}",
+                node.pod_logs(NS, name, 20),
                 node.kubelet_log(40)
             );
         }
@@ -335,6 +339,67 @@ async fn our_catalog_server_image_runs_on_a_real_node() -> Result<()> {
     )
     .await
     .context("connecting to the pod timed out")??;
+
+    // A catalog image shaped like Red Hat's index images (FBC under /configs, opm, opm's
+    // cache under /tmp/cache, the index label), served by the real opm as a non-root user.
+    let work = tempfile::tempdir()?;
+    let index =
+        hcp_olm_e2e::scenario::catalogs::index_image(work.path(), "widgets", "widget-operator")?;
+    let (config, files) = index.to_oci(
+        "widgets-index",
+        "1001",
+        &[(
+            "operators.operatorframework.io.index.configs.v1",
+            "/configs",
+        )],
+        // opm takes a lock in its cache: built in the image as its user, as Red Hat's are
+        &["/tmp/cache"],
+    )?;
+    let meta = Meta {
+        version: "test".into(),
+        revision: "test".into(),
+        created: 0,
+    };
+    let img = hcp_olm_images::build_image(&config, &files, &meta)?;
+    let index_ref = format!("{}/hcp-olm-test/widgets-index:v1", reg.addr());
+    client
+        .push_built(
+            &index_ref,
+            &img.layers,
+            img.config.clone(),
+            img.manifest.clone(),
+        )
+        .await?;
+    let mut opm_pod = pod("opm", &index_ref, "pull-secret")?;
+    if let Some(c) = opm_pod.spec.as_mut().and_then(|s| s.containers.first_mut()) {
+        c.command = None;
+        c.args = Some(
+            [
+                "serve",
+                "/configs",
+                "--cache-dir=/tmp/cache",
+                "--pprof-addr=",
+            ]
+            .map(String::from)
+            .to_vec(),
+        );
+        c.volume_mounts = None;
+        // opm writes its cache's lock file (OLM's own catalog pods run it so too)
+        if let Some(sc) = c.security_context.as_mut() {
+            sc.read_only_root_filesystem = Some(false);
+        }
+    }
+    if let Some(spec) = opm_pod.spec.as_mut() {
+        spec.volumes = None;
+    }
+    let started = Instant::now();
+    pods.create(&PostParams::default(), &opm_pod).await?;
+    wait_pod(&pods, &node, "opm", "Ready", |p| ready(p).then_some(())).await?;
+    eprintln!(
+        "real-node: index image ({:.1} MiB compressed) pulled and served by opm, Ready in {:.1}s",
+        img.size() as f64 / (1024.0 * 1024.0),
+        started.elapsed().as_secs_f64()
+    );
 
     // Bad input: a wrong pull secret, and an image the registry does not have.
     let missing = format!("{}/hcp-olm/hcp-olm-catalog-server:missing", reg.addr());

@@ -192,6 +192,24 @@ pub fn base_files(ca_bundle: Vec<u8>) -> Vec<File> {
 /// One gzip-compressed tar layer of `files` (with every parent directory and `/tmp`), and
 /// its diff ID (digest of the uncompressed tar). Deterministic.
 pub fn layer(files: &[File], mtime: u64) -> Result<(Bytes, String), ImageError> {
+    layer_owned(files, mtime, &[], 0)
+}
+
+/// [`layer`] with the files and directories at or under the `owned` paths (absolute) owned
+/// by `uid` (uid and gid) instead of root: what the image's user must write (opm's cache).
+pub fn layer_owned(
+    files: &[File],
+    mtime: u64,
+    owned: &[String],
+    uid: u32,
+) -> Result<(Bytes, String), ImageError> {
+    let owner = |rel: &str| -> u64 {
+        let hit = owned.iter().any(|o| {
+            let o = o.trim_matches('/');
+            rel == o || rel.strip_prefix(o).is_some_and(|r| r.starts_with('/'))
+        });
+        if hit { u64::from(uid) } else { 0 }
+    };
     let mut by_path: BTreeMap<String, &File> = BTreeMap::new();
     let mut dirs: BTreeSet<String> = BTreeSet::from(["tmp".to_string()]);
     for f in files {
@@ -219,12 +237,12 @@ pub fn layer(files: &[File], mtime: u64) -> Result<(Bytes, String), ImageError> 
         }
     }
     let mut b = tar::Builder::new(Vec::new());
-    let header = |kind: tar::EntryType, mode: u32, size: u64| {
+    let header = |kind: tar::EntryType, mode: u32, size: u64, id: u64| {
         let mut h = tar::Header::new_ustar();
         h.set_entry_type(kind);
         h.set_mode(mode);
-        h.set_uid(0);
-        h.set_gid(0);
+        h.set_uid(id);
+        h.set_gid(id);
         h.set_mtime(mtime);
         h.set_size(size);
         h
@@ -232,12 +250,17 @@ pub fn layer(files: &[File], mtime: u64) -> Result<(Bytes, String), ImageError> 
     // Directories first (sorted, so parents precede children), then files (sorted).
     for d in &dirs {
         let mode = if d == "tmp" { 0o1777 } else { 0o755 };
-        let mut h = header(tar::EntryType::Directory, mode, 0);
+        let mut h = header(tar::EntryType::Directory, mode, 0, owner(d));
         b.append_data(&mut h, format!("{d}/"), std::io::empty())
             .map_err(io(format!("adding directory {d}")))?;
     }
     for (path, f) in &by_path {
-        let mut h = header(tar::EntryType::Regular, f.mode, f.data.len() as u64);
+        let mut h = header(
+            tar::EntryType::Regular,
+            f.mode,
+            f.data.len() as u64,
+            owner(path),
+        );
         b.append_data(&mut h, path, f.data.as_slice())
             .map_err(io(format!("adding {path}")))?;
     }
@@ -252,42 +275,95 @@ pub fn layer(files: &[File], mtime: u64) -> Result<(Bytes, String), ImageError> 
     Ok((Bytes::from(gz), diff_id))
 }
 
-/// The image of `def` from its `files` (binaries, libraries and [`base_files`]).
-pub fn build(def: &ImageDef, files: &[File], meta: &Meta) -> Result<Built, ImageError> {
+/// What an image's config says besides its files: how it runs and what it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageConfig {
+    /// `org.opencontainers.image.title`.
+    pub title: String,
+    pub description: String,
+    pub entrypoint: Vec<String>,
+    pub cmd: Vec<String>,
+    /// `NAME=value` entries.
+    pub env: Vec<String>,
+    /// `uid[:gid]`, numeric.
+    pub user: String,
+    /// Labels besides the `org.opencontainers.image.*` ones.
+    pub labels: BTreeMap<String, String>,
+    /// Paths (absolute) whose files and directories the image's user owns.
+    pub owned_by_user: Vec<String>,
+}
+
+/// The config of one of our images ([`IMAGES`]): its first binary as the entrypoint, the
+/// non-root [`USER_ID`], `SSL_CERT_FILE` and `HOME=/tmp`.
+pub fn our_config(def: &ImageDef) -> Result<ImageConfig, ImageError> {
     let entry = def
         .binaries
         .first()
         .ok_or_else(|| ImageError::Invalid(format!("image {} has no binary", def.name)))?;
-    let (layer, diff_id) = layer(files, meta.created)?;
+    Ok(ImageConfig {
+        title: def.name.into(),
+        description: def.description.into(),
+        entrypoint: vec![format!("{BIN_DIR}/{entry}")],
+        cmd: Vec::new(),
+        env: vec![
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+            format!("SSL_CERT_FILE={CA_BUNDLE}"),
+            "HOME=/tmp".into(),
+        ],
+        user: format!("{USER_ID}:{USER_ID}"),
+        labels: BTreeMap::new(),
+        owned_by_user: Vec::new(),
+    })
+}
+
+/// The image of `def` from its `files` (binaries, libraries and [`base_files`]).
+pub fn build(def: &ImageDef, files: &[File], meta: &Meta) -> Result<Built, ImageError> {
+    build_image(&our_config(def)?, files, meta)
+}
+
+/// An image of `files` run as `config` says (one layer; reproducible as [`build`]).
+pub fn build_image(config: &ImageConfig, files: &[File], meta: &Meta) -> Result<Built, ImageError> {
+    let title = config.title.clone();
+    let uid: u32 = config
+        .user
+        .split(':')
+        .next()
+        .and_then(|u| u.parse().ok())
+        .ok_or_else(|| ImageError::Invalid(format!("user {:?} is not numeric", config.user)))?;
+    let (layer, diff_id) = layer_owned(files, meta.created, &config.owned_by_user, uid)?;
     let created = rfc3339(meta.created);
-    let labels = BTreeMap::from([
+    let mut labels: BTreeMap<&str, String> = config
+        .labels
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.clone()))
+        .collect();
+    labels.extend([
         ("org.opencontainers.image.created", created.clone()),
         (
             "org.opencontainers.image.description",
-            def.description.into(),
+            config.description.clone(),
         ),
         ("org.opencontainers.image.licenses", "Apache-2.0".into()),
         ("org.opencontainers.image.revision", meta.revision.clone()),
         ("org.opencontainers.image.source", SOURCE.into()),
-        ("org.opencontainers.image.title", def.name.into()),
+        ("org.opencontainers.image.title", config.title.clone()),
         ("org.opencontainers.image.version", meta.version.clone()),
     ]);
+    let mut run = serde_json::Map::new();
+    run.insert("User".into(), json!(config.user));
+    run.insert("Entrypoint".into(), json!(config.entrypoint));
+    if !config.cmd.is_empty() {
+        run.insert("Cmd".into(), json!(config.cmd));
+    }
+    run.insert("Env".into(), json!(config.env));
+    run.insert("WorkingDir".into(), json!("/"));
+    run.insert("Labels".into(), json!(labels));
     // serde_json's Map keeps keys sorted (no preserve_order feature): stable bytes.
     let config = json!({
         "architecture": "amd64",
         "os": "linux",
         "created": created,
-        "config": {
-            "User": format!("{USER_ID}:{USER_ID}"),
-            "Entrypoint": [format!("{BIN_DIR}/{entry}")],
-            "Env": [
-                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                format!("SSL_CERT_FILE={CA_BUNDLE}"),
-                "HOME=/tmp",
-            ],
-            "WorkingDir": "/",
-            "Labels": labels,
-        },
+        "config": run,
         "rootfs": {"type": "layers", "diff_ids": [diff_id]},
         "history": [{"created": created, "created_by": "hcp-olm-images"}],
     });
@@ -315,7 +391,7 @@ pub fn build(def: &ImageDef, files: &[File], meta: &Meta) -> Result<Built, Image
     let manifest =
         Bytes::from(serde_json::to_vec(&manifest).map_err(|e| ImageError::Invalid(e.to_string()))?);
     Ok(Built {
-        name: def.name.into(),
+        name: title,
         layers: vec![layer],
         config,
         manifest,
@@ -451,6 +527,50 @@ mod tests {
             revision: "abc".into(),
             created: 1_764_028_800,
         }
+    }
+
+    #[test]
+    fn owned_paths_belong_to_the_images_user_and_nothing_else_does() {
+        let f = |path: &str| File {
+            path: path.into(),
+            mode: 0o644,
+            data: b"x".to_vec(),
+        };
+        let files = [
+            f("/tmp/cache/db/a"),
+            f("/tmp/cachex"),
+            f("/configs/p/c.json"),
+        ];
+        let (gz, _) = layer_owned(&files, 0, &["/tmp/cache".into()], 1001).unwrap();
+        let mut tar = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(gz.as_ref()), &mut tar)
+            .unwrap();
+        let mut owners = BTreeMap::new();
+        for e in tar::Archive::new(tar.as_slice()).entries().unwrap() {
+            let e = e.unwrap();
+            let path = e
+                .path()
+                .unwrap()
+                .to_string_lossy()
+                .trim_end_matches('/')
+                .to_string();
+            owners.insert(path, (e.header().uid().unwrap(), e.header().gid().unwrap()));
+        }
+        for (p, id) in [
+            ("tmp/cache", 1001),
+            ("tmp/cache/db", 1001),
+            ("tmp/cache/db/a", 1001),
+            ("tmp", 0),
+            ("tmp/cachex", 0),
+            ("configs/p/c.json", 0),
+        ] {
+            assert_eq!(owners.get(p), Some(&(id, id)), "{p}: {owners:?}");
+        }
+        // The same without owned paths is `layer`, byte for byte.
+        assert_eq!(
+            layer_owned(&files, 0, &[], 1001).unwrap(),
+            layer(&files, 0).unwrap()
+        );
     }
 
     #[test]

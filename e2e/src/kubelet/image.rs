@@ -163,6 +163,85 @@ fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// What [`Image::to_oci`] makes: the config and files of a real (OCI) image.
+pub type OciParts = (hcp_olm_images::ImageConfig, Vec<hcp_olm_images::File>);
+
+impl Image {
+    /// The same image as a real one, for containerd on a real node
+    /// ([`crate::realnode`]): every file (modes kept), trees walked, the shared libraries of
+    /// its ELF files (`ldd`) when it uses the host's, the CA bundle, `/etc/passwd` and a
+    /// writable `/tmp`; ENTRYPOINT, CMD and ENV as here; runs as `user` (numeric), who owns
+    /// `owned_by_user`.
+    pub fn to_oci(
+        &self,
+        title: &str,
+        user: &str,
+        labels: &[(&str, &str)],
+        owned_by_user: &[&str],
+    ) -> std::io::Result<OciParts> {
+        use std::os::unix::fs::PermissionsExt as _;
+        let err = |e: hcp_olm_images::ImageError| std::io::Error::other(e.to_string());
+        let mut files = hcp_olm_images::base_files(std::fs::read(hcp_olm_images::CA_BUNDLE)?);
+        let mut seen: std::collections::BTreeSet<String> =
+            files.iter().map(|f| f.path.clone()).collect();
+        let mut libs = std::collections::BTreeSet::new();
+        let mut add = |path: String, source: &Path, files: &mut Vec<hcp_olm_images::File>| {
+            let data = std::fs::read(source)?;
+            let mode = std::fs::metadata(source)?.permissions().mode() & 0o7777;
+            if self.host_libraries && data.starts_with(b"\x7fELF") {
+                libs.extend(hcp_olm_images::shared_libraries(source).map_err(err)?);
+            }
+            if seen.insert(path.clone()) {
+                files.push(hcp_olm_images::File { path, mode, data });
+            }
+            Ok::<(), std::io::Error>(())
+        };
+        for (path, entry) in &self.entries {
+            match entry {
+                ImageEntry::File { source } => add(path.clone(), source, &mut files)?,
+                ImageEntry::Tree { source } => {
+                    for e in walkdir::WalkDir::new(source).follow_links(true) {
+                        let e = e.map_err(std::io::Error::other)?;
+                        if e.file_type().is_file() {
+                            let rel = e
+                                .path()
+                                .strip_prefix(source)
+                                .map_err(std::io::Error::other)?;
+                            let target =
+                                format!("{}/{}", path.trim_end_matches('/'), rel.display());
+                            add(target, e.path(), &mut files)?;
+                        }
+                    }
+                }
+            }
+        }
+        for lib in libs {
+            let path = lib.to_string_lossy().into_owned();
+            if seen.insert(path.clone()) {
+                files.push(hcp_olm_images::File {
+                    path,
+                    mode: 0o755,
+                    data: std::fs::read(&lib)?,
+                });
+            }
+        }
+        let config = hcp_olm_images::ImageConfig {
+            title: title.into(),
+            description: format!("{title} (hcp-olm test image)"),
+            entrypoint: self.entrypoint.clone(),
+            cmd: self.cmd.clone(),
+            env: self.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+            user: user.into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            owned_by_user: owned_by_user.iter().map(|p| p.to_string()).collect(),
+        };
+        Ok((config, files))
+    }
+}
+
 /// Image references → images. Matching is exact (`repo:tag` and `repo@digest` are different
 /// references).
 #[derive(Clone, Debug, Default)]
