@@ -4005,6 +4005,19 @@ async fn components_say_why_their_pods_are_not_ready_on_a_real_node() -> Result<
             }
             tokio::time::sleep(std::time::Duration::from_secs(2)).await;
         };
+        if want == Want::PullsOrSecret {
+            // The pods that mount HyperShift's kubeconfig Secret say so, by name.
+            for n in [
+                "hcp-olm-catalog-operator",
+                "hcp-olm-olm-operator",
+                "hcp-olm-packageserver",
+            ] {
+                ensure!(
+                    reasons.contains(&format!("{n}: SecretMissing")),
+                    "{n} is not SecretMissing: {reasons:?}"
+                );
+            }
+        }
         eprintln!(
             "[runtime] real node, {way}: explained after {:.0}s: {}",
             start.elapsed().as_secs_f64(),

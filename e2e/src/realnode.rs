@@ -10,7 +10,7 @@
 //!   the CNI plugins use (`/run`, `/var/lib/{kubelet,containerd,cni}`, `/var/log/{pods,containers}`,
 //!   `/etc/cni/net.d`, `/opt/cni/bin`) are the node's own directories, so several nodes and
 //!   tests never share them and the host's are never touched;
-//! - its own **cgroup subtree**, `/hcp-olm-<node>` in every cgroup hierarchy (v1, and the
+//! - its own **cgroup subtree**, `/hcp-olm-<node's namespace>` in every cgroup hierarchy (v1, and the
 //!   unified one of a hybrid host): the daemons run
 //!   in `<root>/system`, the kubelet puts pods under `<root>/kubepods` (`cgroupRoot`). Teardown
 //!   kills every process in the subtree by PID, waits for them, then removes the subtree.
@@ -346,9 +346,12 @@ fn remove_cgroups(root: &str) {
             break;
         }
         for pid in pids {
-            let _ = Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .output();
+            if let Ok(pid) = i32::try_from(pid) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -417,45 +420,19 @@ impl RealNode {
             .map_err(io("creating the node directory"))?;
         let d = dir.path().to_path_buf();
         let cgroup = format!("hcp-olm-{}", site.netns.name());
+        if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+            return Err(setup(
+                "this host mounts only the unified cgroup v2 hierarchy; real test nodes are \
+                 built for cgroup v1 (hybrid) hosts like the CI machines"
+                    .into(),
+            ));
+        }
 
-        // 1. Mount namespace, pinned to a file so every daemon can enter it.
+        // 1. Mount namespace, pinned to a file so every daemon can enter it. The node value
+        // exists from here on, so an early error still unmounts and removes what was made.
         let ns_dir = d.join("ns");
         let mount_ns = ns_dir.join("mnt");
         std::fs::create_dir_all(&ns_dir).map_err(io("creating the namespace directory"))?;
-        let ns_s = ns_dir.display().to_string();
-        run(
-            "mount --bind",
-            Command::new("mount").args(["--bind", &ns_s, &ns_s]),
-        )?;
-        run(
-            "mount --make-private",
-            Command::new("mount").args(["--make-private", &ns_s]),
-        )?;
-        std::fs::write(&mount_ns, b"").map_err(io("creating the mount namespace file"))?;
-        let mut script = String::from("set -e\n");
-        for (target, src) in PRIVATE_PATHS {
-            let src = d.join(src);
-            std::fs::create_dir_all(&src).map_err(io(format!("creating {}", src.display())))?;
-            script.push_str(&format!(
-                "mkdir -p {target}\nmount --bind {} {target}\n",
-                src.display()
-            ));
-        }
-        script.push_str(&format!(
-            "mkdir -p /opt/cni/bin\nmount --bind {CNI_PLUGINS} /opt/cni/bin\n"
-        ));
-        // No name server: the node resolves nothing outside the test (an image on a public
-        // registry fails to pull at once instead of reaching out), and pods inherit it.
-        let resolv = d.join("resolv.conf");
-        std::fs::write(
-            &resolv,
-            "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n",
-        )
-        .map_err(io("writing the node's resolv.conf"))?;
-        script.push_str(&format!(
-            "mount --bind {} /etc/resolv.conf\n",
-            resolv.display()
-        ));
         let mut node = Self {
             name: name.clone(),
             // Placeholders until the daemons start: a `true` that has exited.
@@ -479,6 +456,44 @@ impl RealNode {
             dir,
             site,
         };
+        let ns_s = ns_dir.display().to_string();
+        run(
+            "mount --bind",
+            Command::new("mount").args(["--bind", &ns_s, &ns_s]),
+        )?;
+        run(
+            "mount --make-private",
+            Command::new("mount").args(["--make-private", &ns_s]),
+        )?;
+        std::fs::write(&mount_ns, b"").map_err(io("creating the mount namespace file"))?;
+        // The copies of the host's network namespace mounts would keep those namespaces
+        // (other tests') alive as long as this node: drop them first.
+        let mut script = String::from("set -e\numount -R -l /run/netns 2>/dev/null || true\n");
+        // No name server: the node resolves nothing outside the test (an image on a public
+        // registry fails to pull at once instead of reaching out), and pods inherit it.
+        // Bound before /run (resolv.conf may be a link into /run).
+        let resolv = d.join("resolv.conf");
+        std::fs::write(
+            &resolv,
+            "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n",
+        )
+        .map_err(io("writing the node's resolv.conf"))?;
+        script.push_str(&format!(
+            "mount --bind {} /etc/resolv.conf\n",
+            resolv.display()
+        ));
+        script.push_str(&format!(
+            "mkdir -p /opt/cni/bin\nmount --bind {CNI_PLUGINS} /opt/cni/bin\n"
+        ));
+        // /run last: every source is resolved before the node's own /run hides the host's.
+        for (target, src) in PRIVATE_PATHS.iter().rev() {
+            let src = d.join(src);
+            std::fs::create_dir_all(&src).map_err(io(format!("creating {}", src.display())))?;
+            script.push_str(&format!(
+                "mkdir -p {target}\nmount --bind {} {target}\n",
+                src.display()
+            ));
+        }
         run(
             "unshare --mount",
             Command::new("unshare")
@@ -657,11 +672,15 @@ impl RealNode {
                 tracing::info!(node = %name, secs = start.elapsed().as_secs_f64(), "node ready");
                 return Ok(node);
             }
-            if start.elapsed() > opts.ready_timeout || node.kubelet.exited().is_some() {
+            let exited = node.kubelet.exited();
+            if start.elapsed() > opts.ready_timeout || exited.is_some() {
                 return Err(NodeError::NotReady {
                     node: name.clone(),
                     component: "kubelet".into(),
-                    problem: format!("the Node was not Ready within {:?}", opts.ready_timeout),
+                    problem: match exited {
+                        Some(status) => format!("exited ({status})"),
+                        None => format!("the Node was not Ready within {:?}", opts.ready_timeout),
+                    },
                     log: node.kubelet.log_tail(30),
                 });
             }
@@ -673,7 +692,7 @@ impl RealNode {
     fn enter(&self, path_env: &str, argv: &[String]) -> Command {
         // The shell joins the node's cgroups (as itself, before exec, so nothing the daemon
         // forks escapes them), then becomes the daemon.
-        let mut join = String::new();
+        let mut join = String::from("set -e\n");
         for h in hierarchies() {
             join.push_str(&format!(
                 "echo $$ > {}/{}/system/cgroup.procs\n",

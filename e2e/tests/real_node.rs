@@ -548,7 +548,15 @@ async fn our_catalog_server_image_runs_on_a_real_node() -> Result<()> {
 
     // Teardown leaves nothing behind.
     let mount_dir = node.dir().join("ns");
+    let netns = node.site().netns().name().to_string();
     drop(node);
+    let listed = std::process::Command::new("ip")
+        .args(["netns", "list"])
+        .output()?;
+    ensure!(
+        !String::from_utf8_lossy(&listed.stdout).contains(&netns),
+        "the node's network namespace {netns} is still there"
+    );
     for h in std::fs::read_dir("/sys/fs/cgroup")? {
         let d = h?.path().join(&cgroup);
         ensure!(!d.exists(), "{} left behind", d.display());

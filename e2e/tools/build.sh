@@ -35,7 +35,8 @@ probed=0
 # build <module dir> <binary name> <version> <package> [extra go build args...]
 build() {
   local dir=$1 name=$2 ver=$3 pkg=$4; shift 4
-  local key; key=$(cat "$here/$dir/go.mod" "$here/$dir/go.sum" | sha256sum | cut -c1-12)
+  # Our own Go code (e2e/tools/pause) counts too; the wrappers' tools.go only pin imports.
+  local key; key=$(cat "$here/$dir/go.mod" "$here/$dir/go.sum" $(find "$here/$dir" -maxdepth 1 -name '*.go' ! -name tools.go | sort) | sha256sum | cut -c1-12)
   local out="$cache/tools/$name-$ver-$key"
   if [ ! -x "$out/$name" ]; then
     [ "$probed" = 1 ] || { probe_proxy; probed=1; }

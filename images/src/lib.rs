@@ -192,23 +192,33 @@ pub fn base_files(ca_bundle: Vec<u8>) -> Vec<File> {
 /// One gzip-compressed tar layer of `files` (with every parent directory and `/tmp`), and
 /// its diff ID (digest of the uncompressed tar). Deterministic.
 pub fn layer(files: &[File], mtime: u64) -> Result<(Bytes, String), ImageError> {
-    layer_owned(files, mtime, &[], 0)
+    layer_owned(files, mtime, &[], 0, 0)
 }
 
-/// [`layer`] with the files and directories at or under the `owned` paths (absolute) owned
-/// by `uid` (uid and gid) instead of root: what the image's user must write (opm's cache).
+/// [`layer`] with the files and directories at or under the `owned` paths (absolute, not
+/// `/`) owned by `uid`:`gid` instead of root: what the image's user must write (opm's cache).
 pub fn layer_owned(
     files: &[File],
     mtime: u64,
     owned: &[String],
     uid: u32,
+    gid: u32,
 ) -> Result<(Bytes, String), ImageError> {
-    let owner = |rel: &str| -> u64 {
+    if let Some(o) = owned.iter().find(|o| o.trim_matches('/').is_empty()) {
+        return Err(ImageError::Invalid(format!(
+            "owned path {o:?}: the whole image cannot be the user's"
+        )));
+    }
+    let owner = |rel: &str| -> (u64, u64) {
         let hit = owned.iter().any(|o| {
             let o = o.trim_matches('/');
             rel == o || rel.strip_prefix(o).is_some_and(|r| r.starts_with('/'))
         });
-        if hit { u64::from(uid) } else { 0 }
+        if hit {
+            (u64::from(uid), u64::from(gid))
+        } else {
+            (0, 0)
+        }
     };
     let mut by_path: BTreeMap<String, &File> = BTreeMap::new();
     let mut dirs: BTreeSet<String> = BTreeSet::from(["tmp".to_string()]);
@@ -237,12 +247,12 @@ pub fn layer_owned(
         }
     }
     let mut b = tar::Builder::new(Vec::new());
-    let header = |kind: tar::EntryType, mode: u32, size: u64, id: u64| {
+    let header = |kind: tar::EntryType, mode: u32, size: u64, (uid, gid): (u64, u64)| {
         let mut h = tar::Header::new_ustar();
         h.set_entry_type(kind);
         h.set_mode(mode);
-        h.set_uid(id);
-        h.set_gid(id);
+        h.set_uid(uid);
+        h.set_gid(gid);
         h.set_mtime(mtime);
         h.set_size(size);
         h
@@ -324,13 +334,19 @@ pub fn build(def: &ImageDef, files: &[File], meta: &Meta) -> Result<Built, Image
 /// An image of `files` run as `config` says (one layer; reproducible as [`build`]).
 pub fn build_image(config: &ImageConfig, files: &[File], meta: &Meta) -> Result<Built, ImageError> {
     let title = config.title.clone();
-    let uid: u32 = config
-        .user
-        .split(':')
-        .next()
-        .and_then(|u| u.parse().ok())
-        .ok_or_else(|| ImageError::Invalid(format!("user {:?} is not numeric", config.user)))?;
-    let (layer, diff_id) = layer_owned(files, meta.created, &config.owned_by_user, uid)?;
+    let mut ids = config.user.split(':').map(|v| v.parse::<u32>().ok());
+    let uid = ids.next().flatten();
+    let gid = match ids.next() {
+        None => uid,
+        Some(g) => g,
+    };
+    let (Some(uid), Some(gid), None) = (uid, gid, ids.next()) else {
+        return Err(ImageError::Invalid(format!(
+            "user {:?} is not numeric uid[:gid]",
+            config.user
+        )));
+    };
+    let (layer, diff_id) = layer_owned(files, meta.created, &config.owned_by_user, uid, gid)?;
     let created = rfc3339(meta.created);
     let mut labels: BTreeMap<&str, String> = config
         .labels
@@ -541,7 +557,7 @@ mod tests {
             f("/tmp/cachex"),
             f("/configs/p/c.json"),
         ];
-        let (gz, _) = layer_owned(&files, 0, &["/tmp/cache".into()], 1001).unwrap();
+        let (gz, _) = layer_owned(&files, 0, &["/tmp/cache".into()], 1001, 1001).unwrap();
         let mut tar = Vec::new();
         std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(gz.as_ref()), &mut tar)
             .unwrap();
@@ -568,9 +584,10 @@ mod tests {
         }
         // The same without owned paths is `layer`, byte for byte.
         assert_eq!(
-            layer_owned(&files, 0, &[], 1001).unwrap(),
+            layer_owned(&files, 0, &[], 1001, 1001).unwrap(),
             layer(&files, 0).unwrap()
         );
+        assert!(layer_owned(&files, 0, &["/".into()], 1, 1).is_err());
     }
 
     #[test]

@@ -29,7 +29,38 @@ pub struct Problem {
     pub message: String,
 }
 
-fn bounded(mut s: String) -> String {
+/// A reason as Kubernetes writes them (`CamelCase`, at most 64 characters); anything else (a
+/// guest's pod status is the guest's to write) is not passed on.
+pub fn valid_reason(r: &str) -> bool {
+    let mut chars = r.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && r.len() <= 64
+        && chars.all(|c| c.is_ascii_alphanumeric())
+}
+
+/// `s` made fit for status: control characters dropped, URL query strings (signed blob
+/// URLs of a registry's redirects) cut, at most [`MAX_MESSAGE`] bytes plus an ellipsis.
+pub fn bounded(s: String) -> String {
+    let mut out = String::with_capacity(s.len().min(MAX_MESSAGE + 4));
+    let mut in_query = false;
+    for c in s.chars() {
+        if c.is_control() {
+            continue;
+        }
+        if in_query {
+            if c.is_whitespace() || c == '"' || c == '\'' {
+                in_query = false;
+            } else {
+                continue;
+            }
+        } else if c == '?' && out.contains("://") {
+            in_query = true;
+            out.push_str("?…");
+            continue;
+        }
+        out.push(c);
+    }
+    let mut s = out;
     if s.len() > MAX_MESSAGE {
         let mut cut = MAX_MESSAGE;
         while !s.is_char_boundary(cut) {
@@ -59,9 +90,9 @@ fn container_problem(pod: &str, c: &ContainerStatus) -> Option<Problem> {
     })
 }
 
-/// The first problem among `pods`, most telling first: a pod the scheduler cannot place,
-/// then an init container, then a container that cannot start or keeps crashing. `None`
-/// when the pods are only on their way (creating, pulling, probing).
+/// The first problem among `pods`, most telling first: a pod the scheduler cannot place;
+/// then, pod by pod (by name), its init containers, then its containers that cannot start or
+/// keep crashing. `None` when the pods are only on their way (creating, pulling, probing).
 pub fn problem<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Option<Problem> {
     let mut pods: Vec<&Pod> = pods.into_iter().collect();
     // Stable order: the same pods give the same answer (status is written only on change).
@@ -69,12 +100,11 @@ pub fn problem<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Option<Problem> {
     let name = |p: &Pod| p.metadata.name.clone().unwrap_or_default();
     for p in &pods {
         let Some(s) = p.status.as_ref() else { continue };
-        if let Some(c) = s
-            .conditions
-            .iter()
-            .flatten()
-            .find(|c| c.type_ == "PodScheduled" && c.status == "False" && c.reason.is_some())
-        {
+        if let Some(c) = s.conditions.iter().flatten().find(|c| {
+            c.type_ == "PodScheduled"
+                && c.status == "False"
+                && c.reason.as_deref().is_some_and(valid_reason)
+        }) {
             return Some(Problem {
                 reason: c.reason.clone().unwrap_or_default(),
                 message: bounded(format!(
@@ -181,6 +211,19 @@ mod tests {
                 .starts_with("pod c, container copy (image x): é")
         );
         assert!(got.message.len() <= MAX_MESSAGE + '…'.len_utf8());
+        // Made-up reasons are not passed on; control characters and query strings are cut.
+        let odd = pod(
+            "d",
+            serde_json::json!({"conditions": [{"type": "PodScheduled", "status": "False",
+                "reason": "Not a reason\nat all", "message": "m"}]}),
+        );
+        assert_eq!(problem([&odd]), None);
+        assert!(valid_reason("ImagePullBackOff") && !valid_reason("") && !valid_reason("a b"));
+        assert!(!valid_reason(&"A".repeat(65)));
+        assert_eq!(
+            bounded("pull \"https://blob.example/x?X-Sig=secret&e=1\": 403\r\nForbidden".into()),
+            "pull \"https://blob.example/x?…\": 403Forbidden"
+        );
         // Order does not depend on the order given.
         let a = image_pull_backoff("a");
         assert_eq!(problem([&p, &a]), problem([&a, &p]));

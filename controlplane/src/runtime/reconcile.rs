@@ -1727,17 +1727,12 @@ fn component_status(name: &str, body: &Value, live: Option<&Deployment>) -> Comp
                     .find(|c| c.type_ == "ReplicaFailure" && c.status == "True")
             })
     {
-        c.reason = f.reason.clone().unwrap_or_else(|| "ReplicaFailure".into());
-        let mut message = f.message.clone().unwrap_or_default();
-        if message.len() > pods::MAX_MESSAGE {
-            let mut cut = pods::MAX_MESSAGE;
-            while !message.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            message.truncate(cut);
-            message.push('…');
-        }
-        c.message = message;
+        c.reason = f
+            .reason
+            .clone()
+            .filter(|r| pods::valid_reason(r))
+            .unwrap_or_else(|| "ReplicaFailure".into());
+        c.message = pods::bounded(f.message.clone().unwrap_or_default());
     }
     c
 }
@@ -1857,18 +1852,20 @@ async fn read_components(
             // Pods whose Secret volume does not exist wait in ContainerCreating with no
             // reason of their own (the kubelet says it only in Events).
             for (volume, secret) in mounted_secrets(&o.body) {
-                let exists = match stores
+                // The store may not hold a Secret written a moment ago: its "absent" is
+                // confirmed with a read before anything is said.
+                let in_store = stores
                     .as_ref()
                     .and_then(|s| s.secrets.get(Some(hcp_ns), &secret))
-                {
-                    Some(found) => found.is_some(),
-                    None => Api::<Secret>::namespaced(ctx.client.clone(), hcp_ns)
+                    .flatten()
+                    .is_some();
+                let exists = in_store
+                    || Api::<Secret>::namespaced(ctx.client.clone(), hcp_ns)
                         .get_metadata_opt(&secret)
                         .await
                         .map(|m| m.is_some())
                         // unknown: say nothing rather than something wrong
-                        .unwrap_or(true),
-                };
+                        .unwrap_or(true);
                 if !exists {
                     c.reason = "SecretMissing".into();
                     c.message = format!(
