@@ -275,8 +275,6 @@ impl Cluster {
             format!("--service-account-key-file={}", p(&sa_pub_file)),
             format!("--service-account-signing-key-file={}", p(&sa_key_file)),
             format!("--api-audiences={url}"),
-            // The endpoint reconciler rejects loopback addresses.
-            "--endpoint-reconciler-type=none".to_string(),
             // Aggregation layer.
             format!("--requestheader-client-ca-file={}", p(&fp_ca_file)),
             "--requestheader-allowed-names=front-proxy-client".to_string(),
@@ -289,6 +287,12 @@ impl Cluster {
             "--profiling=false".to_string(),
             "--v=1".to_string(),
         ];
+        // The endpoint reconciler rejects loopback addresses; on any other address (a real
+        // node's cluster) it publishes the `kubernetes` Service's endpoints, so pods reach the
+        // API server through its ClusterIP as in a real cluster.
+        if opts.bind_address.is_loopback() {
+            args.push("--endpoint-reconciler-type=none".to_string());
+        }
         args.extend(opts.extra_apiserver_args.iter().cloned());
         let mut cmd = process::command(&apiserver_bin);
         cmd.args(&args);

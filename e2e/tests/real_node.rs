@@ -12,7 +12,8 @@
 //!   (`runtime::pods::problem`, what HostedOLM status shows) says the same;
 //! - with kube-controller-manager and kube-scheduler, a Deployment's pods are scheduled onto
 //!   the node, become Ready and are published in their Service's EndpointSlice, and the
-//!   Service's ClusterIP answers from the node through kube-proxy's nftables rules;
+//!   Service's ClusterIP answers from the node through kube-proxy's nftables rules, as does
+//!   the `kubernetes` Service (in-cluster API access);
 //! - deleting the pod stops the server with SIGTERM (it drains and exits well before the
 //!   grace period would have the kubelet SIGKILL it);
 //! - the node's teardown leaves no process, cgroup, mount or namespace behind.
@@ -522,6 +523,31 @@ async fn our_catalog_server_image_runs_on_a_real_node() -> Result<()> {
         "real-node: ClusterIP {target} answers from the node (kube-proxy nftables) after {:.1}s",
         started.elapsed().as_secs_f64()
     );
+    // In-cluster API access: the `kubernetes` Service (endpoints from the API server's own
+    // reconciler) answers at its ClusterIP from the node, as pods' clients expect.
+    let api_ip = Api::<Service>::namespaced(kc.clone(), "default")
+        .get("kubernetes")
+        .await?
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .context("the kubernetes Service has no ClusterIP")?;
+    let api_target: std::net::SocketAddr = format!("{api_ip}:443").parse()?;
+    let started = Instant::now();
+    loop {
+        let ok = hcp_olm_e2e::netns::in_netns(node.site().netns().name(), move || {
+            std::net::TcpStream::connect_timeout(&api_target, Duration::from_secs(1)).map(|_| ())
+        })
+        .await
+        .is_ok();
+        if ok {
+            break;
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(30),
+            "the kubernetes Service {api_target} did not answer from the node within 30s"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
     drop(controllers);
 
     // Deleting the pod: SIGTERM, the server drains and exits; well inside the grace period.
