@@ -1852,20 +1852,21 @@ async fn read_components(
             // Pods whose Secret volume does not exist wait in ContainerCreating with no
             // reason of their own (the kubelet says it only in Events).
             for (volume, secret) in mounted_secrets(&o.body) {
-                // The store may not hold a Secret written a moment ago: its "absent" is
-                // confirmed with a read before anything is said.
-                let in_store = stores
+                // A synced store's answer stands, so a resync reads nothing: a Secret written
+                // a moment ago and not delivered yet shows as missing for at most one pass,
+                // as its arrival wakes the next (the Secret watch). Without a store, read.
+                let exists = match stores
                     .as_ref()
                     .and_then(|s| s.secrets.get(Some(hcp_ns), &secret))
-                    .flatten()
-                    .is_some();
-                let exists = in_store
-                    || Api::<Secret>::namespaced(ctx.client.clone(), hcp_ns)
+                {
+                    Some(found) => found.is_some(),
+                    None => Api::<Secret>::namespaced(ctx.client.clone(), hcp_ns)
                         .get_metadata_opt(&secret)
                         .await
                         .map(|m| m.is_some())
                         // unknown: say nothing rather than something wrong
-                        .unwrap_or(true);
+                        .unwrap_or(true),
+                };
                 if !exists {
                     c.reason = "SecretMissing".into();
                     c.message = format!(
