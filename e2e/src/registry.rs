@@ -27,6 +27,11 @@ pub const TEST_USER_PASSWORD: &str = "reader-password";
 /// bcrypt of [`TEST_USER_PASSWORD`], for [`Registry::start_with_htpasswd`].
 pub const TEST_USER_HASH: &str = "$2b$04$YTBWyrvuWWpeR9htC8snxOC6bGa7OysKMY95pmO8RYFr/K7.5IojW";
 
+/// Whether the registry's log says its port was taken.
+fn text_says_in_use(log: &std::path::Path) -> bool {
+    std::fs::read_to_string(log).is_ok_and(|t| t.contains("address already in use"))
+}
+
 const LOOPBACK: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
 /// A running registry; dropping it kills the process and removes its storage.
@@ -73,45 +78,68 @@ impl Registry {
         let dir = tempfile::Builder::new()
             .prefix("hcp-olm-registry-")
             .tempdir()?;
-        let port = ports::free_port()?;
-        let addr = std::net::SocketAddr::new(ip, port).to_string();
-        let mut config = format!(
-            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n",
-            dir.path().join("data").display()
-        );
-        if let Some(lines) = htpasswd {
-            let path = dir.path().join("htpasswd");
-            std::fs::write(&path, lines)?;
-            config.push_str(&format!(
-                "auth:\n  htpasswd:\n    realm: hcp-olm-test\n    path: {}\n",
-                path.display()
-            ));
-        }
-        let config_path = dir.path().join("config.yml");
-        std::fs::write(&config_path, config)?;
-        let mut cmd = process::command(bin);
-        cmd.arg("serve")
-            .arg(&config_path)
-            .env("OTEL_TRACES_EXPORTER", "none")
-            .env("OTEL_SDK_DISABLED", "true");
-        let process = ManagedProcess::spawn("registry", cmd, &dir.path().join("registry.log"))?;
-        let bound = Duration::from_secs(20);
-        let start = Instant::now();
-        while std::net::TcpStream::connect(&addr).is_err() {
-            if start.elapsed() > bound || process.exited().is_some() {
-                return Err(RegistryError::NotReady {
-                    addr,
-                    bound,
-                    log: process.log_tail(20),
-                });
+        let auth = match htpasswd {
+            Some(lines) => {
+                let path = dir.path().join("htpasswd");
+                std::fs::write(&path, lines)?;
+                format!(
+                    "auth:\n  htpasswd:\n    realm: hcp-olm-test\n    path: {}\n",
+                    path.display()
+                )
             }
-            std::thread::sleep(Duration::from_millis(50));
+            None => String::new(),
+        };
+        // A free port can be taken by another test's listener before the registry binds it;
+        // then the registry exits ("address already in use") while a connect to the port
+        // succeeds, and requests would reach the other server. Ready means: this process
+        // logged that it listens on this address. Else try another port.
+        const ATTEMPTS: u32 = 5;
+        let mut last = None;
+        for attempt in 0..ATTEMPTS {
+            let port = ports::free_port()?;
+            let addr = std::net::SocketAddr::new(ip, port).to_string();
+            let config = format!(
+                "version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n{auth}",
+                dir.path().join("data").display()
+            );
+            let config_path = dir.path().join("config.yml");
+            std::fs::write(&config_path, config)?;
+            let mut cmd = process::command(&bin);
+            cmd.arg("serve")
+                .arg(&config_path)
+                .env("OTEL_TRACES_EXPORTER", "none")
+                .env("OTEL_SDK_DISABLED", "true");
+            let log = dir.path().join(format!("registry-{attempt}.log"));
+            let process = ManagedProcess::spawn("registry", cmd, &log)?;
+            let bound = Duration::from_secs(20);
+            let start = Instant::now();
+            let listening = format!("listening on {addr}");
+            loop {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                if text.contains(&listening) && std::net::TcpStream::connect(&addr).is_ok() {
+                    return Ok(Self {
+                        process,
+                        addr,
+                        _dir: dir,
+                    });
+                }
+                if process.exited().is_some() || start.elapsed() > bound {
+                    last = Some(RegistryError::NotReady {
+                        addr: addr.clone(),
+                        bound,
+                        log: process.log_tail(20),
+                    });
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            process.kill();
+            if !text_says_in_use(&log) {
+                break;
+            }
         }
-        Ok(Self {
-            process,
-            addr,
-            _dir: dir,
-        })
+        Err(last
+            .unwrap_or_else(|| RegistryError::Io(std::io::Error::other("registry did not start"))))
     }
 
     /// `<ip>:<port>` (`127.0.0.1:<port>` unless started on another address), usable as the registry part of image references.
