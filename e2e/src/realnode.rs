@@ -261,9 +261,10 @@ impl NodeOptions {
 /// waits for them, and removes its cgroups, mounts, directories and network.
 pub struct RealNode {
     name: String,
-    kubelet: ManagedProcess,
-    kube_proxy: ManagedProcess,
-    containerd: ManagedProcess,
+    // Set as each daemon starts.
+    kubelet: Option<ManagedProcess>,
+    kube_proxy: Option<ManagedProcess>,
+    containerd: Option<ManagedProcess>,
     mount_ns: PathBuf,
     cgroup: String,
     // Dropped after the processes (declaration order): the directory, then the network.
@@ -435,22 +436,9 @@ impl RealNode {
         std::fs::create_dir_all(&ns_dir).map_err(io("creating the namespace directory"))?;
         let mut node = Self {
             name: name.clone(),
-            // Placeholders until the daemons start: a `true` that has exited.
-            kubelet: ManagedProcess::spawn(
-                "placeholder",
-                process::command("true"),
-                &d.join("placeholder.log"),
-            )?,
-            kube_proxy: ManagedProcess::spawn(
-                "placeholder",
-                process::command("true"),
-                &d.join("placeholder.log"),
-            )?,
-            containerd: ManagedProcess::spawn(
-                "placeholder",
-                process::command("true"),
-                &d.join("placeholder.log"),
-            )?,
+            kubelet: None,
+            kube_proxy: None,
+            containerd: None,
             mount_ns: mount_ns.clone(),
             cgroup: cgroup.clone(),
             dir,
@@ -549,8 +537,9 @@ impl RealNode {
                 containerd_toml.display().to_string(),
             ],
         );
-        node.containerd =
+        let containerd =
             ManagedProcess::spawn("containerd", containerd_cmd, &d.join("containerd.log"))?;
+        node.containerd = Some(containerd.clone());
         let start = Instant::now();
         loop {
             let ok = node
@@ -561,12 +550,12 @@ impl RealNode {
             if ok {
                 break;
             }
-            if start.elapsed() > Duration::from_secs(30) || node.containerd.exited().is_some() {
+            if start.elapsed() > Duration::from_secs(30) || containerd.exited().is_some() {
                 return Err(NodeError::NotReady {
                     node: name.clone(),
                     component: "containerd".into(),
                     problem: "did not answer on its socket within 30s".into(),
-                    log: node.containerd.log_tail(20),
+                    log: containerd.log_tail(20),
                 });
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -628,7 +617,8 @@ impl RealNode {
                 "--v=2".into(),
             ],
         );
-        node.kubelet = ManagedProcess::spawn("kubelet", kubelet_cmd, &d.join("kubelet.log"))?;
+        let kubelet = ManagedProcess::spawn("kubelet", kubelet_cmd, &d.join("kubelet.log"))?;
+        node.kubelet = Some(kubelet.clone());
         // kube-proxy in nftables mode, in the node's network namespace (its rules are the
         // node's alone, as are its default health and metrics ports). No conntrack sysctl
         // changes (a namespace may not make them).
@@ -646,8 +636,8 @@ impl RealNode {
                 "--v=1".into(),
             ],
         );
-        node.kube_proxy =
-            ManagedProcess::spawn("kube-proxy", proxy_cmd, &d.join("kube-proxy.log"))?;
+        let kube_proxy = ManagedProcess::spawn("kube-proxy", proxy_cmd, &d.join("kube-proxy.log"))?;
+        node.kube_proxy = Some(kube_proxy.clone());
 
         // 6. Ready.
         let nodes: Api<Node> = Api::all(cluster.client());
@@ -660,19 +650,19 @@ impl RealNode {
                     .iter()
                     .any(|c| c.type_ == "Ready" && c.status == "True")
             });
-            if let Some(status) = node.kube_proxy.exited() {
+            if let Some(status) = kube_proxy.exited() {
                 return Err(NodeError::NotReady {
                     node: name.clone(),
                     component: "kube-proxy".into(),
                     problem: format!("exited ({status})"),
-                    log: node.kube_proxy.log_tail(8),
+                    log: kube_proxy.log_tail(8),
                 });
             }
             if ready {
                 tracing::info!(node = %name, secs = start.elapsed().as_secs_f64(), "node ready");
                 return Ok(node);
             }
-            let exited = node.kubelet.exited();
+            let exited = kubelet.exited();
             if start.elapsed() > opts.ready_timeout || exited.is_some() {
                 return Err(NodeError::NotReady {
                     node: name.clone(),
@@ -681,7 +671,7 @@ impl RealNode {
                         Some(status) => format!("exited ({status})"),
                         None => format!("the Node was not Ready within {:?}", opts.ready_timeout),
                     },
-                    log: node.kubelet.log_tail(30),
+                    log: kubelet.log_tail(30),
                 });
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
@@ -748,7 +738,10 @@ impl RealNode {
 
     /// The kubelet's log, for error messages.
     pub fn kubelet_log(&self, lines: usize) -> String {
-        self.kubelet.log_tail(lines)
+        self.kubelet
+            .as_ref()
+            .map(|p| p.log_tail(lines))
+            .unwrap_or_default()
     }
 
     /// The last `lines` lines of every container log of pod `namespace/pod` (the kubelet's
@@ -781,7 +774,10 @@ impl RealNode {
 
     /// kube-proxy's log, for error messages.
     pub fn kube_proxy_log(&self, lines: usize) -> String {
-        self.kube_proxy.log_tail(lines)
+        self.kube_proxy
+            .as_ref()
+            .map(|p| p.log_tail(lines))
+            .unwrap_or_default()
     }
 
     /// The node's directory (logs, configuration).
@@ -792,9 +788,12 @@ impl RealNode {
 
 impl Drop for RealNode {
     fn drop(&mut self) {
-        self.kubelet.kill();
-        self.kube_proxy.kill();
-        self.containerd.kill();
+        for p in [&self.kubelet, &self.kube_proxy, &self.containerd]
+            .into_iter()
+            .flatten()
+        {
+            p.kill();
+        }
         remove_cgroups(&self.cgroup);
         // The mount namespace ends with its last process and its pinning file.
         let ns = self.mount_ns.display().to_string();
@@ -976,6 +975,37 @@ impl ClusterControllers {
     }
 }
 
+/// Builds an image of `files` run as `config` says (as `make images` builds ours; time
+/// stamps 0, version and revision `test`) and pushes it as `reference` with `client`.
+pub async fn push_image(
+    client: &hcp_olm_oci::Client,
+    reference: &str,
+    config: &hcp_olm_images::ImageConfig,
+    files: &[hcp_olm_images::File],
+) -> Result<hcp_olm_images::Built, NodeError> {
+    let setup = |problem: String| NodeError::Setup {
+        node: "-".into(),
+        problem,
+    };
+    let meta = hcp_olm_images::Meta {
+        version: "test".into(),
+        revision: "test".into(),
+        created: 0,
+    };
+    let img = hcp_olm_images::build_image(config, files, &meta)
+        .map_err(|e| setup(format!("building {reference}: {e}")))?;
+    client
+        .push_built(
+            reference,
+            &img.layers,
+            img.config.clone(),
+            img.manifest.clone(),
+        )
+        .await
+        .map_err(|e| setup(format!("pushing {reference}: {e}")))?;
+    Ok(img)
+}
+
 /// Builds the pod sandbox image (our `pause`, `e2e/tools/pause`) as `make images` builds ours
 /// and pushes it to `registry` (`host:port`) with `client`; returns its reference.
 pub async fn push_sandbox_image(
@@ -1002,22 +1032,9 @@ pub async fn push_sandbox_image(
         mode: 0o755,
         data: std::fs::read(&bin).map_err(io(format!("reading {}", bin.display())))?,
     });
-    let meta = hcp_olm_images::Meta {
-        version: "test".into(),
-        revision: "test".into(),
-        created: 0,
-    };
-    let img = hcp_olm_images::build(&def, &files, &meta)
-        .map_err(|e| setup(format!("building the pause image: {e}")))?;
+    let config =
+        hcp_olm_images::our_config(&def).map_err(|e| setup(format!("the pause image: {e}")))?;
     let reference = format!("{registry}/hcp-olm/pause:test");
-    client
-        .push_built(
-            &reference,
-            &img.layers,
-            img.config.clone(),
-            img.manifest.clone(),
-        )
-        .await
-        .map_err(|e| setup(format!("pushing {reference}: {e}")))?;
+    push_image(client, &reference, &config, &files).await?;
     Ok(reference)
 }

@@ -30,11 +30,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail, ensure};
 use base64::Engine as _;
 use hcp_olm_e2e::realnode::{
-    ClusterControllers, NodeOptions, PlainHttpRegistry, RealNode, Site, push_sandbox_image,
+    ClusterControllers, NodeOptions, PlainHttpRegistry, RealNode, Site, push_image,
+    push_sandbox_image,
 };
 use hcp_olm_e2e::registry::{Registry, TEST_USER_HASH, TEST_USER_PASSWORD};
 use hcp_olm_e2e::{Cluster, ClusterOptions, tools};
-use hcp_olm_images::{File, IMAGES, ImageDef, Meta};
+use hcp_olm_images::IMAGES;
 use hcp_olm_oci::{Client, ClientOptions, PullSecret};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
@@ -50,26 +51,6 @@ fn docker_config(registry: &str, password: &str) -> Vec<u8> {
     let auth = base64::engine::general_purpose::STANDARD.encode(format!("reader:{password}"));
     serde_json::to_vec(&serde_json::json!({"auths": {registry: {"auth": auth}}}))
         .unwrap_or_default()
-}
-
-/// Builds `def`'s image from `files` and pushes it as `reference`.
-async fn push(client: &Client, reference: &str, def: &ImageDef, files: &[File]) -> Result<String> {
-    let meta = Meta {
-        version: "test".into(),
-        revision: "test".into(),
-        created: 0,
-    };
-    let img = hcp_olm_images::build(def, files, &meta)?;
-    let digest = client
-        .push_built(
-            reference,
-            &img.layers,
-            img.config.clone(),
-            img.manifest.clone(),
-        )
-        .await
-        .with_context(|| format!("pushing {reference}"))?;
-    Ok(digest)
 }
 
 fn pod(name: &str, image: &str, pull_secret: &str) -> Result<Pod> {
@@ -146,6 +127,32 @@ async fn wait_pod<T>(
     }
 }
 
+/// Waits (at most 30 s) until a TCP connect from the node's network namespace to `target`
+/// succeeds; returns how long that took.
+async fn answers_from_node(
+    node: &RealNode,
+    target: std::net::SocketAddr,
+    what: &str,
+) -> Result<Duration> {
+    let started = Instant::now();
+    loop {
+        let ok = hcp_olm_e2e::netns::in_netns(node.site().netns().name(), move || {
+            std::net::TcpStream::connect_timeout(&target, Duration::from_secs(1)).map(|_| ())
+        })
+        .await
+        .is_ok();
+        if ok {
+            return Ok(started.elapsed());
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(30),
+            "{what} {target} did not answer from the node within 30s\nkube-proxy:\n{}",
+            node.kube_proxy_log(30)
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
 fn ready(p: &Pod) -> bool {
     p.status
         .as_ref()
@@ -209,7 +216,13 @@ async fn our_catalog_server_image_runs_on_a_real_node() -> Result<()> {
     let bin = tools::workspace_bin("hcp-olm-catalog-server", "hcp-olm-catalog")?;
     let cs_files = hcp_olm_images::files_for(cs_def, bin.parent().context("bin dir")?, &ca)?;
     let cs_ref = format!("{}/hcp-olm/hcp-olm-catalog-server:test", reg.addr());
-    push(&client, &cs_ref, cs_def, &cs_files).await?;
+    push_image(
+        &client,
+        &cs_ref,
+        &hcp_olm_images::our_config(cs_def)?,
+        &cs_files,
+    )
+    .await?;
 
     let mut nopts = NodeOptions::new(NODE, &pause_ref);
     nopts.sandbox_credentials = Some(format!("reader:{TEST_USER_PASSWORD}"));
@@ -356,21 +369,8 @@ async fn our_catalog_server_image_runs_on_a_real_node() -> Result<()> {
         // opm takes a lock in its cache: built in the image as its user, as Red Hat's are
         &["/tmp/cache"],
     )?;
-    let meta = Meta {
-        version: "test".into(),
-        revision: "test".into(),
-        created: 0,
-    };
-    let img = hcp_olm_images::build_image(&config, &files, &meta)?;
     let index_ref = format!("{}/hcp-olm-test/widgets-index:v1", reg.addr());
-    client
-        .push_built(
-            &index_ref,
-            &img.layers,
-            img.config.clone(),
-            img.manifest.clone(),
-        )
-        .await?;
+    let img = push_image(&client, &index_ref, &config, &files).await?;
     let mut opm_pod = pod("opm", &index_ref, "pull-secret")?;
     if let Some(c) = opm_pod.spec.as_mut().and_then(|s| s.containers.first_mut()) {
         c.command = None;
@@ -501,27 +501,11 @@ async fn our_catalog_server_image_runs_on_a_real_node() -> Result<()> {
         .spec
         .and_then(|s| s.cluster_ip)
         .context("the Service has no ClusterIP")?;
-    let started = Instant::now();
     let target: std::net::SocketAddr = format!("{cluster_ip}:50051").parse()?;
-    loop {
-        let ok = hcp_olm_e2e::netns::in_netns(node.site().netns().name(), move || {
-            std::net::TcpStream::connect_timeout(&target, Duration::from_secs(1)).map(|_| ())
-        })
-        .await
-        .is_ok();
-        if ok {
-            break;
-        }
-        ensure!(
-            started.elapsed() < Duration::from_secs(30),
-            "the Service's ClusterIP {target} did not answer from the node within 30s\nkube-proxy:\n{}",
-            node.kube_proxy_log(30)
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    let took = answers_from_node(&node, target, "the Service's ClusterIP").await?;
     eprintln!(
         "real-node: ClusterIP {target} answers from the node (kube-proxy nftables) after {:.1}s",
-        started.elapsed().as_secs_f64()
+        took.as_secs_f64()
     );
     // In-cluster API access: the `kubernetes` Service (endpoints from the API server's own
     // reconciler) answers at its ClusterIP from the node, as pods' clients expect.
@@ -532,22 +516,7 @@ async fn our_catalog_server_image_runs_on_a_real_node() -> Result<()> {
         .and_then(|s| s.cluster_ip)
         .context("the kubernetes Service has no ClusterIP")?;
     let api_target: std::net::SocketAddr = format!("{api_ip}:443").parse()?;
-    let started = Instant::now();
-    loop {
-        let ok = hcp_olm_e2e::netns::in_netns(node.site().netns().name(), move || {
-            std::net::TcpStream::connect_timeout(&api_target, Duration::from_secs(1)).map(|_| ())
-        })
-        .await
-        .is_ok();
-        if ok {
-            break;
-        }
-        ensure!(
-            started.elapsed() < Duration::from_secs(30),
-            "the kubernetes Service {api_target} did not answer from the node within 30s"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    answers_from_node(&node, api_target, "the kubernetes Service").await?;
     drop(controllers);
 
     // Deleting the pod: SIGTERM, the server drains and exits; well inside the grace period.
