@@ -952,3 +952,36 @@ fn take_over_renders_behind_hypershifts_objects() {
             .any(|p| p.reason == "WaitingForHyperShiftPackageServerCert")
     );
 }
+
+/// On a management cluster without SecurityContextConstraints, every HCP pod runs as
+/// HyperShift's default user with that fsGroup (so a non-root user reads the 0440 Secret
+/// volumes); where SCCs are served, neither is set (the SCC assigns them).
+#[test]
+fn hcp_pods_run_as_hypershifts_default_user_without_sccs() {
+    let hc = common::load_hc("none-minimal.yaml");
+    let mut input = common::with_live_facts(common::input(common::valid(&hc, None), true));
+    for scc in [false, true] {
+        input.management_has_scc = scc;
+        let d = render::desired(&input).unwrap();
+        let deployments: Vec<&Object> = d.hcp.iter().filter(|o| o.kind == "Deployment").collect();
+        assert!(deployments.len() >= 5, "{deployments:?}");
+        for o in deployments {
+            let sc = &o.body["spec"]["template"]["spec"]["securityContext"];
+            assert_eq!(sc["runAsNonRoot"], true, "{}", o.name);
+            if scc {
+                assert!(
+                    sc.get("runAsUser").is_none() && sc.get("fsGroup").is_none(),
+                    "{}: {sc}",
+                    o.name
+                );
+            } else {
+                assert_eq!(
+                    (&sc["runAsUser"], &sc["fsGroup"]),
+                    (&1001.into(), &1001.into()),
+                    "{}",
+                    o.name
+                );
+            }
+        }
+    }
+}

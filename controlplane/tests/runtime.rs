@@ -3831,6 +3831,7 @@ async fn no_hosted_olm_request_before_the_hcp_namespace_exists() -> Result<()> {
 async fn components_say_why_their_pods_are_not_ready_on_a_real_node() -> Result<()> {
     use base64::Engine as _;
     use hcp_olm_e2e::cluster::ClusterOptions;
+    use hcp_olm_e2e::clusterdns;
     use hcp_olm_e2e::realnode::{
         ClusterControllers, NodeOptions, PlainHttpRegistry, RealNode, Site, push_sandbox_image,
     };
@@ -3841,10 +3842,12 @@ async fn components_say_why_their_pods_are_not_ready_on_a_real_node() -> Result<
     let site = Site::create()?;
     let mut mo = ClusterOptions::new("management");
     mo.bind_address = site.host_ip().into();
-    let (management, guest) = tokio::try_join!(
-        Cluster::start(mo),
-        Cluster::start(ClusterOptions::new("guest"))
-    )?;
+    // Real controllers run: pods get their ServiceAccount's pull secrets, as in every cluster.
+    mo.service_account_admission = true;
+    // The guest API server where the HCP pods reach it (HyperShift's kube-apiserver Service).
+    let mut go = ClusterOptions::new("guest");
+    go.bind_address = site.host_ip().into();
+    let (management, guest) = tokio::try_join!(Cluster::start(mo), Cluster::start(go))?;
     let env = Environment { management, guest };
     setup(&env).await?;
     let reg =
@@ -3864,10 +3867,17 @@ async fn components_say_why_their_pods_are_not_ready_on_a_real_node() -> Result<
     nopts.plain_http = vec![PlainHttpRegistry {
         host: reg.addr().to_string(),
     }];
+    // The management cluster's DNS: CoreDNS behind kube-dns, as every cluster has one.
+    let service_cidr = ClusterOptions::new("management").service_cidr;
+    nopts.cluster_dns = Some(clusterdns::dns_ip(&service_cidr)?);
     let node = RealNode::start(site, &env.management, nopts).await?;
     let controllers = ClusterControllers::start(&env.management)?;
+    let coredns = clusterdns::push_coredns_image(&oci, reg.addr()).await?;
+    let dns_ip =
+        clusterdns::deploy(&env.management, &coredns, &docker_config, &service_cidr).await?;
 
-    let ctx = ctx(controller_client(&env).await?);
+    let controller = controller_client(&env).await?;
+    let ctx = ctx(controller.clone());
     let name = "example";
     let hcp_ns = format!("{HC_NS}-{name}");
     put_kubeconfig_secret(&env, "example-admin-kubeconfig").await?;
@@ -4024,5 +4034,273 @@ async fn components_say_why_their_pods_are_not_ready_on_a_real_node() -> Result<
             reasons.join(", ")
         );
     }
+
+    // The images exist: every HCP component runs from its image on the real node, pulled
+    // from the test registry with the HCP namespace's pull secret (a registry that requires
+    // auth), as its non-root user under the rendered security contexts, and HostedOLM calls
+    // it available. The images are named through HostedOLM's overrides, as an admin names a
+    // mirror's copies.
+    let started = std::time::Instant::now();
+    // HyperShift's control-plane-operator copies the HostedCluster's pull secret here.
+    let pull_secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
+            "metadata": {"name": "pull-secret", "namespace": hcp_ns},
+            "data": {".dockerconfigjson": base64::engine::general_purpose::STANDARD.encode(&docker_config)},
+        }),
+    )?;
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(env.management.client(), &hcp_ns)
+        .create(&PostParams::default(), &pull_secret)
+        .await?;
+    let pushed = push_hcp_images(&env, &hcp_ns, &oci, reg.addr()).await?;
+    let pushed_in = started.elapsed();
+    Api::<HostedOLM>::namespaced(env.management.client(), &hcp_ns)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"images": pushed.overrides}})),
+        )
+        .await?;
+    // The pods in image pull back-off start over at once.
+    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(env.management.client(), &hcp_ns)
+        .delete_collection(&Default::default(), &ListParams::default())
+        .await?;
+    let bound = std::time::Duration::from_secs(240);
+    loop {
+        reconcile(&ctx, &env, name).await?;
+        let holm = holm_of(&env, name).await?;
+        let comps = &holm.status.as_ref().context("no status")?.components;
+        // the HCP side (the guest agent waits for a guest node)
+        let deployments: Vec<String> =
+            Api::<Deployment>::namespaced(env.management.client(), &hcp_ns)
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .filter_map(|d| d.metadata.name)
+                .collect();
+        let hcp: Vec<&hcp_olm_controlplane::hostedolm::ComponentStatus> = comps
+            .iter()
+            .filter(|c| deployments.contains(&c.name))
+            .collect();
+        let waiting: Vec<String> = hcp
+            .iter()
+            .filter(|c| !c.available)
+            .map(|c| format!("{}: {} {}", c.name, c.reason, c.message))
+            .collect();
+        if !hcp.is_empty() && waiting.is_empty() {
+            eprintln!(
+                "[runtime] real node, from images: {} images ({:.1} MiB) built and pushed in {:.0}s; {} HCP components available {:.0}s later",
+                pushed.count,
+                pushed.bytes as f64 / 1048576.0,
+                pushed_in.as_secs_f64(),
+                hcp.len(),
+                (started.elapsed() - pushed_in).as_secs_f64(),
+            );
+            break;
+        }
+        if started.elapsed() > bound {
+            let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(
+                env.management.client(),
+                &hcp_ns,
+            )
+            .list(&ListParams::default())
+            .await?;
+            let mut logs = String::new();
+            for p in &pods.items {
+                let pn = p.metadata.name.as_deref().unwrap_or_default();
+                logs.push_str(&format!(
+                    "--- {pn}: {}\n{}\n",
+                    serde_json::to_string(&p.status).unwrap_or_default(),
+                    node.pod_logs(&hcp_ns, pn, 15)
+                ));
+            }
+            anyhow::bail!(
+                "HCP components not available from images within {}s: {waiting:#?}\n{logs}\nkubelet:\n{}",
+                bound.as_secs(),
+                node.kubelet_log(30)
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    }
+    // CoreDNS answers for the cluster from the node, and catalog-operator (HCP namespace)
+    // finds the default catalogs by their short names through it and kube-proxy: each
+    // default CatalogSource in the guest is READY, served by opm from its index image.
+    let dns_wait =
+        clusterdns::wait_ready(&env.management, std::time::Duration::from_secs(60)).await?;
+    let api_ip = clusterdns::query_a(
+        node.site().netns().name(),
+        std::net::SocketAddr::from((dns_ip, 53)),
+        "kubernetes.default.svc.cluster.local.",
+    )
+    .await?;
+    ensure!(
+        api_ip == vec![std::net::Ipv4Addr::new(198, 19, 255, 1)],
+        "CoreDNS answered kubernetes.default with {api_ip:?}"
+    );
+    let sources: Api<DynamicObject> = Api::namespaced_with(
+        env.guest.client(),
+        "openshift-marketplace",
+        &catalog_source_ar(),
+    );
+    let catalogs_started = std::time::Instant::now();
+    loop {
+        let states: Vec<(String, String)> = sources
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .map(|cs| {
+                let state = cs.data["status"]["connectionState"]["lastObservedState"]
+                    .as_str()
+                    .unwrap_or("-")
+                    .to_string();
+                (cs.metadata.name.unwrap_or_default(), state)
+            })
+            .collect();
+        if !states.is_empty() && states.iter().all(|(_, s)| s == "READY") {
+            eprintln!(
+                "[runtime] real node: CoreDNS ready (waited {:.0}s more) and answering; {} default CatalogSources READY {:.0}s after the components",
+                dns_wait.as_secs_f64(),
+                states.len(),
+                catalogs_started.elapsed().as_secs_f64()
+            );
+            break;
+        }
+        if catalogs_started.elapsed() > std::time::Duration::from_secs(180) {
+            let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(
+                env.management.client(),
+                &hcp_ns,
+            )
+            .list(&ListParams::default())
+            .await?;
+            let op = pods
+                .items
+                .iter()
+                .filter_map(|p| p.metadata.name.clone())
+                .find(|n| n.starts_with("hcp-olm-catalog-operator"))
+                .unwrap_or_default();
+            anyhow::bail!(
+                "default CatalogSources not READY within 180s: {states:?}\ncatalog-operator:\n{}",
+                node.pod_logs(&hcp_ns, &op, 30)
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    }
     Ok(())
+}
+
+/// What [`push_hcp_images`] pushed.
+struct PushedImages {
+    /// HostedOLM `spec.images` naming the pushed images by digest.
+    overrides: serde_json::Value,
+    count: usize,
+    bytes: usize,
+}
+
+/// Pushes to the registry at `registry` a real image for every image the HCP namespace's
+/// Deployments name, at the same path: the OLM image (the pinned upstream binaries, user
+/// 1001 as Red Hat's), index images shaped like Red Hat's (FBC, opm and its cache; user
+/// 1001) and our tunnel gateway as `make images` packs it. Returns the HostedOLM image
+/// overrides naming them.
+async fn push_hcp_images(
+    env: &Environment,
+    hcp_ns: &str,
+    oci: &hcp_olm_oci::Client,
+    registry: &str,
+) -> Result<PushedImages> {
+    use hcp_olm_e2e::realnode::push_image;
+    use hcp_olm_e2e::scenario::catalogs;
+    let mut refs = std::collections::BTreeSet::new();
+    for d in Api::<Deployment>::namespaced(env.management.client(), hcp_ns)
+        .list(&ListParams::default())
+        .await?
+    {
+        let spec = d.spec.and_then(|s| s.template.spec).unwrap_or_default();
+        for c in spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+        {
+            refs.extend(c.image.clone());
+        }
+    }
+    let path_of = |r: &str| -> Result<String> {
+        let (_, path) = r
+            .split_once('/')
+            .context("image reference without a host")?;
+        Ok(path.to_string())
+    };
+    let work = tempfile::tempdir()?;
+    let ca = std::fs::read(hcp_olm_images::CA_BUNDLE)?;
+    let (mut count, mut bytes) = (0, 0);
+    enum Key {
+        Olm,
+        Gateway,
+        Catalog(String),
+    }
+    let mut overrides = serde_json::json!({"catalogs": {}});
+    for r in &refs {
+        let (config, files, target, key) = if r.contains('@') {
+            // The release payload's OLM image: pushed by tag, named by its real digest.
+            let (repo, _) = r.split_once('@').context("digest")?;
+            let (c, f) =
+                catalogs::olm_image()?.to_oci("operator-lifecycle-manager", "1001", &[], &[])?;
+            (c, f, format!("{}:olm", path_of(repo)?), Key::Olm)
+        } else if r.contains("-operator-index:") {
+            // "registry.redhat.io/redhat/redhat-operator-index:v4.18" → "redhat"
+            let name = r
+                .rsplit('/')
+                .next()
+                .and_then(|n| n.split('-').next())
+                .unwrap_or("index")
+                .to_string();
+            let (c, f) = catalogs::index_image(work.path(), &name, &format!("{name}-widget"))?
+                .to_oci(
+                    &name,
+                    "1001",
+                    &[(
+                        "operators.operatorframework.io.index.configs.v1",
+                        "/configs",
+                    )],
+                    &["/tmp/cache"],
+                )?;
+            (c, f, path_of(r)?, Key::Catalog(format!("{name}-operators")))
+        } else if r.contains("/hcp-olm-tunnel-gateway:") {
+            let def = hcp_olm_images::IMAGES
+                .iter()
+                .find(|d| d.name == "hcp-olm-tunnel-gateway")
+                .context("gateway image")?;
+            let bin = hcp_olm_e2e::tools::workspace_bin("hcp-olm-gateway", "hcp-olm-guest-agent")?;
+            let files = hcp_olm_images::files_for(def, bin.parent().context("bin dir")?, &ca)?;
+            (
+                hcp_olm_images::our_config(def)?,
+                files,
+                path_of(r)?,
+                Key::Gateway,
+            )
+        } else {
+            anyhow::bail!("no test image for {r}");
+        };
+        let target = format!("{registry}/{target}");
+        let built = push_image(oci, &target, &config, &files).await?;
+        count += 1;
+        bytes += built.size();
+        let repo = target.rsplit_once(':').map(|(r, _)| r).unwrap_or(&target);
+        let by_digest = format!("{repo}@{}", built.digest());
+        match key {
+            Key::Olm => overrides["olm"] = by_digest.into(),
+            Key::Gateway => overrides["tunnelGateway"] = by_digest.into(),
+            Key::Catalog(c) => overrides["catalogs"][c] = by_digest.into(),
+        }
+    }
+    ensure!(
+        overrides.get("olm").is_some(),
+        "no OLM image among the HCP Deployments: {refs:?}"
+    );
+    Ok(PushedImages {
+        overrides,
+        count,
+        bytes,
+    })
 }

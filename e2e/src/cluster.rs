@@ -67,6 +67,12 @@ pub struct ClusterOptions {
     pub extra_sans: Vec<String>,
     /// Extra kube-apiserver flags (`--flag=value`).
     pub extra_apiserver_args: Vec<String>,
+    /// Whether the ServiceAccount admission plugin runs (it is on in every real cluster): it
+    /// gives a pod its ServiceAccount's `imagePullSecrets` and token volume, and refuses a
+    /// pod whose ServiceAccount does not exist. Off by default: without a
+    /// kube-controller-manager ([`crate::realnode::ClusterControllers`]) no namespace has its
+    /// `default` ServiceAccount.
+    pub service_account_admission: bool,
     /// How long to wait for `/readyz`.
     pub ready_timeout: Duration,
     /// Use this etcd (under its own key prefix) instead of starting one.
@@ -144,6 +150,7 @@ impl ClusterOptions {
             service_cidr: "198.19.255.0/24".to_string(),
             extra_sans: Vec::new(),
             extra_apiserver_args: Vec::new(),
+            service_account_admission: false,
             ready_timeout: Duration::from_secs(90),
             shared_etcd: None,
         }
@@ -269,8 +276,6 @@ impl Cluster {
             "--authorization-mode=RBAC".to_string(),
             format!("--service-cluster-ip-range={}", opts.service_cidr),
             "--allow-privileged=true".to_string(),
-            // No kube-controller-manager runs, so no default ServiceAccounts exist.
-            "--disable-admission-plugins=ServiceAccount".to_string(),
             format!("--service-account-issuer={url}"),
             format!("--service-account-key-file={}", p(&sa_pub_file)),
             format!("--service-account-signing-key-file={}", p(&sa_key_file)),
@@ -292,6 +297,9 @@ impl Cluster {
         // API server through its ClusterIP as in a real cluster.
         if opts.bind_address.is_loopback() {
             args.push("--endpoint-reconciler-type=none".to_string());
+        }
+        if !opts.service_account_admission {
+            args.push("--disable-admission-plugins=ServiceAccount".to_string());
         }
         args.extend(opts.extra_apiserver_args.iter().cloned());
         let mut cmd = process::command(&apiserver_bin);

@@ -14,6 +14,7 @@
 //! - [`process`]: processes that stand in for pods, killed by PID and waited for.
 
 pub mod cluster;
+pub mod clusterdns;
 pub mod fleet;
 pub mod guest_standin;
 pub mod hostile_registry;

@@ -240,6 +240,9 @@ pub struct NodeOptions {
     pub sandbox_credentials: Option<String>,
     /// Registries reached over plain HTTP.
     pub plain_http: Vec<PlainHttpRegistry>,
+    /// The cluster DNS address the kubelet gives pods (`clusterDNS`, domain `cluster.local`;
+    /// [`crate::clusterdns`]); without it pods get the node's resolver, which resolves nothing.
+    pub cluster_dns: Option<Ipv4Addr>,
     /// How long to wait for the Node to be Ready.
     pub ready_timeout: Duration,
 }
@@ -252,6 +255,7 @@ impl NodeOptions {
             sandbox_image: sandbox_image.into(),
             sandbox_credentials: None,
             plain_http: Vec::new(),
+            cluster_dns: None,
             ready_timeout: Duration::from_secs(90),
         }
     }
@@ -518,7 +522,12 @@ impl RealNode {
         let kubelet_yaml = d.join("kubelet.yaml");
         std::fs::write(
             &kubelet_yaml,
-            kubelet_config(&cgroup, node.site.node_ip(), &d.join("volume-plugins")),
+            kubelet_config(
+                &cgroup,
+                node.site.node_ip(),
+                &d.join("volume-plugins"),
+                opts.cluster_dns,
+            ),
         )
         .map_err(io("writing the kubelet configuration"))?;
 
@@ -861,7 +870,15 @@ pub fn cni_config(pod_cidr: &str) -> String {
 
 /// The kubelet's configuration for this machine kind (cgroup v1, no CAP_SYS_RESOURCE, a
 /// shared host whose sysctls and firewall are not ours).
-pub fn kubelet_config(cgroup_root: &str, node_ip: Ipv4Addr, volume_plugins: &Path) -> String {
+pub fn kubelet_config(
+    cgroup_root: &str,
+    node_ip: Ipv4Addr,
+    volume_plugins: &Path,
+    cluster_dns: Option<Ipv4Addr>,
+) -> String {
+    let dns = cluster_dns
+        .map(|ip| format!("clusterDNS: [\"{ip}\"]\nclusterDomain: cluster.local\n"))
+        .unwrap_or_default();
     format!(
         r#"apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -886,7 +903,7 @@ enforceNodeAllocatable: []
 localStorageCapacityIsolation: false
 evictionHard: {{}}
 serializeImagePulls: false
-"#,
+{dns}"#,
         volume_plugins = volume_plugins.display()
     )
 }

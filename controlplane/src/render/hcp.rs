@@ -323,6 +323,17 @@ fn container_security() -> Value {
     })
 }
 
+/// The pod security context of every HCP Deployment: non-root, RuntimeDefault seccomp, and
+/// where no SCC assigns them, HyperShift's default user and fsGroup.
+fn pod_security(input: &RenderInput) -> Value {
+    let mut sc = json!({"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}});
+    if !input.management_has_scc {
+        sc["runAsUser"] = json!(super::DEFAULT_POD_USER);
+        sc["fsGroup"] = json!(super::DEFAULT_POD_USER);
+    }
+    sc
+}
+
 fn pod_labels(v: &ValidInput, name: &str, component: &str) -> Value {
     let mut l: BTreeMap<String, String> = v.labels.clone();
     l.extend(labels::object_labels(v, component, name));
@@ -355,7 +366,7 @@ fn deployment(input: &RenderInput, p: PodSpec<'_>) -> Value {
         "serviceAccountName": p.service_account,
         "automountServiceAccountToken": p.automount_token,
         "priorityClassName": p.priority_class,
-        "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": pod_security(input),
         "tolerations": tolerations(v),
         "affinity": affinity(v),
         "containers": p.containers,

@@ -222,7 +222,17 @@ pub struct RenderInput {
     /// Whether the management cluster serves `monitoring.coreos.com/v1` ServiceMonitors
     /// (they are rendered only then, as HyperShift does).
     pub service_monitors_served: bool,
+    /// Whether the management cluster serves OpenShift's SecurityContextConstraints. Without
+    /// them (a plain Kubernetes management cluster) the HCP pods run as HyperShift's default
+    /// user and group, 1001 (`runAsUser` and `fsGroup`, as HyperShift sets them there), so
+    /// the Secret volumes (mode 0440) are readable by the non-root user whatever user the
+    /// image names. With them the SCC assigns both from the namespace's range, and a fixed
+    /// value would be refused.
+    pub management_has_scc: bool,
 }
+
+/// HyperShift's user and group for control-plane pods on a management cluster without SCCs.
+pub const DEFAULT_POD_USER: i64 = 1001;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RenderError {

@@ -979,7 +979,14 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
         pki,
         tunnel,
         packageserver_cluster_ip: packageserver_cluster_ip.clone(),
-        service_monitors_served: service_monitors_served(&ctx.client).await?,
+        service_monitors_served: served(&ctx.client, "monitoring.coreos.com/v1", "servicemonitors")
+            .await?,
+        management_has_scc: served(
+            &ctx.client,
+            "security.openshift.io/v1",
+            "securitycontextconstraints",
+        )
+        .await?,
         guest_olm_crds_ready,
         external_secret_hashes,
         owner: Some(owner),
@@ -1380,17 +1387,15 @@ async fn apply_subscription_defaults(
     }
 }
 
-/// Whether the management cluster serves ServiceMonitors (prometheus-operator's CRD).
-async fn service_monitors_served(client: &kube::Client) -> Result<bool, Error> {
+/// Whether the management cluster serves `resource` of `group_version` (prometheus-operator's
+/// ServiceMonitors, OpenShift's SecurityContextConstraints).
+async fn served(client: &kube::Client, group_version: &str, resource: &str) -> Result<bool, Error> {
     // Only a 404 means "not served"; any other failure fails the pass (retried), so a
-    // discovery hiccup never prunes the ServiceMonitors.
-    match client
-        .list_api_group_resources("monitoring.coreos.com/v1")
-        .await
-    {
-        Ok(list) => Ok(list.resources.iter().any(|r| r.name == "servicemonitors")),
+    // discovery hiccup never prunes the ServiceMonitors or changes the pods' users.
+    match client.list_api_group_resources(group_version).await {
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == resource)),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
-        Err(e) => Err(kube_err("discovering monitoring.coreos.com/v1".to_string())(e)),
+        Err(e) => Err(kube_err(format!("discovering {group_version}"))(e)),
     }
 }
 
