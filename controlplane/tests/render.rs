@@ -955,7 +955,8 @@ fn take_over_renders_behind_hypershifts_objects() {
 
 /// On a management cluster without SecurityContextConstraints, every HCP pod runs as
 /// HyperShift's default user with that fsGroup (so a non-root user reads the 0440 Secret
-/// volumes); where SCCs are served, neither is set (the SCC assigns them).
+/// volumes); where SCCs are served, neither is set (the SCC assigns them). Every container's
+/// termination message falls back to its log, which HostedOLM shows for a crash loop.
 #[test]
 fn hcp_pods_run_as_hypershifts_default_user_without_sccs() {
     let hc = common::load_hc("none-minimal.yaml");
@@ -966,7 +967,21 @@ fn hcp_pods_run_as_hypershifts_default_user_without_sccs() {
         let deployments: Vec<&Object> = d.hcp.iter().filter(|o| o.kind == "Deployment").collect();
         assert!(deployments.len() >= 5, "{deployments:?}");
         for o in deployments {
-            let sc = &o.body["spec"]["template"]["spec"]["securityContext"];
+            let pod = &o.body["spec"]["template"]["spec"];
+            // and every container says why it failed
+            for c in pod["containers"]
+                .as_array()
+                .into_iter()
+                .chain(pod["initContainers"].as_array())
+                .flatten()
+            {
+                assert_eq!(
+                    c["terminationMessagePolicy"], "FallbackToLogsOnError",
+                    "{}",
+                    o.name
+                );
+            }
+            let sc = &pod["securityContext"];
             assert_eq!(sc["runAsNonRoot"], true, "{}", o.name);
             if scc {
                 assert!(

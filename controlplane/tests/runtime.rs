@@ -4187,6 +4187,52 @@ async fn components_say_why_their_pods_are_not_ready_on_a_real_node() -> Result<
         }
         tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     }
+
+    // No room: the only node is tainted (as for maintenance) and the pods go; the real
+    // scheduler places none of them, and every component says so in its words.
+    Api::<k8s_openapi::api::core::v1::Node>::all(env.management.client())
+        .patch(
+            node.name(),
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"taints": [
+                {"key": "example.com/maintenance", "value": "true", "effect": "NoSchedule"}]}})),
+        )
+        .await?;
+    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(env.management.client(), &hcp_ns)
+        .delete_collection(&Default::default(), &ListParams::default())
+        .await?;
+    let tainted = std::time::Instant::now();
+    loop {
+        reconcile(&ctx, &env, name).await?;
+        let holm = holm_of(&env, name).await?;
+        let comps = &holm.status.as_ref().context("no status")?.components;
+        let hcp: Vec<&hcp_olm_controlplane::hostedolm::ComponentStatus> = comps
+            .iter()
+            .filter(|c| c.name != "hcp-olm-guest-agent")
+            .collect();
+        let unschedulable = hcp
+            .iter()
+            .filter(|c| {
+                !c.available
+                    && c.reason == "Unschedulable"
+                    && c.message.contains("untolerated taint")
+            })
+            .count();
+        if unschedulable == hcp.len() && !hcp.is_empty() {
+            eprintln!(
+                "[runtime] real node, tainted: {} components Unschedulable after {:.0}s: {}",
+                hcp.len(),
+                tainted.elapsed().as_secs_f64(),
+                hcp[0].message
+            );
+            break;
+        }
+        ensure!(
+            tainted.elapsed() < std::time::Duration::from_secs(120),
+            "components not Unschedulable within 120s: {hcp:#?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    }
     Ok(())
 }
 

@@ -136,6 +136,7 @@ pub(super) fn render(
                             "name": "agent",
                             "image": v.images.guest_agent,
                             "imagePullPolicy": "IfNotPresent",
+                            "terminationMessagePolicy": "FallbackToLogsOnError",
                             "args": ["--config", "/etc/hcp-olm/peer/peer.json"],
                             "ports": agent_ports,
                             "livenessProbe": {"httpGet": {"path": "/healthz", "port": ports::TUNNEL_HEALTH}, "initialDelaySeconds": 10, "periodSeconds": 10},

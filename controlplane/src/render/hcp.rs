@@ -360,8 +360,13 @@ struct PodSpec<'a> {
     termination_grace_seconds: Option<i64>,
 }
 
-fn deployment(input: &RenderInput, p: PodSpec<'_>) -> Value {
+fn deployment(input: &RenderInput, mut p: PodSpec<'_>) -> Value {
     let v = &input.valid;
+    // A container that fails says why in its status (the tail of its log), which HostedOLM
+    // passes on (`runtime::pods`).
+    for c in p.containers.iter_mut().chain(p.init_containers.iter_mut()) {
+        c["terminationMessagePolicy"] = json!("FallbackToLogsOnError");
+    }
     let mut pod_spec = json!({
         "serviceAccountName": p.service_account,
         "automountServiceAccountToken": p.automount_token,

@@ -80,7 +80,26 @@ fn container_problem(pod: &str, c: &ContainerStatus) -> Option<Problem> {
     }
     let detail = w.message.as_deref().unwrap_or_default().trim();
     let mut message = format!("pod {pod}, container {} (image {})", c.name, c.image);
-    if !detail.is_empty() {
+    // A crashing container: how it last ended comes first (the rendered containers'
+    // `FallbackToLogsOnError` makes that the tail of its log), the back-off after it.
+    if let Some(t) = c.last_state.as_ref().and_then(|l| l.terminated.as_ref()) {
+        message.push_str(&format!(" exited {}", t.exit_code));
+        if let Some(m) = t
+            .message
+            .as_deref()
+            .map(str::trim)
+            .filter(|m| !m.is_empty())
+        {
+            message.push_str(": ");
+            // the last lines say why; a log tail may be long
+            let tail: Vec<&str> = m.lines().rev().take(3).collect();
+            message.push_str(&tail.into_iter().rev().collect::<Vec<_>>().join(" | "));
+        }
+        if !detail.is_empty() {
+            message.push_str("; ");
+            message.push_str(detail);
+        }
+    } else if !detail.is_empty() {
         message.push_str(": ");
         message.push_str(detail);
     }
@@ -169,6 +188,42 @@ mod tests {
             "pod a, container catalog-server (image 198.19.200.1:5000/hcp-olm/cs:test): Back-off"
         ));
         assert!(p.message.contains("401 Unauthorized"));
+    }
+
+    /// As the real kubelet wrote it for our gateway that could not read its configuration
+    /// (real-node test, before pods got fsGroup 1001), with `FallbackToLogsOnError`.
+    #[test]
+    fn crash_loops_say_how_the_container_last_ended() {
+        let p = pod(
+            "gw",
+            serde_json::json!({"containerStatuses": [{
+                "name": "gateway", "image": "reg/gw@sha256:00", "imageID": "", "ready": false,
+                "restartCount": 5,
+                "lastState": {"terminated": {"exitCode": 64, "reason": "Error",
+                    "message": "starting\nhcp-olm-gateway: invalid configuration: config field `--config`: cannot read /etc/hcp-olm/tunnel/config.json: Permission denied (os error 13)\n"}},
+                "state": {"waiting": {"reason": "CrashLoopBackOff",
+                    "message": "back-off 2m40s restarting failed container=gateway pod=gw"}}}]}),
+        );
+        let got = problem([&p]).unwrap();
+        assert_eq!(got.reason, "CrashLoopBackOff");
+        assert_eq!(
+            got.message,
+            "pod gw, container gateway (image reg/gw@sha256:00) exited 64: starting | hcp-olm-gateway: invalid configuration: config field `--config`: cannot read /etc/hcp-olm/tunnel/config.json: Permission denied (os error 13); back-off 2m40s restarting failed container=gateway pod=gw"
+        );
+        // A long log tail: its last three lines, bounded.
+        let long = pod(
+            "gw2",
+            serde_json::json!({"containerStatuses": [{
+                "name": "gateway", "image": "i", "imageID": "", "ready": false, "restartCount": 1,
+                "lastState": {"terminated": {"exitCode": 1,
+                    "message": (0..100).map(|i| format!("line {i}")).collect::<Vec<_>>().join("\n")}},
+                "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}),
+        );
+        let got = problem([&long]).unwrap();
+        assert_eq!(
+            got.message,
+            "pod gw2, container gateway (image i) exited 1: line 97 | line 98 | line 99"
+        );
     }
 
     #[test]
