@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 export HCP_OLM_CACHE ?= $(HOME)/.cache/hcp-olm
 
-.PHONY: help build lint fmt tools tools-bench test fuzz demo images bench-catalog bench-controller bench-tunnel prereqs-demo prereqs-test prereqs-bench
+.PHONY: help build lint fmt tools tools-bench test fuzz demo images test-images bench-catalog bench-controller bench-tunnel prereqs-demo prereqs-test prereqs-bench
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -72,6 +72,11 @@ images: ## build the container images from release binaries into target/images; 
 	  --revision "$$(git rev-parse HEAD 2>/dev/null || echo unknown)" \
 	  --source-date-epoch "$$(git log -1 --format=%ct 2>/dev/null || echo 0)" \
 	  $(if $(REGISTRY),--registry $(REGISTRY) --push,)
+
+test-images: prereqs-test tools ## build every test image (OLM, opm, registry, CoreDNS, pause, index images, an operator bundle) into target/test-images
+	@echo "== make test-images: building hcp-olm-test-images"
+	$(CARGO) build --locked -p hcp-olm-e2e --bin hcp-olm-test-images
+	$(TARGET_DIR)/debug/hcp-olm-test-images --out $(TARGET_DIR)/test-images
 
 bench-catalog: prereqs-bench tools ## our catalog server vs opm serve on the large real catalog (prints catalog-bench: ...)
 	scripts/bench-catalog.sh

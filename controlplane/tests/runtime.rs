@@ -4256,7 +4256,7 @@ async fn push_hcp_images(
     registry: &str,
 ) -> Result<PushedImages> {
     use hcp_olm_e2e::realnode::push_image;
-    use hcp_olm_e2e::scenario::catalogs;
+    use hcp_olm_e2e::testimages;
     let mut refs = std::collections::BTreeSet::new();
     for d in Api::<Deployment>::namespaced(env.management.client(), hcp_ns)
         .list(&ListParams::default())
@@ -4290,9 +4290,13 @@ async fn push_hcp_images(
         let (config, files, target, key) = if r.contains('@') {
             // The release payload's OLM image: pushed by tag, named by its real digest.
             let (repo, _) = r.split_once('@').context("digest")?;
-            let (c, f) =
-                catalogs::olm_image()?.to_oci("operator-lifecycle-manager", "1001", &[], &[])?;
-            (c, f, format!("{}:olm", path_of(repo)?), Key::Olm)
+            let img = testimages::olm()?;
+            (
+                img.config,
+                img.files,
+                format!("{}:olm", path_of(repo)?),
+                Key::Olm,
+            )
         } else if r.contains("-operator-index:") {
             // "registry.redhat.io/redhat/redhat-operator-index:v4.18" → "redhat"
             let name = r
@@ -4301,17 +4305,15 @@ async fn push_hcp_images(
                 .and_then(|n| n.split('-').next())
                 .unwrap_or("index")
                 .to_string();
-            let (c, f) = catalogs::index_image(work.path(), &name, &format!("{name}-widget"))?
-                .to_oci(
-                    &name,
-                    "1001",
-                    &[(
-                        "operators.operatorframework.io.index.configs.v1",
-                        "/configs",
-                    )],
-                    &["/tmp/cache"],
-                )?;
-            (c, f, path_of(r)?, Key::Catalog(format!("{name}-operators")))
+            let path = path_of(r)?;
+            let (repo, tag) = path.rsplit_once(':').context("index tag")?;
+            let img = testimages::index(work.path(), repo, tag, &format!("{name}-widget"))?;
+            (
+                img.config,
+                img.files,
+                path,
+                Key::Catalog(format!("{name}-operators")),
+            )
         } else if r.contains("/hcp-olm-tunnel-gateway:") {
             let def = hcp_olm_images::IMAGES
                 .iter()

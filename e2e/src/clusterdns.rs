@@ -21,7 +21,6 @@ use serde_json::json;
 
 use crate::cluster::Cluster;
 use crate::realnode::{NodeError, push_image};
-use crate::tools;
 
 const NS: &str = "kube-system";
 const NAME: &str = "coredns";
@@ -46,32 +45,12 @@ pub async fn push_coredns_image(
     client: &hcp_olm_oci::Client,
     registry: &str,
 ) -> Result<String, NodeError> {
-    let bin = tools::bin("coredns")?;
-    let ca = std::fs::read(hcp_olm_images::CA_BUNDLE).map_err(|source| NodeError::Io {
-        what: format!("reading {}", hcp_olm_images::CA_BUNDLE),
-        source,
+    let img = crate::testimages::coredns().map_err(|e| NodeError::Setup {
+        node: "-".into(),
+        problem: format!("the CoreDNS image: {e:#}"),
     })?;
-    let mut files = hcp_olm_images::base_files(ca);
-    files.push(hcp_olm_images::File {
-        path: "/usr/bin/coredns".into(),
-        mode: 0o755,
-        data: std::fs::read(&bin).map_err(|source| NodeError::Io {
-            what: format!("reading {}", bin.display()),
-            source,
-        })?,
-    });
-    let config = hcp_olm_images::ImageConfig {
-        title: "coredns".into(),
-        description: "CoreDNS of the hcp-olm real-node tests (pinned e2e/tools/coredns)".into(),
-        entrypoint: vec!["/usr/bin/coredns".into()],
-        cmd: Vec::new(),
-        env: Vec::new(),
-        user: "65532:65532".into(),
-        labels: Default::default(),
-        owned_by_user: Vec::new(),
-    };
-    let reference = format!("{registry}/hcp-olm-test/coredns:test");
-    push_image(client, &reference, &config, &files).await?;
+    let reference = img.reference(registry);
+    push_image(client, &reference, &img.config, &img.files).await?;
     Ok(reference)
 }
 

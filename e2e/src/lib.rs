@@ -29,6 +29,7 @@ pub mod process;
 pub mod realnode;
 pub mod registry;
 pub mod scenario;
+pub mod testimages;
 pub mod tools;
 
 pub use cluster::{Cluster, ClusterError, ClusterOptions, Environment, Identity, SharedEtcd};

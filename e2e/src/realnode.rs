@@ -1029,29 +1029,11 @@ pub async fn push_sandbox_image(
     client: &hcp_olm_oci::Client,
     registry: &str,
 ) -> Result<String, NodeError> {
-    let setup = |problem: String| NodeError::Setup {
+    let img = crate::testimages::pause().map_err(|e| NodeError::Setup {
         node: "-".into(),
-        problem,
-    };
-    let ca = std::fs::read(hcp_olm_images::CA_BUNDLE).map_err(io(format!(
-        "reading {} (Debian package ca-certificates)",
-        hcp_olm_images::CA_BUNDLE
-    )))?;
-    let def = hcp_olm_images::ImageDef {
-        name: "hcp-olm-e2e-pause",
-        binaries: &["pause"],
-        description: "pod sandbox of the hcp-olm real-node tests",
-    };
-    let mut files = hcp_olm_images::base_files(ca);
-    let bin = tools::bin("pause")?;
-    files.push(hcp_olm_images::File {
-        path: format!("{}/pause", hcp_olm_images::BIN_DIR),
-        mode: 0o755,
-        data: std::fs::read(&bin).map_err(io(format!("reading {}", bin.display())))?,
-    });
-    let config =
-        hcp_olm_images::our_config(&def).map_err(|e| setup(format!("the pause image: {e}")))?;
-    let reference = format!("{registry}/hcp-olm/pause:test");
-    push_image(client, &reference, &config, &files).await?;
+        problem: format!("the pause image: {e:#}"),
+    })?;
+    let reference = img.reference(registry);
+    push_image(client, &reference, &img.config, &img.files).await?;
     Ok(reference)
 }

@@ -16,6 +16,30 @@ pub fn write_catalog(dir: &Path, pkg: &str) -> Result<()> {
     let b64 = |v: &serde_json::Value| -> Result<String> {
         Ok(base64::engine::general_purpose::STANDARD.encode(serde_json::to_vec(v)?))
     };
+    let (csv, crd) = bundle_objects(pkg);
+    let group = format!("{pkg}.example.com");
+    let csv_name = format!("{pkg}.v0.1.0");
+    let docs = [
+        serde_json::json!({"schema": "olm.package", "name": pkg, "defaultChannel": "stable"}),
+        serde_json::json!({"schema": "olm.channel", "package": pkg, "name": "stable", "entries": [{"name": csv_name}]}),
+        serde_json::json!({"schema": "olm.bundle", "package": pkg, "name": csv_name, "image": "",
+        "properties": [
+            {"type": "olm.package", "value": {"packageName": pkg, "version": "0.1.0"}},
+            {"type": "olm.gvk", "value": {"group": group, "kind": "Widget", "version": "v1"}},
+            {"type": "olm.bundle.object", "value": {"data": b64(&csv)?}},
+            {"type": "olm.bundle.object", "value": {"data": b64(&crd)?}}
+        ]}),
+    ];
+    let pdir = dir.join(pkg);
+    std::fs::create_dir_all(&pdir)?;
+    let text: Vec<String> = docs.iter().map(|d| d.to_string()).collect();
+    std::fs::write(pdir.join("catalog.json"), text.join("\n"))?;
+    Ok(())
+}
+
+/// The ClusterServiceVersion `<pkg>.v0.1.0` and the CRD it owns of package `pkg` (the
+/// operator's image: `registry.test/widget-operator:v0.1.0`).
+pub fn bundle_objects(pkg: &str) -> (serde_json::Value, serde_json::Value) {
     let group = format!("{pkg}.example.com");
     let crd = serde_json::json!({
         "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
@@ -43,22 +67,7 @@ pub fn write_catalog(dir: &Path, pkg: &str) -> Result<()> {
                 "permissions": [], "clusterPermissions": []}}
         }
     });
-    let docs = [
-        serde_json::json!({"schema": "olm.package", "name": pkg, "defaultChannel": "stable"}),
-        serde_json::json!({"schema": "olm.channel", "package": pkg, "name": "stable", "entries": [{"name": csv_name}]}),
-        serde_json::json!({"schema": "olm.bundle", "package": pkg, "name": csv_name, "image": "",
-        "properties": [
-            {"type": "olm.package", "value": {"packageName": pkg, "version": "0.1.0"}},
-            {"type": "olm.gvk", "value": {"group": group, "kind": "Widget", "version": "v1"}},
-            {"type": "olm.bundle.object", "value": {"data": b64(&csv)?}},
-            {"type": "olm.bundle.object", "value": {"data": b64(&crd)?}}
-        ]}),
-    ];
-    let pdir = dir.join(pkg);
-    std::fs::create_dir_all(&pdir)?;
-    let text: Vec<String> = docs.iter().map(|d| d.to_string()).collect();
-    std::fs::write(pdir.join("catalog.json"), text.join("\n"))?;
-    Ok(())
+    (csv, crd)
 }
 
 /// An index image as a directory: opm, `/configs` with package `pkg`, and the cache opm
