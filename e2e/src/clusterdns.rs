@@ -5,8 +5,9 @@
 //! it through the kubelet's `clusterDNS` ([`crate::realnode::NodeOptions::cluster_dns`]).
 //!
 //! Two differences from kubeadm, both for the test environment: the ServiceAccount's token
-//! comes in a kubeconfig Secret (the test API servers run without the ServiceAccount admission
-//! plugin that would mount one), and CoreDNS listens on 1053 as its non-root user (the Service
+//! comes in a kubeconfig Secret (a projected token would make CoreDNS reach the API server
+//! through the `kubernetes` Service address, which the test API server's certificate does not
+//! carry), and CoreDNS listens on 1053 as its non-root user (the Service
 //! maps 53 to it), so it needs no capability. It forwards nothing: nodes resolve no names
 //! outside the cluster, so test traffic stays inside the test.
 
@@ -32,11 +33,18 @@ const MANAGER: &str = "hcp-olm-e2e";
 pub fn dns_ip(service_cidr: &str) -> Result<Ipv4Addr, NodeError> {
     let bad = || NodeError::Setup {
         node: "-".into(),
-        problem: format!("service CIDR {service_cidr:?} is not an IPv4 CIDR"),
+        problem: format!(
+            "service CIDR {service_cidr:?} is not an IPv4 CIDR of at least 16 addresses"
+        ),
     };
-    let (net, _) = service_cidr.split_once('/').ok_or_else(bad)?;
+    let (net, len) = service_cidr.split_once('/').ok_or_else(bad)?;
     let net: Ipv4Addr = net.parse().map_err(|_| bad())?;
-    Ok(Ipv4Addr::from(u32::from(net) + 10))
+    let len: u32 = len.parse().map_err(|_| bad())?;
+    if len > 28 {
+        return Err(bad());
+    }
+    let mask = u32::MAX.checked_shl(32 - len).unwrap_or(0);
+    Ok(Ipv4Addr::from((u32::from(net) & mask) + 10))
 }
 
 /// Pushes the CoreDNS image (the pinned binary, user 65532) to `registry`; returns its
@@ -183,7 +191,6 @@ pub async fn deploy(
                             "serviceAccountName": NAME,
                             "automountServiceAccountToken": false,
                             "dnsPolicy": "Default",
-                            "priorityClassName": null,
                             "imagePullSecrets": [{"name": "coredns-pull"}],
                             "securityContext": {
                                 "runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532,
@@ -329,6 +336,12 @@ mod tests {
             dns_ip("198.19.255.0/24").unwrap(),
             Ipv4Addr::new(198, 19, 255, 10)
         );
+        assert_eq!(
+            dns_ip("198.19.255.77/24").unwrap(),
+            Ipv4Addr::new(198, 19, 255, 10)
+        );
+        assert!(dns_ip("198.19.255.0/29").is_err());
+        assert!(dns_ip("198.19.255.0/x").is_err());
         assert!(dns_ip("fd00::/108").is_err());
         assert!(dns_ip("garbage").is_err());
     }

@@ -182,7 +182,8 @@ pub fn pause() -> Result<TestImage> {
 /// its CSV): our pause, which waits for SIGTERM like an idle operator.
 pub fn widget_operator() -> Result<TestImage> {
     let mut img = pause()?;
-    img.repository = "hcp-olm-test/widget-operator".into();
+    // the CSV names `registry.test/widget-operator:v0.1.0`
+    img.repository = "widget-operator".into();
     img.tag = "v0.1.0".into();
     img.config.title = "widget-operator".into();
     img.config.description = "widget-operator (hcp-olm test operator: waits)".into();

@@ -101,5 +101,12 @@ fn test_images_are_reproducible_and_shaped_like_what_they_stand_for() -> Result<
     let csv: serde_json::Value =
         serde_json::from_slice(&file("/manifests/widget.clusterserviceversion.yaml")?.data)?;
     ensure!(csv["kind"] == "ClusterServiceVersion" && csv["metadata"]["name"] == "widget.v0.1.0");
+    // The operator the CSV installs runs an image that is built too.
+    let operator_image = &csv["spec"]["install"]["spec"]["deployments"][0]["spec"]["template"]["spec"]
+        ["containers"][0]["image"];
+    ensure!(
+        *operator_image == testimages::widget_operator()?.reference("registry.test"),
+        "the CSV runs {operator_image}, which no test image is"
+    );
     Ok(())
 }

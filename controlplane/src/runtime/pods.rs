@@ -39,11 +39,16 @@ pub fn valid_reason(r: &str) -> bool {
 }
 
 /// `s` made fit for status: control characters dropped, URL query strings (signed blob
-/// URLs of a registry's redirects) cut, at most [`MAX_MESSAGE`] bytes plus an ellipsis.
+/// URLs of a registry's redirects) cut, at most [`MAX_MESSAGE`] bytes plus an ellipsis. One
+/// pass that stops at the bound: pod text can be a guest's, of any length.
 pub fn bounded(s: String) -> String {
     let mut out = String::with_capacity(s.len().min(MAX_MESSAGE + 4));
     let mut in_query = false;
+    let mut seen_scheme = false;
     for c in s.chars() {
+        if out.len() > MAX_MESSAGE {
+            break;
+        }
         if c.is_control() {
             continue;
         }
@@ -53,12 +58,13 @@ pub fn bounded(s: String) -> String {
             } else {
                 continue;
             }
-        } else if c == '?' && out.contains("://") {
+        } else if c == '?' && seen_scheme {
             in_query = true;
             out.push_str("?…");
             continue;
         }
         out.push(c);
+        seen_scheme = seen_scheme || out.ends_with("://");
     }
     let mut s = out;
     if s.len() > MAX_MESSAGE {
@@ -72,6 +78,43 @@ pub fn bounded(s: String) -> String {
     s
 }
 
+/// The most a termination message is looked at (the kubelet writes at most 4 KiB).
+const MAX_TERMINATION_MESSAGE: usize = 4096;
+
+/// `text` with credentials a log line may carry cut: the word after `Bearer`, and the value
+/// after `token=`, `password=` or `secret=` (any case).
+pub fn redact_credentials(text: &str) -> String {
+    let lower = text.to_ascii_lowercase();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < text.len() {
+        let rest = &lower[i..];
+        let key = ["bearer ", "token=", "password=", "secret="]
+            .into_iter()
+            .find(|k| rest.starts_with(k));
+        match key {
+            Some(k) => {
+                out.push_str(&text[i..i + k.len()]);
+                out.push('…');
+                i += k.len();
+                // the value: up to white space, a quote, `&` or `,`
+                while let Some(c) = text[i..].chars().next() {
+                    if c.is_whitespace() || matches!(c, '"' | '\'' | '&' | ',') {
+                        break;
+                    }
+                    i += c.len_utf8();
+                }
+            }
+            None => {
+                let c = text[i..].chars().next().unwrap_or_default();
+                out.push(c);
+                i += c.len_utf8().max(1);
+            }
+        }
+    }
+    out
+}
+
 fn container_problem(pod: &str, c: &ContainerStatus) -> Option<Problem> {
     let w = c.state.as_ref()?.waiting.as_ref()?;
     let reason = w.reason.as_deref()?;
@@ -80,10 +123,14 @@ fn container_problem(pod: &str, c: &ContainerStatus) -> Option<Problem> {
     }
     let detail = w.message.as_deref().unwrap_or_default().trim();
     let mut message = format!("pod {pod}, container {} (image {})", c.name, c.image);
-    // A crashing container: how it last ended comes first (the rendered containers'
+    // A crash loop: how the container last ended comes first (the rendered containers'
     // `FallbackToLogsOnError` makes that the tail of its log), the back-off after it.
-    if let Some(t) = c.last_state.as_ref().and_then(|l| l.terminated.as_ref()) {
+    let last = c.last_state.as_ref().and_then(|l| l.terminated.as_ref());
+    if let Some(t) = last.filter(|_| reason == "CrashLoopBackOff") {
         message.push_str(&format!(" exited {}", t.exit_code));
+        if let Some(r) = t.reason.as_deref().filter(|r| valid_reason(r)) {
+            message.push_str(&format!(" ({r})"));
+        }
         if let Some(m) = t
             .message
             .as_deref()
@@ -91,9 +138,14 @@ fn container_problem(pod: &str, c: &ContainerStatus) -> Option<Problem> {
             .filter(|m| !m.is_empty())
         {
             message.push_str(": ");
-            // the last lines say why; a log tail may be long
-            let tail: Vec<&str> = m.lines().rev().take(3).collect();
-            message.push_str(&tail.into_iter().rev().collect::<Vec<_>>().join(" | "));
+            // the last lines say why; only the end of a long text is looked at
+            let mut from = m.len().saturating_sub(MAX_TERMINATION_MESSAGE);
+            while !m.is_char_boundary(from) {
+                from += 1;
+            }
+            let tail: Vec<&str> = m[from..].lines().rev().take(3).collect();
+            let tail = tail.into_iter().rev().collect::<Vec<_>>().join(" | ");
+            message.push_str(&redact_credentials(&tail));
         }
         if !detail.is_empty() {
             message.push_str("; ");
@@ -208,7 +260,7 @@ mod tests {
         assert_eq!(got.reason, "CrashLoopBackOff");
         assert_eq!(
             got.message,
-            "pod gw, container gateway (image reg/gw@sha256:00) exited 64: starting | hcp-olm-gateway: invalid configuration: config field `--config`: cannot read /etc/hcp-olm/tunnel/config.json: Permission denied (os error 13); back-off 2m40s restarting failed container=gateway pod=gw"
+            "pod gw, container gateway (image reg/gw@sha256:00) exited 64 (Error): starting | hcp-olm-gateway: invalid configuration: config field `--config`: cannot read /etc/hcp-olm/tunnel/config.json: Permission denied (os error 13); back-off 2m40s restarting failed container=gateway pod=gw"
         );
         // A long log tail: its last three lines, bounded.
         let long = pod(
@@ -223,6 +275,64 @@ mod tests {
         assert_eq!(
             got.message,
             "pod gw2, container gateway (image i) exited 1: line 97 | line 98 | line 99"
+        );
+        // Credentials a log line carries are cut; an old crash does not explain a pull.
+        let leaky = pod(
+            "gw3",
+            serde_json::json!({"containerStatuses": [{
+                "name": "gateway", "image": "i", "imageID": "", "ready": false, "restartCount": 1,
+                "lastState": {"terminated": {"exitCode": 1, "reason": "made up!",
+                    "message": "GET / Authorization: Bearer eyJhbGc.x.y, url?x=1 token=abc&password=hunter2"}},
+                "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}),
+        );
+        assert_eq!(
+            problem([&leaky]).unwrap().message,
+            "pod gw3, container gateway (image i) exited 1: GET / Authorization: Bearer …, url?x=1 token=…&password=…"
+        );
+        let mut pulling = leaky.clone();
+        pulling
+            .status
+            .as_mut()
+            .unwrap()
+            .container_statuses
+            .as_mut()
+            .unwrap()[0]
+            .state
+            .as_mut()
+            .unwrap()
+            .waiting = Some(k8s_openapi::api::core::v1::ContainerStateWaiting {
+            reason: Some("ImagePullBackOff".into()),
+            message: Some("Back-off pulling image".into()),
+        });
+        assert_eq!(
+            problem([&pulling]).unwrap().message,
+            "pod gw3, container gateway (image i): Back-off pulling image"
+        );
+    }
+
+    /// Hostile pod status (a guest admin writes the agent pod's): a megabyte of `?` and one
+    /// long line are cut at the bound, in one pass over at most the bound.
+    #[test]
+    fn hostile_text_is_bounded_in_linear_time() {
+        let qs = "?".repeat(1 << 20);
+        let got = bounded(qs.clone());
+        assert!(got.len() <= MAX_MESSAGE + '…'.len_utf8(), "{}", got.len());
+        let got = bounded(format!("see https://x{qs}"));
+        assert_eq!(got, "see https://x?…");
+        let p = pod(
+            "agent",
+            serde_json::json!({"containerStatuses": [{
+                "name": "agent", "image": "i", "imageID": "", "ready": false, "restartCount": 9,
+                "lastState": {"terminated": {"exitCode": 2, "reason": "Error",
+                    "message": format!("{}\u{1b}[31mred\u{7}", "x".repeat(10_000))}},
+                "state": {"waiting": {"reason": "CrashLoopBackOff", "message": qs}}}]}),
+        );
+        let got = problem([&p]).unwrap();
+        assert!(got.message.len() <= MAX_MESSAGE + '…'.len_utf8());
+        assert!(
+            !got.message.chars().any(char::is_control),
+            "{:?}",
+            got.message
         );
     }
 

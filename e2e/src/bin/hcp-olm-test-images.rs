@@ -5,8 +5,8 @@
 //! build and push the images they run themselves; this is for looking at them and for
 //! pushing them elsewhere.
 //!
-//! Usage: `hcp-olm-test-images [--out DIR]` (default `target/test-images`, replaced). A bad
-//! argument exits 64 naming it.
+//! Usage: `hcp-olm-test-images [--out DIR]` (default `target/test-images`; an existing OCI
+//! layout there is replaced, any other directory refused). A bad argument exits 64 naming it.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -61,6 +61,13 @@ fn run(out: &std::path::Path) -> anyhow::Result<()> {
         built.push((r, b));
     }
     if out.exists() {
+        // only a layout of ours is replaced, never any other directory
+        if !out.join("oci-layout").is_file() {
+            anyhow::bail!(
+                "--out {}: exists and is not an OCI layout; not replacing it",
+                out.display()
+            );
+        }
         std::fs::remove_dir_all(out)
             .with_context(|| format!("removing the old layout {}", out.display()))?;
     }
