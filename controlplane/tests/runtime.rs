@@ -3975,13 +3975,7 @@ async fn components_say_why_their_pods_are_not_ready_on_a_real_node() -> Result<
         let start = std::time::Instant::now();
         let reasons = loop {
             reconcile(&ctx, &env, name).await?;
-            let hcp: Vec<String> = Api::<Deployment>::namespaced(env.management.client(), &hcp_ns)
-                .list(&ListParams::default())
-                .await?
-                .items
-                .into_iter()
-                .filter_map(|d| d.metadata.name)
-                .collect();
+            let hcp = deployment_names(&env.management, &hcp_ns).await?;
             let holm = holm_of(&env, name).await?;
             match explained(&holm, &hcp, want) {
                 Ok(r) if !hcp.is_empty() => break r,
@@ -4071,14 +4065,7 @@ async fn components_say_why_their_pods_are_not_ready_on_a_real_node() -> Result<
         let holm = holm_of(&env, name).await?;
         let comps = &holm.status.as_ref().context("no status")?.components;
         // the HCP side (the guest agent waits for a guest node)
-        let deployments: Vec<String> =
-            Api::<Deployment>::namespaced(env.management.client(), &hcp_ns)
-                .list(&ListParams::default())
-                .await?
-                .items
-                .into_iter()
-                .filter_map(|d| d.metadata.name)
-                .collect();
+        let deployments = deployment_names(&env.management, &hcp_ns).await?;
         let hcp: Vec<&hcp_olm_controlplane::hostedolm::ComponentStatus> = comps
             .iter()
             .filter(|c| deployments.contains(&c.name))
@@ -4245,6 +4232,17 @@ async fn components_say_why_their_pods_are_not_ready_on_a_real_node() -> Result<
         tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     }
     Ok(())
+}
+
+/// The names of the Deployments in `ns`.
+async fn deployment_names(cluster: &Cluster, ns: &str) -> Result<Vec<String>> {
+    Ok(Api::<Deployment>::namespaced(cluster.client(), ns)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|d| d.metadata.name)
+        .collect())
 }
 
 /// What [`push_hcp_images`] pushed.

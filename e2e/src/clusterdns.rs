@@ -21,7 +21,7 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use crate::cluster::Cluster;
-use crate::realnode::{NodeError, push_image};
+use crate::realnode::{NodeError, push_test_image};
 
 const NS: &str = "kube-system";
 const NAME: &str = "coredns";
@@ -53,13 +53,13 @@ pub async fn push_coredns_image(
     client: &hcp_olm_oci::Client,
     registry: &str,
 ) -> Result<String, NodeError> {
-    let img = crate::testimages::coredns().map_err(|e| NodeError::Setup {
-        node: "-".into(),
-        problem: format!("the CoreDNS image: {e:#}"),
-    })?;
-    let reference = img.reference(registry);
-    push_image(client, &reference, &img.config, &img.files).await?;
-    Ok(reference)
+    push_test_image(
+        client,
+        registry,
+        "the CoreDNS image",
+        crate::testimages::coredns(),
+    )
+    .await
 }
 
 /// The Corefile: `cluster.local` and reverse zones from the API server, health on 8080,
@@ -101,85 +101,53 @@ pub async fn deploy(
     })?;
     let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
     let client = cluster.client();
-    let pp = PatchParams::apply(MANAGER).force();
-    let kube = |what: &str| {
-        let what = what.to_string();
-        move |source| NodeError::Kube { what, source }
-    };
-    Api::<ClusterRole>::all(client.clone())
-        .patch(
-            "system:coredns",
-            &pp,
-            &Patch::Apply(json!({
+    apply(&Api::<ClusterRole>::all(client.clone()), json!({
                 "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
                 "metadata": {"name": "system:coredns"},
                 "rules": [
                     {"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"], "verbs": ["list", "watch"]},
                     {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
                 ],
-            })),
-        )
-        .await
-        .map_err(kube("applying ClusterRole system:coredns"))?;
-    Api::<ClusterRoleBinding>::all(client.clone())
-        .patch(
-            "system:coredns",
-            &pp,
-            &Patch::Apply(json!({
+            })).await?;
+    apply(&Api::<ClusterRoleBinding>::all(client.clone()), json!({
                 "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
                 "metadata": {"name": "system:coredns"},
                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:coredns"},
                 "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": NS}],
-            })),
-        )
-        .await
-        .map_err(kube("applying ClusterRoleBinding system:coredns"))?;
+            })).await?;
     let secrets = Api::<Secret>::namespaced(client.clone(), NS);
-    secrets
-        .patch(
-            "coredns-kubeconfig",
-            &pp,
-            &Patch::Apply(json!({
-                "apiVersion": "v1", "kind": "Secret",
-                "metadata": {"name": "coredns-kubeconfig", "namespace": NS},
-                "data": {"kubeconfig": b64(&kubeconfig)},
-            })),
-        )
-        .await
-        .map_err(kube("applying Secret coredns-kubeconfig"))?;
-    secrets
-        .patch(
-            "coredns-pull",
-            &pp,
-            &Patch::Apply(json!({
-                "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
-                "metadata": {"name": "coredns-pull", "namespace": NS},
-                "data": {".dockerconfigjson": b64(docker_config)},
-            })),
-        )
-        .await
-        .map_err(kube("applying Secret coredns-pull"))?;
-    Api::<ConfigMap>::namespaced(client.clone(), NS)
-        .patch(
-            NAME,
-            &pp,
-            &Patch::Apply(json!({
-                "apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": NAME, "namespace": NS},
-                "data": {"Corefile": corefile()},
-            })),
-        )
-        .await
-        .map_err(kube("applying ConfigMap coredns"))?;
+    apply(
+        &secrets,
+        json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "coredns-kubeconfig", "namespace": NS},
+            "data": {"kubeconfig": b64(&kubeconfig)},
+        }),
+    )
+    .await?;
+    apply(
+        &secrets,
+        json!({
+            "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
+            "metadata": {"name": "coredns-pull", "namespace": NS},
+            "data": {".dockerconfigjson": b64(docker_config)},
+        }),
+    )
+    .await?;
+    apply(
+        &Api::<ConfigMap>::namespaced(client.clone(), NS),
+        json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": NAME, "namespace": NS},
+            "data": {"Corefile": corefile()},
+        }),
+    )
+    .await?;
     let drop_all = json!({
         "allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
         "capabilities": {"drop": ["ALL"]},
     });
-    Api::<Deployment>::namespaced(client.clone(), NS)
-        .patch(
-            NAME,
-            &pp,
-            &Patch::Apply(json!({
+    apply(&Api::<Deployment>::namespaced(client.clone(), NS), json!({
                 "apiVersion": "apps/v1", "kind": "Deployment",
                 "metadata": {"name": NAME, "namespace": NS, "labels": {"k8s-app": "kube-dns"}},
                 "spec": {
@@ -220,30 +188,48 @@ pub async fn deploy(
                         },
                     },
                 },
-            })),
-        )
-        .await
-        .map_err(kube("applying Deployment coredns"))?;
-    Api::<Service>::namespaced(client, NS)
-        .patch(
-            "kube-dns",
-            &pp,
-            &Patch::Apply(json!({
-                "apiVersion": "v1", "kind": "Service",
-                "metadata": {"name": "kube-dns", "namespace": NS, "labels": {"k8s-app": "kube-dns"}},
-                "spec": {
-                    "clusterIP": ip.to_string(),
-                    "selector": {"k8s-app": "kube-dns"},
-                    "ports": [
-                        {"name": "dns", "port": 53, "targetPort": 1053, "protocol": "UDP"},
-                        {"name": "dns-tcp", "port": 53, "targetPort": 1053, "protocol": "TCP"},
-                    ],
-                },
-            })),
-        )
-        .await
-        .map_err(kube("applying Service kube-dns"))?;
+            })).await?;
+    apply(
+        &Api::<Service>::namespaced(client, NS),
+        json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "kube-dns", "namespace": NS, "labels": {"k8s-app": "kube-dns"}},
+            "spec": {
+                "clusterIP": ip.to_string(),
+                "selector": {"k8s-app": "kube-dns"},
+                "ports": [
+                    {"name": "dns", "port": 53, "targetPort": 1053, "protocol": "UDP"},
+                    {"name": "dns-tcp", "port": 53, "targetPort": 1053, "protocol": "TCP"},
+                ],
+            },
+        }),
+    )
+    .await?;
     Ok(ip)
+}
+
+/// Server-side applies `obj` (which names itself) through `api` as the test environment.
+async fn apply<K>(api: &Api<K>, obj: serde_json::Value) -> Result<(), NodeError>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let what = format!(
+        "applying {} {}",
+        obj["kind"].as_str().unwrap_or("object"),
+        obj["metadata"]["name"].as_str().unwrap_or_default()
+    );
+    let name = obj["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    api.patch(
+        &name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(obj),
+    )
+    .await
+    .map_err(|source| NodeError::Kube { what, source })?;
+    Ok(())
 }
 
 /// Waits until CoreDNS's Deployment is ready (at most `timeout`).

@@ -1029,9 +1029,26 @@ pub async fn push_sandbox_image(
     client: &hcp_olm_oci::Client,
     registry: &str,
 ) -> Result<String, NodeError> {
-    let img = crate::testimages::pause().map_err(|e| NodeError::Setup {
+    push_test_image(
+        client,
+        registry,
+        "the pause image",
+        crate::testimages::pause(),
+    )
+    .await
+}
+
+/// Pushes a test image ([`crate::testimages`]) to `registry`; returns its reference. `what`
+/// names it in the error when it could not be made.
+pub async fn push_test_image(
+    client: &hcp_olm_oci::Client,
+    registry: &str,
+    what: &str,
+    image: anyhow::Result<crate::testimages::TestImage>,
+) -> Result<String, NodeError> {
+    let img = image.map_err(|e| NodeError::Setup {
         node: "-".into(),
-        problem: format!("the pause image: {e:#}"),
+        problem: format!("{what}: {e:#}"),
     })?;
     let reference = img.reference(registry);
     push_image(client, &reference, &img.config, &img.files).await?;

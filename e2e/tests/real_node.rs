@@ -357,20 +357,14 @@ async fn our_catalog_server_image_runs_on_a_real_node() -> Result<()> {
     // A catalog image shaped like Red Hat's index images (FBC under /configs, opm, opm's
     // cache under /tmp/cache, the index label), served by the real opm as a non-root user.
     let work = tempfile::tempdir()?;
-    let index =
-        hcp_olm_e2e::scenario::catalogs::index_image(work.path(), "widgets", "widget-operator")?;
-    let (config, files) = index.to_oci(
-        "widgets-index",
-        "1001",
-        &[(
-            "operators.operatorframework.io.index.configs.v1",
-            "/configs",
-        )],
-        // opm takes a lock in its cache: built in the image as its user, as Red Hat's are
-        &["/tmp/cache"],
+    let index = hcp_olm_e2e::testimages::index(
+        work.path(),
+        "hcp-olm-test/widgets-index",
+        "v1",
+        "widget-operator",
     )?;
-    let index_ref = format!("{}/hcp-olm-test/widgets-index:v1", reg.addr());
-    let img = push_image(&client, &index_ref, &config, &files).await?;
+    let index_ref = index.reference(reg.addr());
+    let img = push_image(&client, &index_ref, &index.config, &index.files).await?;
     let mut opm_pod = pod("opm", &index_ref, "pull-secret")?;
     if let Some(c) = opm_pod.spec.as_mut().and_then(|s| s.containers.first_mut()) {
         c.command = None;
