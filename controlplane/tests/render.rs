@@ -957,6 +957,33 @@ fn take_over_renders_behind_hypershifts_objects() {
 /// HyperShift's default user with that fsGroup (so a non-root user reads the 0440 Secret
 /// volumes); where SCCs are served, neither is set (the SCC assigns them). Every container's
 /// termination message falls back to its log, which HostedOLM shows for a crash loop.
+/// The guest agent runs as its image's user with no fsGroup (nothing may be assumed of the
+/// guest's admission: a fixed user or group is refused where an SCC assigns them, and a plain
+/// Kubernetes guest assigns none), so its Secret volume must be readable by any user: on a
+/// real guest node the agent crash-looped with "cannot read /etc/hcp-olm/peer/peer.json:
+/// Permission denied" (mode 0440, owner root).
+#[test]
+fn the_guest_agent_reads_its_secret_as_any_user() {
+    let hc = common::load_hc("none-minimal.yaml");
+    let input = common::with_live_facts(common::input(common::valid(&hc, None), true));
+    let d = render::desired(&input).unwrap();
+    let agent = d
+        .guest
+        .iter()
+        .find(|o| o.kind == "Deployment")
+        .expect("agent Deployment");
+    let pod = &agent.body["spec"]["template"]["spec"];
+    assert!(pod["securityContext"].get("fsGroup").is_none(), "{pod}");
+    assert!(pod["securityContext"].get("runAsUser").is_none(), "{pod}");
+    for v in pod["volumes"].as_array().expect("volumes") {
+        if let Some(secret) = v.get("secret") {
+            let mode = secret["defaultMode"].as_u64().unwrap_or(0o644);
+            assert_eq!(mode & 0o004, 0o004, "{v}: not readable without an fsGroup");
+            assert_eq!(mode & 0o222, 0, "{v}: writable");
+        }
+    }
+}
+
 #[test]
 fn hcp_pods_run_as_hypershifts_default_user_without_sccs() {
     let hc = common::load_hc("none-minimal.yaml");

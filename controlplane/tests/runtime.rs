@@ -3840,6 +3840,8 @@ async fn components_say_why_their_pods_are_not_ready_on_a_real_node() -> Result<
 
     let _serial = SERIAL.lock().await;
     let site = Site::create()?;
+    // The guest's node site: made first so the HostedCluster can name its pod network.
+    let gsite = Site::create()?;
     let mut mo = ClusterOptions::new("management");
     mo.bind_address = site.host_ip().into();
     // Real controllers run: pods get their ServiceAccount's pull secrets, as in every cluster.
@@ -3847,6 +3849,10 @@ async fn components_say_why_their_pods_are_not_ready_on_a_real_node() -> Result<
     // The guest API server where the HCP pods reach it (HyperShift's kube-apiserver Service).
     let mut go = ClusterOptions::new("guest");
     go.bind_address = site.host_ip().into();
+    // The guest's Services are not the management cluster's (HyperShift's default guest
+    // service network differs from OpenShift's too): the gateway tells them apart by range.
+    go.service_cidr = GUEST_SERVICE_CIDR.into();
+    go.service_account_admission = true;
     let (management, guest) = tokio::try_join!(Cluster::start(mo), Cluster::start(go))?;
     let env = Environment { management, guest };
     setup(&env).await?;
@@ -3881,7 +3887,18 @@ async fn components_say_why_their_pods_are_not_ready_on_a_real_node() -> Result<
     let name = "example";
     let hcp_ns = format!("{HC_NS}-{name}");
     put_kubeconfig_secret(&env, "example-admin-kubeconfig").await?;
-    create_hc(&env, name, "example-admin-kubeconfig").await?;
+    // The HostedCluster names the guest's real networks (the tunnel carries only those).
+    create_hc_with(
+        &env.management,
+        name,
+        "example-admin-kubeconfig",
+        serde_json::json!({"networking": {
+            "networkType": "OVNKubernetes",
+            "clusterNetwork": [{"cidr": gsite.pod_cidr()}],
+            "serviceNetwork": [{"cidr": GUEST_SERVICE_CIDR}],
+        }}),
+    )
+    .await?;
 
     #[derive(Clone, Copy, Debug, PartialEq)]
     enum Want {
@@ -4052,7 +4069,11 @@ async fn components_say_why_their_pods_are_not_ready_on_a_real_node() -> Result<
         .patch(
             name,
             &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"images": pushed.overrides}})),
+            // The guest reaches the gateway's NodePort on the management node's address.
+            &Patch::Merge(serde_json::json!({"spec": {
+                "images": pushed.overrides,
+                "tunnel": {"address": node.site().node_ip().to_string()},
+            }})),
         )
         .await?;
     // The pods in image pull back-off start over at once.
@@ -4186,6 +4207,178 @@ async fn components_say_why_their_pods_are_not_ready_on_a_real_node() -> Result<
         tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     }
 
+    // A real guest node on a site of its own, which reaches the management side only at the
+    // management node's address (the gateway's NodePort): the guest agent runs there from its
+    // image, pulled with the node's pull secret (as OpenShift nodes carry the global pull
+    // secret), and dials the gateway; catalog-operator in the HCP namespace then reads a
+    // catalog a guest user serves on that node, through the tunnel and split DNS.
+    let guest_started = std::time::Instant::now();
+    let _link = gsite.reach_node_of(node.site())?;
+    let _guest_controllers = ClusterControllers::start(&env.guest)?;
+    let mut gopts = NodeOptions::new("guest-a", &pause);
+    gopts.sandbox_credentials = Some(format!("reader:{TEST_USER_PASSWORD}"));
+    gopts.plain_http = vec![PlainHttpRegistry {
+        host: reg.addr().to_string(),
+    }];
+    gopts.cluster_dns = Some(clusterdns::dns_ip(GUEST_SERVICE_CIDR)?);
+    gopts.pull_secret = Some(docker_config.clone());
+    let gnode = RealNode::start(gsite, &env.guest, gopts).await?;
+    clusterdns::deploy(&env.guest, &coredns, &docker_config, GUEST_SERVICE_CIDR).await?;
+    let node_ready = guest_started.elapsed();
+    let guest_pods = |ns: &'static str| {
+        let client = env.guest.client();
+        let gnode = &gnode;
+        async move {
+            let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client, ns)
+                .list(&ListParams::default())
+                .await?;
+            let mut out = String::new();
+            for p in &pods.items {
+                let pn = p.metadata.name.as_deref().unwrap_or_default();
+                out.push_str(&format!(
+                    "--- {pn}: {}\n{}\n",
+                    serde_json::to_string(&p.status).unwrap_or_default(),
+                    gnode.pod_logs(ns, pn, 20)
+                ));
+            }
+            anyhow::Ok(out)
+        }
+    };
+    let agent_started = std::time::Instant::now();
+    loop {
+        reconcile(&ctx, &env, name).await?;
+        let holm = holm_of(&env, name).await?;
+        let agent = holm
+            .status
+            .as_ref()
+            .and_then(|s| {
+                s.components
+                    .iter()
+                    .find(|c| c.name == "hcp-olm-guest-agent")
+            })
+            .cloned();
+        if agent.as_ref().is_some_and(|a| a.available) {
+            break;
+        }
+        if agent_started.elapsed() > std::time::Duration::from_secs(180) {
+            anyhow::bail!(
+                "the guest agent is not available within 180s: {agent:?}\n{}\nguest kubelet:\n{}",
+                guest_pods("hcp-olm").await?,
+                gnode.kubelet_log(20)
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    }
+    let agent_in = agent_started.elapsed();
+    // A guest user's own catalog: the index image in a Deployment and Service of theirs, and
+    // a CatalogSource naming it by its in-guest Service name.
+    let user_image = pushed.overrides["catalogs"]["redhat-operators"]
+        .as_str()
+        .context("pushed redhat-operators index")?
+        .to_string();
+    env.guest.ensure_namespace("widgets").await?;
+    let labels = serde_json::json!({"app": "widgets-catalog"});
+    let deployment: Deployment = serde_json::from_value(serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "widgets-catalog", "namespace": "widgets"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": {
+                "automountServiceAccountToken": false,
+                "containers": [{
+                    "name": "registry-server", "image": user_image,
+                    "args": ["serve", "/configs", "--cache-dir=/tmp/cache", "--pprof-addr="],
+                    "ports": [{"name": "grpc", "containerPort": 50051}],
+                    "readinessProbe": {"grpc": {"port": 50051}, "periodSeconds": 2}}]}}}
+    }))?;
+    Api::<Deployment>::namespaced(env.guest.client(), "widgets")
+        .create(&PostParams::default(), &deployment)
+        .await?;
+    let service: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "widgets-catalog", "namespace": "widgets"},
+        "spec": {"selector": labels, "ports": [{"name": "grpc", "port": 50051, "targetPort": 50051, "protocol": "TCP"}]}
+    }))?;
+    Api::<k8s_openapi::api::core::v1::Service>::namespaced(env.guest.client(), "widgets")
+        .create(&PostParams::default(), &service)
+        .await?;
+    let source: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "operators.coreos.com/v1alpha1", "kind": "CatalogSource",
+        "metadata": {"name": "widgets", "namespace": "openshift-marketplace"},
+        "spec": {"sourceType": "grpc", "displayName": "Widgets (guest)", "publisher": "guest user",
+                 "address": "widgets-catalog.widgets.svc:50051"}
+    }))?;
+    sources.create(&PostParams::default(), &source).await?;
+    let user_started = std::time::Instant::now();
+    loop {
+        let cs = sources.get("widgets").await?;
+        let state = cs.data["status"]["connectionState"]["lastObservedState"]
+            .as_str()
+            .unwrap_or("-")
+            .to_string();
+        if state == "READY" {
+            break;
+        }
+        if user_started.elapsed() > std::time::Duration::from_secs(180) {
+            let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(
+                env.management.client(),
+                &hcp_ns,
+            )
+            .list(&ListParams::default())
+            .await?;
+            let mut logs = String::new();
+            for p in pods.items.iter().filter_map(|p| p.metadata.name.clone()) {
+                if p.starts_with("hcp-olm-catalog-operator") || p.starts_with("hcp-olm-tunnel") {
+                    logs.push_str(&format!("--- {p}\n{}\n", node.pod_logs(&hcp_ns, &p, 25)));
+                }
+            }
+            anyhow::bail!(
+                "the guest user's CatalogSource is not READY within 180s (state {state}): {}\nHCP:\n{logs}\nguest widgets:\n{}\nguest agent:\n{}",
+                cs.data["status"],
+                guest_pods("widgets").await?,
+                guest_pods("hcp-olm").await?
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    }
+    // Only the tunnel leads there: the management node reaches neither the guest Service
+    // nor the catalog's pod directly.
+    let user_ready_in = user_started.elapsed();
+    let svc = Api::<k8s_openapi::api::core::v1::Service>::namespaced(env.guest.client(), "widgets")
+        .get("widgets-catalog")
+        .await?;
+    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(env.guest.client(), "widgets")
+        .list(&ListParams::default())
+        .await?;
+    let mut direct: Vec<String> = svc.spec.and_then(|s| s.cluster_ip).into_iter().collect();
+    direct.extend(
+        pods.items
+            .into_iter()
+            .filter_map(|p| p.status.and_then(|s| s.pod_ip)),
+    );
+    ensure!(
+        direct.len() == 2,
+        "guest Service and pod addresses: {direct:?}"
+    );
+    for ip in &direct {
+        let addr = std::net::SocketAddr::new(ip.parse()?, 50051);
+        let r = hcp_olm_e2e::netns::connect_tcp_in(
+            node.site().netns().name(),
+            addr,
+            std::time::Duration::from_secs(2),
+        )
+        .await;
+        ensure!(
+            r.is_err(),
+            "the management node reached the guest's {addr} directly"
+        );
+    }
+    eprintln!(
+        "[runtime] real guest node: node and CoreDNS ready in {:.0}s, guest agent available {:.0}s later, a guest user's catalog READY through the tunnel {:.0}s after its creation",
+        node_ready.as_secs_f64(),
+        agent_in.as_secs_f64(),
+        user_ready_in.as_secs_f64()
+    );
+
     // No room: the only node is tainted (as for maintenance) and the pods go; the real
     // scheduler places none of them, and every component says so in its words.
     Api::<k8s_openapi::api::core::v1::Node>::all(env.management.client())
@@ -4233,6 +4426,9 @@ async fn components_say_why_their_pods_are_not_ready_on_a_real_node() -> Result<
     }
     Ok(())
 }
+
+/// The real guest's Service network (the management cluster keeps the test default).
+const GUEST_SERVICE_CIDR: &str = "198.19.254.0/24";
 
 /// The names of the Deployments in `ns`.
 async fn deployment_names(cluster: &Cluster, ns: &str) -> Result<Vec<String>> {
@@ -4351,6 +4547,19 @@ async fn push_hcp_images(
             Key::Catalog(c) => overrides["catalogs"][c] = by_digest.into(),
         }
     }
+    // The guest agent (a guest Deployment): `make images`' image, named by digest.
+    let def = hcp_olm_images::IMAGES
+        .iter()
+        .find(|d| d.name == "hcp-olm-guest-agent")
+        .context("agent image")?;
+    let bin = hcp_olm_e2e::tools::workspace_bin("hcp-olm-agent", "hcp-olm-guest-agent")?;
+    let files = hcp_olm_images::files_for(def, bin.parent().context("bin dir")?, &ca)?;
+    let target = format!("{registry}/hcp-olm/hcp-olm-guest-agent:test");
+    let built = push_image(oci, &target, &hcp_olm_images::our_config(def)?, &files).await?;
+    count += 1;
+    bytes += built.size();
+    overrides["guestAgent"] =
+        format!("{registry}/hcp-olm/hcp-olm-guest-agent@{}", built.digest()).into();
     ensure!(
         overrides.get("olm").is_some(),
         "no OLM image among the HCP Deployments: {refs:?}"

@@ -226,6 +226,15 @@ impl Cluster {
             "kubernetes.default.svc",
             "kubernetes.default.svc.cluster.local",
         ];
+        // The `kubernetes` Service's ClusterIP (the range's first address), as every API
+        // server's certificate has: pods' in-cluster clients dial it.
+        let service_ip = kubernetes_service_ip(&opts.service_cidr).ok_or_else(|| {
+            ClusterError::Setup(format!(
+                "service CIDR {:?} is not an IPv4 CIDR",
+                opts.service_cidr
+            ))
+        })?;
+        sans.push(&service_ip);
         sans.extend(opts.extra_sans.iter().map(String::as_str));
         let serving = ca.issue("kube-apiserver", &[], &sans, Usage::Server)?;
         let admin_cert = ca.issue("hcp-olm-admin", &["system:masters"], &[], Usage::Client)?;
@@ -683,6 +692,15 @@ async fn wait_ready(
     }
 }
 
+/// The first address of an IPv4 service CIDR (the `kubernetes` Service's ClusterIP).
+pub fn kubernetes_service_ip(cidr: &str) -> Option<String> {
+    let (net, len) = cidr.split_once('/')?;
+    let net: std::net::Ipv4Addr = net.parse().ok()?;
+    let len: u32 = len.parse().ok().filter(|l| (1..=30).contains(l))?;
+    let mask = u32::MAX << (32 - len);
+    Some(std::net::Ipv4Addr::from((u32::from(net) & mask) + 1).to_string())
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -722,5 +740,25 @@ impl Environment {
             Cluster::start(ClusterOptions::new("guest")),
         )?;
         Ok(Self { management, guest })
+    }
+}
+
+#[cfg(test)]
+mod service_ip_tests {
+    use super::kubernetes_service_ip;
+
+    #[test]
+    fn the_kubernetes_service_takes_the_first_address() {
+        assert_eq!(
+            kubernetes_service_ip("198.19.255.0/24").as_deref(),
+            Some("198.19.255.1")
+        );
+        assert_eq!(
+            kubernetes_service_ip("198.19.254.77/24").as_deref(),
+            Some("198.19.254.1")
+        );
+        assert_eq!(kubernetes_service_ip("198.19.254.0/31"), None);
+        assert_eq!(kubernetes_service_ip("fd00::/108"), None);
+        assert_eq!(kubernetes_service_ip("x"), None);
     }
 }

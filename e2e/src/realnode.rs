@@ -221,6 +221,110 @@ impl Drop for Site {
     }
 }
 
+static LINKS: AtomicU32 = AtomicU32::new(0);
+
+/// A wide-area path from one site's node to another site's node address, as a guest's nodes
+/// reach the management cluster's published NodePort address: a veth pair between the two
+/// node namespaces (`198.19.204.4k+1/30` on the near side, `…+2` on the far side), a route in
+/// the near node for the far node's address only, and masquerading of what leaves the near
+/// node by it. The far node learns no route back into the near site (its pods stay private),
+/// and the host, whose `ip_forward` stays off, forwards nothing between sites.
+#[derive(Debug)]
+pub struct SiteLink {
+    near: String,
+    near_if: String,
+    table: String,
+}
+
+impl Site {
+    /// Lets this site's node (and its pods, masqueraded) reach `far`'s node address:
+    /// see [`SiteLink`].
+    pub fn reach_node_of(&self, far: &Site) -> Result<SiteLink, NodeError> {
+        let k = LINKS.fetch_add(1, Ordering::Relaxed);
+        if k >= 256 {
+            return Err(NodeError::Setup {
+                node: "-".into(),
+                problem: "a test process may create at most 256 site links".into(),
+            });
+        }
+        let base = 4 * k;
+        let near_ip = Ipv4Addr::new(198, 19, 204 + (base / 256) as u8, (base % 256) as u8 + 1);
+        let far_ip = Ipv4Addr::new(198, 19, 204 + (base / 256) as u8, (base % 256) as u8 + 2);
+        let (near_if, _) = netns::connect(
+            &self.netns,
+            &format!("{near_ip}/30"),
+            &far.netns,
+            &format!("{far_ip}/30"),
+        )?;
+        let link = SiteLink {
+            near: self.netns.name().to_string(),
+            near_if: near_if.clone(),
+            table: format!("hcp_olm_link{k}"),
+        };
+        self.netns.ip(&[
+            "route",
+            "add",
+            &format!("{}/32", far.node_ip),
+            "via",
+            &far_ip.to_string(),
+            "dev",
+            &near_if,
+        ])?;
+        let rules = format!(
+            "table ip {t} {{
+  chain post {{
+    type nat hook postrouting priority srcnat; policy accept;
+    oifname \"{near_if}\" masquerade
+  }}
+}}
+",
+            t = link.table
+        );
+        let out = self
+            .netns
+            .command("nft")
+            .args(["-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                use std::io::Write as _;
+                c.stdin.take().map(|mut i| i.write_all(rules.as_bytes()));
+                c.wait_with_output()
+            })
+            .map_err(io("running nft"))?;
+        if !out.status.success() {
+            return Err(NodeError::Setup {
+                node: "-".into(),
+                problem: format!(
+                    "masquerading on the site link: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            });
+        }
+        Ok(link)
+    }
+}
+
+impl Drop for SiteLink {
+    fn drop(&mut self) {
+        let _ = netns::run_ip(&["-n", &self.near, "link", "del", &self.near_if]);
+        let _ = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.near,
+                "nft",
+                "delete",
+                "table",
+                "ip",
+                &self.table,
+            ])
+            .output();
+    }
+}
+
 /// A registry the node pulls from over plain HTTP (a test registry on the host).
 #[derive(Clone, Debug)]
 pub struct PlainHttpRegistry {
@@ -243,6 +347,10 @@ pub struct NodeOptions {
     /// The cluster DNS address the kubelet gives pods (`clusterDNS`, domain `cluster.local`;
     /// [`crate::clusterdns`]); without it pods get the node's resolver, which resolves nothing.
     pub cluster_dns: Option<Ipv4Addr>,
+    /// A Docker config (`{"auths": …}`) the kubelet pulls every pod's images with, written
+    /// to `/var/lib/kubelet/config.json` as OpenShift nodes carry the cluster's global pull
+    /// secret; pods then need no `imagePullSecrets`.
+    pub pull_secret: Option<Vec<u8>>,
     /// How long to wait for the Node to be Ready.
     pub ready_timeout: Duration,
 }
@@ -256,6 +364,7 @@ impl NodeOptions {
             sandbox_credentials: None,
             plain_http: Vec::new(),
             cluster_dns: None,
+            pull_secret: None,
             ready_timeout: Duration::from_secs(90),
         }
     }
@@ -519,6 +628,12 @@ impl RealNode {
             cni_config(node.site.pod_cidr()),
         )
         .map_err(io("writing the CNI configuration"))?;
+        if let Some(secret) = &opts.pull_secret {
+            let path = d.join("kubelet/config.json");
+            std::fs::write(&path, secret).map_err(io("writing the node's pull secret"))?;
+            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .map_err(io("restricting the node's pull secret"))?;
+        }
         let kubelet_yaml = d.join("kubelet.yaml");
         std::fs::write(
             &kubelet_yaml,

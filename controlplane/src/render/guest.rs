@@ -145,7 +145,11 @@ pub(super) fn render(
                             "securityContext": restricted_container(),
                             "volumeMounts": [{"name": "peer", "mountPath": "/etc/hcp-olm/peer", "readOnly": true}],
                         }],
-                        "volumes": [{"name": "peer", "secret": {"secretName": names::GUEST_AGENT_PEER, "defaultMode": 0o440}}],
+                        // 0444: the agent runs as its image's user with no fsGroup (a fixed
+                        // one is refused where an SCC assigns it; a plain Kubernetes guest
+                        // assigns none), and the files are root's. Only the agent's own
+                        // container mounts them (Kubernetes' default mode is 0644).
+                        "volumes": [{"name": "peer", "secret": {"secretName": names::GUEST_AGENT_PEER, "defaultMode": 0o444}}],
                     }
                 }
             }
