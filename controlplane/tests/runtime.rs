@@ -3856,6 +3856,17 @@ async fn components_say_why_their_pods_are_not_ready_on_a_real_node() -> Result<
     let (management, guest) = tokio::try_join!(Cluster::start(mo), Cluster::start(go))?;
     let env = Environment { management, guest };
     setup(&env).await?;
+    // Proxy and ClusterOperator, as the CVO installs them in every guest: olm-operator waits
+    // for its Proxy informer before it handles any OperatorGroup or CSV.
+    env.guest
+        .install_crds(
+            &[
+                "0000_03_config-operator_01_proxies.crd.yaml",
+                "0000_00_cluster-version-operator_01_clusteroperators.crd.yaml",
+            ]
+            .map(|f| repo_file("e2e/testdata/crds/openshift").join(f)),
+        )
+        .await?;
     let reg =
         Registry::start_with_htpasswd_on(site.host_ip().into(), &[("reader", TEST_USER_HASH)])?;
     let auth =
@@ -4270,12 +4281,36 @@ async fn components_say_why_their_pods_are_not_ready_on_a_real_node() -> Result<
         tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     }
     let agent_in = agent_started.elapsed();
-    // A guest user's own catalog: the index image in a Deployment and Service of theirs, and
-    // a CatalogSource naming it by its in-guest Service name.
-    let user_image = pushed.overrides["catalogs"]["redhat-operators"]
-        .as_str()
-        .context("pushed redhat-operators index")?
-        .to_string();
+    // A guest user's own catalog: an index image in a Deployment and Service of theirs, and
+    // a CatalogSource naming it by its in-guest Service name. Its one bundle is an image
+    // (the catalog has no copy of its objects), whose CSV runs an operator image: all three
+    // in the test registry, named by digest.
+    let pkg = "guest-widget";
+    let push = |img: hcp_olm_e2e::testimages::TestImage| {
+        let oci = &oci;
+        let reg = reg.addr().to_string();
+        async move {
+            let target = format!("{reg}/{}:{}", img.repository, img.tag);
+            let built =
+                hcp_olm_e2e::realnode::push_image(oci, &target, &img.config, &img.files).await?;
+            anyhow::Ok(format!("{reg}/{}@{}", img.repository, built.digest()))
+        }
+    };
+    let mut operator = hcp_olm_e2e::testimages::widget_operator()?;
+    operator.repository = "widgets/widget-operator".into();
+    let operator_ref = push(operator).await?;
+    let mut bundle = hcp_olm_e2e::testimages::bundle_with(pkg, &operator_ref)?;
+    bundle.repository = format!("widgets/{pkg}-bundle");
+    let bundle_ref = push(bundle).await?;
+    let work = tempfile::tempdir()?;
+    let user_image = push(hcp_olm_e2e::testimages::index_with(
+        work.path(),
+        "widgets/widgets-index",
+        "v1",
+        pkg,
+        Some(&bundle_ref),
+    )?)
+    .await?;
     env.guest.ensure_namespace("widgets").await?;
     let labels = serde_json::json!({"app": "widgets-catalog"});
     let deployment: Deployment = serde_json::from_value(serde_json::json!({
@@ -4377,6 +4412,127 @@ async fn components_say_why_their_pods_are_not_ready_on_a_real_node() -> Result<
         node_ready.as_secs_f64(),
         agent_in.as_secs_f64(),
         user_ready_in.as_secs_f64()
+    );
+
+    // A guest user subscribes to the operator in a namespace enforcing the `restricted` Pod
+    // Security level: catalog-operator (HCP namespace) resolves it through the tunnel and
+    // unpacks the bundle image with a Job on the guest node (OLM's copier from the OLM
+    // image, the bundle image, opm), olm-operator installs the CSV, and the operator's pod
+    // runs on the guest node, every image pulled with the node's pull secret.
+    let sub_started = std::time::Instant::now();
+    let op_ns = "widget-system";
+    let ns: k8s_openapi::api::core::v1::Namespace = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": op_ns, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}},
+    }))?;
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(env.guest.client())
+        .create(&PostParams::default(), &ns)
+        .await?;
+    let dyn_api = |kind: &str, plural: &str, version: &str| {
+        let gvk = kube::core::GroupVersionKind::gvk("operators.coreos.com", version, kind);
+        Api::<DynamicObject>::namespaced_with(
+            env.guest.client(),
+            op_ns,
+            &kube::core::ApiResource::from_gvk_with_plural(&gvk, plural),
+        )
+    };
+    let og: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "operators.coreos.com/v1", "kind": "OperatorGroup",
+        "metadata": {"name": "widgets", "namespace": op_ns},
+        "spec": {"targetNamespaces": [op_ns]},
+    }))?;
+    dyn_api("OperatorGroup", "operatorgroups", "v1")
+        .create(&PostParams::default(), &og)
+        .await?;
+    let sub: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "operators.coreos.com/v1alpha1", "kind": "Subscription",
+        "metadata": {"name": pkg, "namespace": op_ns},
+        "spec": {"channel": "stable", "name": pkg, "source": "widgets",
+                 "sourceNamespace": "openshift-marketplace", "installPlanApproval": "Automatic"},
+    }))?;
+    let subs = dyn_api("Subscription", "subscriptions", "v1alpha1");
+    subs.create(&PostParams::default(), &sub).await?;
+    let csvs = dyn_api(
+        "ClusterServiceVersion",
+        "clusterserviceversions",
+        "v1alpha1",
+    );
+    let csv_name = format!("{pkg}.v0.1.0");
+    let operator_pod = loop {
+        let phase = csvs
+            .get_opt(&csv_name)
+            .await?
+            .and_then(|c| c.data["status"]["phase"].as_str().map(str::to_string));
+        let running = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(env.guest.client(), op_ns)
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .find(|p| {
+                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some("guest-a")
+                    && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                    && p.spec.as_ref().is_some_and(|s| {
+                        s.containers
+                            .iter()
+                            .any(|c| c.image.as_deref() == Some(&operator_ref))
+                    })
+            });
+        if let (Some("Succeeded"), Some(p)) = (phase.as_deref(), running) {
+            break p;
+        }
+        if sub_started.elapsed() > std::time::Duration::from_secs(300) {
+            let sub = subs.get(pkg).await?;
+            let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(
+                env.management.client(),
+                &hcp_ns,
+            )
+            .list(&ListParams::default())
+            .await?;
+            let mut logs = String::new();
+            for p in pods.items.iter().filter_map(|p| p.metadata.name.clone()) {
+                if p.starts_with("hcp-olm-catalog-operator")
+                    || p.starts_with("hcp-olm-olm-operator")
+                {
+                    logs.push_str(&format!("--- {p}\n{}\n", node.pod_logs(&hcp_ns, &p, 25)));
+                }
+            }
+            anyhow::bail!(
+                "the operator is not installed within 300s (CSV phase {phase:?}); subscription status: {}\nHCP:\n{logs}\nguest openshift-marketplace:\n{}\nguest {op_ns}:\n{}",
+                sub.data["status"],
+                guest_pods("openshift-marketplace").await?,
+                guest_pods(op_ns).await?
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    };
+    // The bundle was read by OLM's unpack Job, on the guest node, from the bundle image.
+    let jobs = Api::<k8s_openapi::api::batch::v1::Job>::namespaced(
+        env.guest.client(),
+        "openshift-marketplace",
+    )
+    .list(&ListParams::default())
+    .await?;
+    let unpacked = jobs.items.iter().any(|j| {
+        j.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) >= 1
+            && j.spec
+                .as_ref()
+                .and_then(|s| s.template.spec.as_ref())
+                .is_some_and(|s| {
+                    s.init_containers
+                        .iter()
+                        .flatten()
+                        .chain(s.containers.iter())
+                        .any(|c| c.image.as_deref() == Some(&bundle_ref))
+                })
+    });
+    ensure!(
+        unpacked,
+        "no succeeded unpack Job ran the bundle image {bundle_ref}"
+    );
+    eprintln!(
+        "[runtime] real guest node: subscription installed in {:.0}s (bundle unpacked by a Job, CSV Succeeded, operator pod {} Running on the guest node)",
+        sub_started.elapsed().as_secs_f64(),
+        operator_pod.metadata.name.unwrap_or_default()
     );
 
     // No room: the only node is tainted (as for maintenance) and the pods go; the real
@@ -4547,6 +4703,19 @@ async fn push_hcp_images(
             Key::Catalog(c) => overrides["catalogs"][c] = by_digest.into(),
         }
     }
+    // opm (catalog-operator's `--opmImage`: the bundle-unpack Job's extract step).
+    let opm = testimages::opm()?;
+    let built = push_image(
+        oci,
+        &format!("{registry}/{}:{}", opm.repository, opm.tag),
+        &opm.config,
+        &opm.files,
+    )
+    .await?;
+    count += 1;
+    bytes += built.size();
+    overrides["operatorRegistry"] =
+        format!("{registry}/{}@{}", opm.repository, built.digest()).into();
     // The guest agent (a guest Deployment): `make images`' image, named by digest.
     let def = hcp_olm_images::IMAGES
         .iter()

@@ -129,7 +129,7 @@ fn binary(repository: &str, name: &str, user: &str) -> Result<TestImage> {
 }
 
 /// The OLM image: catalog-operator (`/bin/catalog`), olm-operator (`/bin/olm`),
-/// `/bin/package-server`, `/bin/copy-content` and `cp`, user 1001 as Red Hat's.
+/// `/bin/package-server`, `/bin/copy-content`, `/bin/cpb` and `cp`, user 1001 as Red Hat's.
 pub fn olm() -> Result<TestImage> {
     let (config, files) =
         catalogs::olm_image()?.to_oci("operator-lifecycle-manager", "1001", &[], &[])?;
@@ -194,8 +194,20 @@ pub fn widget_operator() -> Result<TestImage> {
 /// under `work`): FBC under `/configs`, `/bin/opm` as entrypoint, opm's cache under
 /// `/tmp/cache` owned by its user 1001, the index label.
 pub fn index(work: &Path, repository: &str, tag: &str, pkg: &str) -> Result<TestImage> {
+    index_with(work, repository, tag, pkg, None)
+}
+
+/// [`index`] whose bundle is the image `bundle_image` (by reference, its objects not copied
+/// into the catalog), so OLM unpacks it with a Job.
+pub fn index_with(
+    work: &Path,
+    repository: &str,
+    tag: &str,
+    pkg: &str,
+    bundle_image: Option<&str>,
+) -> Result<TestImage> {
     let name = repository.rsplit('/').next().unwrap_or(repository);
-    let (config, files) = catalogs::index_image(work, name, pkg)?.to_oci(
+    let (config, files) = catalogs::index_image_with(work, name, pkg, bundle_image)?.to_oci(
         name,
         "1001",
         &[(
@@ -217,7 +229,12 @@ pub fn index(work: &Path, repository: &str, tag: &str, pkg: &str) -> Result<Test
 /// `/manifests`, `/metadata/annotations.yaml`, the same annotations as labels. No binary:
 /// OLM's unpack Job runs its own copier in it.
 pub fn bundle(pkg: &str) -> Result<TestImage> {
-    let (csv, crd) = catalogs::bundle_objects(pkg);
+    bundle_with(pkg, catalogs::WIDGET_OPERATOR_IMAGE)
+}
+
+/// [`bundle`] whose CSV runs `operator_image`.
+pub fn bundle_with(pkg: &str, operator_image: &str) -> Result<TestImage> {
+    let (csv, crd) = catalogs::bundle_objects_with(pkg, operator_image);
     let annotations = bundle_annotations(pkg);
     let mut yaml = String::from("annotations:\n");
     for (k, v) in &annotations {

@@ -61,6 +61,8 @@ olm_ld="-s -w -X github.com/operator-framework/operator-lifecycle-manager/pkg/ve
 for c in catalog olm package-server copy-content; do
   build olm "$c" "$OLM_VERSION" "github.com/operator-framework/operator-lifecycle-manager/cmd/$c" -tags json1 -ldflags "$olm_ld"
 done
+# cpb: the copier OLM's bundle-unpack Job copies from the OLM image into the bundle's container
+build olm cpb "$OLM_VERSION" github.com/operator-framework/operator-lifecycle-manager/util/cpb -ldflags "$olm_ld"
 build opm opm "$OPM_VERSION" github.com/operator-framework/operator-registry/cmd/opm -tags containers_image_openpgp \
   -ldflags "-s -w -X github.com/operator-framework/operator-registry/cmd/opm/version.gitCommit=${OPM_VERSION}"
 # The real nodes (e2e/src/realnode.rs): kubelet, kube-proxy, controller-manager and scheduler from the same

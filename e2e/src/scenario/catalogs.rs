@@ -12,6 +12,12 @@ use crate::tools;
 /// Writes package `<pkg>` (channel `stable`, one bundle `<pkg>.v0.1.0` owning a CRD
 /// `widgets.<pkg>.example.com` and installing Deployment `<pkg>-controller`) under `dir/<pkg>`.
 pub fn write_catalog(dir: &Path, pkg: &str) -> Result<()> {
+    write_catalog_with(dir, pkg, None)
+}
+
+/// [`write_catalog`]; with `bundle_image`, the bundle is that image and the catalog carries
+/// no copy of its objects, so OLM runs its bundle-unpack Job to read them.
+pub fn write_catalog_with(dir: &Path, pkg: &str, bundle_image: Option<&str>) -> Result<()> {
     use base64::Engine as _;
     let b64 = |v: &serde_json::Value| -> Result<String> {
         Ok(base64::engine::general_purpose::STANDARD.encode(serde_json::to_vec(v)?))
@@ -19,16 +25,21 @@ pub fn write_catalog(dir: &Path, pkg: &str) -> Result<()> {
     let (csv, crd) = bundle_objects(pkg);
     let group = format!("{pkg}.example.com");
     let csv_name = format!("{pkg}.v0.1.0");
+    let mut properties = vec![
+        serde_json::json!({"type": "olm.package", "value": {"packageName": pkg, "version": "0.1.0"}}),
+        serde_json::json!({"type": "olm.gvk", "value": {"group": group, "kind": "Widget", "version": "v1"}}),
+    ];
+    if bundle_image.is_none() {
+        properties
+            .push(serde_json::json!({"type": "olm.bundle.object", "value": {"data": b64(&csv)?}}));
+        properties
+            .push(serde_json::json!({"type": "olm.bundle.object", "value": {"data": b64(&crd)?}}));
+    }
     let docs = [
         serde_json::json!({"schema": "olm.package", "name": pkg, "defaultChannel": "stable"}),
         serde_json::json!({"schema": "olm.channel", "package": pkg, "name": "stable", "entries": [{"name": csv_name}]}),
-        serde_json::json!({"schema": "olm.bundle", "package": pkg, "name": csv_name, "image": "",
-        "properties": [
-            {"type": "olm.package", "value": {"packageName": pkg, "version": "0.1.0"}},
-            {"type": "olm.gvk", "value": {"group": group, "kind": "Widget", "version": "v1"}},
-            {"type": "olm.bundle.object", "value": {"data": b64(&csv)?}},
-            {"type": "olm.bundle.object", "value": {"data": b64(&crd)?}}
-        ]}),
+        serde_json::json!({"schema": "olm.bundle", "package": pkg, "name": csv_name,
+            "image": bundle_image.unwrap_or_default(), "properties": properties}),
     ];
     let pdir = dir.join(pkg);
     std::fs::create_dir_all(&pdir)?;
@@ -37,9 +48,21 @@ pub fn write_catalog(dir: &Path, pkg: &str) -> Result<()> {
     Ok(())
 }
 
+/// The image the widget operators' CSVs run unless told otherwise.
+pub const WIDGET_OPERATOR_IMAGE: &str = "registry.test/widget-operator:v0.1.0";
+
 /// The ClusterServiceVersion `<pkg>.v0.1.0` and the CRD it owns of package `pkg` (the
-/// operator's image: `registry.test/widget-operator:v0.1.0`).
+/// operator's image: [`WIDGET_OPERATOR_IMAGE`]).
 pub fn bundle_objects(pkg: &str) -> (serde_json::Value, serde_json::Value) {
+    bundle_objects_with(pkg, WIDGET_OPERATOR_IMAGE)
+}
+
+/// [`bundle_objects`] whose operator runs `operator_image`, as a non-root user that a
+/// namespace enforcing the `restricted` Pod Security level admits.
+pub fn bundle_objects_with(
+    pkg: &str,
+    operator_image: &str,
+) -> (serde_json::Value, serde_json::Value) {
     let group = format!("{pkg}.example.com");
     let crd = serde_json::json!({
         "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
@@ -63,7 +86,10 @@ pub fn bundle_objects(pkg: &str) -> (serde_json::Value, serde_json::Value) {
                 "name": format!("{pkg}-controller"),
                 "spec": {"replicas": 1, "selector": {"matchLabels": {"app": pkg}},
                          "template": {"metadata": {"labels": {"app": pkg}},
-                                      "spec": {"containers": [{"name": "manager", "image": "registry.test/widget-operator:v0.1.0"}]}}}}],
+                                      "spec": {
+                                          "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+                                          "containers": [{"name": "manager", "image": operator_image,
+                                              "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}}]}}}}],
                 "permissions": [], "clusterPermissions": []}}
         }
     });
@@ -73,8 +99,18 @@ pub fn bundle_objects(pkg: &str) -> (serde_json::Value, serde_json::Value) {
 /// An index image as a directory: opm, `/configs` with package `pkg`, and the cache opm
 /// built for it in `/tmp/cache`.
 pub fn index_image(work: &Path, name: &str, pkg: &str) -> Result<Image> {
+    index_image_with(work, name, pkg, None)
+}
+
+/// [`index_image`] whose bundle is `bundle_image` (see [`write_catalog_with`]).
+pub fn index_image_with(
+    work: &Path,
+    name: &str,
+    pkg: &str,
+    bundle_image: Option<&str>,
+) -> Result<Image> {
     let configs = work.join(format!("{name}-configs"));
-    write_catalog(&configs, pkg)?;
+    write_catalog_with(&configs, pkg, bundle_image)?;
     let cache = work.join(format!("{name}-cache"));
     let opm = tools::bin("opm")?;
     let out = std::process::Command::new(&opm)
@@ -96,10 +132,11 @@ pub fn index_image(work: &Path, name: &str, pkg: &str) -> Result<Image> {
         .entrypoint(&["/bin/opm"]))
 }
 
-/// The OLM image: catalog-operator, olm-operator, package-server, copy-content and `cp`.
+/// The OLM image: catalog-operator, olm-operator, package-server, copy-content, cpb (the
+/// bundle-unpack Job's copier) and `cp`.
 pub fn olm_image() -> Result<Image> {
     let mut img = Image::new().with_host_libraries();
-    for b in ["catalog", "olm", "package-server", "copy-content"] {
+    for b in ["catalog", "olm", "package-server", "copy-content", "cpb"] {
         img = img.file(&format!("/bin/{b}"), tools::bin(b)?);
     }
     Ok(img.file("/bin/cp", "/usr/bin/cp"))
