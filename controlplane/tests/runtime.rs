@@ -3853,6 +3853,10 @@ async fn components_say_why_their_pods_are_not_ready_on_a_real_node() -> Result<
     // service network differs from OpenShift's too): the gateway tells them apart by range.
     go.service_cidr = GUEST_SERVICE_CIDR.into();
     go.service_account_admission = true;
+    // As HyperShift runs the guest API server: it dials an aggregated API's endpoints (the
+    // HCP packageserver), never a guest ClusterIP, which only guest nodes can reach.
+    go.extra_apiserver_args
+        .push("--enable-aggregator-routing=true".into());
     let (management, guest) = tokio::try_join!(Cluster::start(mo), Cluster::start(go))?;
     let env = Environment { management, guest };
     setup(&env).await?;
@@ -4535,6 +4539,111 @@ async fn components_say_why_their_pods_are_not_ready_on_a_real_node() -> Result<
         operator_pod.metadata.name.unwrap_or_default()
     );
 
+    // The guest's aggregated packages API: HyperShift runs the guest API server as a pod of
+    // the HCP namespace, which reaches the packageserver Service's ClusterIP through the
+    // management node's kube-proxy. Ours runs on the host: a host route for that one address
+    // to the management node plays the pod network's part (the host originates the traffic,
+    // so nothing is forwarded). The guest's controller-manager makes the EndpointSlice.
+    let ps_ip =
+        Api::<k8s_openapi::api::core::v1::Service>::namespaced(env.management.client(), &hcp_ns)
+            .get("hcp-olm-packageserver")
+            .await?
+            .spec
+            .and_then(|s| s.cluster_ip)
+            .context("packageserver ClusterIP")?;
+    let _route = HostRoute::add(&format!("{ps_ip}/32"), &node.site().node_ip().to_string())?;
+    let api_started = std::time::Instant::now();
+    let apiservices: Api<DynamicObject> = Api::all_with(
+        env.guest.client(),
+        &kube::core::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("apiregistration.k8s.io", "v1", "APIService"),
+            "apiservices",
+        ),
+    );
+    let manifests: Api<DynamicObject> = Api::namespaced_with(
+        env.guest.client(),
+        "openshift-marketplace",
+        &kube::core::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk(
+                "packages.operators.coreos.com",
+                "v1",
+                "PackageManifest",
+            ),
+            "packagemanifests",
+        ),
+    );
+    let mut names: Vec<String> = Vec::new();
+    let listed = loop {
+        let available = apiservices
+            .get_opt("v1.packages.operators.coreos.com")
+            .await?
+            .and_then(|a| {
+                a.data["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|c| c["type"] == "Available")
+                    .cloned()
+            });
+        if available.as_ref().is_some_and(|c| c["status"] == "True") {
+            names = match manifests.list(&ListParams::default()).await {
+                Ok(l) => l
+                    .items
+                    .into_iter()
+                    .filter_map(|m| m.metadata.name)
+                    .collect(),
+                Err(e) => vec![format!("(listing failed: {e})")],
+            };
+            if ["redhat-widget", pkg]
+                .iter()
+                .all(|n| names.iter().any(|m| m == n))
+            {
+                break names;
+            }
+        }
+        if api_started.elapsed() > std::time::Duration::from_secs(120) {
+            let slices = Api::<k8s_openapi::api::discovery::v1::EndpointSlice>::namespaced(
+                env.guest.client(),
+                "default",
+            )
+            .list(&ListParams::default())
+            .await?;
+            anyhow::bail!(
+                "the packages API is not served in the guest within 120s: {available:?}; packagemanifests: {names:?}; guest EndpointSlices in default: {:?}\npackageserver:\n{}",
+                slices
+                    .items
+                    .iter()
+                    .map(|s| (&s.metadata.name, &s.endpoints))
+                    .collect::<Vec<_>>(),
+                {
+                    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(
+                        env.management.client(),
+                        &hcp_ns,
+                    )
+                    .list(&ListParams::default())
+                    .await?;
+                    let mut logs = String::new();
+                    for p in pods.items.iter().filter_map(|p| p.metadata.name.clone()) {
+                        if p.starts_with("hcp-olm-packageserver") || p.starts_with("hcp-olm-tunnel")
+                        {
+                            logs.push_str(&format!(
+                                "--- {p}\n{}\n",
+                                node.pod_logs(&hcp_ns, &p, 30)
+                            ));
+                        }
+                    }
+                    logs
+                }
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    };
+    eprintln!(
+        "[runtime] real guest node: the packages API available and listing {} packagemanifests (a control-plane catalog's and the guest catalog's) {:.0}s after the route",
+        listed.len(),
+        api_started.elapsed().as_secs_f64()
+    );
+
     // No room: the only node is tainted (as for maintenance) and the pods go; the real
     // scheduler places none of them, and every component says so in its words.
     Api::<k8s_openapi::api::core::v1::Node>::all(env.management.client())
@@ -4581,6 +4690,31 @@ async fn components_say_why_their_pods_are_not_ready_on_a_real_node() -> Result<
         tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     }
     Ok(())
+}
+
+/// A route on the host, deleted when dropped.
+struct HostRoute(String);
+
+impl HostRoute {
+    fn add(dst: &str, via: &str) -> Result<Self> {
+        let out = std::process::Command::new("ip")
+            .args(["route", "add", dst, "via", via])
+            .output()?;
+        ensure!(
+            out.status.success(),
+            "ip route add {dst} via {via}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(Self(dst.to_string()))
+    }
+}
+
+impl Drop for HostRoute {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["route", "del", &self.0])
+            .output();
+    }
 }
 
 /// The real guest's Service network (the management cluster keeps the test default).

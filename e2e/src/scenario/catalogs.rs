@@ -29,7 +29,19 @@ pub fn write_catalog_with(dir: &Path, pkg: &str, bundle_image: Option<&str>) -> 
         serde_json::json!({"type": "olm.package", "value": {"packageName": pkg, "version": "0.1.0"}}),
         serde_json::json!({"type": "olm.gvk", "value": {"group": group, "kind": "Widget", "version": "v1"}}),
     ];
-    if bundle_image.is_none() {
+    if bundle_image.is_some() {
+        // What `opm render` writes for a bundle image: the CSV's metadata, from which opm
+        // answers `csvJson` (packageserver builds PackageManifests from it); the objects
+        // themselves stay in the image.
+        let spec = &csv["spec"];
+        properties.push(serde_json::json!({"type": "olm.csv.metadata", "value": {
+            "annotations": csv["metadata"]["annotations"],
+            "crdDescriptions": spec["customresourcedefinitions"],
+            "displayName": spec["displayName"],
+            "installModes": spec["installModes"],
+            "provider": spec["provider"],
+        }}));
+    } else {
         properties
             .push(serde_json::json!({"type": "olm.bundle.object", "value": {"data": b64(&csv)?}}));
         properties
