@@ -972,6 +972,12 @@ fn the_guest_agent_reads_its_secret_as_any_user() {
         .iter()
         .find(|o| o.kind == "Deployment")
         .expect("agent Deployment");
+    // and no EndpointSlice: the guest's controller-manager mirrors the packageserver
+    // Endpoints (a real guest showed both, ours and its mirror, before ours went)
+    assert!(
+        d.guest.iter().all(|o| o.kind != "EndpointSlice"),
+        "an EndpointSlice is rendered into the guest"
+    );
     let pod = &agent.body["spec"]["template"]["spec"];
     assert!(pod["securityContext"].get("fsGroup").is_none(), "{pod}");
     assert!(pod["securityContext"].get("runAsUser").is_none(), "{pod}");

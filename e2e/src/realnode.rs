@@ -1045,6 +1045,12 @@ impl ClusterControllers {
     /// port (nothing scrapes them); the controller-manager publishes the cluster CA
     /// (`kube-root-ca.crt`) and runs every default controller.
     pub fn start(cluster: &Cluster) -> Result<Self, NodeError> {
+        Self::start_with(cluster, "*")
+    }
+
+    /// [`ClusterControllers::start`] with the controller-manager running only `controllers`
+    /// (its `--controllers` flag, e.g. `endpointslicemirroring`).
+    pub fn start_with(cluster: &Cluster, controllers: &str) -> Result<Self, NodeError> {
         let dir = tempfile::Builder::new()
             .prefix(&format!("hcp-olm-controllers-{}-", cluster.name()))
             .tempdir()
@@ -1058,7 +1064,7 @@ impl ClusterControllers {
             format!("--root-ca-file={}", ca.display()),
             "--leader-elect=false".into(),
             "--secure-port=0".into(),
-            "--controllers=*".into(),
+            format!("--controllers={controllers}"),
             format!("--cluster-name={}", cluster.name()),
             "--v=1".into(),
         ]);

@@ -291,30 +291,9 @@ pub(super) fn render(
                 ApplyPolicy::Apply,
             );
             }
-            // The aggregator (and kube-proxy) read EndpointSlices; without a
-            // controller-manager mirroring the Endpoints above, nothing else makes one.
-            let mut slice_meta = metadata(
-                v,
-                &format!("{}-hcp-olm", names::GUEST_PACKAGESERVER),
-                Some("default"),
-                "packageserver",
-                None,
-            );
-            slice_meta["labels"]["kubernetes.io/service-name"] = json!(names::GUEST_PACKAGESERVER);
-            slice_meta["labels"]["endpointslice.kubernetes.io/managed-by"] = json!("hcp-olm.io");
-            push(
-                out,
-                json!({
-                    "apiVersion": "discovery.k8s.io/v1",
-                    "kind": "EndpointSlice",
-                    "metadata": slice_meta,
-                    "addressType": if ip.contains(':') { "IPv6" } else { "IPv4" },
-                    "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}],
-                    "ports": [{"name": "https", "port": 443, "protocol": "TCP"}],
-                }),
-                "endpointslices",
-                ApplyPolicy::Apply,
-            );
+            // No EndpointSlice of ours: the guest's kube-controller-manager (HyperShift
+            // runs one in the HCP namespace) mirrors these Endpoints into one, as a real guest
+            // node showed; kube-proxy and the aggregator read that.
             if input.guest_olm_crds_ready && !hcco_writes {
                 push(
                     out,

@@ -143,6 +143,7 @@ pub struct World {
     nat: Option<HostNat>,
     controller: Option<crate::process::ManagedProcess>,
     controller_log: PathBuf,
+    _guest_controllers: crate::realnode::ClusterControllers,
     work: tempfile::TempDir,
 }
 
@@ -724,6 +725,10 @@ async fn run_steps(
         .forward_to_host(6443, loopback(env.guest.port()))
         .await?;
     setup_crds(&env).await?;
+    // The guest's real kube-controller-manager, for the one controller a guest needs here
+    // (the process node runs Deployments itself): Endpoints mirrored into EndpointSlices.
+    let guest_controllers =
+        crate::realnode::ClusterControllers::start_with(&env.guest, "endpointslicemirroring")?;
     let work = tempfile::Builder::new()
         .prefix("hcp-olm-scenario-")
         .tempdir()?;
@@ -737,6 +742,7 @@ async fn run_steps(
         nat: None,
         controller: None,
         controller_log,
+        _guest_controllers: guest_controllers,
         work,
     });
     let world = slot.as_mut().context("world")?;
