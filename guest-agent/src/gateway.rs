@@ -1305,6 +1305,8 @@ mod tests {
             key_reload_seconds: None,
             tunnel_address: hcp_olm_tunnel_api::GATEWAY_TUNNEL_ADDRESS.into(),
             agent_tunnel_address: hcp_olm_tunnel_api::AGENT_TUNNEL_ADDRESS.into(),
+            tunnel_address6: None,
+            agent_tunnel_address6: None,
             guest_cidrs: vec!["10.96.0.0/12".into()],
             hcp_namespace: Some("clusters-a".into()),
             cluster_domain: None,

@@ -8,6 +8,10 @@ use serde::{Deserialize, Serialize};
 /// Tunnel-internal addresses (a /30 point-to-point link).
 pub const GATEWAY_TUNNEL_ADDRESS: &str = "100.127.255.1/30";
 pub const AGENT_TUNNEL_ADDRESS: &str = "100.127.255.2/30";
+/// The IPv6 pair inside the tunnel (a /126 of a unique local prefix), configured when the
+/// guest has IPv6 Service or pod ranges: the gateway dials IPv6 guest targets from it.
+pub const GATEWAY_TUNNEL_ADDRESS6: &str = "fd9c:4f1e:7a2b:ffff::1/126";
+pub const AGENT_TUNNEL_ADDRESS6: &str = "fd9c:4f1e:7a2b:ffff::2/126";
 /// The cluster domain both sides use unless told otherwise.
 pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
 /// The tunnel's inner MTU (WireGuard over a 1500-byte underlay, IPv6 worst case).
@@ -129,8 +133,14 @@ pub struct GatewayConfig {
     /// This end's tunnel address with prefix (`100.127.255.1/30`).
     pub tunnel_address: String,
     pub agent_tunnel_address: String,
-    /// Guest Service and pod CIDRs: inner source addresses accepted from the agent besides
-    /// its tunnel address (replies of guest services the gateway dialed).
+    /// This end's IPv6 tunnel address with prefix (`fd9c:4f1e:7a2b:ffff::1/126`) and the
+    /// agent's: both or neither. Needed for IPv6 `guest_cidrs`; absent, IPv4 only inside.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tunnel_address6: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_tunnel_address6: Option<String>,
+    /// Guest Service and pod CIDRs (IPv4 and IPv6): inner source addresses accepted from
+    /// the agent besides its tunnel address (replies of guest services the gateway dialed).
     #[serde(default)]
     pub guest_cidrs: Vec<String>,
     /// Kubernetes namespace of this hosted control plane (its names resolve locally).
@@ -220,11 +230,17 @@ pub struct AgentPeerConfig {
     pub key_reload_seconds: Option<u64>,
     pub tunnel_address: String,
     pub gateway_tunnel_address: String,
+    /// The IPv6 pair inside the tunnel (this end's with prefix, and the gateway's): both or
+    /// neither. Needed for IPv6 `allowed_cidrs`; absent, IPv4 only inside.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tunnel_address6: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway_tunnel_address6: Option<String>,
     pub persistent_keepalive_seconds: u16,
     /// Guest Services the gateway may ask the agent to dial (their ports feed
     /// `allowed_ports` when that is empty).
     pub allowed_services: Vec<AllowedService>,
-    /// Guest destinations the agent relays to: Service and pod CIDRs ...
+    /// Guest destinations the agent relays to: Service and pod CIDRs (IPv4 and IPv6) ...
     #[serde(default)]
     pub allowed_cidrs: Vec<String>,
     /// ... and ports (empty: the ports of `allowed_services`).
@@ -292,6 +308,8 @@ mod tests {
             key_reload_seconds: None,
             tunnel_address: GATEWAY_TUNNEL_ADDRESS.into(),
             agent_tunnel_address: AGENT_TUNNEL_ADDRESS.into(),
+            tunnel_address6: None,
+            agent_tunnel_address6: None,
             guest_cidrs: vec!["10.96.0.0/12".into()],
             hcp_namespace: Some("clusters-a".into()),
             cluster_domain: None,
