@@ -2,6 +2,7 @@
 //! [`ValidInput`], or every problem found as a [`ConditionReason`].
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::Toleration;
 use time::OffsetDateTime;
@@ -247,9 +248,10 @@ pub struct ValidInput {
     pub subscription_defaults: SubscriptionDefaults,
     /// Mirror sources from `spec.imageContentSources` (guest nodes use them).
     pub image_content_sources: Vec<(String, Vec<String>)>,
-    /// The guest's IPv4 Service CIDRs (first one holds the cluster DNS at `.10`).
+    /// The guest's Service CIDRs, IPv4 and IPv6 (the first holds the cluster DNS at its
+    /// 10th address).
     pub guest_service_cidrs: Vec<String>,
-    /// The guest's IPv4 pod CIDRs.
+    /// The guest's pod CIDRs, IPv4 and IPv6.
     pub guest_pod_cidrs: Vec<String>,
     /// HostedOLM `spec.hyperShiftOLM: TakeOver`: ours runs in place of HyperShift's OLM
     /// operators and packageserver; HyperShift keeps its default catalogs and writes the
@@ -261,33 +263,61 @@ pub struct ValidInput {
 pub const DEFAULT_SERVICE_CIDR: &str = "172.30.0.0/16";
 pub const DEFAULT_POD_CIDR: &str = "10.128.0.0/14";
 
-/// Why a guest network with only IPv6 ranges is refused.
-const IPV6_ONLY: &str = "only IPv6 ranges; the catalog tunnel carries IPv4 \
-    (dual-stack guests work over their IPv4 ranges)";
+/// The tunnel's own addresses (gateway `.1`, agent `.2`; `hcp_olm_tunnel_api`): no guest
+/// range may overlap them.
+const TUNNEL_RANGE: (IpAddr, u8) = (IpAddr::V4(std::net::Ipv4Addr::new(100, 127, 255, 0)), 30);
+/// The IPv6 pair inside the tunnel (`hcp_olm_tunnel_api::GATEWAY_TUNNEL_ADDRESS6`).
+const TUNNEL_RANGE6: (IpAddr, u8) = (
+    IpAddr::V6(std::net::Ipv6Addr::new(
+        0xfd9c, 0x4f1e, 0x7a2b, 0xffff, 0, 0, 0, 0,
+    )),
+    126,
+);
 
-/// Parses an IPv4 CIDR `a.b.c.d/n` (the tunnel carries IPv4 only).
-/// The tunnel's own addresses (gateway `.1`, agent `.2`; `hcp_olm_tunnel_api`).
-const TUNNEL_RANGE: (std::net::Ipv4Addr, u8) = (std::net::Ipv4Addr::new(100, 127, 255, 0), 30);
+/// The network address of `ip/len` as a 128-bit number (IPv4 in the low 32 bits).
+fn network_bits(ip: IpAddr, len: u8) -> u128 {
+    let (bits, width) = match ip {
+        IpAddr::V4(v) => (u128::from(u32::from(v)), 32u32),
+        IpAddr::V6(v) => (u128::from(v), 128u32),
+    };
+    let host = width - u32::from(len);
+    if host >= 128 { 0 } else { bits >> host << host }
+}
 
-/// Whether two IPv4 ranges share an address. Pure.
-fn cidrs_overlap(a: (std::net::Ipv4Addr, u8), b: (std::net::Ipv4Addr, u8)) -> bool {
+/// Whether two ranges share an address (ranges of different families never do). Pure.
+fn cidrs_overlap(a: (IpAddr, u8), b: (IpAddr, u8)) -> bool {
+    if a.0.is_ipv4() != b.0.is_ipv4() {
+        return false;
+    }
     let len = a.1.min(b.1);
-    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
-    u32::from(a.0) & mask == u32::from(b.0) & mask
+    network_bits(a.0, len) == network_bits(b.0, len)
 }
 
-pub fn parse_cidr(s: &str) -> Option<(std::net::Ipv4Addr, u8)> {
+/// Parses a CIDR, IPv4 (`a.b.c.d/n`, n ≤ 32) or IPv6 (`x::/n`, n ≤ 128).
+pub fn parse_cidr(s: &str) -> Option<(IpAddr, u8)> {
     let (ip, len) = s.split_once('/')?;
-    let ip: std::net::Ipv4Addr = ip.parse().ok()?;
+    let ip: IpAddr = ip.parse().ok()?;
     let len: u8 = len.parse().ok()?;
-    (len <= 32).then_some((ip, len))
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    (len <= max).then_some((ip, len))
 }
 
-/// The guest cluster DNS Service address: the 10th address of the first Service CIDR.
-pub fn guest_dns_address(service_cidrs: &[String]) -> Option<std::net::Ipv4Addr> {
+/// Whether any of `cidrs` is an IPv6 range (the tunnel then carries IPv6 inside too).
+pub fn has_ipv6(cidrs: &[String]) -> bool {
+    cidrs
+        .iter()
+        .any(|c| parse_cidr(c).is_some_and(|(ip, _)| ip.is_ipv6()))
+}
+
+/// The guest cluster DNS Service address: the 10th address of the first Service CIDR, of
+/// either family (Kubernetes' convention: `172.30.0.10`, `fd02::a`).
+pub fn guest_dns_address(service_cidrs: &[String]) -> Option<IpAddr> {
     let (ip, len) = parse_cidr(service_cidrs.first()?)?;
-    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
-    Some(std::net::Ipv4Addr::from((u32::from(ip) & mask) + 10))
+    let net = network_bits(ip, len);
+    Some(match ip {
+        IpAddr::V4(_) => IpAddr::V4(std::net::Ipv4Addr::from((net as u32).wrapping_add(10))),
+        IpAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::from(net.wrapping_add(10))),
+    })
 }
 
 impl ValidInput {
@@ -490,57 +520,41 @@ pub fn validate(
 
     let mut cidrs =
         |field: &str, entries: Option<&Vec<crate::hostedcluster::NetworkEntry>>, default: &str| {
-            let mut skipped_v6 = 0usize;
             let list: Vec<String> = entries
                 .into_iter()
                 .flatten()
                 .enumerate()
                 .filter_map(|(i, e)| {
-                    if let Some(c) = parse_cidr(&e.cidr) {
+                    let problem = match parse_cidr(&e.cidr) {
+                        None => Some(format!("{:?} is not an IPv4 or IPv6 CIDR", e.cidr)),
                         // A range the tunnel cannot route: all addresses, or its own.
-                        let problem = if c.1 == 0 {
-                            Some("a /0 would send every address into the tunnel".to_string())
-                        } else if cidrs_overlap(c, TUNNEL_RANGE) {
-                            Some(format!(
-                                "overlaps the tunnel's own range {}/{}",
-                                TUNNEL_RANGE.0, TUNNEL_RANGE.1
-                            ))
-                        } else {
+                        Some(c) if c.1 == 0 => Some(format!(
+                            "{:?}: a /0 would send every address into the tunnel",
+                            e.cidr
+                        )),
+                        Some(c) => [TUNNEL_RANGE, TUNNEL_RANGE6]
+                            .into_iter()
+                            .find(|t| cidrs_overlap(c, *t))
+                            .map(|t| {
+                                format!(
+                                    "{:?}: overlaps the tunnel's own range {}/{}",
+                                    e.cidr, t.0, t.1
+                                )
+                            }),
+                    };
+                    match problem {
+                        None => Some(e.cidr.clone()),
+                        Some(p) => {
+                            errs.push(ConditionReason::new(
+                                InvalidNetworking,
+                                format!("HostedCluster.spec.networking.{field}[{i}].cidr"),
+                                p,
+                            ));
                             None
-                        };
-                        match problem {
-                            None => Some(e.cidr.clone()),
-                            Some(p) => {
-                                errs.push(ConditionReason::new(
-                                    InvalidNetworking,
-                                    format!("HostedCluster.spec.networking.{field}[{i}].cidr"),
-                                    format!("{:?}: {p}", e.cidr),
-                                ));
-                                None
-                            }
                         }
-                    } else if e.cidr.contains(':') {
-                        skipped_v6 += 1; // IPv6: not carried by the tunnel
-                        None
-                    } else {
-                        errs.push(ConditionReason::new(
-                            InvalidNetworking,
-                            format!("HostedCluster.spec.networking.{field}[{i}].cidr"),
-                            format!("{:?} is not an IPv4 CIDR", e.cidr),
-                        ));
-                        None
                     }
                 })
                 .collect();
-            if list.is_empty() && skipped_v6 > 0 {
-                // An IPv6-only guest: falling back to OpenShift's IPv4 defaults would route
-                // the wrong network. Dual-stack guests are served over their IPv4 ranges.
-                errs.push(ConditionReason::new(
-                    InvalidNetworking,
-                    format!("HostedCluster.spec.networking.{field}"),
-                    IPV6_ONLY.to_string(),
-                ));
-            }
             if list.is_empty() {
                 vec![default.to_string()]
             } else {
@@ -918,4 +932,59 @@ fn valid_host(s: &str) -> bool {
                     && !l.ends_with('-')
                     && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
             }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tunnel_ranges_are_the_tunnel_apis_addresses() {
+        for (range, addrs) in [
+            (
+                TUNNEL_RANGE,
+                [
+                    hcp_olm_tunnel_api::GATEWAY_TUNNEL_ADDRESS,
+                    hcp_olm_tunnel_api::AGENT_TUNNEL_ADDRESS,
+                ],
+            ),
+            (
+                TUNNEL_RANGE6,
+                [
+                    hcp_olm_tunnel_api::GATEWAY_TUNNEL_ADDRESS6,
+                    hcp_olm_tunnel_api::AGENT_TUNNEL_ADDRESS6,
+                ],
+            ),
+        ] {
+            for a in addrs {
+                let c = parse_cidr(a).expect(a);
+                assert_eq!(c.1, range.1, "{a}");
+                assert!(cidrs_overlap(c, range), "{a}");
+            }
+        }
+    }
+
+    #[test]
+    fn cidrs_of_both_families() {
+        let c = |s| parse_cidr(s).unwrap();
+        assert!(parse_cidr("10.0.0.0/33").is_none());
+        assert!(parse_cidr("fd02::/129").is_none());
+        assert!(parse_cidr("fd02::").is_none());
+        assert!(cidrs_overlap(c("fd02::/112"), c("fd02::5/128")));
+        assert!(!cidrs_overlap(c("fd02::/112"), c("fd02::1:0/112")));
+        assert!(cidrs_overlap(c("::/0"), c("fd02::/112")));
+        // families never overlap, even where the bits agree
+        assert!(!cidrs_overlap(c("0.0.0.0/0"), c("::/0")));
+        assert!(!cidrs_overlap(c("10.0.0.0/8"), c("::a00:0/104")));
+        assert_eq!(
+            guest_dns_address(&["fd02::/112".into()]),
+            Some("fd02::a".parse().unwrap())
+        );
+        assert_eq!(
+            guest_dns_address(&["172.30.0.0/16".into(), "fd02::/112".into()]),
+            Some("172.30.0.10".parse().unwrap())
+        );
+        assert!(has_ipv6(&["10.0.0.0/8".into(), "fd01::/48".into()]));
+        assert!(!has_ipv6(&["10.0.0.0/8".into()]));
+    }
 }

@@ -439,6 +439,84 @@ fn tunnel_peer_config_is_typed_json() {
     assert_eq!(wg.body["spec"]["ports"][0]["protocol"], "UDP");
 }
 
+/// Issue 19: an IPv6-only and a dual-stack guest get a tunnel that carries their IPv6 ranges:
+/// the IPv6 pair inside the tunnel on both ends, the guest DNS at the 10th address of an IPv6
+/// Service range in `[ip]:53` form, and the agent listening on `::` (a guest Service of
+/// either family reaches it); an IPv4-only guest keeps the IPv4-only documents it had.
+#[test]
+fn ipv6_and_dual_stack_guests_get_ipv6_inside_the_tunnel() {
+    use base64::Engine;
+    let b64 = |v: &Value| {
+        base64::engine::general_purpose::STANDARD
+            .decode(v.as_str().unwrap())
+            .unwrap()
+    };
+    let docs = |networking: Option<Value>| {
+        let mut hc = common::load_hc("none-minimal.yaml");
+        if let Some(n) = networking {
+            hc.spec.networking = Some(serde_json::from_value(n).unwrap());
+        }
+        let d = render::desired(&common::with_live_facts(common::input(
+            common::valid(&hc, None),
+            true,
+        )))
+        .unwrap();
+        let peer: render::AgentPeerConfig =
+            serde_json::from_slice(&b64(
+                &find(&d.guest, "Secret", names::GUEST_AGENT_PEER).body["data"]["peer.json"]
+            ))
+            .unwrap();
+        let gw: render::GatewayConfig =
+            serde_json::from_slice(&b64(
+                &find(&d.hcp, "Secret", names::TUNNEL_GATEWAY).body["data"]["config.json"],
+            ))
+            .unwrap();
+        (peer, gw)
+    };
+    let (peer, gw) = docs(Some(serde_json::json!({
+        "serviceNetwork": [{"cidr": "fd02::/112"}],
+        "clusterNetwork": [{"cidr": "fd01::/48"}]
+    })));
+    assert_eq!(peer.allowed_cidrs, ["fd02::/112", "fd01::/48"]);
+    assert_eq!(gw.guest_cidrs, peer.allowed_cidrs);
+    assert_eq!(peer.guest_dns, ["[fd02::a]:53"]);
+    assert_eq!(
+        peer.tunnel_address6.as_deref(),
+        Some(hcp_olm_tunnel_api::AGENT_TUNNEL_ADDRESS6)
+    );
+    assert_eq!(
+        peer.gateway_tunnel_address6.as_deref(),
+        Some(hcp_olm_tunnel_api::GATEWAY_TUNNEL_ADDRESS6)
+    );
+    assert_eq!(gw.tunnel_address6, peer.gateway_tunnel_address6);
+    assert_eq!(gw.agent_tunnel_address6, peer.tunnel_address6);
+    assert_eq!(peer.exposed_listen_address.as_deref(), Some("::"));
+    let health: std::net::SocketAddr = peer.health_listen.as_deref().unwrap().parse().unwrap();
+    assert!(health.ip().is_unspecified() && health.is_ipv6(), "{health}");
+
+    let (peer, gw) = docs(Some(serde_json::json!({
+        "serviceNetwork": [{"cidr": "172.30.0.0/16"}, {"cidr": "fd02::/112"}],
+        "clusterNetwork": [{"cidr": "10.128.0.0/14"}, {"cidr": "fd01::/48"}]
+    })));
+    assert_eq!(
+        peer.allowed_cidrs,
+        ["172.30.0.0/16", "fd02::/112", "10.128.0.0/14", "fd01::/48"]
+    );
+    assert_eq!(
+        peer.guest_dns,
+        ["172.30.0.10:53"],
+        "the first Service range's family"
+    );
+    assert!(peer.tunnel_address6.is_some() && gw.tunnel_address6.is_some());
+    assert_eq!(peer.exposed_listen_address.as_deref(), Some("::"));
+
+    // IPv4 only: no IPv6 inside, listeners as before
+    let (peer, gw) = docs(None);
+    assert!(peer.tunnel_address6.is_none() && peer.gateway_tunnel_address6.is_none());
+    assert!(gw.tunnel_address6.is_none() && gw.agent_tunnel_address6.is_none());
+    assert_eq!(peer.exposed_listen_address.as_deref(), Some("0.0.0.0"));
+}
+
 #[test]
 fn render_is_deterministic() {
     for (what, input) in all_inputs() {

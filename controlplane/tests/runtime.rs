@@ -367,10 +367,40 @@ async fn reconcile_converges_prunes_and_cleans_up() -> Result<()> {
     let hcp_ns = format!("{HC_NS}-{name}");
     put_kubeconfig_secret(&env, "example-admin-kubeconfig").await?;
     create_hc(&env, name, "example-admin-kubeconfig").await?;
+    // An upgrade from a version that rendered the packageserver EndpointSlice into the guest
+    // (before a real guest showed its controller-manager mirrors the Endpoints): ours is
+    // pruned like anything else we no longer render.
+    let old_slice: k8s_openapi::api::discovery::v1::EndpointSlice =
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "packageserver-hcp-olm", "namespace": "default", "labels": {
+                "app.kubernetes.io/managed-by": "hcp-olm",
+                "app.kubernetes.io/name": "packageserver-hcp-olm",
+                "endpointslice.kubernetes.io/managed-by": "hcp-olm.io",
+                "hcp-olm.io/hosted-cluster-name": name,
+                "hcp-olm.io/hosted-cluster-namespace": HC_NS,
+                "kubernetes.io/service-name": "packageserver"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["198.18.0.9"], "conditions": {"ready": true}}],
+            "ports": [{"name": "https", "port": 443, "protocol": "TCP"}],
+        }))?;
+    let guest_slices = Api::<k8s_openapi::api::discovery::v1::EndpointSlice>::namespaced(
+        env.guest.client(),
+        "default",
+    );
+    guest_slices
+        .create(&PostParams::default(), &old_slice)
+        .await?;
 
     // Pass 1 creates everything but cannot know the packageserver ClusterIP yet;
     // pass 2 picks it up.
     let first = reconcile(&ctx, &env, name).await?;
+    ensure!(
+        guest_slices
+            .get_opt("packageserver-hcp-olm")
+            .await?
+            .is_none(),
+        "the EndpointSlice an earlier version rendered was not pruned"
+    );
     ensure!(first.hcp_writes > 0 && first.guest_writes > 0, "{first:?}");
     reconcile(&ctx, &env, name).await?;
 

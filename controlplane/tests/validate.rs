@@ -293,7 +293,7 @@ fn guest_networks_come_from_spec_networking_and_bad_cidrs_are_named() {
             &common::defaults(),
         ))
     };
-    // garbage is refused with the field; IPv6 entries are skipped (IPv4-only tunnel)
+    // garbage is refused with the field; IPv6 entries are kept (dual-stack)
     let got = networking_codes(
         &mut hc,
         serde_json::json!({
@@ -308,19 +308,44 @@ fn guest_networks_come_from_spec_networking_and_bad_cidrs_are_named() {
             "HostedCluster.spec.networking.clusterNetwork[0].cidr".to_string()
         )]
     );
-    // IPv6 only: refused with the field rather than served on the IPv4 defaults
+    // Issue 19: IPv6-only and dual-stack guests are served on their own ranges (before:
+    // IPv6-only was refused as InvalidNetworking, dual-stack served over IPv4 alone)
+    hc.spec.networking = Some(
+        serde_json::from_value(serde_json::json!({
+            "serviceNetwork": [{"cidr": "fd02::/112"}],
+            "clusterNetwork": [{"cidr": "fd01::/48"}]
+        }))
+        .unwrap(),
+    );
+    let v = common::valid(&hc, None);
+    assert_eq!(v.guest_service_cidrs, ["fd02::/112"]);
+    assert_eq!(v.guest_pod_cidrs, ["fd01::/48"]);
+    assert_eq!(
+        validate::guest_dns_address(&v.guest_service_cidrs),
+        Some("fd02::a".parse().unwrap())
+    );
+    hc.spec.networking = Some(
+        serde_json::from_value(serde_json::json!({
+            "serviceNetwork": [{"cidr": "fd02::/112"}, {"cidr": "172.30.0.0/16"}],
+            "clusterNetwork": [{"cidr": "10.128.0.0/14"}, {"cidr": "fd01::/48"}]
+        }))
+        .unwrap(),
+    );
+    let v = common::valid(&hc, None);
+    assert_eq!(v.guest_service_cidrs, ["fd02::/112", "172.30.0.0/16"]);
+    assert_eq!(v.guest_pod_cidrs, ["10.128.0.0/14", "fd01::/48"]);
     let got = networking_codes(
         &mut hc,
         serde_json::json!({
-            "serviceNetwork": [{"cidr": "fd02::/112"}],
-            "clusterNetwork": [{"cidr": "10.128.0.0/14"}]
+            "serviceNetwork": [{"cidr": "fd02::/129"}],
+            "clusterNetwork": [{"cidr": "fd01::/48"}]
         }),
     );
     assert_eq!(
         got,
         [(
             ReasonCode::InvalidNetworking,
-            "HostedCluster.spec.networking.serviceNetwork".to_string()
+            "HostedCluster.spec.networking.serviceNetwork[0].cidr".to_string()
         )]
     );
 }
@@ -425,7 +450,8 @@ fn hosted_olm_overrides_that_do_not_apply_are_warned_about() {
 }
 
 /// Issue 19, bad input: a guest range of /0 (every address would be routed into the tunnel),
-/// a guest range overlapping the tunnel's own 100.127.255.0/30, and a tunnel address that is
+/// a guest range overlapping the tunnel's own 100.127.255.0/30 or its IPv6 pair
+/// fd9c:4f1e:7a2b:ffff::/126, and a tunnel address that is
 /// link-local, unspecified or multicast are each refused naming the field.
 #[test]
 fn catch_all_or_overlapping_ranges_and_unusable_tunnel_addresses_are_refused() {
@@ -434,6 +460,15 @@ fn catch_all_or_overlapping_ranges_and_unusable_tunnel_addresses_are_refused() {
         ("0.0.0.0/0", "a /0"),
         ("100.127.0.0/16", "overlaps the tunnel"),
         ("100.127.255.2/32", "overlaps the tunnel"),
+        ("::/0", "an IPv6 /0"),
+        (
+            "fd9c:4f1e:7a2b:ffff::/64",
+            "overlaps the tunnel's IPv6 pair",
+        ),
+        (
+            "fd9c:4f1e:7a2b:ffff::2/128",
+            "overlaps the tunnel's IPv6 pair",
+        ),
     ] {
         hc.spec.networking = Some(
             serde_json::from_value(serde_json::json!({

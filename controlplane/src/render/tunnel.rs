@@ -1,6 +1,8 @@
 //! The two ends of the WireGuard tunnel: their configuration documents (typed, so the
 //! tunnel engineer can change them in one place) and the keys the runtime passes in.
 
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
 use super::{names, ports};
 use crate::catalogs::DefaultCatalog;
 
@@ -172,10 +174,11 @@ pub fn gateway_endpoint(
     }
 }
 
-/// Tunnel-internal addresses (a /30 point-to-point link).
-pub const GATEWAY_TUNNEL_ADDRESS: &str = "100.127.255.1/30";
-pub const AGENT_TUNNEL_ADDRESS: &str = "100.127.255.2/30";
-
+/// Tunnel-internal addresses (a /30 point-to-point link; the IPv6 pair for guests with IPv6
+/// ranges).
+pub use hcp_olm_tunnel_api::{
+    AGENT_TUNNEL_ADDRESS, AGENT_TUNNEL_ADDRESS6, GATEWAY_TUNNEL_ADDRESS, GATEWAY_TUNNEL_ADDRESS6,
+};
 pub use hcp_olm_tunnel_api::{
     AgentPeerConfig, AllowedService, ExposedService, GatewayConfig, GatewayDns, SecretKeyRef,
 };
@@ -192,9 +195,10 @@ pub const EXTRA_PRIVATE_KEY_KEY: &str = "extra-private-key";
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TunnelNetwork {
     pub hcp_namespace: String,
-    /// Guest Service and pod CIDRs: the only addresses the agent relays to.
+    /// Guest Service and pod CIDRs, IPv4 and IPv6: the only addresses the agent relays to.
     pub guest_cidrs: Vec<String>,
-    /// The guest cluster DNS (`<ip>:53`), which the agent forwards tunnel DNS to.
+    /// The guest cluster DNS (`<ip>:53`, `[<ipv6>]:53`), which the agent forwards tunnel
+    /// DNS to.
     pub guest_dns: Option<String>,
     /// Resolvers for management-owned names (the HCP pods' cluster DNS).
     pub management_dns: Vec<String>,
@@ -265,6 +269,12 @@ pub fn agent_peer_config(
     net: &TunnelNetwork,
     exposed: Vec<ExposedService>,
 ) -> AgentPeerConfig {
+    let ipv6 = crate::validate::has_ipv6(&net.guest_cidrs);
+    let any = if ipv6 {
+        IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+    } else {
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+    };
     AgentPeerConfig {
         gateway_endpoint: keys.gateway_endpoint.clone(),
         gateway_public_key: keys.gateway_public_key.clone(),
@@ -277,16 +287,17 @@ pub fn agent_peer_config(
         key_reload_seconds: None,
         tunnel_address: AGENT_TUNNEL_ADDRESS.into(),
         gateway_tunnel_address: GATEWAY_TUNNEL_ADDRESS.into(),
-        tunnel_address6: None,
-        gateway_tunnel_address6: None,
+        tunnel_address6: ipv6.then(|| AGENT_TUNNEL_ADDRESS6.into()),
+        gateway_tunnel_address6: ipv6.then(|| GATEWAY_TUNNEL_ADDRESS6.into()),
         persistent_keepalive_seconds: KEEPALIVE_SECONDS,
         allowed_services: default_allowed_services(),
         allowed_cidrs: net.guest_cidrs.clone(),
         allowed_ports: Vec::new(),
         guest_dns: net.guest_dns.iter().cloned().collect(),
         exposed_services: exposed,
-        exposed_listen_address: Some("0.0.0.0".into()),
-        health_listen: Some(format!("0.0.0.0:{}", ports::TUNNEL_HEALTH)),
+        // `::` takes IPv4 too (dual-stack pods); an IPv4-only pod may have no IPv6 at all.
+        exposed_listen_address: Some(any.to_string()),
+        health_listen: Some(SocketAddr::new(any, ports::TUNNEL_HEALTH).to_string()),
         mtu: None,
         drain_timeout_seconds: None,
         max_connections: None,
@@ -301,6 +312,9 @@ pub fn gateway_config(
     exposed: Vec<ExposedService>,
     local: Vec<AllowedService>,
 ) -> GatewayConfig {
+    // IPv6 inside the tunnel only where the guest has IPv6 ranges (the gateway dials them
+    // from its IPv6 tunnel address); IPv4-only guests keep the config they had.
+    let ipv6 = crate::validate::has_ipv6(&net.guest_cidrs);
     GatewayConfig {
         listen_port: ports::WIREGUARD,
         listen_address: None,
@@ -316,8 +330,8 @@ pub fn gateway_config(
         key_reload_seconds: None,
         tunnel_address: GATEWAY_TUNNEL_ADDRESS.into(),
         agent_tunnel_address: AGENT_TUNNEL_ADDRESS.into(),
-        tunnel_address6: None,
-        agent_tunnel_address6: None,
+        tunnel_address6: ipv6.then(|| GATEWAY_TUNNEL_ADDRESS6.into()),
+        agent_tunnel_address6: ipv6.then(|| AGENT_TUNNEL_ADDRESS6.into()),
         guest_cidrs: net.guest_cidrs.clone(),
         hcp_namespace: Some(net.hcp_namespace.clone()),
         cluster_domain: None,
@@ -383,8 +397,9 @@ pub fn network(input: &super::RenderInput) -> TunnelNetwork {
             .chain(v.guest_pod_cidrs.iter())
             .cloned()
             .collect(),
+        // `[fd02::a]:53` for an IPv6 Service range
         guest_dns: crate::validate::guest_dns_address(&v.guest_service_cidrs)
-            .map(|ip| format!("{ip}:53")),
+            .map(|ip| SocketAddr::new(ip, 53).to_string()),
         // the gateway falls back to its pod's resolv.conf (the management cluster DNS)
         management_dns: Vec::new(),
     }
