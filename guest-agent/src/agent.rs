@@ -60,7 +60,7 @@ pub struct AgentSettings {
     pub gateway_ip: IpAddr,
     /// The IPv6 pair inside the tunnel (own address with prefix, the gateway's), if
     /// configured.
-    pub tunnel6: Option<((IpAddr, u8), IpAddr)>,
+    pub tunnel6: Option<daemon::TunnelPair6>,
     pub keepalive: u16,
     pub allowed_cidrs: Vec<Cidr>,
     pub allowed_ports: Vec<u16>,

@@ -164,6 +164,10 @@ pub fn cidrs(field: &str, list: &[String]) -> Result<Vec<Cidr>, ConfigError> {
         .collect()
 }
 
+/// The IPv6 pair inside the tunnel: this end's address with its prefix, and the other end's
+/// address.
+pub type TunnelPair6 = ((IpAddr, u8), IpAddr);
+
 /// The optional IPv6 pair inside the tunnel: this end's address with prefix (`own`) and the
 /// other end's (`other`, its prefix ignored). Both or neither; each must be IPv6. `None`:
 /// IPv4 only inside.
@@ -172,7 +176,7 @@ pub fn tunnel_pair6(
     own: Option<&str>,
     other_field: &str,
     other: Option<&str>,
-) -> Result<Option<((IpAddr, u8), IpAddr)>, ConfigError> {
+) -> Result<Option<TunnelPair6>, ConfigError> {
     let v6 = |field: &str, s: &str| {
         let a = interface_address(field, s)?;
         if !a.0.is_ipv6() {

@@ -47,7 +47,7 @@ pub struct GatewaySettings {
     pub tunnel: (IpAddr, u8),
     pub agent_ip: IpAddr,
     /// The IPv6 pair inside the tunnel (own address with prefix, the agent's), if configured.
-    pub tunnel6: Option<((IpAddr, u8), IpAddr)>,
+    pub tunnel6: Option<daemon::TunnelPair6>,
     pub allowed_sources: Vec<Cidr>,
     /// Guest Service and pod CIDRs: the only addresses dialed through the tunnel.
     pub guest_cidrs: Vec<Cidr>,

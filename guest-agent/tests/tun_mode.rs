@@ -638,7 +638,7 @@ fn ipv6_inside_over_ipv6_underlay_ours_against_ours() {
     with_address6(&a_cfg, &format!("{TUN_A6}/64"));
     let b = start_tunnel(&p.b, "ours-b", &b_cfg);
     let a = start_tunnel(&p.a, "ours-a", &a_cfg);
-    ipv6_inside(&p, "ours");
+    ipv6_inside(&p, "ours-b");
     for proc in [&a, &b] {
         let st = sigterm_and_wait(proc);
         assert!(st.success(), "{st:?}\n{}", proc.log_tail(20));
