@@ -58,6 +58,9 @@ pub struct AgentSettings {
     pub key_reload: Option<Duration>,
     pub tunnel: (IpAddr, u8),
     pub gateway_ip: IpAddr,
+    /// The IPv6 pair inside the tunnel (own address with prefix, the gateway's), if
+    /// configured.
+    pub tunnel6: Option<daemon::TunnelPair6>,
     pub keepalive: u16,
     pub allowed_cidrs: Vec<Cidr>,
     pub allowed_ports: Vec<u16>,
@@ -99,9 +102,24 @@ impl AgentSettings {
         }
         let keys = agent_keys(c)?;
         let tunnel = interface_address("tunnel_address", &c.tunnel_address)?;
-        let (gateway_ip, _) =
-            interface_address("gateway_tunnel_address", &c.gateway_tunnel_address)?;
-        let allowed_cidrs = cidrs("allowed_cidrs", &c.allowed_cidrs)?;
+        let gateway = interface_address("gateway_tunnel_address", &c.gateway_tunnel_address)?;
+        let gateway_ip = gateway.0;
+        let tunnel6 = tunnel_pair6(
+            "tunnel_address6",
+            c.tunnel_address6.as_deref(),
+            "gateway_tunnel_address6",
+            c.gateway_tunnel_address6.as_deref(),
+        )?;
+        let mut tunnel_ranges = vec![tunnel, gateway];
+        if let Some((own, gw6)) = tunnel6 {
+            tunnel_ranges.extend([own, (gw6, own.1)]);
+        }
+        let allowed_cidrs = guest_ranges(
+            "allowed_cidrs",
+            &c.allowed_cidrs,
+            &tunnel_ranges,
+            "tunnel_address6 and gateway_tunnel_address6",
+        )?;
         let mut allowed_ports = c.allowed_ports.clone();
         if allowed_ports.is_empty() {
             allowed_ports = c.allowed_services.iter().map(|a| a.port).collect();
@@ -154,6 +172,7 @@ impl AgentSettings {
             key_reload: daemon::reload_interval(c.key_reload_seconds),
             tunnel,
             gateway_ip,
+            tunnel6,
             keepalive: c.persistent_keepalive_seconds,
             allowed_cidrs,
             allowed_ports,
@@ -168,9 +187,19 @@ impl AgentSettings {
         })
     }
 
+    /// Whether `ip` is one of our tunnel addresses (IPv4, or IPv6 when configured).
+    pub fn is_own_tunnel_ip(&self, ip: IpAddr) -> bool {
+        ip == self.tunnel.0 || self.tunnel6.is_some_and(|((a, _), _)| a == ip)
+    }
+
+    /// Whether `ip` is one of the gateway's tunnel addresses.
+    pub fn is_gateway_ip(&self, ip: IpAddr) -> bool {
+        ip == self.gateway_ip || self.tunnel6.is_some_and(|(_, g)| g == ip)
+    }
+
     /// Whether the gateway may open a connection to `dst` through us.
     pub fn destination_allowed(&self, dst: SocketAddr) -> bool {
-        if dst.ip() == self.tunnel.0 {
+        if self.is_own_tunnel_ip(dst.ip()) {
             return dst.port() == DNS_PORT && !self.guest_dns.is_empty();
         }
         self.allowed_ports.contains(&dst.port())
@@ -290,7 +319,7 @@ fn spawn_endpoint_follower(
 
 /// The guest address a tunnel destination stands for (our own tunnel address: the guest DNS).
 fn guest_target(sh: &Shared, dst: SocketAddr) -> Option<SocketAddr> {
-    if dst.ip() == sh.s.tunnel.0 {
+    if sh.s.is_own_tunnel_ip(dst.ip()) {
         sh.s.guest_dns.first().copied()
     } else {
         Some(dst)
@@ -346,7 +375,7 @@ async fn handle_inbound(sh: Arc<Shared>, c: TcpConn) {
             // the second frame of a gRPC request for the catalog's delayed ACK, ~40 ms).
             let _ = os.set_nodelay(true);
             sh.metrics.conn(Proto::tunnel, ConnResult::ok);
-            if target.port() == DNS_PORT && c.local.ip() == sh.s.tunnel.0 {
+            if target.port() == DNS_PORT && sh.s.is_own_tunnel_ip(c.local.ip()) {
                 sh.dns_queries
                     .get_or_create(&DnsLabels {
                         transport: "tcp",
@@ -471,10 +500,10 @@ pub async fn run(s: AgentSettings) -> anyhow::Result<()> {
         // The gateway keeps alive at its own interval (configure it like ours); silence for
         // 3 intervals + 5 s means it restarted or moved: handshake again.
         dead_peer_timeout: Some(Duration::from_secs(u64::from(keepalive) * 3 + 5)),
-        allowed_ips: vec![Cidr::new(
-            s.gateway_ip,
-            if s.gateway_ip.is_ipv4() { 32 } else { 128 },
-        )],
+        allowed_ips: std::iter::once(s.gateway_ip)
+            .chain(s.tunnel6.map(|(_, gw6)| gw6))
+            .map(|ip| Cidr::new(ip, if ip.is_ipv4() { 32 } else { 128 }))
+            .collect(),
         index: rand::random(),
         previous_private_keys: Vec::new(),
         previous_peer_public_keys: Vec::new(),
@@ -496,8 +525,12 @@ pub async fn run(s: AgentSettings) -> anyhow::Result<()> {
     }
     // The policy needs the settings; share them through an Arc built before the stack.
     let policy_settings = Arc::new((
-        s.tunnel.0,
-        s.gateway_ip,
+        std::iter::once(s.tunnel.0)
+            .chain(s.tunnel6.map(|((a, _), _)| a))
+            .collect::<Vec<_>>(),
+        std::iter::once(s.gateway_ip)
+            .chain(s.tunnel6.map(|(_, g)| g))
+            .collect::<Vec<_>>(),
         s.allowed_cidrs.clone(),
         s.allowed_ports.clone(),
         !s.guest_dns.is_empty(),
@@ -507,15 +540,17 @@ pub async fn run(s: AgentSettings) -> anyhow::Result<()> {
     let (dials_tx, mut dials_rx) = tokio::sync::mpsc::channel(256);
     let (stack, mut inbound) = stack::spawn(
         StackConfig {
-            addresses: vec![s.tunnel],
+            addresses: std::iter::once(s.tunnel)
+                .chain(s.tunnel6.map(|(own, _)| own))
+                .collect(),
             any_ip: true,
             mtu: s.mtu,
             accept: Arc::new(move |dst: SocketAddr, src: SocketAddr| {
                 let (me, gw, cidrs, ports, dns) = &*policy_settings;
-                if src.ip() != *gw {
+                if !gw.contains(&src.ip()) {
                     return false;
                 }
-                if dst.ip() == *me {
+                if me.contains(&dst.ip()) {
                     return dst.port() == DNS_PORT && *dns;
                 }
                 ports.contains(&dst.port()) && cidrs.iter().any(|c| c.contains(dst.ip()))
@@ -552,7 +587,9 @@ pub async fn run(s: AgentSettings) -> anyhow::Result<()> {
         Arc::clone(&draining),
     );
     let listeners_cancel = CancellationToken::new();
-    let tunnel_ip = s.tunnel.0;
+    let tunnel_ips: Vec<IpAddr> = std::iter::once(s.tunnel.0)
+        .chain(s.tunnel6.map(|((a, _), _)| a))
+        .collect();
     let has_dns = !s.guest_dns.is_empty();
     let slots = Arc::new(tokio::sync::Semaphore::new(s.max_connections as usize));
     let sh = Arc::new(Shared {
@@ -577,7 +614,7 @@ pub async fn run(s: AgentSettings) -> anyhow::Result<()> {
             }
         });
     }
-    if has_dns {
+    for tunnel_ip in tunnel_ips.into_iter().filter(|_| has_dns) {
         let mut u = stack
             .bind_udp(Some(SocketAddr::new(tunnel_ip, DNS_PORT)))
             .await
@@ -637,5 +674,119 @@ pub async fn run(s: AgentSettings) -> anyhow::Result<()> {
         Ok(())
     } else {
         anyhow::bail!("drain did not finish within {:?}", sh.s.drain_timeout)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tunnel::PrivateKey;
+    use hcp_olm_tunnel_api::{AGENT_TUNNEL_ADDRESS6, GATEWAY_TUNNEL_ADDRESS6};
+
+    fn config() -> AgentPeerConfig {
+        let k = PrivateKey::generate();
+        AgentPeerConfig {
+            gateway_endpoint: Some("[fd00:50::1]:51820".into()),
+            gateway_public_key: k.public_key().to_string(),
+            agent_private_key_secret_ref: None,
+            private_key_file: None,
+            private_key: Some(k.to_base64()),
+            key_reload_seconds: None,
+            tunnel_address: hcp_olm_tunnel_api::AGENT_TUNNEL_ADDRESS.into(),
+            gateway_tunnel_address: hcp_olm_tunnel_api::GATEWAY_TUNNEL_ADDRESS.into(),
+            tunnel_address6: Some(AGENT_TUNNEL_ADDRESS6.into()),
+            gateway_tunnel_address6: Some(GATEWAY_TUNNEL_ADDRESS6.into()),
+            persistent_keepalive_seconds: 25,
+            allowed_services: vec![],
+            allowed_cidrs: vec!["10.96.0.0/12".into(), "fd00:10:96::/112".into()],
+            allowed_ports: vec![50051],
+            guest_dns: vec!["[fd00:10:96::a]:53".into()],
+            exposed_services: vec![],
+            exposed_listen_address: Some("::".into()),
+            health_listen: Some("[::]:9090".into()),
+            mtu: None,
+            drain_timeout_seconds: None,
+            max_connections: None,
+            idle_timeout_seconds: None,
+        }
+    }
+
+    #[test]
+    fn dual_stack_destinations_and_the_v6_pair() {
+        let s = AgentSettings::from_config(&config()).unwrap();
+        let ip = |a: &str| a.parse::<IpAddr>().unwrap();
+        assert_eq!(
+            s.tunnel6,
+            Some((
+                (ip("fd9c:4f1e:7a2b:ffff::2"), 126),
+                ip("fd9c:4f1e:7a2b:ffff::1")
+            ))
+        );
+        assert!(s.destination_allowed("[fd00:10:96::10]:50051".parse().unwrap()));
+        assert!(s.destination_allowed("10.96.0.10:50051".parse().unwrap()));
+        assert!(!s.destination_allowed("[fd00:10:97::10]:50051".parse().unwrap()));
+        assert!(!s.destination_allowed("[fd00:10:96::10]:22".parse().unwrap()));
+        // tunnel DNS on either own address
+        assert!(s.destination_allowed("[fd9c:4f1e:7a2b:ffff::2]:53".parse().unwrap()));
+        assert!(s.destination_allowed("100.127.255.2:53".parse().unwrap()));
+        assert!(!s.destination_allowed("[fd9c:4f1e:7a2b:ffff::2]:50051".parse().unwrap()));
+        assert!(s.is_gateway_ip(ip("fd9c:4f1e:7a2b:ffff::1")));
+        assert!(!s.is_gateway_ip(ip("fd9c:4f1e:7a2b:ffff::3")));
+        assert_eq!(s.guest_dns, ["[fd00:10:96::a]:53".parse().unwrap()]);
+        assert_eq!(s.exposed_listen, ip("::"));
+    }
+
+    #[test]
+    fn v6_errors_name_the_field() {
+        type Edit = fn(&mut AgentPeerConfig);
+        let cases: [(Edit, &str); 8] = [
+            (
+                |c| {
+                    c.tunnel_address6 = None;
+                    c.gateway_tunnel_address6 = None;
+                },
+                "allowed_cidrs[1]",
+            ),
+            (|c| c.allowed_cidrs[1] = "::/0".into(), "allowed_cidrs[1]"),
+            (
+                |c| c.allowed_cidrs[1] = "fd9c:4f1e:7a2b:ffff::/64".into(),
+                "allowed_cidrs[1]",
+            ),
+            (
+                |c| c.allowed_cidrs[1] = "fd9c:4f1e:7a2b:ffff::3/128".into(),
+                "allowed_cidrs[1]",
+            ),
+            (
+                |c| c.gateway_tunnel_address6 = None,
+                "gateway_tunnel_address6",
+            ),
+            (|c| c.tunnel_address6 = None, "tunnel_address6"),
+            (
+                |c| c.tunnel_address6 = Some("100.127.254.2/30".into()),
+                "tunnel_address6",
+            ),
+            (
+                |c| c.gateway_tunnel_address6 = Some("fd9c:4f1e:7a2b:ffff::1".into()),
+                "gateway_tunnel_address6",
+            ),
+        ];
+        for (i, (edit, field)) in cases.into_iter().enumerate() {
+            let mut c = config();
+            edit(&mut c);
+            let e = AgentSettings::from_config(&c).unwrap_err();
+            assert_eq!(e.field, field, "case {i}: {e}");
+        }
+        // IPv4 only, as before: no pair needed
+        let mut c = config();
+        c.tunnel_address6 = None;
+        c.gateway_tunnel_address6 = None;
+        c.allowed_cidrs.pop();
+        assert!(AgentSettings::from_config(&c).unwrap().tunnel6.is_none());
+        // a v4 range overlapping the tunnel's own /30
+        c.allowed_cidrs.push("100.127.255.0/29".into());
+        assert_eq!(
+            AgentSettings::from_config(&c).unwrap_err().field,
+            "allowed_cidrs[1]"
+        );
     }
 }

@@ -164,6 +164,78 @@ pub fn cidrs(field: &str, list: &[String]) -> Result<Vec<Cidr>, ConfigError> {
         .collect()
 }
 
+/// The IPv6 pair inside the tunnel: this end's address with its prefix, and the other end's
+/// address.
+pub type TunnelPair6 = ((IpAddr, u8), IpAddr);
+
+/// The optional IPv6 pair inside the tunnel: this end's address with prefix (`own`) and the
+/// other end's (`other`, its prefix ignored). Both or neither; each must be IPv6. `None`:
+/// IPv4 only inside.
+pub fn tunnel_pair6(
+    own_field: &str,
+    own: Option<&str>,
+    other_field: &str,
+    other: Option<&str>,
+) -> Result<Option<TunnelPair6>, ConfigError> {
+    let v6 = |field: &str, s: &str| {
+        let a = interface_address(field, s)?;
+        if !a.0.is_ipv6() {
+            return Err(err(field, format!("`{s}` is not an IPv6 address")));
+        }
+        Ok(a)
+    };
+    match (own, other) {
+        (None, None) => Ok(None),
+        (Some(o), Some(p)) => Ok(Some((v6(own_field, o)?, v6(other_field, p)?.0))),
+        (Some(_), None) => Err(err(
+            other_field,
+            format!("required when `{own_field}` is set (both or neither)"),
+        )),
+        (None, Some(_)) => Err(err(
+            own_field,
+            format!("required when `{other_field}` is set (both or neither)"),
+        )),
+    }
+}
+
+/// Guest ranges routed into the tunnel (see [`cidrs`]), checked against the tunnel's own
+/// addresses: an IPv6 range needs the IPv6 pair (`v6`, named by `v6_field` in the error),
+/// and no range may overlap a tunnel address's prefix (`tunnel`: every configured tunnel
+/// address with its prefix).
+pub fn guest_ranges(
+    field: &str,
+    list: &[String],
+    tunnel: &[(IpAddr, u8)],
+    v6_field: &str,
+) -> Result<Vec<Cidr>, ConfigError> {
+    let ranges = cidrs(field, list)?;
+    let has_v6 = tunnel.iter().any(|(a, _)| a.is_ipv6());
+    for (i, r) in ranges.iter().enumerate() {
+        let f = format!("{field}[{i}]");
+        if r.addr().is_ipv6() && !has_v6 {
+            return Err(err(
+                &f,
+                format!(
+                    "`{}`: an IPv6 range needs the IPv6 tunnel pair (`{v6_field}`)",
+                    list[i]
+                ),
+            ));
+        }
+        if let Some((a, p)) = tunnel.iter().find(|(a, p)| Cidr::new(*a, *p).overlaps(r)) {
+            let net = Cidr::new(*a, *p);
+            return Err(err(
+                &f,
+                format!(
+                    "`{}` overlaps the tunnel's own range {}/{p}",
+                    list[i],
+                    net.network()
+                ),
+            ));
+        }
+    }
+    Ok(ranges)
+}
+
 /// Why an endpoint's (`ip:port`) IP cannot be dialled for the tunnel (`None`: it can; names
 /// and loopback pass).
 pub fn unusable_endpoint(endpoint: &str) -> Option<&'static str> {

@@ -46,6 +46,8 @@ pub struct GatewaySettings {
     pub key_reload: Option<Duration>,
     pub tunnel: (IpAddr, u8),
     pub agent_ip: IpAddr,
+    /// The IPv6 pair inside the tunnel (own address with prefix, the agent's), if configured.
+    pub tunnel6: Option<daemon::TunnelPair6>,
     pub allowed_sources: Vec<Cidr>,
     /// Guest Service and pod CIDRs: the only addresses dialed through the tunnel.
     pub guest_cidrs: Vec<Cidr>,
@@ -95,13 +97,32 @@ impl GatewaySettings {
             .map_err(|_| err("listen_address", format!("`{addr}` is not an IP address")))?;
         let keys = gateway_keys(c)?;
         let tunnel = interface_address("tunnel_address", &c.tunnel_address)?;
-        let (agent_ip, _) = interface_address("agent_tunnel_address", &c.agent_tunnel_address)?;
-        let guest_cidrs = cidrs("guest_cidrs", &c.guest_cidrs)?;
+        let agent = interface_address("agent_tunnel_address", &c.agent_tunnel_address)?;
+        let agent_ip = agent.0;
+        let tunnel6 = tunnel_pair6(
+            "tunnel_address6",
+            c.tunnel_address6.as_deref(),
+            "agent_tunnel_address6",
+            c.agent_tunnel_address6.as_deref(),
+        )?;
+        let mut tunnel_ranges = vec![tunnel, agent];
+        if let Some((own, agent6)) = tunnel6 {
+            tunnel_ranges.extend([own, (agent6, own.1)]);
+        }
+        let guest_cidrs = guest_ranges(
+            "guest_cidrs",
+            &c.guest_cidrs,
+            &tunnel_ranges,
+            "tunnel_address6 and agent_tunnel_address6",
+        )?;
         let mut allowed_sources = guest_cidrs.clone();
         allowed_sources.push(Cidr::new(
             agent_ip,
             if agent_ip.is_ipv4() { 32 } else { 128 },
         ));
+        if let Some((_, agent6)) = tunnel6 {
+            allowed_sources.push(Cidr::new(agent6, 128));
+        }
         let domain = c
             .cluster_domain
             .clone()
@@ -187,6 +208,7 @@ impl GatewaySettings {
                     owner: DnsOwner::Local,
                 });
             }
+            r.extend(reverse_zone_rules(&guest_cidrs));
             r
         } else {
             c.dns.rules.clone()
@@ -291,6 +313,7 @@ impl GatewaySettings {
             key_reload: daemon::reload_interval(c.key_reload_seconds),
             tunnel,
             agent_ip,
+            tunnel6,
             allowed_sources,
             guest_cidrs,
             cluster_domain: domain,
@@ -314,6 +337,23 @@ impl GatewaySettings {
             drain_timeout: Duration::from_secs(c.drain_timeout_seconds.unwrap_or(10)),
         })
     }
+}
+
+/// Default split-DNS rules for PTR lookups: the reverse zones (`in-addr.arpa`, `ip6.arpa`) of
+/// the guest ranges belong to the guest, once each (a range off an octet or nibble boundary
+/// covers the zones at the next boundary, at most 128).
+pub fn reverse_zone_rules(guest_cidrs: &[Cidr]) -> Vec<DnsRule> {
+    let mut seen = std::collections::BTreeSet::new();
+    guest_cidrs
+        .iter()
+        .flat_map(|c| crate::dns::reverse_zones(c.addr(), c.prefix()))
+        .filter(|z| seen.insert(z.clone()))
+        .map(|suffix| DnsRule {
+            suffix,
+            namespace: None,
+            owner: DnsOwner::Guest,
+        })
+        .collect()
 }
 
 /// The gateway's keys from its config: its private key (inline or file), the agent's
@@ -498,19 +538,19 @@ impl Shared {
 
     /// Resolves a target [`Shared::classify`] allowed: exactly the address that will be dialed.
     async fn resolve(&self, name: &str, local: bool, port: u16) -> Result<Route, Refusal> {
-        let ips = self
-            .dns
-            .lookup_ip(name)
-            .await
-            .map_err(|_| Refusal::ResolveFailed)?;
-        let ip = if local {
-            ips.iter()
+        let (ips, ip) = if local {
+            let ips = self
+                .dns
+                .lookup_ip(name)
+                .await
+                .map_err(|_| Refusal::ResolveFailed)?;
+            let ip = ips
+                .iter()
                 .copied()
-                .find(|ip| policy::local_address_allowed(*ip))
+                .find(|ip| policy::local_address_allowed(*ip));
+            (ips, ip)
         } else {
-            ips.iter().copied().find(|ip| {
-                self.stack_family(*ip) && self.s.guest_cidrs.iter().any(|c| c.contains(*ip))
-            })
+            self.resolve_guest(name).await?
         };
         let Some(ip) = ip else {
             tracing::info!(target = %name, addresses = ?ips, "no resolved address is allowed");
@@ -524,8 +564,43 @@ impl Shared {
         })
     }
 
+    /// A guest name's addresses, and the first that may be dialed into the tunnel (inside
+    /// `guest_cidrs`, of a family the tunnel carries). Each family the guest ranges have is
+    /// asked for in turn (A first), so that a dual-stack name is dialed over the family
+    /// whose range holds it and an AAAA-only name is found.
+    async fn resolve_guest(&self, name: &str) -> Result<(Vec<IpAddr>, Option<IpAddr>), Refusal> {
+        use hickory_proto::rr::RecordType;
+        let mut all = Vec::new();
+        for (v4, rtype) in [(true, RecordType::A), (false, RecordType::AAAA)] {
+            if !self.s.guest_cidrs.iter().any(|c| c.addr().is_ipv4() == v4) {
+                continue;
+            }
+            let ips = match self.dns.lookup_families(name, &[rtype]).await {
+                Ok(ips) => ips,
+                Err(crate::server::LookupError::NoAddresses(_)) => continue,
+                Err(_) => break,
+            };
+            let ip = ips.iter().copied().find(|ip| {
+                self.stack_family(*ip) && self.s.guest_cidrs.iter().any(|c| c.contains(*ip))
+            });
+            all.extend(ips);
+            if ip.is_some() {
+                return Ok((all, ip));
+            }
+        }
+        if all.is_empty() {
+            return Err(Refusal::ResolveFailed);
+        }
+        Ok((all, None))
+    }
+
+    /// Whether the tunnel has an address of `ip`'s family to dial it from.
     fn stack_family(&self, ip: IpAddr) -> bool {
         ip.is_ipv4() == self.s.tunnel.0.is_ipv4()
+            || self
+                .s
+                .tunnel6
+                .is_some_and(|((a, _), _)| a.is_ipv4() == ip.is_ipv4())
     }
 
     /// Whether this replica holds the agent's session: heard from within the peer timeout.
@@ -1076,6 +1151,7 @@ pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
     let (handle, _tunnel_task) = driver::spawn(udp, peer, cancel.clone());
     let gw_ip = s.tunnel.0;
     let agent_ip = s.agent_ip;
+    let pair6 = s.tunnel6.map(|((gw6, _), agent6)| (gw6, agent6));
     let ports: Vec<u16> = s.exposed.iter().map(|(p, _)| *p).collect();
     let (registry, dns_metrics, metrics) = metrics();
     let slots = Arc::new(tokio::sync::Semaphore::new(s.max_connections as usize));
@@ -1083,11 +1159,16 @@ pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
     let syn_metrics = metrics.clone();
     let (stack, mut inbound) = stack::spawn(
         StackConfig {
-            addresses: vec![s.tunnel],
+            addresses: std::iter::once(s.tunnel)
+                .chain(s.tunnel6.map(|(own, _)| own))
+                .collect(),
             any_ip: false,
             mtu: s.mtu,
             accept: Arc::new(move |dst: SocketAddr, src: SocketAddr| {
-                if !(dst.ip() == gw_ip && src.ip() == agent_ip && ports.contains(&dst.port())) {
+                // from the agent's tunnel address to ours, of either pair
+                let pair = (dst.ip() == gw_ip && src.ip() == agent_ip)
+                    || pair6.is_some_and(|(gw6, agent6)| dst.ip() == gw6 && src.ip() == agent6);
+                if !(pair && ports.contains(&dst.port())) {
                     return false;
                 }
                 // over max_connections: reset at the SYN, before any socket exists
@@ -1368,6 +1449,73 @@ mod tests {
         assert_eq!(e.field, "previous_private_key_files[0]");
     }
 
+    /// The IPv6 pair and one IPv6 guest range added to `config()` (dual stack).
+    fn with_v6(c: &mut GatewayConfig) {
+        c.tunnel_address6 = Some(hcp_olm_tunnel_api::GATEWAY_TUNNEL_ADDRESS6.into());
+        c.agent_tunnel_address6 = Some(hcp_olm_tunnel_api::AGENT_TUNNEL_ADDRESS6.into());
+        c.guest_cidrs.push("fd00:10:96::/112".into());
+    }
+
+    #[test]
+    fn dual_stack_sources_and_reverse_zones_owned_by_the_guest() {
+        let mut c = config();
+        with_v6(&mut c);
+        let s = GatewaySettings::from_config(&c).unwrap();
+        let ip = |a: &str| a.parse::<IpAddr>().unwrap();
+        assert_eq!(
+            s.tunnel6,
+            Some((
+                (ip("fd9c:4f1e:7a2b:ffff::1"), 126),
+                ip("fd9c:4f1e:7a2b:ffff::2")
+            ))
+        );
+        for a in [
+            "fd9c:4f1e:7a2b:ffff::2",
+            "fd00:10:96::10",
+            "100.127.255.2",
+            "10.96.0.1",
+        ] {
+            assert!(s.allowed_sources.iter().any(|c| c.contains(ip(a))), "{a}");
+        }
+        for a in ["fd9c:4f1e:7a2b:ffff::3", "fd00:10:97::10"] {
+            assert!(!s.allowed_sources.iter().any(|c| c.contains(ip(a))), "{a}");
+        }
+        // 10.96.0.0/12 → 16 zones, fd00:10:96::/112 → one zone at /112
+        assert_eq!(owner(&s, "10.0.96.10.in-addr.arpa"), Owner::Guest);
+        assert_eq!(owner(&s, "1.2.111.10.in-addr.arpa"), Owner::Guest);
+        assert_eq!(owner(&s, "1.2.112.10.in-addr.arpa"), Owner::Local);
+        assert_eq!(
+            owner(
+                &s,
+                "a.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.6.9.0.0.0.1.0.0.0.0.d.f.ip6.arpa"
+            ),
+            Owner::Guest
+        );
+        assert_eq!(
+            owner(
+                &s,
+                "a.0.0.0.1.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.6.9.0.0.0.1.0.0.0.0.d.f.ip6.arpa"
+            ),
+            Owner::Local
+        );
+        assert_eq!(owner(&s, "cat.team-a.svc.cluster.local"), Owner::Guest);
+        assert_eq!(owner(&s, "cat.clusters-a.svc.cluster.local"), Owner::Local);
+        assert_eq!(owner(&s, "quay.io"), Owner::Local);
+        // Overlapping ranges give each zone once (the DNS table refuses duplicates).
+        c.guest_cidrs.push("10.96.0.0/16".into());
+        c.guest_cidrs.push("fd00:10:96::/120".into());
+        let s = GatewaySettings::from_config(&c).unwrap();
+        assert_eq!(owner(&s, "1.2.96.10.in-addr.arpa"), Owner::Guest);
+        // Explicit rules are taken as they are.
+        c.dns.rules = vec![DnsRule {
+            suffix: ".".into(),
+            namespace: None,
+            owner: DnsOwner::Local,
+        }];
+        let s = GatewaySettings::from_config(&c).unwrap();
+        assert_eq!(owner(&s, "10.0.96.10.in-addr.arpa"), Owner::Local);
+    }
+
     fn owner(s: &GatewaySettings, name: &str) -> Owner {
         let cfg = s.dns.validate().unwrap();
         let mut n = Name::from_ascii(name).unwrap();
@@ -1475,6 +1623,74 @@ mod tests {
             GatewaySettings::from_config(&c).unwrap_err().field,
             "dns.rate_limit_qps"
         );
+        // Issue 19: the IPv6 pair and IPv6 guest ranges.
+        type Edit = fn(&mut GatewayConfig);
+        let cases: [(Edit, &str); 8] = [
+            (
+                |c| c.guest_cidrs.push("fd00:10:96::/112".into()),
+                "guest_cidrs[1]",
+            ),
+            (
+                |c| {
+                    with_v6(c);
+                    c.guest_cidrs.push("::/0".into());
+                },
+                "guest_cidrs[2]",
+            ),
+            (
+                |c| {
+                    with_v6(c);
+                    c.guest_cidrs.push("fd9c:4f1e:7a2b::/48".into());
+                },
+                "guest_cidrs[2]",
+            ),
+            (
+                |c| {
+                    with_v6(c);
+                    c.guest_cidrs.push("fd9c:4f1e:7a2b:ffff::/127".into());
+                },
+                "guest_cidrs[2]",
+            ),
+            (
+                |c| {
+                    with_v6(c);
+                    c.agent_tunnel_address6 = None;
+                },
+                "agent_tunnel_address6",
+            ),
+            (
+                |c| {
+                    with_v6(c);
+                    c.tunnel_address6 = None;
+                },
+                "tunnel_address6",
+            ),
+            (
+                |c| {
+                    with_v6(c);
+                    c.tunnel_address6 = Some("100.127.254.1/30".into());
+                },
+                "tunnel_address6",
+            ),
+            (
+                |c| {
+                    with_v6(c);
+                    c.agent_tunnel_address6 = Some("not-an-address/126".into());
+                },
+                "agent_tunnel_address6",
+            ),
+        ];
+        for (i, (edit, field)) in cases.into_iter().enumerate() {
+            let mut c = config();
+            edit(&mut c);
+            let e = GatewaySettings::from_config(&c).unwrap_err();
+            assert_eq!(e.field, field, "case {i}: {e}");
+        }
+        // A guest range overlapping the tunnel's own /30 (documented as refused; it was not).
+        let mut c = config();
+        c.guest_cidrs = vec!["10.96.0.0/12".into(), "100.127.255.0/24".into()];
+        let e = GatewaySettings::from_config(&c).unwrap_err();
+        assert_eq!(e.field, "guest_cidrs[1]", "{e}");
         let s = GatewaySettings::from_config(&config()).unwrap();
         assert_eq!(
             (s.max_connections, s.handshake_timeout, s.idle_timeout),

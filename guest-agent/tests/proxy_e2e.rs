@@ -1196,6 +1196,59 @@ fn config_errors_exit_64_naming_the_field() {
     let mut v = base_gw.clone();
     v["guest_cidrs"] = serde_json::json!(["0.0.0.0/0"]);
     cases.push((GATEWAY, v, "guest_cidrs[0]"));
+    // Issue 19: IPv6 ranges and the IPv6 tunnel pair.
+    let gw6 = |v: &mut serde_json::Value| {
+        v["tunnel_address6"] = serde_json::json!(hcp_olm_tunnel_api::GATEWAY_TUNNEL_ADDRESS6);
+        v["agent_tunnel_address6"] = serde_json::json!(hcp_olm_tunnel_api::AGENT_TUNNEL_ADDRESS6);
+    };
+    let agent6 = |v: &mut serde_json::Value| {
+        v["tunnel_address6"] = serde_json::json!(hcp_olm_tunnel_api::AGENT_TUNNEL_ADDRESS6);
+        v["gateway_tunnel_address6"] =
+            serde_json::json!(hcp_olm_tunnel_api::GATEWAY_TUNNEL_ADDRESS6);
+    };
+    // an IPv6 range without the pair
+    let mut v = base_gw.clone();
+    v["guest_cidrs"] = serde_json::json!(["198.18.52.0/24", "fd00:52::/64"]);
+    cases.push((GATEWAY, v, "guest_cidrs[1]"));
+    let mut v = base_agent.clone();
+    v["allowed_cidrs"] = serde_json::json!(["fd00:52::/64"]);
+    cases.push((AGENT, v, "allowed_cidrs[0]"));
+    // an IPv6 /0
+    let mut v = base_gw.clone();
+    gw6(&mut v);
+    v["guest_cidrs"] = serde_json::json!(["::/0"]);
+    cases.push((GATEWAY, v, "guest_cidrs[0]"));
+    let mut v = base_agent.clone();
+    agent6(&mut v);
+    v["allowed_cidrs"] = serde_json::json!(["fd00:52::/64", "::/0"]);
+    cases.push((AGENT, v, "allowed_cidrs[1]"));
+    // overlapping the tunnel's IPv6 range
+    let mut v = base_gw.clone();
+    gw6(&mut v);
+    v["guest_cidrs"] = serde_json::json!(["fd9c:4f1e:7a2b:ffff::/64"]);
+    cases.push((GATEWAY, v, "guest_cidrs[0]"));
+    let mut v = base_agent.clone();
+    agent6(&mut v);
+    v["allowed_cidrs"] = serde_json::json!(["fd9c:4f1e:7a2b::/48"]);
+    cases.push((AGENT, v, "allowed_cidrs[0]"));
+    // only one of the pair
+    let mut v = base_gw.clone();
+    v["guest_cidrs"] = serde_json::json!([]);
+    v["tunnel_address6"] = serde_json::json!(hcp_olm_tunnel_api::GATEWAY_TUNNEL_ADDRESS6);
+    cases.push((GATEWAY, v, "agent_tunnel_address6"));
+    let mut v = base_agent.clone();
+    v["gateway_tunnel_address6"] = serde_json::json!(hcp_olm_tunnel_api::GATEWAY_TUNNEL_ADDRESS6);
+    cases.push((AGENT, v, "tunnel_address6"));
+    // a v6 tunnel address that is not IPv6
+    let mut v = base_gw.clone();
+    gw6(&mut v);
+    v["guest_cidrs"] = serde_json::json!([]);
+    v["agent_tunnel_address6"] = serde_json::json!("100.127.254.2/30");
+    cases.push((GATEWAY, v, "agent_tunnel_address6"));
+    let mut v = base_agent.clone();
+    agent6(&mut v);
+    v["tunnel_address6"] = serde_json::json!("100.127.254.2/30");
+    cases.push((AGENT, v, "tunnel_address6"));
     for (i, (bin, doc, field)) in cases.into_iter().enumerate() {
         let f = dir.path().join(format!("c{i}.json"));
         std::fs::write(&f, doc.to_string()).unwrap();
@@ -1608,4 +1661,463 @@ fn replicas_forward_to_the_session_holder_and_survive_its_kill() {
         .unwrap_or_else(|e| panic!("via the restarted {back}: {e}\n{}", logs(&replicas)));
     assert_eq!(forwarded(replicas[holder].0), 1, "{}", logs(&replicas));
     drop(agent_p);
+}
+
+// ---- Issue 19: IPv6 inside the tunnel (IPv6-only and dual-stack guests) ----
+//
+// Addresses: underlay fd00:50::/64 (M ::1, G ::2); guest "Services" fd00:52::/64 on G's lo
+// (echo server ::10, DNS ::53); a management "Service" fd00:51::10 on M's lo. The tunnel pair
+// is the shipped fd9c:4f1e:7a2b:ffff::1,2/126 (inside the userspace stacks only). Echo servers
+// stand in for catalogs, so these tests need neither opm nor the CLI and take seconds.
+
+const V6_M: &str = "fd00:50::1";
+const V6_G: &str = "fd00:50::2";
+const V6_GUEST_ECHO: &str = "fd00:52::10";
+const V6_GUEST_DNS: &str = "fd00:52::53";
+const V6_MGMT_ECHO: &str = "fd00:51::10";
+const V6_GUEST_RANGE: &str = "fd00:52::/64";
+const ECHO_PORT: u16 = 50051;
+
+/// `serve TAG HOST:PORT` answers each connection with `TAG <peer address> <first message>`;
+/// `direct HOST:PORT MSG`, `connect PROXY TARGET MSG` (HTTP CONNECT) and
+/// `socks PROXY NAME PORT MSG` print the answer, or `refused <why>`.
+const ECHO: &str = r#"
+import socket, struct, sys, threading
+def addr(hp):
+    h, p = hp.rsplit(":", 1)
+    return h.strip("[]"), int(p)
+mode = sys.argv[1]
+if mode == "serve":
+    tag, (h, p) = sys.argv[2], addr(sys.argv[3])
+    s = socket.socket(socket.AF_INET6 if ":" in h else socket.AF_INET)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((h, p)); s.listen(16)
+    def one(c, peer):
+        c.settimeout(10)
+        try:
+            d = c.recv(4096)
+            c.sendall(("%s %s %s" % (tag, peer[0], d.decode())).encode())
+        finally:
+            c.close()
+    while True:
+        c, peer = s.accept()
+        threading.Thread(target=one, args=(c, peer), daemon=True).start()
+def recv_exact(c, n):
+    b = b""
+    while len(b) < n:
+        d = c.recv(n - len(b))
+        if not d: print("refused eof"); sys.exit(0)
+        b += d
+    return b
+if mode == "direct":
+    c = socket.create_connection(addr(sys.argv[2]), timeout=10); msg = sys.argv[3]
+elif mode == "connect":
+    c = socket.create_connection(addr(sys.argv[2]), timeout=10); t = sys.argv[3]; msg = sys.argv[4]
+    c.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (t, t)).encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        d = c.recv(1)
+        if not d: break
+        head += d
+    if not head.startswith(b"HTTP/1.1 200"):
+        print("refused", head.split(b"\r\n")[0].decode()); sys.exit(0)
+elif mode == "socks":
+    c = socket.create_connection(addr(sys.argv[2]), timeout=10)
+    name, port, msg = sys.argv[3].encode(), int(sys.argv[4]), sys.argv[5]
+    c.sendall(b"\x05\x01\x00")
+    recv_exact(c, 2)
+    c.sendall(b"\x05\x01\x00\x03" + bytes([len(name)]) + name + struct.pack(">H", port))
+    r = recv_exact(c, 4)
+    if r[1] != 0:
+        print("refused socks", r[1]); sys.exit(0)
+    recv_exact(c, {1: 6, 4: 18}.get(r[3], 0) or recv_exact(c, 1)[0] + 2)
+c.sendall(msg.encode())
+out = b""
+while True:
+    d = c.recv(4096)
+    if not d: break
+    out += d
+print(out.decode())
+"#;
+
+/// `HOST PORT TYPE NAME` (TYPE: A, AAAA or PTR) over UDP: prints the rcode and the answers.
+const DNS6_CLIENT: &str = r#"
+import socket, struct, sys
+host, port, qtype, name = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+qt = {"A": 1, "AAAA": 28, "PTR": 12}[qtype]
+q = struct.pack(">HHHHHH", 0x1234, 0x0100, 1, 0, 0, 0)
+q += b"".join(bytes([len(l)]) + l.encode() for l in name.rstrip(".").split(".")) + b"\0"
+q += struct.pack(">HH", qt, 1)
+s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(5); s.sendto(q, (host, port)); r = s.recv(4096)
+def name_at(i):
+    labels, nxt = [], None
+    while True:
+        l = r[i]
+        if l & 0xC0 == 0xC0:
+            if nxt is None: nxt = i + 2
+            i = ((l & 0x3F) << 8) | r[i + 1]; continue
+        if l == 0: i += 1; break
+        labels.append(r[i + 1:i + 1 + l].decode()); i += 1 + l
+    return ".".join(labels), (nxt if nxt is not None else i)
+rcode, an = r[3] & 0xF, struct.unpack(">H", r[6:8])[0]
+i = name_at(12)[1] + 4
+out = []
+for _ in range(an):
+    i = name_at(i)[1]
+    t, _, _, rdlen = struct.unpack(">HHIH", r[i:i + 10]); i += 10
+    if t == 28: out.append(socket.inet_ntop(socket.AF_INET6, r[i:i + 16]))
+    elif t == 1: out.append(socket.inet_ntoa(r[i:i + 4]))
+    elif t == 12: out.append(name_at(i)[0])
+    i += rdlen
+print(["NOERROR", "FORMERR", "SERVFAIL", "NXDOMAIN", "NOTIMP", "REFUSED"][rcode] if rcode < 6 else rcode, *out)
+"#;
+
+struct V6World {
+    m: Netns,
+    g: Netns,
+    dir: tempfile::TempDir,
+    gateway: NsProcess,
+    agent: NsProcess,
+}
+
+impl V6World {
+    fn py(&self, ns: &Netns, script: &str, args: &[&str]) -> String {
+        let f = self
+            .dir
+            .path()
+            .join(if script == ECHO { "echo.py" } else { "dns6.py" });
+        if !f.exists() {
+            std::fs::write(&f, script).unwrap();
+        }
+        let mut cmd = ns.command("timeout");
+        cmd.arg("20").arg("python3").arg(&f).args(args);
+        let out = cmd.output().unwrap();
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout).trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )
+    }
+
+    fn serve(&self, ns: &Netns, tag: &str, at: &str) {
+        let f = self.dir.path().join("echo.py");
+        std::fs::write(&f, ECHO).unwrap();
+        let mut cmd = ns.command("python3");
+        cmd.arg(&f).args(["serve", tag, at]);
+        ns.spawn(&format!("echo-{tag}"), cmd).unwrap();
+        let (h, p) = at.rsplit_once(':').unwrap();
+        let h = h.trim_matches(|c| c == '[' || c == ']').to_string();
+        wait_for(
+            &format!("echo {tag} listening"),
+            Duration::from_secs(10),
+            || {
+                let probe = format!(
+                    "import socket; socket.create_connection(('{h}', {p}), timeout=1).close()"
+                );
+                ns.output("python3", &["-c", &probe])
+                    .is_ok_and(|o| o.status.success())
+            },
+        );
+    }
+
+    fn logs(&self) -> String {
+        format!(
+            "--- gateway\n{}\n--- agent\n{}",
+            self.gateway.log_tail(40),
+            self.agent.log_tail(40)
+        )
+    }
+}
+
+/// No duplicate address detection in `ns` (new interfaces' IPv6 addresses usable at once).
+fn no_dad(ns: &Netns) {
+    for k in ["all", "default"] {
+        let out = ns
+            .output(
+                "sysctl",
+                &["-qw", &format!("net.ipv6.conf.{k}.accept_dad=0")],
+            )
+            .unwrap();
+        assert!(out.status.success(), "sysctl: {out:?}");
+    }
+}
+
+/// `dual`: IPv4 underlay and both families of guest ranges (one IPv4 and one IPv6 echo
+/// target); otherwise everything on the guest side is IPv6 (underlay, targets, DNS, listeners).
+fn setup_v6(dual: bool) -> V6World {
+    let m = Netns::create("v6m").unwrap();
+    let g = Netns::create("v6g").unwrap();
+    no_dad(&m);
+    no_dad(&g);
+    if dual {
+        connect(&m, &format!("{M_ADDR}/30"), &g, &format!("{G_ADDR}/30")).unwrap();
+        g.ip(&["addr", "add", &format!("{GUEST_CAT}/32"), "dev", "lo"])
+            .unwrap();
+    } else {
+        connect(&m, &format!("{V6_M}/64"), &g, &format!("{V6_G}/64")).unwrap();
+    }
+    for a in [V6_GUEST_ECHO, V6_GUEST_DNS] {
+        g.ip(&["addr", "add", &format!("{a}/128"), "dev", "lo"])
+            .unwrap();
+    }
+    m.ip(&["addr", "add", &format!("{V6_MGMT_ECHO}/128"), "dev", "lo"])
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let gw_key = PrivateKey::generate();
+    let agent_key = PrivateKey::generate();
+    let mut guest_ranges = vec![V6_GUEST_RANGE];
+    if dual {
+        guest_ranges.insert(0, "198.18.52.0/24");
+    }
+    let gw = serde_json::json!({
+        "listen_port": 51820,
+        "listen_address": "::",
+        "private_key": gw_key.to_base64(),
+        "agent_public_key": agent_key.public_key().to_string(),
+        "tunnel_address": hcp_olm_tunnel_api::GATEWAY_TUNNEL_ADDRESS,
+        "agent_tunnel_address": hcp_olm_tunnel_api::AGENT_TUNNEL_ADDRESS,
+        "tunnel_address6": hcp_olm_tunnel_api::GATEWAY_TUNNEL_ADDRESS6,
+        "agent_tunnel_address6": hcp_olm_tunnel_api::AGENT_TUNNEL_ADDRESS6,
+        "guest_cidrs": guest_ranges,
+        "hcp_namespace": HCP_NS,
+        "connect_listen": "[::]:3128",
+        "socks_listen": "[::]:1080",
+        "health_listen": "[::]:9101",
+        "persistent_keepalive_seconds": 2,
+        "dns": {"local_upstreams": ["127.0.0.1:5354"], "listen": GW_DNS},
+        "allowed_services": [{"namespace": GUEST_NS, "name": "*", "port": ECHO_PORT}],
+        "exposed_services": [
+            {"name": "mgmt-echo", "listen_port": EXPOSED_PORT, "target": format!("[{V6_MGMT_ECHO}]:{ECHO_PORT}")}
+        ],
+        "drain_timeout_seconds": 1
+    });
+    let agent = serde_json::json!({
+        "gateway_endpoint": if dual { format!("{M_ADDR}:51820") } else { format!("[{V6_M}]:51820") },
+        "gateway_public_key": gw_key.public_key().to_string(),
+        "private_key": agent_key.to_base64(),
+        "tunnel_address": hcp_olm_tunnel_api::AGENT_TUNNEL_ADDRESS,
+        "gateway_tunnel_address": hcp_olm_tunnel_api::GATEWAY_TUNNEL_ADDRESS,
+        "tunnel_address6": hcp_olm_tunnel_api::AGENT_TUNNEL_ADDRESS6,
+        "gateway_tunnel_address6": hcp_olm_tunnel_api::GATEWAY_TUNNEL_ADDRESS6,
+        "persistent_keepalive_seconds": 2,
+        "allowed_services": [{"namespace": "*", "name": "*", "port": ECHO_PORT}],
+        "allowed_cidrs": guest_ranges,
+        "guest_dns": [format!("[{V6_GUEST_DNS}]:53")],
+        "exposed_services": [
+            {"name": "mgmt-echo", "listen_port": EXPOSED_PORT, "target": "ignored-by-agent:1"}
+        ],
+        "exposed_listen_address": "::",
+        "health_listen": "[::]:9102",
+        "drain_timeout_seconds": 1
+    });
+    let gw_conf = dir.path().join("gateway.json");
+    let agent_conf = dir.path().join("agent.json");
+    std::fs::write(&gw_conf, serde_json::to_vec_pretty(&gw).unwrap()).unwrap();
+    std::fs::write(&agent_conf, serde_json::to_vec_pretty(&agent).unwrap()).unwrap();
+    let name = |n: &str| format!("{n}.{GUEST_NS}.svc.cluster.local");
+    let mut records = vec![
+        (name("cat6"), V6_GUEST_ECHO.to_string()),
+        // a guest name pointing outside the guest ranges (at a management address)
+        (name("evil"), V6_MGMT_ECHO.to_string()),
+    ];
+    if dual {
+        records.push((name("cat4"), GUEST_CAT.to_string()));
+        records.push((name("both"), format!("{GUEST_CAT},{V6_GUEST_ECHO}")));
+    }
+    let records: Vec<(&str, &str)> = records
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
+    dnsmasq(&g, "dnsmasq-guest", V6_GUEST_DNS, 53, &records);
+    dnsmasq(&m, "dnsmasq-mgmt", "127.0.0.1", 5354, &[]);
+    let gateway = {
+        let mut cmd = m.command(GATEWAY);
+        cmd.arg("--config").arg(&gw_conf);
+        m.spawn("gateway", cmd).unwrap()
+    };
+    let agent = {
+        let mut cmd = g.command(AGENT);
+        cmd.arg("--config").arg(&agent_conf);
+        g.spawn("agent", cmd).unwrap()
+    };
+    let w = V6World {
+        m,
+        g,
+        dir,
+        gateway,
+        agent,
+    };
+    w.serve(&w.g, "guest6", &format!("[{V6_GUEST_ECHO}]:{ECHO_PORT}"));
+    if dual {
+        w.serve(&w.g, "guest4", &format!("{GUEST_CAT}:{ECHO_PORT}"));
+    }
+    w.serve(&w.m, "mgmt6", &format!("[{V6_MGMT_ECHO}]:{ECHO_PORT}"));
+    let t = wait_for("agent ready (handshake)", Duration::from_secs(20), || {
+        ready(&w.g, AGENT_HEALTH)
+    });
+    eprintln!("agent ready after {t:?}");
+    w
+}
+
+/// An IPv6-only guest: IPv6 underlay, the agent dials the gateway's IPv6 endpoint; a guest
+/// Service name with only an AAAA record is reached through CONNECT and SOCKS5 (the agent
+/// dials it from the guest's IPv6 network); the exposed service listens on `::` in the guest
+/// and reaches an IPv6 management target; AAAA and PTR (ip6.arpa) names are answered by the
+/// guest DNS across the tunnel on the gateway's DNS listener. Isolation holds: an AAAA
+/// outside the guest ranges and an IPv6 literal are refused like a name that does not exist.
+#[test]
+fn ipv6_only_guest_forward_reverse_and_dns() {
+    let start = Instant::now();
+    let w = setup_v6(false);
+    let g_addrs = w.g.ip(&["-4", "addr", "show", "scope", "global"]).unwrap();
+    assert!(
+        !g_addrs.contains("inet "),
+        "the guest has no global IPv4 address: {g_addrs}"
+    );
+    let cat6 = format!("cat6.{GUEST_NS}.svc.cluster.local");
+    // Forward, CONNECT by name (AAAA only): the echo sees the agent's IPv6 source.
+    let r = w.py(
+        &w.m,
+        ECHO,
+        &[
+            "connect",
+            CONNECT_PROXY,
+            &format!("{cat6}:{ECHO_PORT}"),
+            "hello",
+        ],
+    );
+    assert!(
+        r.starts_with("guest6 fd00:") && r.ends_with(" hello"),
+        "CONNECT {cat6}: {r}\n{}",
+        w.logs()
+    );
+    // SOCKS5 by name.
+    let r = w.py(
+        &w.m,
+        ECHO,
+        &[
+            "socks",
+            SOCKS_PROXY,
+            &cat6,
+            &ECHO_PORT.to_string(),
+            "via-socks",
+        ],
+    );
+    assert!(
+        r.starts_with("guest6 ") && r.ends_with(" via-socks"),
+        "SOCKS {cat6}: {r}"
+    );
+    // Reverse: a guest client on the guest's IPv6 loopback, the agent listening on `::`.
+    let r = w.py(
+        &w.g,
+        ECHO,
+        &["direct", &format!("[::1]:{EXPOSED_PORT}"), "back"],
+    );
+    assert!(
+        r.starts_with("mgmt6 ") && r.ends_with(" back"),
+        "reverse: {r}\n{}",
+        w.logs()
+    );
+    // Isolation: AAAA outside the guest ranges, an IPv6 literal (IP literals are never
+    // dialed: they cannot be checked against allowed_services), a port not allowed.
+    for target in [
+        format!("evil.{GUEST_NS}.svc.cluster.local:{ECHO_PORT}"),
+        format!("[{V6_GUEST_ECHO}]:{ECHO_PORT}"),
+        format!("{cat6}:22"),
+    ] {
+        let r = w.py(&w.m, ECHO, &["connect", CONNECT_PROXY, &target, "x"]);
+        assert_eq!(r, "refused HTTP/1.1 502 Bad Gateway", "{target}");
+    }
+    // DNS through the gateway's listener: AAAA and PTR from the guest.
+    let (host, port) = GW_DNS.rsplit_once(':').unwrap();
+    let ask = |t: &str, n: &str| w.py(&w.m, DNS6_CLIENT, &[host, port, t, n]);
+    assert_eq!(ask("AAAA", &cat6), format!("NOERROR {V6_GUEST_ECHO}"));
+    let ptr = "0.1.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.2.5.0.0.0.0.d.f.ip6.arpa";
+    assert_eq!(ask("PTR", ptr), format!("NOERROR {cat6}"), "{}", w.logs());
+    // A PTR name outside the guest ranges stays with the management side (which does not
+    // know it), never the guest.
+    let other = "0.1.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.1.5.0.0.0.0.d.f.ip6.arpa";
+    let r = ask("PTR", other);
+    assert!(!r.contains("evil"), "{other}: {r}");
+    eprintln!("ipv6-only guest checks in {:?}", start.elapsed());
+}
+
+/// A dual-stack guest over an IPv4 underlay: one IPv4 and one IPv6 guest target through the
+/// one tunnel, at once; a name with both records is dialed over IPv4 (A first).
+#[test]
+fn dual_stack_guest_reaches_both_families() {
+    let start = Instant::now();
+    let w = setup_v6(true);
+    let name = |n: &str| format!("{n}.{GUEST_NS}.svc.cluster.local:{ECHO_PORT}");
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| {
+            w.py(
+                &w.m,
+                ECHO,
+                &["connect", CONNECT_PROXY, &name("cat4"), "four"],
+            )
+        });
+        let b = s.spawn(|| {
+            w.py(
+                &w.m,
+                ECHO,
+                &["connect", CONNECT_PROXY, &name("cat6"), "six"],
+            )
+        });
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert!(
+        a.starts_with("guest4 198.18.") && a.ends_with(" four"),
+        "{a}\n{}",
+        w.logs()
+    );
+    assert!(
+        b.starts_with("guest6 fd00:") && b.ends_with(" six"),
+        "{b}\n{}",
+        w.logs()
+    );
+    let r = w.py(&w.m, ECHO, &["connect", CONNECT_PROXY, &name("both"), "x"]);
+    assert!(r.starts_with("guest4 "), "{r}");
+    let r = w.py(
+        &w.m,
+        ECHO,
+        &[
+            "socks",
+            SOCKS_PROXY,
+            &format!("cat6.{GUEST_NS}.svc.cluster.local"),
+            &ECHO_PORT.to_string(),
+            "s",
+        ],
+    );
+    assert!(r.starts_with("guest6 "), "{r}");
+    let r = w.py(
+        &w.g,
+        ECHO,
+        &["direct", &format!("127.0.0.1:{EXPOSED_PORT}"), "b4"],
+    );
+    assert!(
+        r.starts_with("mgmt6 "),
+        "reverse over IPv4 in the guest: {r}"
+    );
+    let r = w.py(
+        &w.g,
+        ECHO,
+        &["direct", &format!("[::1]:{EXPOSED_PORT}"), "b6"],
+    );
+    assert!(
+        r.starts_with("mgmt6 "),
+        "reverse over IPv6 in the guest: {r}"
+    );
+    let (host, port) = GW_DNS.rsplit_once(':').unwrap();
+    let r = w.py(
+        &w.m,
+        DNS6_CLIENT,
+        &[host, port, "PTR", "10.52.18.198.in-addr.arpa"],
+    );
+    assert!(
+        r.starts_with("NOERROR ") && r.contains(".team-a.svc.cluster.local"),
+        "{r}"
+    );
+    eprintln!("dual-stack checks in {:?}", start.elapsed());
 }

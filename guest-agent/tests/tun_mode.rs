@@ -27,12 +27,13 @@ const ADMIN: &str = "127.0.0.1:9311";
 const PY: &str = r#"
 import hashlib, socket, sys
 mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+fam = socket.AF_INET6 if ":" in host else socket.AF_INET
 if mode == "udp-echo":
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((host, port))
+    s = socket.socket(fam, socket.SOCK_DGRAM); s.bind((host, port))
     while True:
         d, a = s.recvfrom(65535); s.sendto(d, a)
 elif mode == "tcp-digest-server":
-    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s = socket.socket(fam); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind((host, port)); s.listen(4)
     while True:
         c, _ = s.accept(); c.settimeout(20); h = hashlib.sha256(); n = 0
@@ -49,7 +50,7 @@ elif mode == "tcp-digest-client":
     want = "%d %s" % (len(data), hashlib.sha256(data).hexdigest())
     print("ok" if got == want else "mismatch got=%r want=%r" % (got, want))
 elif mode == "udp-client":
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(0.5); ok = 0
+    s = socket.socket(fam, socket.SOCK_DGRAM); s.settimeout(0.5); ok = 0
     for i in range(20):
         msg = (("udp-%d-" % i) * 200)[:1200].encode()
         s.sendto(msg, (host, port))
@@ -187,7 +188,9 @@ impl WgGo {
             )
             .unwrap();
         assert!(out.status.success(), "wg set: {out:?}");
-        ns.ip(&["addr", "add", addr, "dev", &ifname]).unwrap();
+        for a in addr.split(',') {
+            ns.ip(&["addr", "add", a, "dev", &ifname, "nodad"]).unwrap();
+        }
         ns.ip(&["link", "set", &ifname, "mtu", "1420", "up"])
             .unwrap();
         (
@@ -505,4 +508,140 @@ fn config_errors_exit_64_naming_the_field() {
 /// The pinned wireguard-go (`make tools`, e2e/tools/versions.env), not a distribution's.
 fn wireguard_go() -> PathBuf {
     hcp_olm_e2e::tools::bin("wireguard-go").unwrap_or_else(|e| panic!("{e}"))
+}
+
+// ---- Issue 19: IPv6 inside the tunnel, over an IPv6 underlay ----
+// Underlay fd00:42::/64 (A ::1, B ::2), inner fd00:43::/64 (A ::2, B ::1) beside the IPv4
+// inner addresses, routed prefix fd00:44::/64 behind B (fd00:44::10 on B's lo).
+
+const A6: &str = "fd00:42::1";
+const B6: &str = "fd00:42::2";
+const TUN_A6: &str = "fd00:43::2";
+const TUN_B6: &str = "fd00:43::1";
+const SVC_B6: &str = "fd00:44::10";
+
+/// Two namespaces over an IPv6-only veth (no duplicate address detection, so addresses are
+/// usable at once).
+fn pair6() -> Pair {
+    let a = Netns::create("tu6a").unwrap();
+    let b = Netns::create("tu6b").unwrap();
+    for ns in [&a, &b] {
+        for k in ["all", "default"] {
+            let out = ns
+                .output(
+                    "sysctl",
+                    &["-qw", &format!("net.ipv6.conf.{k}.accept_dad=0")],
+                )
+                .unwrap();
+            assert!(out.status.success(), "{out:?}");
+        }
+    }
+    connect(&a, &format!("{A6}/64"), &b, &format!("{B6}/64")).unwrap();
+    b.ip(&["addr", "add", &format!("{SVC_B6}/128"), "dev", "lo"])
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let py = dir.path().join("net.py");
+    std::fs::write(&py, PY).unwrap();
+    Pair { a, b, dir, py }
+}
+
+/// `address6` added to a config written by [`tunnel_config`].
+fn with_address6(cfg: &Path, address6: &str) {
+    let text = std::fs::read_to_string(cfg).unwrap();
+    let text = text.replacen("[tun]\n", &format!("[tun]\naddress6 = \"{address6}\"\n"), 1);
+    std::fs::write(cfg, text).unwrap();
+}
+
+/// Ours (A, dialing over the IPv6 underlay) and `b_side` (B, answering): ping6 to B's inner
+/// IPv6 address and to the routed IPv6 prefix, ping6 back, UDP and an 8 MiB TCP transfer
+/// over IPv6 inside in both directions, and IPv4 inside still working beside it.
+fn ipv6_inside(p: &Pair, tag: &str) {
+    ping(&p.a, TUN_B6);
+    ping(&p.a, SVC_B6);
+    ping(&p.b, TUN_A6);
+    ping(&p.a, TUN_B);
+    udp_and_tcp(p, &p.a, &p.b, TUN_B6, &format!("ours→{tag} (v6)"));
+    udp_and_tcp(p, &p.b, &p.a, TUN_A6, &format!("{tag}→ours (v6)"));
+}
+
+#[test]
+fn ipv6_inside_over_ipv6_underlay_against_wireguard_go() {
+    let start = Instant::now();
+    let p = pair6();
+    let (our_key, our_public) = key(p.dir.path(), "a.key");
+    let (wg, wg_public) = WgGo::start(
+        &p.b,
+        p.dir.path(),
+        &our_public,
+        &format!("{TUN_B}/24,{TUN_B6}/64"),
+        &format!("{TUN_A}/32,{TUN_A6}/128"),
+    );
+    let cfg = tunnel_config(
+        p.dir.path(),
+        "a",
+        &our_key,
+        &wg_public,
+        &format!("[{A6}]:{PORT}"),
+        &format!("{TUN_A}/24"),
+        &["fd00:44::/64"],
+        Some(&format!("[{B6}]:{PORT}")),
+        &[
+            &format!("{TUN_B}/32"),
+            &format!("{TUN_B6}/128"),
+            "fd00:44::/64",
+        ],
+    );
+    with_address6(&cfg, &format!("{TUN_A6}/64"));
+    let ours = start_tunnel(&p.a, "ours", &cfg);
+    let addrs = p.a.ip(&["-6", "addr", "show", "scope", "global"]).unwrap();
+    assert!(addrs.contains(TUN_A6), "{addrs}");
+    ipv6_inside(&p, "wg-go");
+    let st = sigterm_and_wait(&ours);
+    assert!(st.success(), "{st:?}\n{}", ours.log_tail(20));
+    drop(wg);
+    eprintln!("ipv6 inside against wireguard-go in {:?}", start.elapsed());
+}
+
+#[test]
+fn ipv6_inside_over_ipv6_underlay_ours_against_ours() {
+    let start = Instant::now();
+    let p = pair6();
+    let (a_key, a_public) = key(p.dir.path(), "a.key");
+    let (b_key, b_public) = key(p.dir.path(), "b.key");
+    let b_cfg = tunnel_config(
+        p.dir.path(),
+        "b",
+        &b_key,
+        &a_public,
+        &format!("[{B6}]:{PORT}"),
+        &format!("{TUN_B}/24"),
+        &[],
+        None,
+        &[&format!("{TUN_A}/32"), &format!("{TUN_A6}/128")],
+    );
+    with_address6(&b_cfg, &format!("{TUN_B6}/64"));
+    let a_cfg = tunnel_config(
+        p.dir.path(),
+        "a",
+        &a_key,
+        &b_public,
+        &format!("[{A6}]:{PORT}"),
+        &format!("{TUN_A}/24"),
+        &["fd00:44::/64"],
+        Some(&format!("[{B6}]:{PORT}")),
+        &[
+            &format!("{TUN_B}/32"),
+            &format!("{TUN_B6}/128"),
+            "fd00:44::/64",
+        ],
+    );
+    with_address6(&a_cfg, &format!("{TUN_A6}/64"));
+    let b = start_tunnel(&p.b, "ours-b", &b_cfg);
+    let a = start_tunnel(&p.a, "ours-a", &a_cfg);
+    ipv6_inside(&p, "ours-b");
+    for proc in [&a, &b] {
+        let st = sigterm_and_wait(proc);
+        assert!(st.success(), "{st:?}\n{}", proc.log_tail(20));
+    }
+    eprintln!("ipv6 inside, ours against ours, in {:?}", start.elapsed());
 }

@@ -86,7 +86,9 @@ pub struct GatewayDns {
     /// Management-side resolvers (`ip` or `ip:port`), e.g. the cluster DNS Service IP.
     pub local_upstreams: Vec<String>,
     /// Ownership rules. Empty means the default split: `svc.<domain>` → guest,
-    /// `<hcp_namespace>.svc.<domain>` → local, everything else → local.
+    /// `<hcp_namespace>.svc.<domain>` → local, the reverse zones of `guest_cidrs`
+    /// (`in-addr.arpa`, `ip6.arpa`; PTR names of guest addresses) → guest, everything else →
+    /// local.
     #[serde(default)]
     pub rules: Vec<DnsRule>,
     /// Optional `ip:port` to serve the split DNS on (UDP and TCP) for pods' `dnsConfig`.

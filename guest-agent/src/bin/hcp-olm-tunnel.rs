@@ -109,6 +109,11 @@ async fn run(cfg: TunnelConfig, config_path: PathBuf) -> anyhow::Result<()> {
         .build_async()
         .with_context(|| format!("create TUN device {} (needs NET_ADMIN)", t.name))?;
     ip(&["addr", "replace", &t.address, "dev", &t.name])?;
+    if let Some(a6) = &t.address6 {
+        // No duplicate address detection on a point-to-point device: the address is usable
+        // at once instead of staying tentative for a second or more.
+        ip(&["-6", "addr", "replace", a6, "dev", &t.name, "nodad"])?;
+    }
     ip(&[
         "link",
         "set",
@@ -172,7 +177,7 @@ async fn run(cfg: TunnelConfig, config_path: PathBuf) -> anyhow::Result<()> {
         None => None,
     };
     tracing::info!(
-        %listen, admin = ?admin_addr, tun = %t.name, address = %t.address,
+        %listen, admin = ?admin_addr, tun = %t.name, address = %t.address, address6 = ?t.address6,
         routes = ?t.routes, offload = t.offload, peer = %cfg.peer.peer_public_key,
         endpoint = ?cfg.peer.endpoint, "tunnel up"
     );

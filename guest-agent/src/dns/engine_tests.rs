@@ -871,3 +871,151 @@ fn repeated_identical_queries_reuse_reply_but_patch_id_and_ttl() {
         t0 + Duration::from_secs(40),
     ));
 }
+
+// Issue 19: reverse zones of the guest ranges.
+
+#[test]
+fn reverse_zones_on_and_between_boundaries() {
+    use super::reverse::reverse_zones;
+    let z = |s: &str| {
+        let (a, p) = s.split_once('/').unwrap();
+        reverse_zones(a.parse().unwrap(), p.parse().unwrap())
+    };
+    assert_eq!(z("172.30.0.0/16"), ["30.172.in-addr.arpa"]);
+    assert_eq!(z("198.18.52.7/32"), ["7.52.18.198.in-addr.arpa"]);
+    assert_eq!(z("198.18.52.0/24"), ["52.18.198.in-addr.arpa"]);
+    // /12: the 16 /16 zones 96..=111 (host bits ignored)
+    let v = z("10.100.1.2/12");
+    assert_eq!(v.len(), 16);
+    assert_eq!(v[0], "96.10.in-addr.arpa");
+    assert_eq!(v[15], "111.10.in-addr.arpa");
+    // the bound: at most 2^7 zones for IPv4, 2^3 for IPv6
+    assert_eq!(z("10.0.0.0/9").len(), 128);
+    assert_eq!(z("10.128.0.0/14").len(), 4);
+    assert_eq!(z("fd00::/8"), ["d.f.ip6.arpa"]);
+    assert_eq!(
+        z("fd00:52::/64"),
+        ["0.0.0.0.0.0.0.0.2.5.0.0.0.0.d.f.ip6.arpa"]
+    );
+    // /62: the four /64 zones
+    assert_eq!(
+        z("fd00:10:96::/62"),
+        [
+            "0.0.0.0.6.9.0.0.0.1.0.0.0.0.d.f.ip6.arpa",
+            "1.0.0.0.6.9.0.0.0.1.0.0.0.0.d.f.ip6.arpa",
+            "2.0.0.0.6.9.0.0.0.1.0.0.0.0.d.f.ip6.arpa",
+            "3.0.0.0.6.9.0.0.0.1.0.0.0.0.d.f.ip6.arpa",
+        ]
+    );
+    assert_eq!(z("fd00:10:96::/125").len(), 8);
+    assert_eq!(z("fd00:10:96::/108").len(), 1);
+    assert_eq!(z("fd00:10:96::/105").len(), 8);
+    assert_eq!(z("fd00::a/128")[0].split('.').count(), 34);
+    assert!(z("fd00::a/128")[0].starts_with("a.0.0.0."));
+}
+
+/// An engine with the gateway's default split plus the guest ranges' reverse zones.
+fn engine_with_reverse_zones(ranges: &[&str]) -> Engine {
+    use super::reverse::reverse_zones;
+    let mut rules = String::from(
+        "  - { suffix: svc.cluster.local, owner: guest }\n  - { suffix: svc.cluster.local, namespace: clusters-hc1, owner: local }\n  - { suffix: \".\", owner: local }\n",
+    );
+    for r in ranges {
+        let (a, p) = r.split_once('/').unwrap();
+        for zone in reverse_zones(a.parse().unwrap(), p.parse().unwrap()) {
+            rules.push_str(&format!("  - {{ suffix: \"{zone}\", owner: guest }}\n"));
+        }
+    }
+    let yaml = format!(
+        "cluster_domain: cluster.local\nupstreams:\n  local: [\"{LOCAL}\"]\n  guest: [\"{GUEST}\"]\nrules:\n{rules}"
+    );
+    let spec: DnsConfigSpec = serde_yaml_ng::from_str(&yaml).unwrap();
+    Engine::new(spec.validate().unwrap())
+}
+
+#[test]
+fn ptr_names_of_guest_ranges_go_to_the_guest_and_others_stay_local() {
+    let e = engine_with_reverse_zones(&["10.96.0.0/12", "fd00:10:96::/112"]);
+    let t = Instant::now();
+    let owner = |name: &str| {
+        forward(e.handle_query(
+            &query_bytes(7, name, RecordType::PTR, None),
+            Transport::Udp,
+            t,
+        ))
+        .query
+        .owner
+    };
+    assert_eq!(owner("10.0.100.10.in-addr.arpa."), Owner::Guest);
+    assert_eq!(owner("1.0.111.10.in-addr.arpa."), Owner::Guest);
+    assert_eq!(owner("1.0.112.10.in-addr.arpa."), Owner::Local);
+    assert_eq!(owner("10.0.30.172.in-addr.arpa."), Owner::Local);
+    assert_eq!(
+        owner("a.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.6.9.0.0.0.1.0.0.0.0.d.f.ip6.arpa."),
+        Owner::Guest
+    );
+    assert_eq!(
+        owner("a.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.7.9.0.0.0.1.0.0.0.0.d.f.ip6.arpa."),
+        Owner::Local
+    );
+    // the forward split is unchanged
+    assert_eq!(owner("cat.team-a.svc.cluster.local."), Owner::Guest);
+    assert_eq!(owner("cat.clusters-hc1.svc.cluster.local."), Owner::Local);
+    assert_eq!(owner("quay.io."), Owner::Local);
+}
+
+#[test]
+fn aaaa_and_ptr_answers_pass_through() {
+    use hickory_proto::rr::rdata::{AAAA, PTR};
+    let e = engine_with_reverse_zones(&["fd00:10:96::/112"]);
+    let t = Instant::now();
+    let name = "cat.team-a.svc.cluster.local.";
+    let f = forward(e.handle_query(
+        &query_bytes(9, name, RecordType::AAAA, None),
+        Transport::Udp,
+        t,
+    ));
+    assert_eq!(f.query.owner, Owner::Guest);
+    assert_eq!(f.upstreams, [GUEST.parse::<SocketAddr>().unwrap()]);
+    let ip: std::net::Ipv6Addr = "fd00:10:96::a".parse().unwrap();
+    let r = answer(
+        &e,
+        &f,
+        |q, id| {
+            upstream_answer(
+                q,
+                id,
+                ResponseCode::NoError,
+                vec![Record::from_rdata(n(name), 30, RData::AAAA(AAAA(ip)))],
+                vec![],
+            )
+        },
+        t,
+    );
+    let m = parse(&r);
+    assert_eq!(m.metadata.id, 9);
+    assert!(matches!(&m.answers[0].data, RData::AAAA(a) if a.0 == ip));
+    let ptr = "a.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.6.9.0.0.0.1.0.0.0.0.d.f.ip6.arpa.";
+    let f = forward(e.handle_query(
+        &query_bytes(10, ptr, RecordType::PTR, None),
+        Transport::Udp,
+        t,
+    ));
+    assert_eq!(f.query.owner, Owner::Guest);
+    let r = answer(
+        &e,
+        &f,
+        |q, id| {
+            upstream_answer(
+                q,
+                id,
+                ResponseCode::NoError,
+                vec![Record::from_rdata(n(ptr), 30, RData::PTR(PTR(n(name))))],
+                vec![],
+            )
+        },
+        t,
+    );
+    let m = parse(&r);
+    assert!(matches!(&m.answers[0].data, RData::PTR(p) if p.0 == n(name)));
+}

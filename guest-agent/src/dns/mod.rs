@@ -3,6 +3,7 @@
 pub mod cache;
 pub mod config;
 pub mod engine;
+pub mod reverse;
 pub mod table;
 
 pub use cache::{Cache, CacheKey, STALE_TTL};
@@ -11,6 +12,7 @@ pub use engine::{
     Action, ClientEdns, Engine, Forward, Outcome, PendingQuery, Reply, Source, Transport,
     UpstreamVerdict,
 };
+pub use reverse::reverse_zones;
 pub use table::{Decision, Owner, OwnershipTable, Rule};
 
 #[cfg(test)]

@@ -202,9 +202,21 @@ impl DnsServer {
     /// table, cache and owners exactly like a client query (used by the gateway for CONNECT
     /// targets). Relative names are taken as absolute.
     pub async fn lookup_ip(&self, name: &str) -> Result<Vec<IpAddr>, LookupError> {
+        self.lookup_families(name, &[RecordType::A, RecordType::AAAA])
+            .await
+    }
+
+    /// Like [`DnsServer::lookup_ip`], asking for the record types `rtypes` (A, AAAA) in
+    /// order and returning the first non-empty answer: a dual-stack gateway asks only for the
+    /// families it can dial. NXDOMAIN ends the lookup.
+    pub async fn lookup_families(
+        &self,
+        name: &str,
+        rtypes: &[RecordType],
+    ) -> Result<Vec<IpAddr>, LookupError> {
         let mut n = Name::from_ascii(name).map_err(|_| LookupError::InvalidName(name.into()))?;
         n.set_fqdn(true);
-        for rtype in [RecordType::A, RecordType::AAAA] {
+        for &rtype in rtypes {
             let mut m = Message::new(rand::random(), MessageType::Query, OpCode::Query);
             m.metadata.recursion_desired = true;
             m.add_query(Query::query(n.clone(), rtype));

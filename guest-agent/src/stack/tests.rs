@@ -10,8 +10,8 @@ fn cfg(addr: &str, any_ip: bool, accept: AcceptPolicy) -> StackConfig {
     }
 }
 
-/// Two stacks wired back to back (no WireGuard): A (100.127.255.1) dials; B (.2) accepts in
-/// any-IP mode connections to `allowed`. Returns A, B, B's accepted connections and the
+/// Two stacks wired back to back (no WireGuard): A (100.127.255.1 and fd9c:…::1) dials; B
+/// (.2, ::2; dual stack) accepts in any-IP mode connections to `allowed`. Returns A, B, B's accepted connections and the
 /// largest packet seen on the wire.
 fn wired_pair(
     allowed: SocketAddr,
@@ -44,17 +44,19 @@ fn wired_pair_with(
             let _ = to_a.send(p).await;
         }
     });
-    let (a, _a_acc) = spawn(
-        cfg("100.127.255.1", false, Arc::new(|_, _| false)),
-        a_in,
-        a_out,
-        cancel.clone(),
-    );
+    let mut a_cfg = cfg("100.127.255.1", false, Arc::new(|_, _| false));
+    a_cfg
+        .addresses
+        .push(("fd9c:4f1e:7a2b:ffff::1".parse().unwrap(), 126));
+    let (a, _a_acc) = spawn(a_cfg, a_in, a_out, cancel.clone());
     let mut b_cfg = cfg(
         "100.127.255.2",
         true,
         Arc::new(move |dst, _| dst == allowed),
     );
+    b_cfg
+        .addresses
+        .push(("fd9c:4f1e:7a2b:ffff::2".parse().unwrap(), 126));
     b_cfg.dial_first = dial_first;
     let (b, b_acc) = spawn(b_cfg, b_in, b_out, cancel.clone());
     (a, b, b_acc, max_len)
@@ -123,6 +125,58 @@ async fn connect_accept_echo_and_refuse() {
     assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused);
     assert_eq!(b.counters.tcp_refused.load(Ordering::Relaxed), 1);
     assert_eq!(b.counters.tcp_accepted.load(Ordering::Relaxed), 1);
+    cancel.cancel();
+}
+
+/// IPv6 inside: A dials an IPv6 guest address from its IPv6 tunnel address, B accepts it in
+/// any-IP mode and answers from that address; a port the policy refuses gets a reset. The
+/// largest packet stays within the MTU (IPv6 headers are 20 bytes longer).
+#[tokio::test]
+async fn ipv6_connect_accept_and_refuse_in_any_ip_mode() {
+    let cancel = CancellationToken::new();
+    let allowed: SocketAddr = "[fd00:52::10]:50051".parse().unwrap();
+    let (a, b, mut b_acc, max_len) = wired_pair(allowed, &cancel);
+    tokio::spawn(async move {
+        while let Some(mut c) = b_acc.recv().await {
+            assert_eq!(c.local, allowed);
+            assert_eq!(
+                c.remote.ip(),
+                "fd9c:4f1e:7a2b:ffff::1".parse::<IpAddr>().unwrap()
+            );
+            tokio::spawn(async move {
+                while let Some(d) = c.recv().await {
+                    if c.send(d).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    let mut c = tokio::time::timeout(Duration::from_secs(5), a.connect(allowed))
+        .await
+        .unwrap()
+        .unwrap();
+    let payload = Bytes::from(vec![6u8; 100_000]);
+    c.send(payload.clone()).await.unwrap();
+    let mut got = 0;
+    while got < payload.len() {
+        got += tokio::time::timeout(Duration::from_secs(10), c.recv())
+            .await
+            .unwrap()
+            .unwrap()
+            .len();
+    }
+    assert_eq!(got, payload.len());
+    assert!(max_len.load(Ordering::Relaxed) <= 1420);
+    let e = tokio::time::timeout(
+        Duration::from_secs(5),
+        a.connect("[fd00:52::10]:22".parse().unwrap()),
+    )
+    .await
+    .unwrap()
+    .unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused);
+    assert_eq!(b.counters.tcp_refused.load(Ordering::Relaxed), 1);
     cancel.cancel();
 }
 

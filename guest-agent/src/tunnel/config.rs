@@ -12,8 +12,10 @@
 //! [tun]
 //! name = "hcpolm0"
 //! address = "198.18.41.2/24"            # our tunnel address
+//! address6 = "fd00:41::2/64"            # optional: our IPv6 tunnel address (IPv6 inside)
 //! mtu = 1420
 //! routes = ["198.18.50.0/24"]           # guest service / pod CIDRs routed into the device
+//!                                       # (IPv6 prefixes need `address6`)
 //! offload = true                        # virtio-net offload (GSO/GRO); default true
 //!
 //! [peer]
@@ -69,6 +71,7 @@ struct FileConfig {
 struct FileTun {
     name: Option<String>,
     address: Option<String>,
+    address6: Option<String>,
     mtu: Option<u16>,
     #[serde(default)]
     routes: Vec<String>,
@@ -101,6 +104,8 @@ pub struct TunSettings {
     pub name: String,
     /// Our tunnel address with its prefix.
     pub address: String,
+    /// Our IPv6 tunnel address with its prefix (IPv6 inside the tunnel), if any.
+    pub address6: Option<String>,
     /// Device MTU.
     pub mtu: u16,
     /// Prefixes routed into the device.
@@ -206,16 +211,55 @@ pub fn parse(path: &Path, text: &str) -> Result<TunnelConfig, TunnelConfigError>
     let address = t
         .address
         .ok_or_else(|| err("tun.address", "required (ADDRESS/PREFIX)"))?;
-    address
+    let own = address
         .parse::<Cidr>()
         .map_err(|e| err("tun.address", e.to_string()))?;
+    let mut own_ranges = vec![own];
+    if let Some(a6) = &t.address6 {
+        let c = a6
+            .parse::<Cidr>()
+            .map_err(|e| err("tun.address6", e.to_string()))?;
+        if !c.addr().is_ipv6() || !own.addr().is_ipv4() {
+            return Err(err(
+                "tun.address6",
+                format!("`{a6}` is not an IPv6 address (with an IPv4 `tun.address`)"),
+            ));
+        }
+        own_ranges.push(c);
+    }
     let mtu = t.mtu.unwrap_or(1420);
     if !(576..=9000).contains(&mtu) {
         return Err(err("tun.mtu", format!("{mtu} is outside 576..=9000")));
     }
+    if own_ranges.iter().any(|c| c.addr().is_ipv6()) && mtu < 1280 {
+        return Err(err(
+            "tun.mtu",
+            format!("{mtu} is below IPv6's minimum link MTU (1280)"),
+        ));
+    }
     for (i, r) in t.routes.iter().enumerate() {
-        r.parse::<Cidr>()
-            .map_err(|e| err(&format!("tun.routes[{i}]"), e.to_string()))?;
+        let f = format!("tun.routes[{i}]");
+        let c = r.parse::<Cidr>().map_err(|e| err(&f, e.to_string()))?;
+        if !own_ranges
+            .iter()
+            .any(|o| o.addr().is_ipv4() == c.addr().is_ipv4())
+        {
+            return Err(err(
+                &f,
+                format!("`{r}`: an IPv6 route needs an IPv6 tunnel address (`tun.address6`)"),
+            ));
+        }
+        // (IPv4 routes are taken as they always were.)
+        if let Some(o) = own_ranges[1..].iter().find(|o| o.overlaps(&c)) {
+            return Err(err(
+                &f,
+                format!(
+                    "`{r}` overlaps the tunnel's own range {}/{}",
+                    o.network(),
+                    o.prefix()
+                ),
+            ));
+        }
     }
 
     let p = f.peer.ok_or_else(|| err("peer", "required"))?;
@@ -266,6 +310,7 @@ pub fn parse(path: &Path, text: &str) -> Result<TunnelConfig, TunnelConfigError>
         tun: TunSettings {
             name,
             address,
+            address6: t.address6,
             mtu,
             routes: t.routes,
             offload: t.offload.unwrap_or(true),
@@ -340,6 +385,21 @@ allowed_ips = ["198.18.41.1/32"]
         assert!(c.tun.offload);
         assert_eq!(c.tun.name, "hcpolm0");
         assert_eq!(c.peer.dead_peer_timeout, Some(Duration::from_secs(60)));
+        assert_eq!(c.tun.address6, None);
+        let text = good(&key)
+            .replace("[tun]", "[tun]\naddress6 = \"fd00:41::2/64\"")
+            .replace(
+                "[\"198.18.50.0/24\"]",
+                "[\"198.18.50.0/24\", \"fd00:50::/64\"]",
+            )
+            .replace(
+                "[\"198.18.41.1/32\"]",
+                "[\"198.18.41.1/32\", \"fd00:41::1/128\"]",
+            );
+        let c = parse(&dir.path().join("c.toml"), &text).unwrap();
+        assert_eq!(c.tun.address6.as_deref(), Some("fd00:41::2/64"));
+        assert_eq!(c.tun.routes.len(), 2);
+        assert_eq!(c.peer.allowed_ips.len(), 2);
     }
 
     #[test]
@@ -376,6 +436,24 @@ allowed_ips = ["198.18.41.1/32"]
             (
                 base.replace("[tun]", "[tun]\nname = \"much-too-long-name0\""),
                 "tun.name",
+            ),
+            // Issue 19: IPv6 inside.
+            (
+                base.replace("[\"198.18.50.0/24\"]", "[\"fd00:50::/64\"]"),
+                "tun.routes[0]",
+            ),
+            (
+                base.replace("[tun]", "[tun]\naddress6 = \"198.18.45.2/24\""),
+                "tun.address6",
+            ),
+            (
+                base.replace("[tun]", "[tun]\naddress6 = \"fd00:41::2\""),
+                "tun.address6",
+            ),
+            (
+                base.replace("[tun]", "[tun]\naddress6 = \"fd00:41::2/64\"")
+                    .replace("[\"198.18.50.0/24\"]", "[\"fd00:41::/48\"]"),
+                "tun.routes[0]",
             ),
         ];
         for (text, field) in cases {

@@ -88,6 +88,40 @@ impl Cidr {
             _ => false,
         }
     }
+
+    /// The address as written (host bits not cleared).
+    pub fn addr(&self) -> IpAddr {
+        self.addr
+    }
+
+    /// The prefix length.
+    pub fn prefix(&self) -> u8 {
+        self.prefix
+    }
+
+    /// The first address of the prefix (host bits cleared).
+    pub fn network(&self) -> IpAddr {
+        match self.addr {
+            IpAddr::V4(a) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                IpAddr::V4((u32::from(a) & mask).into())
+            }
+            IpAddr::V6(a) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                IpAddr::V6((u128::from(a) & mask).into())
+            }
+        }
+    }
+
+    /// Whether the two prefixes share an address (same family, one contains the other's
+    /// network).
+    pub fn overlaps(&self, other: &Cidr) -> bool {
+        self.contains(other.network()) || other.contains(self.network())
+    }
 }
 
 impl FromStr for Cidr {
@@ -1728,5 +1762,18 @@ mod tests {
         assert!(all.contains("1.2.3.4".parse().unwrap()));
         assert!("1.2.3.4/33".parse::<Cidr>().is_err());
         assert!("1.2.3.4".parse::<Cidr>().is_err());
+        let v6: Cidr = "fd00:52::7/64".parse().unwrap();
+        assert!(v6.contains("fd00:52::ffff".parse().unwrap()));
+        assert!(!v6.contains("fd00:53::1".parse().unwrap()));
+        assert!(!v6.contains("198.18.0.1".parse().unwrap()));
+        assert_eq!(v6.network(), "fd00:52::".parse::<IpAddr>().unwrap());
+        assert_eq!(v6.prefix(), 64);
+        let tunnel6: Cidr = "fd9c:4f1e:7a2b:ffff::1/126".parse().unwrap();
+        assert!(tunnel6.overlaps(&"fd9c:4f1e:7a2b::/48".parse().unwrap()));
+        assert!(tunnel6.overlaps(&"fd9c:4f1e:7a2b:ffff::3/128".parse().unwrap()));
+        assert!(!tunnel6.overlaps(&"fd9c:4f1e:7a2b:ffff::4/126".parse().unwrap()));
+        assert!(!tunnel6.overlaps(&"100.127.255.0/30".parse().unwrap()));
+        assert!(c.overlaps(&"198.19.1.0/24".parse().unwrap()));
+        assert!(!c.overlaps(&"198.20.0.0/16".parse().unwrap()));
     }
 }
