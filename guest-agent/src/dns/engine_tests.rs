@@ -912,6 +912,10 @@ fn reverse_zones_on_and_between_boundaries() {
     assert_eq!(z("fd00:10:96::/105").len(), 8);
     assert_eq!(z("fd00::a/128")[0].split('.').count(), 34);
     assert!(z("fd00::a/128")[0].starts_with("a.0.0.0."));
+    // /0 (refused by validation, but the function stands alone): the family's root zone,
+    // no overflow (the IPv6 case shifted by 128 and panicked in debug builds)
+    assert_eq!(z("::/0"), ["ip6.arpa"]);
+    assert_eq!(z("0.0.0.0/0"), ["in-addr.arpa"]);
 }
 
 /// An engine with the gateway's default split plus the guest ranges' reverse zones.

@@ -53,7 +53,8 @@ fn zones(
     let base = raw & mask(prefix);
     let count = 1u128 << (boundary - prefix);
     let labels = boundary / step;
-    let unit = 1u128 << (bits - boundary);
+    // (a /0 of IPv6 would shift by 128: one zone, so the unit is never used)
+    let unit = 1u128.checked_shl(bits - boundary).unwrap_or(0);
     (0..count)
         .map(|k| {
             let net = base + k * unit;
