@@ -39,6 +39,10 @@ const DNS_RETRANSMIT: Duration = Duration::from_millis(400);
 #[derive(Debug)]
 pub struct GatewaySettings {
     pub listen: SocketAddr,
+    /// `listen_address` unset: the WireGuard socket takes both families (`[::]` with
+    /// IPv6-only off), so agents reach it over an IPv4 or an IPv6 underlay; a pod without
+    /// IPv6 gets `0.0.0.0` ([`bind_wireguard`]).
+    pub listen_dual_stack: bool,
     /// Own key and the agent's, with the previous ones of a rotation.
     pub keys: Keys,
     /// Where the config was read from, for key reloads (set by the binary).
@@ -308,6 +312,7 @@ impl GatewaySettings {
         }
         Ok(Self {
             listen: SocketAddr::new(ip, c.listen_port),
+            listen_dual_stack: c.listen_address.is_none(),
             keys,
             config_path: None,
             key_reload: daemon::reload_interval(c.key_reload_seconds),
@@ -1092,11 +1097,39 @@ pub(crate) fn metrics() -> (Registry, DnsMetrics, TunnelMetrics) {
     (registry, dns, tunnel)
 }
 
+/// The WireGuard UDP socket: `listen`, or with `dual_stack` one socket for both families on
+/// `[::]:port` (IPv4 peers arrive as `::ffff:a.b.c.d`), falling back to `listen` (`0.0.0.0`)
+/// where the pod has no IPv6 (kernel or sysctl without it).
+async fn bind_wireguard(listen: SocketAddr, dual_stack: bool) -> std::io::Result<UdpSocket> {
+    if dual_stack {
+        let any6 = SocketAddr::new(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), listen.port());
+        let dual = || -> std::io::Result<std::net::UdpSocket> {
+            use socket2::{Domain, Protocol, Socket, Type};
+            let sock = Socket::new(Domain::IPV6, Type::DGRAM, Some(Protocol::UDP))?;
+            sock.set_only_v6(false)?;
+            sock.bind(&any6.into())?;
+            sock.set_nonblocking(true)?;
+            Ok(sock.into())
+        };
+        match dual() {
+            Ok(sock) => return UdpSocket::from_std(sock),
+            Err(e) => tracing::info!(
+                error = %e,
+                "no IPv6 socket here; the WireGuard socket takes IPv4 only"
+            ),
+        }
+    }
+    UdpSocket::bind(listen).await
+}
+
 pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
     use anyhow::Context;
-    let udp = UdpSocket::bind(s.listen)
+    let udp = bind_wireguard(s.listen, s.listen_dual_stack)
         .await
         .with_context(|| format!("bind wireguard udp {}", s.listen))?;
+    if let Ok(a) = udp.local_addr() {
+        tracing::info!(wireguard = %a, "wireguard socket bound");
+    }
     let connect = match s.connect_listen {
         Some(a) => Some(
             TcpListener::bind(a)

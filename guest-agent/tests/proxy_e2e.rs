@@ -1872,7 +1872,8 @@ fn setup_v6(dual: bool) -> V6World {
     }
     let gw = serde_json::json!({
         "listen_port": 51820,
-        "listen_address": "::",
+        // no listen_address: the default socket takes both families (the agent dials an
+        // IPv6 address here; IPv4 underlays elsewhere use the same default)
         "private_key": gw_key.to_base64(),
         "agent_public_key": agent_key.public_key().to_string(),
         "tunnel_address": hcp_olm_tunnel_api::GATEWAY_TUNNEL_ADDRESS,
