@@ -381,6 +381,16 @@ fn setup(gw_extra: serde_json::Value, agent_extra: serde_json::Value, pushed: us
     wait_for("decoy up", Duration::from_secs(20), || {
         !raw_exchange(&w.m, &format!("{DECOY}:80"), b"probe").is_empty()
     });
+    // The catalogs listen (checked without connecting: they hold every connection). On a
+    // loaded machine the first CONNECT once met the HCP catalog before python had bound.
+    let listening = |ns: &Netns, addr: &str| {
+        ns.output("ss", &["-Hltn", "src", addr])
+            .is_ok_and(|o| !o.stdout.is_empty())
+    };
+    wait_for("catalogs listening", Duration::from_secs(20), || {
+        listening(&w.m, &format!("{MGMT_CAT}:50051"))
+            && listening(&w.g, &format!("{GUEST_CAT}:50051"))
+    });
     // The probe itself was a hit; start counting from here.
     std::fs::write(w.dir.path().join("decoy.log"), "").unwrap();
     w

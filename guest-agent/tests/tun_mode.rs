@@ -556,6 +556,11 @@ fn with_address6(cfg: &Path, address6: &str) {
 /// IPv6 address and to the routed IPv6 prefix, ping6 back, UDP and an 8 MiB TCP transfer
 /// over IPv6 inside in both directions, and IPv4 inside still working beside it.
 fn ipv6_inside(p: &Pair, tag: &str) {
+    // as the IPv4 tests do: pings start after the handshake (a loaded machine once lost the
+    // first ping while it was under way)
+    wait_for("A ready (handshake)", Duration::from_secs(15), || {
+        http_get(&p.a, "/readyz").ends_with("200")
+    });
     ping(&p.a, TUN_B6);
     ping(&p.a, SVC_B6);
     ping(&p.b, TUN_A6);
