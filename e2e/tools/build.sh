@@ -79,9 +79,12 @@ done
 build pause pause v1 . -ldflags "-s -w"
 build registry registry "$REGISTRY_VERSION" github.com/distribution/distribution/v3/cmd/registry -ldflags "-s -w"
 build wireguard-go wireguard-go "$WIREGUARD_GO_VERSION" golang.zx2c4.com/wireguard -ldflags "-s -w"
+# CoreDNS: the real nodes' cluster DNS (e2e/src/clusterdns.rs) and the test images; also a DNS
+# benchmark peer. (It was built for the benchmarks only, so a fresh machine's `make test` failed
+# the real-node tests with "upstream tool `coredns` not found".)
+build coredns coredns "$COREDNS_VERSION" github.com/coredns/coredns -ldflags "-s -w"
 if [ "$bench" = 1 ]; then
   build konnectivity proxy-server "$KONNECTIVITY_VERSION" sigs.k8s.io/apiserver-network-proxy/cmd/server -ldflags "-s -w"
   build konnectivity proxy-agent "$KONNECTIVITY_VERSION" sigs.k8s.io/apiserver-network-proxy/cmd/agent -ldflags "-s -w"
-  build coredns coredns "$COREDNS_VERSION" github.com/coredns/coredns -ldflags "-s -w"
 fi
 echo "build-tools: upstream binaries ready in $bin" >&2
