@@ -274,6 +274,10 @@ const TUNNEL_RANGE6: (IpAddr, u8) = (
     126,
 );
 
+/// Ranges per `spec.networking` field the tunnel carries (Kubernetes has at most two Service
+/// ranges, one per family; OpenShift a handful of cluster networks).
+const MAX_NETWORK_ENTRIES: usize = 16;
+
 /// The network address of `ip/len` as a 128-bit number (IPv4 in the low 32 bits).
 fn network_bits(ip: IpAddr, len: u8) -> u128 {
     let (bits, width) = match ip {
@@ -520,6 +524,17 @@ pub fn validate(
 
     let mut cidrs =
         |field: &str, entries: Option<&Vec<crate::hostedcluster::NetworkEntry>>, default: &str| {
+            let n = entries.map_or(0, Vec::len);
+            if n > MAX_NETWORK_ENTRIES {
+                // Each range becomes tunnel routes and split-DNS reverse zones (up to 128
+                // each) in both tunnel ends: a HostedCluster owner must not size those.
+                errs.push(ConditionReason::new(
+                    InvalidNetworking,
+                    format!("HostedCluster.spec.networking.{field}"),
+                    format!("{n} ranges; at most {MAX_NETWORK_ENTRIES} are carried by the tunnel"),
+                ));
+                return vec![default.to_string()];
+            }
             let list: Vec<String> = entries
                 .into_iter()
                 .flatten()

@@ -334,6 +334,21 @@ fn guest_networks_come_from_spec_networking_and_bad_cidrs_are_named() {
     let v = common::valid(&hc, None);
     assert_eq!(v.guest_service_cidrs, ["fd02::/112", "172.30.0.0/16"]);
     assert_eq!(v.guest_pod_cidrs, ["10.128.0.0/14", "fd01::/48"]);
+    // a HostedCluster owner does not get to size the tunnel's routes and DNS zones
+    let many: Vec<serde_json::Value> = (0..17)
+        .map(|i| serde_json::json!({"cidr": format!("10.{i}.0.0/16")}))
+        .collect();
+    let got = networking_codes(
+        &mut hc,
+        serde_json::json!({"serviceNetwork": [{"cidr": "172.30.0.0/16"}], "clusterNetwork": many}),
+    );
+    assert_eq!(
+        got,
+        [(
+            ReasonCode::InvalidNetworking,
+            "HostedCluster.spec.networking.clusterNetwork".to_string()
+        )]
+    );
     let got = networking_codes(
         &mut hc,
         serde_json::json!({
