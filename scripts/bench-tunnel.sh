@@ -12,7 +12,11 @@
 #   the opm leg is printed for information (opm bounds its own stream).
 # - TUN mode: iperf3 single-stream TCP through our `hcp-olm-tunnel` pair against a
 #   wireguard-go pair, each pair in two fresh network namespaces joined by a veth (MTU 1500,
-#   tunnel MTU 1420), rounds alternating, medians compared.
+#   tunnel MTU 1420), medians compared; twice in the same rounds: IPv4 underlay with IPv4
+#   inside (198.18.46.0/30, 198.18.47.0/24), and IPv6 underlay with IPv6 inside (issue 19:
+#   fd00:46::/64, fd00:47::/64; the IPv4 inner address is configured too, as ours requires
+#   one, but iperf3 runs over IPv6). The four systems (wireguard-go v4, ours v4, wireguard-go
+#   v6, ours v6) run in a rotating order per round.
 # - DNS, cached answers: dnsperf (4 clients, SECONDS per run, after a warm-up) against our
 #   split-DNS engine (`hcp-olm-dns`, the engine the gateway embeds), dnsmasq and CoreDNS, all
 #   three configured for the same split (svc.cluster.local -> a "guest" dnsmasq, the rest ->
@@ -22,38 +26,55 @@
 # DNS answer that is not NOERROR) fails the whole benchmark instead of entering a median as 0.
 # DNS efficiency is answers per CPU-second of the server process (from /proc), so the load
 # generator sharing the two cores does not decide it; raw qps is printed too.
-# Per-run figures go to stderr; the last line is
-#   tunnel-bench: bulk_vs_konnectivity=<r> bulk_vs_direct=<r> rpc_p99_vs_konnectivity=<r> tun_vs_wireguard_go=<r> dns_cpu_vs_coredns=<r> dns_cpu_vs_dnsmasq=<r>
+# Per-run figures go to stderr (with `tun-bench:` and `tun6-bench:` summary lines); the last
+# line is
+#   tunnel-bench: bulk_vs_konnectivity=<r> bulk_vs_direct=<r> rpc_p99_vs_konnectivity=<r> tun_vs_wireguard_go=<r> dns_cpu_vs_coredns=<r> dns_cpu_vs_dnsmasq=<r> tun6_vs_wireguard_go=<r>
 # (bulk: the catalog-server backend leg, where the transport is the bottleneck; the opm leg
-# is printed for information).
-# Usage: scripts/bench-tunnel.sh [ROUNDS] [SECONDS]
+# is printed for information), or with BENCH_LEGS=tun
+#   tunnel-bench: tun_vs_wireguard_go=<r> tun6_vs_wireguard_go=<r> ours_v6_vs_v4=<r> (legs: tun)
+# Usage: [BENCH_LEGS=all|tun] scripts/bench-tunnel.sh [ROUNDS] [SECONDS]
+#   BENCH_LEGS=all (default): every leg. BENCH_LEGS=tun: only the TUN legs (both families);
+#   the catalog, Konnectivity and DNS legs, their tool checks and builds are skipped (needs
+#   iperf3, wg, the pinned wireguard-go and the release hcp-olm-tunnel only).
 set -euo pipefail
 umask 077
 root="$(cd "$(dirname "$0")/.." && pwd)"
 rounds="${1:-3}"
 secs="${2:-6}"
+legs="${BENCH_LEGS:-all}"
+case "$legs" in all | tun) ;; *) echo "bench-tunnel: BENCH_LEGS must be all or tun, not '$legs'" >&2; exit 64 ;; esac
 [[ "$rounds" -ge 3 ]] || { echo "bench-tunnel: at least 3 rounds" >&2; exit 64; }
 fail() { echo "bench-tunnel: FAILED: $*" >&2; exit 1; }
-for t in iperf3 wg ip python3 dnsperf dnsmasq; do
+need=(iperf3 wg ip python3)
+[[ $legs == all ]] && need+=(dnsperf dnsmasq)
+for t in "${need[@]}"; do
   command -v "$t" >/dev/null || { echo "bench-tunnel: $t not installed" >&2; exit 1; }
 done
 [[ $(id -u) == 0 ]] || { echo "bench-tunnel: needs root (network namespaces)" >&2; exit 1; }
 cd "$root"
-echo "bench-tunnel: building hcp-olm-tunnel (release)" >&2
-cargo build --release -q -p hcp-olm-guest-agent --bin hcp-olm-tunnel --bin hcp-olm-dns \
-  --bin hcp-olm-gateway --bin hcp-olm-agent
-cargo build --release -q -p hcp-olm-cli --example catalog-rpc-bench
-cargo build --release -q -p hcp-olm-catalog --bin hcp-olm-catalog-server
+echo "bench-tunnel: building hcp-olm-tunnel (release; legs: $legs)" >&2
+if [[ $legs == all ]]; then
+  cargo build --release -q -p hcp-olm-guest-agent --bin hcp-olm-tunnel --bin hcp-olm-dns \
+    --bin hcp-olm-gateway --bin hcp-olm-agent
+  cargo build --release -q -p hcp-olm-cli --example catalog-rpc-bench
+  cargo build --release -q -p hcp-olm-catalog --bin hcp-olm-catalog-server
+else
+  cargo build --release -q -p hcp-olm-guest-agent --bin hcp-olm-tunnel
+fi
 rel="${CARGO_TARGET_DIR:-$root/target}/release"
 tools="${HCP_OLM_TOOLS_DIR:-${HCP_OLM_CACHE:-$HOME/.cache/hcp-olm}/bin}"
-for b in opm proxy-server proxy-agent wireguard-go; do
+need_tools=(wireguard-go)
+[[ $legs == all ]] && need_tools=(opm proxy-server proxy-agent wireguard-go)
+for b in "${need_tools[@]}"; do
   [[ -x "$tools/$b" ]] || { echo "bench-tunnel: $tools/$b missing: run 'make tools-bench'" >&2; exit 1; }
 done
 catalog="${HCP_OLM_BENCH_CATALOG:-$root/../shared/fixtures/catalogs/large}"
 tunnel="${CARGO_TARGET_DIR:-$root/target}/release/hcp-olm-tunnel"
 ourdns="${CARGO_TARGET_DIR:-$root/target}/release/hcp-olm-dns"
 coredns="${HCP_OLM_TOOLS_DIR:-${HCP_OLM_CACHE:-$HOME/.cache/hcp-olm}/bin}/coredns"
-[[ -x "$coredns" ]] || { echo "bench-tunnel: CoreDNS not built: run 'make tools-bench'" >&2; exit 1; }
+if [[ $legs == all ]]; then
+  [[ -x "$coredns" ]] || { echo "bench-tunnel: CoreDNS not built: run 'make tools-bench'" >&2; exit 1; }
+fi
 
 tag="bt$$"
 na="${tag}a" nb="${tag}b"
@@ -73,11 +94,22 @@ cleanup() {
 trap 'catalog_stop; rm -rf "$work"' EXIT
 
 A=198.18.46.1 B=198.18.46.2 TA=198.18.47.1 TB=198.18.47.2 PORT=51820
+# IPv6 leg (issue 19): underlay and inner addresses, test-only (fd00::/8)
+A6=fd00:46::1 B6=fd00:46::2 TA6=fd00:47::1 TB6=fd00:47::2
 
-netns_up() {
+netns_up() {  # [6]: IPv6 underlay (no duplicate address detection, addresses usable at once)
   ip netns add "$na"; ip netns add "$nb"
+  if [[ ${1:-} == 6 ]]; then
+    for n in "$na" "$nb"; do
+      for k in all default; do ip netns exec "$n" sysctl -qw "net.ipv6.conf.$k.accept_dad=0"; done
+    done
+  fi
   ip link add "${tag}va" netns "$na" type veth peer name "${tag}vb" netns "$nb"
-  ip -n "$na" addr add "$A/30" dev "${tag}va"; ip -n "$nb" addr add "$B/30" dev "${tag}vb"
+  if [[ ${1:-} == 6 ]]; then
+    ip -n "$na" addr add "$A6/64" dev "${tag}va" nodad; ip -n "$nb" addr add "$B6/64" dev "${tag}vb" nodad
+  else
+    ip -n "$na" addr add "$A/30" dev "${tag}va"; ip -n "$nb" addr add "$B/30" dev "${tag}vb"
+  fi
   for n in "$na" "$nb"; do ip -n "$n" link set lo up; done
   ip -n "$na" link set "${tag}va" up; ip -n "$nb" link set "${tag}vb" up
 }
@@ -87,36 +119,42 @@ keys() {
   wg genkey > "$work/b.key"; wg pubkey < "$work/b.key" > "$work/b.pub"
 }
 
-wggo_up() {  # netns ifname key peer_pub addr peer_tunnel endpoint
-  local ns=$1 ifn=$2 key=$3 peer=$4 addr=$5 ptun=$6 ep=$7
+wggo_up() {  # netns ifname key peer_pub addr peer_tunnel endpoint [addr6 peer_tunnel6]
+  local ns=$1 ifn=$2 key=$3 peer=$4 addr=$5 ptun=$6 ep=$7 addr6=${8:-} ptun6=${9:-}
   WG_PROCESS_FOREGROUND=1 ip netns exec "$ns" "$tools/wireguard-go" -f "$ifn" >"$work/$ifn.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 100); do [[ -S /var/run/wireguard/$ifn.sock ]] && break; sleep 0.1; done
   local epargs=()
   [[ -n "$ep" ]] && epargs=(endpoint "$ep")
-  ip netns exec "$ns" wg set "$ifn" private-key "$key" listen-port $PORT peer "$(cat "$peer")" allowed-ips "$ptun/32" "${epargs[@]}"
+  local allowed="$ptun/32"
+  [[ -n "$ptun6" ]] && allowed+=",$ptun6/128"
+  ip netns exec "$ns" wg set "$ifn" private-key "$key" listen-port $PORT peer "$(cat "$peer")" allowed-ips "$allowed" "${epargs[@]}"
   ip -n "$ns" addr add "$addr/24" dev "$ifn"
+  [[ -n "$addr6" ]] && ip -n "$ns" addr add "$addr6/64" dev "$ifn" nodad
   ip -n "$ns" link set "$ifn" mtu 1420 up
 }
 
-ours_up() {  # netns ifname key peer_pub addr peer_tunnel endpoint admin_port
-  local ns=$1 ifn=$2 key=$3 peer=$4 addr=$5 ptun=$6 ep=$7 listen=$8
+ours_up() {  # netns ifname key peer_pub addr peer_tunnel endpoint listen_addr [addr6 peer_tunnel6]
+  local ns=$1 ifn=$2 key=$3 peer=$4 addr=$5 ptun=$6 ep=$7 listen=$8 addr6=${9:-} ptun6=${10:-}
   local cfg="$work/$ifn.toml"
   {
     echo "listen = \"$listen:$PORT\""
     echo "admin = \"127.0.0.1:9313\""
     echo "private_key_file = \"$key\""
     echo "[tun]"; echo "name = \"$ifn\""; echo "address = \"$addr/24\""; echo "routes = []"
+    [[ -n "$addr6" ]] && echo "address6 = \"$addr6/64\""
     echo "[peer]"; echo "public_key = \"$(cat "$peer")\""
     [[ -n "$ep" ]] && { echo "endpoint = \"$ep\""; echo "persistent_keepalive = 5"; }
-    echo "allowed_ips = [\"$ptun/32\"]"
+    if [[ -n "$ptun6" ]]; then echo "allowed_ips = [\"$ptun/32\", \"$ptun6/128\"]"
+    else echo "allowed_ips = [\"$ptun/32\"]"; fi
   } > "$cfg"
   ip netns exec "$ns" "$tunnel" --config "$cfg" >"$work/$ifn.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 100); do grep -q "tunnel up" "$work/$ifn.log" 2>/dev/null && break; sleep 0.1; done
 }
 
-iperf() {  # prints Mbit/s of one single-stream run A -> B through the tunnel
+iperf() {  # target -> prints Mbit/s of one single-stream run A -> B through the tunnel
+  local TB=$1
   ip netns exec "$nb" iperf3 -s -1 -B "$TB" -p 5201 >/dev/null 2>&1 &
   local srv=$!
   pids+=($srv)
@@ -131,17 +169,29 @@ iperf() {  # prints Mbit/s of one single-stream run A -> B through the tunnel
     python3 -c 'import json,sys; d=json.load(sys.stdin); e=d["end"]; print("%.1f" % (e["sum_received"]["bits_per_second"]/1e6)); print("bench-tunnel:   retransmits %s, sender cpu %.0f%%, receiver cpu %.0f%%" % (e["sum_sent"].get("retransmits"), e["cpu_utilization_percent"]["host_total"], e["cpu_utilization_percent"]["remote_total"]), file=sys.stderr)'
 }
 
-run_pair() {  # kind -> Mbit/s
-  netns_up
-  if [[ $1 == wggo ]]; then
-    wggo_up "$nb" "${tag}wb" "$work/b.key" "$work/a.pub" "$TB" "$TA" ""
-    wggo_up "$na" "${tag}wa" "$work/a.key" "$work/b.pub" "$TA" "$TB" "$B:$PORT"
-  else
-    ours_up "$nb" "${tag}ob" "$work/b.key" "$work/a.pub" "$TB" "$TA" "" "$B"
-    ours_up "$na" "${tag}oa" "$work/a.key" "$work/b.pub" "$TA" "$TB" "$B:$PORT" "$A"
-  fi
+run_pair() {  # kind [6] -> Mbit/s (6: IPv6 underlay, IPv6 inside)
   local r
-  r="$(iperf)" || r=""
+  if [[ ${2:-} == 6 ]]; then
+    netns_up 6
+    if [[ $1 == wggo ]]; then
+      wggo_up "$nb" "${tag}w6b" "$work/b.key" "$work/a.pub" "$TB" "$TA" "" "$TB6" "$TA6"
+      wggo_up "$na" "${tag}w6a" "$work/a.key" "$work/b.pub" "$TA" "$TB" "[$B6]:$PORT" "$TA6" "$TB6"
+    else
+      ours_up "$nb" "${tag}o6b" "$work/b.key" "$work/a.pub" "$TB" "$TA" "" "[$B6]" "$TB6" "$TA6"
+      ours_up "$na" "${tag}o6a" "$work/a.key" "$work/b.pub" "$TA" "$TB" "[$B6]:$PORT" "[$A6]" "$TA6" "$TB6"
+    fi
+    r="$(iperf "$TB6")" || r=""
+  else
+    netns_up
+    if [[ $1 == wggo ]]; then
+      wggo_up "$nb" "${tag}wb" "$work/b.key" "$work/a.pub" "$TB" "$TA" ""
+      wggo_up "$na" "${tag}wa" "$work/a.key" "$work/b.pub" "$TA" "$TB" "$B:$PORT"
+    else
+      ours_up "$nb" "${tag}ob" "$work/b.key" "$work/a.pub" "$TB" "$TA" "" "$B"
+      ours_up "$na" "${tag}oa" "$work/a.key" "$work/b.pub" "$TA" "$TB" "$B:$PORT" "$A"
+    fi
+    r="$(iperf "$TB")" || r=""
+  fi
   cleanup
   [[ -n "$r" ]] && python3 -c "import sys; sys.exit(0 if float('$r') > 0 else 1)" || return 1
   echo "$r"
@@ -346,19 +396,27 @@ ratio() { python3 -c "print('%.3f' % ($1 / $2))"; }
 rotated() { local i=$1 n=$2 k; for k in $(seq 0 $((n - 1))); do echo $(( (i - 1 + k) % n )); done; }
 
 keys
-ours=() wggo=()
+ours=() wggo=() ours6=() wggo6=()
 for i in $(seq "$rounds"); do
-  for k in $(rotated "$i" 2); do
+  for k in $(rotated "$i" 4); do
     case $k in
-      0) w="$(run_pair wggo)" || fail "round $i: wireguard-go iperf3 run"; wggo+=("$w") ;;
-      1) o="$(run_pair ours)" || fail "round $i: hcp-olm-tunnel iperf3 run"; ours+=("$o") ;;
+      0) w="$(run_pair wggo)" || fail "round $i: wireguard-go iperf3 run (IPv4)"; wggo+=("$w") ;;
+      1) o="$(run_pair ours)" || fail "round $i: hcp-olm-tunnel iperf3 run (IPv4)"; ours+=("$o") ;;
+      2) w6="$(run_pair wggo 6)" || fail "round $i: wireguard-go iperf3 run (IPv6)"; wggo6+=("$w6") ;;
+      3) o6="$(run_pair ours 6)" || fail "round $i: hcp-olm-tunnel iperf3 run (IPv6)"; ours6+=("$o6") ;;
     esac
   done
-  echo "bench-tunnel: round $i: wireguard-go ${w} Mbit/s, ours ${o} Mbit/s (iperf3 single stream, ${secs}s)" >&2
+  echo "bench-tunnel: round $i: IPv4 wireguard-go ${w} Mbit/s, ours ${o} Mbit/s; IPv6 wireguard-go ${w6} Mbit/s, ours ${o6} Mbit/s (iperf3 single stream, ${secs}s)" >&2
 done
 mo="$(median "${ours[@]}")" mw="$(median "${wggo[@]}")"
-r_tun="$(ratio "$mo" "$mw")"
+mo6="$(median "${ours6[@]}")" mw6="$(median "${wggo6[@]}")"
+r_tun="$(ratio "$mo" "$mw")" r_tun6="$(ratio "$mo6" "$mw6")" r_v6v4="$(ratio "$mo6" "$mo")"
 echo "tun-bench: ours_mbit(min/median/max)=$(spread "${ours[@]}") wireguard_go_mbit=$(spread "${wggo[@]}") tun_vs_wireguard_go=$r_tun" >&2
+echo "tun6-bench: ours_mbit(min/median/max)=$(spread "${ours6[@]}") wireguard_go_mbit=$(spread "${wggo6[@]}") tun6_vs_wireguard_go=$r_tun6 ours_v6_vs_v4=$r_v6v4" >&2
+if [[ $legs == tun ]]; then
+  echo "tunnel-bench: tun_vs_wireguard_go=$r_tun tun6_vs_wireguard_go=$r_tun6 ours_v6_vs_v4=$r_v6v4 (legs: tun)"
+  exit 0
+fi
 
 echo "bench-tunnel: catalog path: ListBundles of $(basename "$catalog") x3 and 500 GetPackage, per round" >&2
 catalog_setup
@@ -412,4 +470,4 @@ dns_stop
   co_="$(median ${dc[0]})" cm="$(median ${dc[1]})" cc="$(median ${dc[2]})"
 }
 r_dns_c="$(ratio "$co_" "$cc")" r_dns_m="$(ratio "$co_" "$cm")"
-echo "tunnel-bench: bulk_vs_konnectivity=$r_bulk_k bulk_vs_direct=$r_bulk_d rpc_p99_vs_konnectivity=$r_p99 tun_vs_wireguard_go=$r_tun dns_cpu_vs_coredns=$r_dns_c dns_cpu_vs_dnsmasq=$r_dns_m"
+echo "tunnel-bench: bulk_vs_konnectivity=$r_bulk_k bulk_vs_direct=$r_bulk_d rpc_p99_vs_konnectivity=$r_p99 tun_vs_wireguard_go=$r_tun dns_cpu_vs_coredns=$r_dns_c dns_cpu_vs_dnsmasq=$r_dns_m tun6_vs_wireguard_go=$r_tun6"
