@@ -569,6 +569,28 @@ fn ipv6_inside(p: &Pair, tag: &str) {
     udp_and_tcp(p, &p.b, &p.a, TUN_A6, &format!("{tag}→ours (v6)"));
 }
 
+/// Ours on side A of [`pair6`]: dials B over the IPv6 underlay, both inner families, the
+/// routed fd00:44::/64 behind B.
+fn side_a6(p: &Pair, key_file: &Path, peer_public: &str) -> PathBuf {
+    let cfg = tunnel_config(
+        p.dir.path(),
+        "a",
+        key_file,
+        peer_public,
+        &format!("[{A6}]:{PORT}"),
+        &format!("{TUN_A}/24"),
+        &["fd00:44::/64"],
+        Some(&format!("[{B6}]:{PORT}")),
+        &[
+            &format!("{TUN_B}/32"),
+            &format!("{TUN_B6}/128"),
+            "fd00:44::/64",
+        ],
+    );
+    with_address6(&cfg, &format!("{TUN_A6}/64"));
+    cfg
+}
+
 #[test]
 fn ipv6_inside_over_ipv6_underlay_against_wireguard_go() {
     let start = Instant::now();
@@ -581,22 +603,7 @@ fn ipv6_inside_over_ipv6_underlay_against_wireguard_go() {
         &format!("{TUN_B}/24,{TUN_B6}/64"),
         &format!("{TUN_A}/32,{TUN_A6}/128"),
     );
-    let cfg = tunnel_config(
-        p.dir.path(),
-        "a",
-        &our_key,
-        &wg_public,
-        &format!("[{A6}]:{PORT}"),
-        &format!("{TUN_A}/24"),
-        &["fd00:44::/64"],
-        Some(&format!("[{B6}]:{PORT}")),
-        &[
-            &format!("{TUN_B}/32"),
-            &format!("{TUN_B6}/128"),
-            "fd00:44::/64",
-        ],
-    );
-    with_address6(&cfg, &format!("{TUN_A6}/64"));
+    let cfg = side_a6(&p, &our_key, &wg_public);
     let ours = start_tunnel(&p.a, "ours", &cfg);
     let addrs = p.a.ip(&["-6", "addr", "show", "scope", "global"]).unwrap();
     assert!(addrs.contains(TUN_A6), "{addrs}");
@@ -625,22 +632,7 @@ fn ipv6_inside_over_ipv6_underlay_ours_against_ours() {
         &[&format!("{TUN_A}/32"), &format!("{TUN_A6}/128")],
     );
     with_address6(&b_cfg, &format!("{TUN_B6}/64"));
-    let a_cfg = tunnel_config(
-        p.dir.path(),
-        "a",
-        &a_key,
-        &b_public,
-        &format!("[{A6}]:{PORT}"),
-        &format!("{TUN_A}/24"),
-        &["fd00:44::/64"],
-        Some(&format!("[{B6}]:{PORT}")),
-        &[
-            &format!("{TUN_B}/32"),
-            &format!("{TUN_B6}/128"),
-            "fd00:44::/64",
-        ],
-    );
-    with_address6(&a_cfg, &format!("{TUN_A6}/64"));
+    let a_cfg = side_a6(&p, &a_key, &b_public);
     let b = start_tunnel(&p.b, "ours-b", &b_cfg);
     let a = start_tunnel(&p.a, "ours-a", &a_cfg);
     ipv6_inside(&p, "ours-b");
