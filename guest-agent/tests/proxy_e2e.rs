@@ -1961,6 +1961,83 @@ fn setup_v6(dual: bool) -> V6World {
     w
 }
 
+/// Issue 19, relocation over an IPv6 underlay: as [`gateway_address_change_is_followed`],
+/// with the gateway named by a host name that resolves to an IPv6 address only. Its published
+/// address moves (a NAT66 in M in front of it, as a new LoadBalancer IP would be), the old
+/// address carries nothing either way, the name says so, and the agent follows within the
+/// same bound, without a restart.
+#[test]
+fn gateway_ipv6_address_change_is_followed() {
+    const NEW_V6_M: &str = "fd00:53::1";
+    const NAME: &str = "gateway.relocate6.test";
+    let w = setup_v6(false);
+    w.g.set_hosts(&format!("::1 localhost\n{V6_M} {NAME}\n"))
+        .unwrap();
+    let conf = w.dir.path().join("agent.json");
+    let mut agent: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&conf).unwrap()).unwrap();
+    agent["gateway_endpoint"] = serde_json::json!(format!("{NAME}:51820"));
+    std::fs::write(&conf, serde_json::to_vec_pretty(&agent).unwrap()).unwrap();
+    w.agent.kill();
+    let agent = {
+        let mut cmd = w.g.command(AGENT);
+        cmd.arg("--config").arg(&conf);
+        w.g.spawn("agent-by-name", cmd).unwrap()
+    };
+    wait_for("agent ready by name", Duration::from_secs(20), || {
+        ready(&w.g, AGENT_HEALTH)
+    });
+    let cat6 = format!("cat6.{GUEST_NS}.svc.cluster.local:{ECHO_PORT}");
+    let call = || w.py(&w.m, ECHO, &["connect", CONNECT_PROXY, &cat6, "hi"]);
+    let r = call();
+    assert!(
+        r.ends_with(" hi"),
+        "before the move: {r}\n{}",
+        agent.log_tail(30)
+    );
+    let nft = |ns: &Netns, rules: String| {
+        let mut cmd = ns.command("nft");
+        cmd.args(["-f", "-"]).stdin(std::process::Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), rules.as_bytes()).unwrap();
+        assert!(child.wait().unwrap().success(), "nft: {rules}");
+    };
+    nft(
+        &w.m,
+        format!(
+            "table ip6 relocate {{\n chain pre {{\n  type nat hook prerouting priority -100;\n  ip6 daddr {NEW_V6_M} udp dport 51820 dnat to {V6_M}\n }}\n}}\n"
+        ),
+    );
+    w.g.ip(&[
+        "-6",
+        "route",
+        "add",
+        &format!("{NEW_V6_M}/128"),
+        "via",
+        V6_M,
+    ])
+    .unwrap();
+    nft(
+        &w.g,
+        format!(
+            "table inet relocate {{\n chain out {{\n  type filter hook output priority 0;\n  ip6 daddr {V6_M} udp dport 51820 drop\n }}\n chain in {{\n  type filter hook input priority 0;\n  ip6 saddr {V6_M} udp sport 51820 drop\n }}\n}}\n"
+        ),
+    );
+    w.g.set_hosts(&format!("::1 localhost\n{NEW_V6_M} {NAME}\n"))
+        .unwrap();
+    let t = wait_for(
+        "calls after the gateway's IPv6 address changed",
+        Duration::from_secs(45),
+        || call().ends_with(" hi"),
+    );
+    eprintln!("agent followed the gateway's new IPv6 address in {t:?}");
+    assert!(
+        t < Duration::from_secs(30),
+        "followed only after {t:?} (bound 30 s)\n{}",
+        agent.log_tail(40)
+    );
+}
+
 /// An IPv6-only guest: IPv6 underlay, the agent dials the gateway's IPv6 endpoint; a guest
 /// Service name with only an AAAA record is reached through CONNECT and SOCKS5 (the agent
 /// dials it from the guest's IPv6 network); the exposed service listens on `::` in the guest
