@@ -291,13 +291,15 @@ async fn deployments_become_pods_with_status_services_restarts_and_in_cluster_cr
         }
     })
     .await;
+    // `errors` holds the last pass only, and a failed start is retried every 5 s: a pass
+    // between the status write and this check leaves it empty (seen once in a CI-like run)
     assert!(
         node.view()
-            .errors
+            .history
             .iter()
             .any(|e| e.deployment == "unknown-image"),
         "{:?}",
-        node.view().errors
+        node.view().history
     );
     node.stop().await;
 }
