@@ -661,6 +661,15 @@ fn kill_restart_recovery_and_sigterm() {
     }
 }
 
+/// Loads an nft ruleset in `ns`.
+fn nft(ns: &Netns, rules: String) {
+    let mut cmd = ns.command("nft");
+    cmd.args(["-f", "-"]).stdin(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), rules.as_bytes()).unwrap();
+    assert!(child.wait().unwrap().success(), "nft: {rules}");
+}
+
 /// Relocation (issue 19): the agent dials the gateway by name; the gateway's published
 /// address changes (the old one stops answering, the name now resolves to a new one) and the
 /// agent follows within a bound, without a restart. It resolved the name once at start-up
@@ -686,13 +695,6 @@ fn gateway_address_change_is_followed() {
     // The gateway moves: its published address is now NEW_ADDR (a NAT in M in front of it,
     // as a new LoadBalancer IP would be, so replies come from NEW_ADDR), the old address
     // carries nothing in either direction, and the name says so.
-    let nft = |ns: &Netns, rules: String| {
-        let mut cmd = ns.command("nft");
-        cmd.args(["-f", "-"]).stdin(std::process::Stdio::piped());
-        let mut child = cmd.spawn().unwrap();
-        std::io::Write::write_all(&mut child.stdin.take().unwrap(), rules.as_bytes()).unwrap();
-        assert!(child.wait().unwrap().success(), "nft: {rules}");
-    };
     nft(
         &w.m,
         format!(
@@ -1995,13 +1997,6 @@ fn gateway_ipv6_address_change_is_followed() {
         "before the move: {r}\n{}",
         agent.log_tail(30)
     );
-    let nft = |ns: &Netns, rules: String| {
-        let mut cmd = ns.command("nft");
-        cmd.args(["-f", "-"]).stdin(std::process::Stdio::piped());
-        let mut child = cmd.spawn().unwrap();
-        std::io::Write::write_all(&mut child.stdin.take().unwrap(), rules.as_bytes()).unwrap();
-        assert!(child.wait().unwrap().success(), "nft: {rules}");
-    };
     nft(
         &w.m,
         format!(
