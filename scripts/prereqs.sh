@@ -13,19 +13,20 @@ case "$what" in demo | test | bench) ;; *)
   ;;
 esac
 
-# command → Debian package. The demo needs network namespaces (ip, setpriv, nsenter), the pod
-# sandbox (bwrap), the node's Service rules (nft, conntrack) and cluster DNS (dnsmasq).
+# command → Debian package. The demo needs network namespaces and mounts (ip, setpriv, nsenter,
+# unshare), firewall rules (nft, conntrack) and the real nodes' container runtime (runc); the
+# tests also run real DNS servers (dnsmasq) and WireGuard peers (wg).
 declare -A pkg_of=(
   [ip]=iproute2 [setpriv]=util-linux [nsenter]=util-linux [unshare]=util-linux
-  [bwrap]=bubblewrap [nft]=nftables [conntrack]=conntrack [dnsmasq]=dnsmasq-base
+  [nft]=nftables [conntrack]=conntrack [dnsmasq]=dnsmasq-base
   [curl]=curl [git]=git [make]=make [python3]=python3 [ping]=iputils-ping
   [wireguard-go]=wireguard-go [wg]=wireguard-tools [dnsperf]=dnsperf [iperf3]=iperf3
   [runc]=runc
 )
-cmds=(ip setpriv nsenter unshare bwrap nft conntrack dnsmasq git make)
+cmds=(ip setpriv nsenter unshare nft conntrack runc git make)
 case "$what" in
-test) cmds+=(curl python3 ping wg runc) ;;
-bench) cmds+=(curl python3 ping wg dnsperf iperf3) ;;
+test) cmds+=(curl python3 ping wg dnsmasq) ;;
+bench) cmds+=(curl python3 ping wg dnsmasq dnsperf iperf3) ;;
 esac
 # file → Debian package: the CA bundle the image tests (and make images) put in every image.
 declare -A pkg_of_file=([/etc/ssl/certs/ca-certificates.crt]=ca-certificates
@@ -33,7 +34,7 @@ declare -A pkg_of_file=([/etc/ssl/certs/ca-certificates.crt]=ca-certificates
 files=()
 # The real nodes (e2e/src/realnode.rs): containerd runs pods with runc and wires them with the
 # CNI bridge, host-local and loopback plugins.
-[ "$what" = test ] && files+=(/etc/ssl/certs/ca-certificates.crt /usr/lib/cni/bridge)
+files+=(/etc/ssl/certs/ca-certificates.crt /usr/lib/cni/bridge)
 
 say() { echo "prereqs($what): $*" >&2; }
 missing_pkgs() {

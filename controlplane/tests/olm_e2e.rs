@@ -1,8 +1,9 @@
 //! End to end with the real OLM binaries (issue 5): the scenario of `hcp_olm_e2e::scenario`
-//! (also `make demo`). Two real control planes; our controller as a process under its
-//! ServiceAccount; a management node runs the rendered catalog-operator, olm-operator,
-//! package-server, opm catalogs and tunnel gateway; a guest node runs the rendered guest agent
-//! and a user catalog. The guest lists packagemanifests of both sides, Subscriptions install
+//! (also `make demo`). Two real control planes, each with a real node (containerd, kubelet,
+//! kube-proxy, CoreDNS, controller-manager, scheduler); our controller as a process under its
+//! ServiceAccount; the management node runs the rendered catalog-operator, olm-operator,
+//! package-server, opm catalogs and tunnel gateway from images, the guest node the rendered
+//! guest agent and a user catalog. The guest lists packagemanifests of both sides, Subscriptions install
 //! operators from both sides (the guest one over the tunnel), OperatorHub toggles the default
 //! sources, the gateway and the agent go down and come back, HyperShift's own OLM is taken
 //! over and runs beside ours (stand-ins for its control-plane-operator and config operator,
@@ -48,7 +49,7 @@ async fn guest_subscriptions_install_from_catalogs_on_either_side() -> Result<()
         Some(w) if outcome.failed.is_some() => format!(
             "{}\n{}\n--- controller log (last 60 lines):\n{}",
             scenario::summary(w).await,
-            w.node_diagnosis(),
+            w.node_diagnosis().await,
             w.controller_log_tail(60)
         ),
         _ => String::new(),

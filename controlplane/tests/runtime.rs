@@ -4108,7 +4108,16 @@ async fn components_say_why_their_pods_are_not_ready_on_a_real_node() -> Result<
     Api::<k8s_openapi::api::core::v1::Secret>::namespaced(env.management.client(), &hcp_ns)
         .create(&PostParams::default(), &pull_secret)
         .await?;
-    let pushed = push_hcp_images(&env, &hcp_ns, &oci, reg.addr()).await?;
+    let refs = hcp_olm_e2e::hcpimages::image_refs(env.management.client(), &hcp_ns).await?;
+    let bin = hcp_olm_e2e::tools::workspace_bin("hcp-olm-gateway", "hcp-olm-guest-agent")?;
+    let pushed = hcp_olm_e2e::hcpimages::push_hcp_images(
+        &refs,
+        bin.parent().context("bin dir")?,
+        &oci,
+        reg.addr(),
+        &Default::default(),
+    )
+    .await?;
     let pushed_in = started.elapsed();
     Api::<HostedOLM>::namespaced(env.management.client(), &hcp_ns)
         .patch(
@@ -4581,7 +4590,10 @@ async fn components_say_why_their_pods_are_not_ready_on_a_real_node() -> Result<
             .spec
             .and_then(|s| s.cluster_ip)
             .context("packageserver ClusterIP")?;
-    let _route = HostRoute::add(&format!("{ps_ip}/32"), &node.site().node_ip().to_string())?;
+    let _route = hcp_olm_e2e::realnode::HostRoute::add(
+        &format!("{ps_ip}/32"),
+        &node.site().node_ip().to_string(),
+    )?;
     let api_started = std::time::Instant::now();
     let apiservices: Api<DynamicObject> = Api::all_with(
         env.guest.client(),
@@ -4722,31 +4734,6 @@ async fn components_say_why_their_pods_are_not_ready_on_a_real_node() -> Result<
     Ok(())
 }
 
-/// A route on the host, deleted when dropped.
-struct HostRoute(String);
-
-impl HostRoute {
-    fn add(dst: &str, via: &str) -> Result<Self> {
-        let out = std::process::Command::new("ip")
-            .args(["route", "add", dst, "via", via])
-            .output()?;
-        ensure!(
-            out.status.success(),
-            "ip route add {dst} via {via}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(Self(dst.to_string()))
-    }
-}
-
-impl Drop for HostRoute {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("ip")
-            .args(["route", "del", &self.0])
-            .output();
-    }
-}
-
 /// The real guest's Service network (the management cluster keeps the test default).
 const GUEST_SERVICE_CIDR: &str = "198.19.254.0/24";
 
@@ -4759,147 +4746,4 @@ async fn deployment_names(cluster: &Cluster, ns: &str) -> Result<Vec<String>> {
         .into_iter()
         .filter_map(|d| d.metadata.name)
         .collect())
-}
-
-/// What [`push_hcp_images`] pushed.
-struct PushedImages {
-    /// HostedOLM `spec.images` naming the pushed images by digest.
-    overrides: serde_json::Value,
-    count: usize,
-    bytes: usize,
-}
-
-/// Pushes to the registry at `registry` a real image for every image the HCP namespace's
-/// Deployments name, at the same path: the OLM image (the pinned upstream binaries, user
-/// 1001 as Red Hat's), index images shaped like Red Hat's (FBC, opm and its cache; user
-/// 1001) and our tunnel gateway as `make images` packs it. Returns the HostedOLM image
-/// overrides naming them.
-async fn push_hcp_images(
-    env: &Environment,
-    hcp_ns: &str,
-    oci: &hcp_olm_oci::Client,
-    registry: &str,
-) -> Result<PushedImages> {
-    use hcp_olm_e2e::realnode::push_image;
-    use hcp_olm_e2e::testimages;
-    let mut refs = std::collections::BTreeSet::new();
-    for d in Api::<Deployment>::namespaced(env.management.client(), hcp_ns)
-        .list(&ListParams::default())
-        .await?
-    {
-        let spec = d.spec.and_then(|s| s.template.spec).unwrap_or_default();
-        for c in spec
-            .containers
-            .iter()
-            .chain(spec.init_containers.iter().flatten())
-        {
-            refs.extend(c.image.clone());
-        }
-    }
-    let path_of = |r: &str| -> Result<String> {
-        let (_, path) = r
-            .split_once('/')
-            .context("image reference without a host")?;
-        Ok(path.to_string())
-    };
-    let work = tempfile::tempdir()?;
-    let ca = std::fs::read(hcp_olm_images::CA_BUNDLE)?;
-    let (mut count, mut bytes) = (0, 0);
-    enum Key {
-        Olm,
-        Gateway,
-        Catalog(String),
-    }
-    let mut overrides = serde_json::json!({"catalogs": {}});
-    for r in &refs {
-        let (config, files, target, key) = if r.contains('@') {
-            // The release payload's OLM image: pushed by tag, named by its real digest.
-            let (repo, _) = r.split_once('@').context("digest")?;
-            let img = testimages::olm()?;
-            (
-                img.config,
-                img.files,
-                format!("{}:olm", path_of(repo)?),
-                Key::Olm,
-            )
-        } else if r.contains("-operator-index:") {
-            // "registry.redhat.io/redhat/redhat-operator-index:v4.18" → "redhat"
-            let name = r
-                .rsplit('/')
-                .next()
-                .and_then(|n| n.split('-').next())
-                .unwrap_or("index")
-                .to_string();
-            let path = path_of(r)?;
-            let (repo, tag) = path.rsplit_once(':').context("index tag")?;
-            let img = testimages::index(work.path(), repo, tag, &format!("{name}-widget"))?;
-            (
-                img.config,
-                img.files,
-                path,
-                Key::Catalog(format!("{name}-operators")),
-            )
-        } else if r.contains("/hcp-olm-tunnel-gateway:") {
-            let def = hcp_olm_images::IMAGES
-                .iter()
-                .find(|d| d.name == "hcp-olm-tunnel-gateway")
-                .context("gateway image")?;
-            let bin = hcp_olm_e2e::tools::workspace_bin("hcp-olm-gateway", "hcp-olm-guest-agent")?;
-            let files = hcp_olm_images::files_for(def, bin.parent().context("bin dir")?, &ca)?;
-            (
-                hcp_olm_images::our_config(def)?,
-                files,
-                path_of(r)?,
-                Key::Gateway,
-            )
-        } else {
-            anyhow::bail!("no test image for {r}");
-        };
-        let target = format!("{registry}/{target}");
-        let built = push_image(oci, &target, &config, &files).await?;
-        count += 1;
-        bytes += built.size();
-        let repo = target.rsplit_once(':').map(|(r, _)| r).unwrap_or(&target);
-        let by_digest = format!("{repo}@{}", built.digest());
-        match key {
-            Key::Olm => overrides["olm"] = by_digest.into(),
-            Key::Gateway => overrides["tunnelGateway"] = by_digest.into(),
-            Key::Catalog(c) => overrides["catalogs"][c] = by_digest.into(),
-        }
-    }
-    // opm (catalog-operator's `--opmImage`: the bundle-unpack Job's extract step).
-    let opm = testimages::opm()?;
-    let built = push_image(
-        oci,
-        &format!("{registry}/{}:{}", opm.repository, opm.tag),
-        &opm.config,
-        &opm.files,
-    )
-    .await?;
-    count += 1;
-    bytes += built.size();
-    overrides["operatorRegistry"] =
-        format!("{registry}/{}@{}", opm.repository, built.digest()).into();
-    // The guest agent (a guest Deployment): `make images`' image, named by digest.
-    let def = hcp_olm_images::IMAGES
-        .iter()
-        .find(|d| d.name == "hcp-olm-guest-agent")
-        .context("agent image")?;
-    let bin = hcp_olm_e2e::tools::workspace_bin("hcp-olm-agent", "hcp-olm-guest-agent")?;
-    let files = hcp_olm_images::files_for(def, bin.parent().context("bin dir")?, &ca)?;
-    let target = format!("{registry}/hcp-olm/hcp-olm-guest-agent:test");
-    let built = push_image(oci, &target, &hcp_olm_images::our_config(def)?, &files).await?;
-    count += 1;
-    bytes += built.size();
-    overrides["guestAgent"] =
-        format!("{registry}/hcp-olm/hcp-olm-guest-agent@{}", built.digest()).into();
-    ensure!(
-        overrides.get("olm").is_some(),
-        "no OLM image among the HCP Deployments: {refs:?}"
-    );
-    Ok(PushedImages {
-        overrides,
-        count,
-        bytes,
-    })
 }

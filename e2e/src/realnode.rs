@@ -307,6 +307,51 @@ impl Site {
     }
 }
 
+impl SiteLink {
+    /// Cuts the path (`true`: the near node drops everything in and out by the link, as a
+    /// wide-area outage does) or restores it (`false`). The link and its route stay, so
+    /// restoring needs nothing else.
+    pub fn set_cut(&self, cut: bool) -> Result<(), NodeError> {
+        let table = format!("{}_cut", self.table);
+        let rules = if cut {
+            format!(
+                "table inet {table} {{
+  chain cut_forward {{ type filter hook forward priority filter; policy accept; iifname \"{i}\" drop; oifname \"{i}\" drop; }}
+  chain cut_input {{ type filter hook input priority filter; policy accept; iifname \"{i}\" drop; }}
+  chain cut_output {{ type filter hook output priority filter; policy accept; oifname \"{i}\" drop; }}
+}}
+",
+                i = self.near_if
+            )
+        } else {
+            format!("delete table inet {table}\n")
+        };
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.near, "nft", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                use std::io::Write as _;
+                c.stdin.take().map(|mut i| i.write_all(rules.as_bytes()));
+                c.wait_with_output()
+            })
+            .map_err(io("running nft"))?;
+        if !out.status.success() {
+            return Err(NodeError::Setup {
+                node: "-".into(),
+                problem: format!(
+                    "{} the site link: {}",
+                    if cut { "cutting" } else { "restoring" },
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
 impl Drop for SiteLink {
     fn drop(&mut self) {
         let _ = netns::run_ip(&["-n", &self.near, "link", "del", &self.near_if]);
@@ -855,6 +900,18 @@ impl RealNode {
         cgroup_pids(&self.cgroup)
     }
 
+    /// The process ids on the node whose command name (`/proc/<pid>/comm`, at most 15
+    /// bytes) is `comm`: a container's main process, found as `ps` would.
+    pub fn pids_named(&self, comm: &str) -> Vec<u32> {
+        self.pids()
+            .into_iter()
+            .filter(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/comm"))
+                    .is_ok_and(|c| c.trim_end() == comm)
+            })
+            .collect()
+    }
+
     /// The node's cgroup subtree (`/<this>` in every hierarchy).
     pub fn cgroup(&self) -> &str {
         &self.cgroup
@@ -1174,4 +1231,36 @@ pub async fn push_test_image(
     let reference = img.reference(registry);
     push_image(client, &reference, &img.config, &img.files).await?;
     Ok(reference)
+}
+
+/// A route in the host's namespace, deleted when dropped: plays the part of a pod network the
+/// test's host-side processes (the API servers) stand in for, e.g. the guest API server's
+/// path to Service addresses of the management cluster, which HyperShift runs it next to.
+#[derive(Debug)]
+pub struct HostRoute(String);
+
+impl HostRoute {
+    /// `ip route add <dst> via <via>`.
+    pub fn add(dst: &str, via: &str) -> Result<Self, NodeError> {
+        let out = Command::new("ip")
+            .args(["route", "add", dst, "via", via])
+            .output()
+            .map_err(io("running ip route"))?;
+        if !out.status.success() {
+            return Err(NodeError::Setup {
+                node: "-".into(),
+                problem: format!(
+                    "ip route add {dst} via {via}: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            });
+        }
+        Ok(Self(dst.to_string()))
+    }
+}
+
+impl Drop for HostRoute {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["route", "del", &self.0]).output();
+    }
 }

@@ -1,7 +1,8 @@
 //! `make demo`: the end-to-end scenario on a local embedded environment (see
-//! `hcp_olm_e2e::scenario`): two real control planes, our controller, the tunnel gateway and
-//! guest agent, the default catalogs in the management namespace, a user catalog in the guest,
-//! and the real OLM binaries, run from what the controller rendered.
+//! `hcp_olm_e2e::scenario`): two real control planes with a real node each (containerd,
+//! kubelet, kube-proxy, CoreDNS, controller-manager, scheduler), our controller, and what it
+//! rendered run from images: the real OLM binaries, the default catalogs and the tunnel
+//! gateway in the HCP namespace, the guest agent and a user's catalog in the guest.
 //!
 //! Each step prints progress and a summary. With a terminal on stdin the environment stays up
 //! (before the HostedCluster is deleted) until Ctrl-C, with the two kubeconfig paths printed;
@@ -42,7 +43,7 @@ async fn main() {
     if let Some(world) = outcome.world {
         println!("\n== summary\n{}", scenario::summary(&world).await);
         if failed.is_some() {
-            println!("{}", world.node_diagnosis());
+            println!("{}", world.node_diagnosis().await);
             println!(
                 "--- controller log (last 30 lines):\n{}",
                 world.controller_log_tail(30)

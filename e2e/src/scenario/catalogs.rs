@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::{Result, bail};
 
-use crate::kubelet::Image;
+use crate::imagetree::Image;
 use crate::tools;
 
 /// Writes package `<pkg>` (channel `stable`, one bundle `<pkg>.v0.1.0` owning a CRD

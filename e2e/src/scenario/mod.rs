@@ -1,19 +1,22 @@
 //! The end-to-end scenario (issue 5), shared by `controlplane/tests/olm_e2e.rs` and
-//! `make demo`: two real control planes, our controller as a process under its
-//! ServiceAccount, a management node running every Deployment the controller rendered into
-//! the HCP namespace (real catalog-operator, olm-operator, package-server, opm catalogs, our
-//! tunnel gateway) and a guest node running the guest agent the controller rendered into the
-//! guest plus a user catalog. The two pod networks are linked as two sites behind NAT: the
-//! guest reaches only the management node's NodePorts, so every guest-catalog byte OLM reads
-//! crosses the WireGuard tunnel.
+//! `make demo`, on real nodes (issue 15): two real control planes, each with a real node
+//! (containerd and runc, the CNI bridge, kubelet, kube-proxy in nftables mode, CoreDNS,
+//! kube-controller-manager and kube-scheduler; `crate::realnode`) on a network site of its
+//! own; our controller as a process under its ServiceAccount. Everything the controller
+//! rendered runs from images pulled by containerd from a test registry that requires auth:
+//! in the HCP namespace the real catalog-operator, olm-operator, package-server, opm catalogs
+//! and our tunnel gateway (with the HCP pull secret); in the guest our agent and a user's
+//! catalog (with the node's pull secret, as OpenShift nodes carry the global one). The guest
+//! node reaches the management side only at the management node's address (the gateway's
+//! NodePort), so every guest-catalog byte OLM reads crosses the WireGuard tunnel.
 //!
-//! Nothing the controller rendered is rewritten; the node runs it as it is or fails with the
-//! reason. The steps and their durations are recorded for the report.
+//! Nothing the controller rendered is rewritten; the nodes run it as it is or the step fails
+//! with the reason. The steps and their durations are recorded for the report.
 
 pub mod catalogs;
 
-use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,43 +24,51 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail, ensure};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
 };
 
-use crate::kubelet::ImageStore;
-use crate::kubelet::node::{Node, NodeConfig};
-use crate::podnet::{self, HostNat, PodNetwork};
+use crate::clusterdns;
+use crate::hcpimages;
+use crate::realnode::{
+    ClusterControllers, HostRoute, NodeOptions, PlainHttpRegistry, RealNode, Site, SiteLink,
+};
+use crate::registry::{Registry, TEST_USER_HASH, TEST_USER_PASSWORD};
 use crate::tools::fixtures_dir;
 use crate::{Cluster, ClusterOptions, Environment};
 
 pub const HC_NS: &str = "clusters";
 pub const NAME: &str = "example";
 pub const HCP_NS: &str = "clusters-example";
-/// The guest namespace of the agent (controlplane `names::GUEST_NAMESPACE`).
+/// The guest agent's namespace (rendered by the controller).
 pub const AGENT_NS: &str = "hcp-olm";
 pub const MARKETPLACE: &str = "openshift-marketplace";
-/// Where the guest user's catalog runs, and its CatalogSource.
+/// A guest user's own catalog: Deployment + Service here, CatalogSource in openshift-marketplace.
 pub const USER_NS: &str = "user-catalogs";
 pub const USER_CATALOG: &str = "widget-catalog";
 pub const USER_SOURCE: &str = "guest-widgets";
+/// The release's OLM image as the controller names it (`--olm-image`); HostedOLM
+/// `spec.images` then names the test registry's copy.
 const OLM_IMAGE: &str =
     "registry.test/olm@sha256:0000000000000000000000000000000000000000000000000000000000000001";
-const USER_IMAGE: &str = "registry.test/user/widget-catalog:v1";
 const RELEASE: &str = "quay.io/openshift-release-dev/ocp-release:4.18.3-x86_64";
 const DEFAULT_SOURCES: [&str; 3] = [
     "redhat-operators",
     "certified-operators",
     "community-operators",
 ];
-const MGMT_PREFIX: [u8; 3] = [198, 18, 16];
-const GUEST_PREFIX: [u8; 3] = [198, 18, 32];
-const LINK_PREFIX: [u8; 3] = [198, 18, 250];
-const MGMT_SERVICE_CIDR: &str = "198.19.16.0/24";
-const GUEST_SERVICE_CIDR: &str = "198.19.32.0/24";
-/// `.10` of the guest Service CIDR: where the controller points the agent's DNS.
-const GUEST_DNS_IP: &str = "198.19.32.10";
+const INDEX_IMAGES: [&str; 3] = [
+    "registry.redhat.io/redhat/redhat-operator-index:v4.18",
+    "registry.redhat.io/redhat/certified-operator-index:v4.18",
+    "registry.redhat.io/redhat/community-operator-index:v4.18",
+];
+/// The guest's Service network, apart from the management cluster's (the test default,
+/// 198.19.255.0/24): the gateway tells them apart by range.
+const GUEST_SERVICE_CIDR: &str = "198.19.254.0/24";
+/// The nodes' names.
+const MGMT_NODE: &str = "mgmt-a";
+const GUEST_NODE: &str = "guest-a";
 
 /// Our binaries the scenario runs.
 #[derive(Clone, Debug)]
@@ -136,14 +147,17 @@ impl Steps {
 /// Everything running. Dropped in field order after [`World::teardown`].
 pub struct World {
     pub env: Environment,
-    pub mgmt_net: Arc<PodNetwork>,
-    pub guest_net: Arc<PodNetwork>,
-    mgmt_node: Option<Node>,
-    guest_node: Option<Node>,
-    nat: Option<HostNat>,
     controller: Option<crate::process::ManagedProcess>,
     controller_log: PathBuf,
-    _guest_controllers: crate::realnode::ClusterControllers,
+    guest_node: Option<RealNode>,
+    mgmt_node: Option<RealNode>,
+    link: Option<SiteLink>,
+    _route: Option<HostRoute>,
+    _guest_controllers: Option<ClusterControllers>,
+    _mgmt_controllers: Option<ClusterControllers>,
+    /// The images pushed for the HCP namespace (HostedOLM `spec.images`).
+    overrides: serde_json::Value,
+    _registry: Option<Registry>,
     work: tempfile::TempDir,
 }
 
@@ -155,37 +169,85 @@ impl World {
         lines[lines.len().saturating_sub(n)..].join("\n")
     }
 
-    /// Logs of not-ready pods on both nodes, and the nodes' errors.
-    pub fn node_diagnosis(&self) -> String {
+    /// The pods of ours (and the guest user's catalog) that are not Ready, with their status
+    /// and the last lines of their containers' logs, read from the nodes.
+    pub async fn node_diagnosis(&self) -> String {
         let mut out = String::new();
-        for (side, node) in [("management", &self.mgmt_node), ("guest", &self.guest_node)] {
-            if let Some(n) = node {
-                let v = n.view();
-                out.push_str(&format!(
-                    "--- {side} node errors now: {:?}\n--- {side} node errors seen: {:?}\n{}\n",
-                    v.errors,
-                    v.history,
-                    v.not_ready_logs()
-                ));
+        for (side, cluster, node, namespaces) in [
+            (
+                "management",
+                &self.env.management,
+                &self.mgmt_node,
+                &[HCP_NS][..],
+            ),
+            (
+                "guest",
+                &self.env.guest,
+                &self.guest_node,
+                &[AGENT_NS, USER_NS, MARKETPLACE][..],
+            ),
+        ] {
+            let Some(node) = node else { continue };
+            for ns in namespaces {
+                let pods = match Api::<Pod>::namespaced(cluster.client(), ns)
+                    .list(&ListParams::default())
+                    .await
+                {
+                    Ok(l) => l.items,
+                    Err(e) => {
+                        out.push_str(&format!("--- {side} {ns}: listing pods: {e}\n"));
+                        continue;
+                    }
+                };
+                for p in pods.iter().filter(|p| !pod_ready(p)) {
+                    let name = p.metadata.name.as_deref().unwrap_or_default();
+                    out.push_str(&format!(
+                        "--- {side} pod {ns}/{name} not ready: {}\n{}",
+                        serde_json::to_string(&p.status).unwrap_or_default(),
+                        node.pod_logs(ns, name, 15)
+                    ));
+                }
             }
+            if side == "management"
+                && let Ok(pods) = Api::<Pod>::namespaced(cluster.client(), HCP_NS)
+                    .list(&ListParams::default())
+                    .await
+            {
+                for p in pods.items.iter().filter_map(|p| p.metadata.name.as_deref()) {
+                    if p.starts_with("hcp-olm-catalog-operator")
+                        || p.starts_with("hcp-olm-tunnel-gateway")
+                    {
+                        out.push_str(&format!("--- {p}:\n{}", node.pod_logs(HCP_NS, p, 40)));
+                    }
+                }
+            }
+            out.push_str(&format!(
+                "--- {side} kubelet (last lines):\n{}\n",
+                node.kubelet_log(8)
+            ));
         }
         out
     }
 
-    /// Stops the controller, the nodes (their pods) and the networks' helpers.
+    /// Stops the controller, then the nodes (every pod, by PID), the controllers, the
+    /// registry and the control planes.
     pub async fn teardown(mut self) {
         if let Some(c) = self.controller.take() {
             c.kill();
         }
-        for n in [self.guest_node.take(), self.mgmt_node.take()]
-            .into_iter()
-            .flatten()
-        {
-            n.stop().await;
-        }
-        drop(self.nat.take());
+        drop(self.guest_node.take());
+        drop(self.link.take());
+        drop(self.mgmt_node.take());
         let _ = self.work.path();
     }
+}
+
+fn pod_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        || p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded")
 }
 
 /// The outcome: the steps run, and the error of the step that failed.
@@ -341,18 +403,6 @@ async fn put_secret(
     Ok(())
 }
 
-/// The admin kubeconfig of `cluster`, pointed at `server`.
-fn kubeconfig_at(cluster: &Cluster, server: &str) -> Result<Vec<u8>> {
-    let text = std::fs::read_to_string(cluster.kubeconfig())?;
-    let mut v: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text)?;
-    if let Some(clusters) = v["clusters"].as_sequence_mut() {
-        for c in clusters {
-            c["cluster"]["server"] = server.into();
-        }
-    }
-    Ok(serde_yaml_ng::to_string(&v)?.into_bytes())
-}
-
 async fn setup_crds(env: &Environment) -> Result<()> {
     let fx = fixtures_dir();
     env.management
@@ -383,12 +433,33 @@ async fn setup_crds(env: &Environment) -> Result<()> {
     }
     env.management.ensure_namespace(HC_NS).await?;
     env.management.ensure_hcp_namespace(HCP_NS).await?;
+    // HyperShift's operator creates these on the management cluster; the HCP pods name them.
+    let pcs = ar(
+        "scheduling.k8s.io",
+        "v1",
+        "PriorityClass",
+        "priorityclasses",
+    );
+    for (pc, value) in [
+        ("hypershift-control-plane", 100_000_000),
+        ("hypershift-api-critical", 100_001_000),
+    ] {
+        apply_json(
+            &env.management,
+            &pcs,
+            serde_json::json!({
+                "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                "metadata": {"name": pc}, "value": value, "globalDefault": false,
+            }),
+        )
+        .await?;
+    }
     Ok(())
 }
 
 /// The HostedCluster of the fixture, with this environment's networks: the guest's Service
 /// and pod CIDRs, and the management node's address for NodePort services.
-async fn create_hc(env: &Environment, node_address: Ipv4Addr) -> Result<()> {
+async fn create_hc(env: &Environment, node_address: Ipv4Addr, pod_cidr: &str) -> Result<()> {
     let text =
         std::fs::read_to_string(fixtures_dir().join("hypershift/examples/none-minimal.yaml"))?;
     let mut value = None;
@@ -408,10 +479,7 @@ async fn create_hc(env: &Environment, node_address: Ipv4Addr) -> Result<()> {
             }
         }
     }
-    v["spec"]["networking"]["clusterNetwork"] = serde_json::json!([{"cidr": format!(
-        "{}.{}.{}.0/24",
-        GUEST_PREFIX[0], GUEST_PREFIX[1], GUEST_PREFIX[2]
-    )}]);
+    v["spec"]["networking"]["clusterNetwork"] = serde_json::json!([{"cidr": pod_cidr}]);
     v["spec"]["networking"]["serviceNetwork"] = serde_json::json!([{"cidr": GUEST_SERVICE_CIDR}]);
     v["spec"]["release"]["image"] = RELEASE.into();
     let obj: DynamicObject = serde_json::from_value(v)?;
@@ -460,36 +528,11 @@ async fn controller_kubeconfig(env: &Environment) -> Result<PathBuf> {
     Ok(sa.kubeconfig)
 }
 
-/// The guest's cluster DNS Service at `.10` of its Service CIDR (what the controller gives
-/// the agent), backed by the guest pod network's DNS; and the user's catalog: a Deployment
-/// and Service in `user-catalogs`, and an address-type CatalogSource naming the Service.
-async fn guest_objects(env: &Environment, guest_net: &PodNetwork) -> Result<()> {
+/// A guest user's own catalog: a Deployment (the index image `image`, pulled with the node's
+/// pull secret) and Service in `user-catalogs`, and an address-type CatalogSource naming the
+/// Service by its in-guest name.
+async fn guest_objects(env: &Environment, image: &str) -> Result<()> {
     let svc = ar("", "v1", "Service", "services");
-    let eps = ar("", "v1", "Endpoints", "endpoints");
-    apply_json(
-        &env.guest,
-        &svc,
-        serde_json::json!({
-            "apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": "dns-default", "namespace": "kube-system"},
-            "spec": {"clusterIP": GUEST_DNS_IP, "ports": [
-                {"name": "dns", "port": 53, "protocol": "UDP"},
-                {"name": "dns-tcp", "port": 53, "protocol": "TCP"}]}
-        }),
-    )
-    .await?;
-    apply_json(
-        &env.guest,
-        &eps,
-        serde_json::json!({
-            "apiVersion": "v1", "kind": "Endpoints",
-            "metadata": {"name": "dns-default", "namespace": "kube-system"},
-            "subsets": [{"addresses": [{"ip": guest_net.gateway().to_string()}],
-                         "ports": [{"name": "dns", "port": 53, "protocol": "UDP"},
-                                   {"name": "dns-tcp", "port": 53, "protocol": "TCP"}]}]
-        }),
-    )
-    .await?;
     let labels = serde_json::json!({"app": USER_CATALOG});
     let grpc_probe =
         serde_json::json!({"grpc": {"port": 50051}, "periodSeconds": 2, "failureThreshold": 30});
@@ -501,10 +544,9 @@ async fn guest_objects(env: &Environment, guest_net: &PodNetwork) -> Result<()> 
             "metadata": {"name": USER_CATALOG, "namespace": USER_NS},
             "spec": {"replicas": 1, "selector": {"matchLabels": labels},
                      "template": {"metadata": {"labels": labels}, "spec": {
-                     // (no controller-manager creates `default` ServiceAccounts here)
                      "automountServiceAccountToken": false,
                      "containers": [{
-                         "name": "registry-server", "image": USER_IMAGE,
+                         "name": "registry-server", "image": image,
                          "args": ["serve", "/configs", "--cache-dir=/tmp/cache", "--pprof-addr="],
                          "ports": [{"name": "grpc", "containerPort": 50051}],
                          "readinessProbe": grpc_probe}]}}}
@@ -700,86 +742,157 @@ async fn run_steps(
     slot: &mut Option<World>,
     finish: Finish,
 ) -> Result<()> {
-    steps.begin("networks and control planes");
-    let mgmt_net = Arc::new(PodNetwork::create("mgmt", MGMT_PREFIX, "cluster.local").await?);
-    let guest_net = Arc::new(PodNetwork::create("guest", GUEST_PREFIX, "cluster.local").await?);
-    podnet::link(&guest_net, &mgmt_net, LINK_PREFIX)?;
+    use base64::Engine as _;
+    steps.begin("sites, control planes, a registry that requires auth, a real node on each side (containerd, kubelet, kube-proxy, CoreDNS, controller-manager, scheduler)");
+    for (what, bin) in [
+        ("controller", &bins.controller),
+        ("gateway", &bins.gateway),
+        ("agent", &bins.agent),
+        ("CLI", &bins.cli),
+    ] {
+        ensure!(bin.is_file(), "{what} binary {} not built", bin.display());
+    }
+    let bin_dir = bins
+        .gateway
+        .parent()
+        .context("the binaries' directory")?
+        .to_path_buf();
+    // The guest's site first: the HostedCluster names its pod network.
+    let msite = Site::create()?;
+    let gsite = Site::create()?;
+    let guest_pod_cidr = gsite.pod_cidr().to_string();
     let mut mo = ClusterOptions::new("management");
-    mo.service_cidr = MGMT_SERVICE_CIDR.into();
-    mo.extra_sans.push(mgmt_net.gateway().to_string());
+    mo.bind_address = msite.host_ip().into();
+    // Real controllers run: pods get their ServiceAccount's pull secrets, as in every cluster.
+    mo.service_account_admission = true;
+    let mgmt_service_cidr = mo.service_cidr.clone();
+    // The guest API server where the HCP pods reach it (HyperShift's kube-apiserver Service).
     let mut go = ClusterOptions::new("guest");
+    go.bind_address = msite.host_ip().into();
     go.service_cidr = GUEST_SERVICE_CIDR.into();
-    go.extra_sans.push(mgmt_net.gateway().to_string());
-    go.extra_sans.push(guest_net.gateway().to_string());
+    go.service_account_admission = true;
+    // As HyperShift runs the guest API server: it dials an aggregated API's endpoints (the
+    // HCP packageserver), never a guest ClusterIP, which only guest nodes can reach.
+    go.extra_apiserver_args
+        .push("--enable-aggregator-routing=true".into());
     let (management, guest) = tokio::try_join!(Cluster::start(mo), Cluster::start(go))?;
     let env = Environment { management, guest };
-    let loopback = |port| SocketAddr::from(([127, 0, 0, 1], port));
-    // HCP pods: in-cluster = management; the guest API server as HyperShift's kube-apiserver
-    mgmt_net
-        .forward_to_host(6443, loopback(env.management.port()))
-        .await?;
-    mgmt_net
-        .forward_to_host(6444, loopback(env.guest.port()))
-        .await?;
-    guest_net
-        .forward_to_host(6443, loopback(env.guest.port()))
-        .await?;
     setup_crds(&env).await?;
-    // The guest's real kube-controller-manager, for the one controller a guest needs here
-    // (the process node runs Deployments itself): Endpoints mirrored into EndpointSlices.
-    let guest_controllers =
-        crate::realnode::ClusterControllers::start_with(&env.guest, "endpointslicemirroring")?;
+    let registry =
+        Registry::start_with_htpasswd_on(msite.host_ip().into(), &[("reader", TEST_USER_HASH)])?;
+    let reg = registry.addr().to_string();
+    let auth =
+        base64::engine::general_purpose::STANDARD.encode(format!("reader:{TEST_USER_PASSWORD}"));
+    let docker_config = serde_json::to_vec(&serde_json::json!({"auths": {&reg: {"auth": auth}}}))?;
+    let oci = hcp_olm_oci::Client::new(hcp_olm_oci::ClientOptions {
+        pull_secret: hcp_olm_oci::PullSecret::parse(&docker_config)?,
+        plain_http: vec![reg.clone()],
+        ..Default::default()
+    })?;
+    let pause = crate::realnode::push_sandbox_image(&oci, &reg).await?;
+    let coredns = clusterdns::push_coredns_image(&oci, &reg).await?;
+    let node_opts = |name: &str, service_cidr: &str| -> Result<NodeOptions> {
+        let mut o = NodeOptions::new(name, &pause);
+        o.sandbox_credentials = Some(format!("reader:{TEST_USER_PASSWORD}"));
+        o.plain_http = vec![PlainHttpRegistry { host: reg.clone() }];
+        o.cluster_dns = Some(clusterdns::dns_ip(service_cidr)?);
+        Ok(o)
+    };
     let work = tempfile::Builder::new()
         .prefix("hcp-olm-scenario-")
         .tempdir()?;
     let controller_log = work.path().join("controller.log");
     *slot = Some(World {
         env,
-        mgmt_net: mgmt_net.clone(),
-        guest_net: guest_net.clone(),
-        mgmt_node: None,
-        guest_node: None,
-        nat: None,
         controller: None,
         controller_log,
-        _guest_controllers: guest_controllers,
+        guest_node: None,
+        mgmt_node: None,
+        link: None,
+        _route: None,
+        _guest_controllers: None,
+        _mgmt_controllers: None,
+        overrides: serde_json::Value::Null,
+        _registry: Some(registry),
         work,
     });
     let world = slot.as_mut().context("world")?;
+    let mgmt_node = RealNode::start(
+        msite,
+        &world.env.management,
+        node_opts(MGMT_NODE, &mgmt_service_cidr)?,
+    )
+    .await?;
+    world._mgmt_controllers = Some(ClusterControllers::start(&world.env.management)?);
+    clusterdns::deploy(
+        &world.env.management,
+        &coredns,
+        &docker_config,
+        &mgmt_service_cidr,
+    )
+    .await?;
+    // The guest's nodes reach the management side at the management node's address only.
+    world.link = Some(gsite.reach_node_of(mgmt_node.site())?);
+    // HyperShift runs the guest API server as a pod of the HCP namespace, which reaches the
+    // management cluster's Services through kube-proxy; ours runs on the host, and a host
+    // route for the management Service range to the management node plays that part (the
+    // host originates the traffic, so nothing is forwarded).
+    world._route = Some(HostRoute::add(
+        &mgmt_service_cidr,
+        &mgmt_node.site().node_ip().to_string(),
+    )?);
+    let mgmt_ip = mgmt_node.site().node_ip();
+    world.mgmt_node = Some(mgmt_node);
+    world._guest_controllers = Some(ClusterControllers::start(&world.env.guest)?);
+    let mut gopts = node_opts(GUEST_NODE, GUEST_SERVICE_CIDR)?;
+    // As OpenShift nodes carry the cluster's global pull secret.
+    gopts.pull_secret = Some(docker_config.clone());
+    world.guest_node = Some(RealNode::start(gsite, &world.env.guest, gopts).await?);
+    clusterdns::deploy(
+        &world.env.guest,
+        &coredns,
+        &docker_config,
+        GUEST_SERVICE_CIDR,
+    )
+    .await?;
     (log)(&format!(
-        "  management kubeconfig: {}\n  guest kubeconfig:      {}",
+        "  management kubeconfig: {}\n  guest kubeconfig:      {}\n  registry {reg} (user reader), management node {mgmt_ip}, guest pod network {guest_pod_cidr}",
         world.env.management.kubeconfig().display(),
         world.env.guest.kubeconfig().display()
     ));
     steps.end();
 
-    steps.begin("HostedCluster, kubeconfigs, controller (as its ServiceAccount)");
+    steps.begin("HostedCluster, kubeconfigs, pull secret, controller (as its ServiceAccount)");
     let env = &world.env;
+    let guest_kubeconfig = std::fs::read(env.guest.kubeconfig())?;
     put_secret(
         &env.management,
         HC_NS,
         "example-admin-kubeconfig",
         "kubeconfig",
-        std::fs::read(env.guest.kubeconfig())?,
+        guest_kubeconfig.clone(),
     )
     .await?;
-    let in_hcp = kubeconfig_at(&env.guest, &format!("https://{}:6444", mgmt_net.gateway()))?;
+    // HyperShift's control-plane-operator writes these two into the HCP namespace.
     put_secret(
         &env.management,
         HCP_NS,
         "service-network-admin-kubeconfig",
         "kubeconfig",
-        in_hcp,
+        guest_kubeconfig,
     )
     .await?;
-    create_hc(env, mgmt_net.node_address()).await?;
+    let pull_secret: Secret = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
+        "metadata": {"name": "pull-secret", "namespace": HCP_NS},
+        "data": {".dockerconfigjson": base64::engine::general_purpose::STANDARD.encode(&docker_config)},
+    }))?;
+    Api::<Secret>::namespaced(env.management.client(), HCP_NS)
+        .create(&PostParams::default(), &pull_secret)
+        .await?;
+    create_hc(env, mgmt_ip, &guest_pod_cidr).await?;
     let kubeconfig = controller_kubeconfig(env).await?;
     let admin_port = crate::ports::free_port()?;
-    ensure!(
-        bins.controller.is_file(),
-        "controller binary {} not built",
-        bins.controller.display()
-    );
     let mut cmd = crate::process::command(&bins.controller);
     cmd.args([
         "run",
@@ -799,67 +912,80 @@ async fn run_steps(
     );
     steps.end();
 
-    steps.begin("nodes run the rendered Deployments (management: OLM, catalogs, gateway; guest: agent, user catalog)");
-    let version = env!("CARGO_PKG_VERSION");
-    let mut images = ImageStore::new();
-    images.insert(OLM_IMAGE, catalogs::olm_image()?);
-    images.insert(
-        &format!("quay.io/hcp-olm/hcp-olm-tunnel-gateway:v{version}"),
-        catalogs::binary_image(&bins.gateway)?,
+    steps.begin(
+        "images built (as make images builds ours) and pushed; HostedOLM spec.images names them",
     );
-    for (name, image_ref) in [
-        (
-            "redhat",
-            "registry.redhat.io/redhat/redhat-operator-index:v4.18",
-        ),
-        (
-            "certified",
-            "registry.redhat.io/redhat/certified-operator-index:v4.18",
-        ),
-        (
-            "community",
-            "registry.redhat.io/redhat/community-operator-index:v4.18",
-        ),
-    ] {
-        images.insert(
-            image_ref,
-            catalogs::index_image(world.work.path(), name, &format!("{name}-widget"))?,
-        );
+    let pushed_started = Instant::now();
+    // The operator both Subscriptions install, and a bundle image per package: OLM unpacks
+    // each with a Job on the guest node.
+    let push = |img: crate::testimages::TestImage| {
+        let (oci, reg) = (&oci, reg.clone());
+        async move {
+            let target = format!("{reg}/{}:{}", img.repository, img.tag);
+            let built = crate::realnode::push_image(oci, &target, &img.config, &img.files).await?;
+            anyhow::Ok((
+                format!("{reg}/{}@{}", img.repository, built.digest()),
+                built.size(),
+            ))
+        }
+    };
+    let mut operator = crate::testimages::widget_operator()?;
+    operator.repository = "widgets/widget-operator".into();
+    let (operator_ref, mut bytes) = push(operator).await?;
+    let mut bundles = BTreeMap::new();
+    for pkg in ["redhat-widget", "guest-widget"] {
+        let mut bundle = crate::testimages::bundle_with(pkg, &operator_ref)?;
+        bundle.repository = format!("widgets/{pkg}-bundle");
+        let (r, n) = push(bundle).await?;
+        bytes += n;
+        bundles.insert(pkg.to_string(), r);
     }
-    world.mgmt_node = Some(Node::start(NodeConfig {
-        client: world.env.management.client(),
-        namespaces: vec![HCP_NS.into()],
-        network: mgmt_net.clone(),
-        images,
-        api_host: mgmt_net.gateway().to_string(),
-        api_port: 6443,
-        ca_pem: world.env.management.ca_pem().as_bytes().to_vec(),
-        work_dir: world.work.path().join("mgmt-node"),
-        interval: Duration::from_secs(1),
-        init_timeout: Duration::from_secs(60),
-    }));
-    let mut gimages = ImageStore::new();
-    gimages.insert(
-        &format!("quay.io/hcp-olm/hcp-olm-guest-agent:v{version}"),
-        catalogs::binary_image(&bins.agent)?,
-    );
-    gimages.insert(
-        USER_IMAGE,
-        catalogs::index_image(world.work.path(), "user", "guest-widget")?,
-    );
-    guest_objects(&world.env, &guest_net).await?;
-    world.guest_node = Some(Node::start(NodeConfig {
-        client: world.env.guest.client(),
-        namespaces: vec![AGENT_NS.into(), USER_NS.into(), "kube-system".into()],
-        network: guest_net.clone(),
-        images: gimages,
-        api_host: guest_net.gateway().to_string(),
-        api_port: 6443,
-        ca_pem: world.env.guest.ca_pem().as_bytes().to_vec(),
-        work_dir: world.work.path().join("guest-node"),
-        interval: Duration::from_secs(1),
-        init_timeout: Duration::from_secs(60),
-    }));
+    let mut refs: BTreeSet<String> = INDEX_IMAGES.iter().map(|s| s.to_string()).collect();
+    refs.insert(OLM_IMAGE.into());
+    refs.insert(format!(
+        "quay.io/hcp-olm/hcp-olm-tunnel-gateway:v{}",
+        env!("CARGO_PKG_VERSION")
+    ));
+    let pushed = hcpimages::push_hcp_images(&refs, &bin_dir, &oci, &reg, &bundles).await?;
+    let (user_image, n) = push(crate::testimages::index_with(
+        world.work.path(),
+        "user/widget-catalog",
+        "v1",
+        "guest-widget",
+        bundles.get("guest-widget").map(String::as_str),
+    )?)
+    .await?;
+    bytes += n + pushed.bytes;
+    let cli_image = hcpimages::push_ours("hcp-olm-cli", &bin_dir, &oci, &reg).await?;
+    let holms: Api<DynamicObject> =
+        Api::namespaced_with(world.env.management.client(), HCP_NS, &holm_ar());
+    until("the controller creates the HostedOLM", 60, || async {
+        match holms.get_opt(NAME).await {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err("no HostedOLM yet".to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await?;
+    holms
+        .patch(
+            NAME,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"images": pushed.overrides}})),
+        )
+        .await?;
+    world.overrides = pushed.overrides.clone();
+    (log)(&format!(
+        "  {} images ({:.1} MiB, the CLI's not counted) pushed in {:.0}s; HostedOLM spec.images: {}",
+        pushed.count + 4,
+        bytes as f64 / 1048576.0,
+        pushed_started.elapsed().as_secs_f64(),
+        pushed.overrides
+    ));
+    steps.end();
+
+    steps.begin("nodes run the rendered Deployments from their images (management: OLM, catalogs, gateway; guest: agent, user catalog)");
+    guest_objects(&world.env, &user_image).await?;
     let wanted: Vec<(bool, &str, &str)> = vec![
         (true, HCP_NS, "hcp-olm-catalog-operator"),
         (true, HCP_NS, "hcp-olm-olm-operator"),
@@ -873,7 +999,7 @@ async fn run_steps(
     ];
     {
         let world = &*world;
-        until("Deployments ready", 180, || async {
+        until("Deployments ready", 240, || async {
             let mut missing = Vec::new();
             for (mgmt, ns, name) in &wanted {
                 let c = if *mgmt {
@@ -881,26 +1007,57 @@ async fn run_steps(
                 } else {
                     &world.env.guest
                 };
-                let ready = Api::<Deployment>::namespaced(c.client(), ns)
+                let d = Api::<Deployment>::namespaced(c.client(), ns)
                     .get_opt(name)
                     .await
-                    .map_err(|e| e.to_string())?
-                    .and_then(|d| d.status?.ready_replicas)
-                    .unwrap_or(0);
-                if ready < 1 {
+                    .map_err(|e| e.to_string())?;
+                // rolled out: the pods of the current template (the images' override) ready
+                let done = d.is_some_and(|d| {
+                    let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+                    let st = d.status.unwrap_or_default();
+                    st.observed_generation == d.metadata.generation
+                        && st.updated_replicas.unwrap_or(0) == want
+                        && st.ready_replicas.unwrap_or(0) >= want
+                        && st.replicas.unwrap_or(0) == want
+                });
+                if !done {
                     missing.push(format!("{ns}/{name}"));
                 }
             }
             if missing.is_empty() {
                 Ok(())
             } else {
-                Err(format!(
-                    "not ready: {missing:?}\n{}",
-                    world.node_diagnosis()
-                ))
+                Err(format!("not rolled out: {missing:?}"))
             }
         })
         .await?;
+        // Each runs as the user its image or the rendered security context names, never root.
+        let mut users = Vec::new();
+        for (node, comms) in [
+            (
+                world.mgmt_node.as_ref(),
+                &["catalog", "olm", "package-server", "opm", "hcp-olm-gateway"][..],
+            ),
+            (world.guest_node.as_ref(), &["hcp-olm-agent", "opm"][..]),
+        ] {
+            let node = node.context("node")?;
+            for comm in comms {
+                let pids = node.pids_named(comm);
+                ensure!(!pids.is_empty(), "no {comm} process on {}", node.name());
+                for pid in pids {
+                    let uid = process_uid(pid).with_context(|| format!("uid of {comm} {pid}"))?;
+                    ensure!(
+                        uid != 0,
+                        "{comm} (pid {pid}) on {} runs as root",
+                        node.name()
+                    );
+                    users.push(format!("{comm}@{}={uid}", node.name()));
+                }
+            }
+        }
+        users.sort();
+        users.dedup();
+        (log)(&format!("  processes and their uids: {}", users.join(" ")));
     }
     steps.end();
 
@@ -937,31 +1094,6 @@ async fn run_steps(
     steps.end();
 
     steps.begin("guest lists packagemanifests of the control-plane catalogs and the guest catalog");
-    // The guest API server is the HCP's: it reaches the packageserver Service through the
-    // management network (kube-proxy's part, done here for the host namespace).
-    let guest_ip = Api::<Service>::namespaced(world.env.guest.client(), "default")
-        .get("packageserver")
-        .await?
-        .spec
-        .and_then(|s| s.cluster_ip)
-        .context("guest packageserver ClusterIP")?;
-    let hcp_ip = Api::<Service>::namespaced(world.env.management.client(), HCP_NS)
-        .get("hcp-olm-packageserver")
-        .await?
-        .spec
-        .and_then(|s| s.cluster_ip)
-        .context("HCP packageserver ClusterIP")?;
-    world.nat = Some(
-        HostNat::create(
-            &mgmt_net,
-            &[(
-                guest_ip.parse()?,
-                443,
-                SocketAddr::new(hcp_ip.parse()?, 443),
-            )],
-        )
-        .await?,
-    );
     let all_packages = [
         "certified-widget (certified-operators)",
         "community-widget (community-operators)",
@@ -973,11 +1105,11 @@ async fn run_steps(
         until("packagemanifests listed in the guest", 180, || async {
             let names = package_manifests(&world.env)
                 .await
-                .map_err(|e| format!("{e:#}\n{}", world.node_diagnosis()))?;
+                .map_err(|e| format!("{e:#}"))?;
             if names == all_packages {
                 Ok(())
             } else {
-                Err(format!("{names:?}\n{}", world.node_diagnosis()))
+                Err(format!("{names:?}"))
             }
         })
         .await?;
@@ -1003,48 +1135,59 @@ async fn run_steps(
     (log)(&summary(world).await);
     steps.end();
 
-    steps.begin("a guest workload reads a control-plane catalog through the agent's guest Service");
+    steps.begin("a guest workload (a pod of the CLI's image) reads a control-plane catalog through the agent's guest Service");
     {
-        ensure!(
-            bins.cli.is_file(),
-            "CLI binary {} not built",
-            bins.cli.display()
-        );
-        let pod = guest_net.add_pod("gwl", "default")?;
         let addr = format!("hcp-olm-redhat-operators.{AGENT_NS}.svc:50051");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let out = pod
-                .netns
-                .command(&bins.cli)
-                .args([
-                    "catalog",
-                    "--addr",
-                    &addr,
-                    "--timeout",
-                    "5s",
-                    "-o",
-                    "json",
-                    "packages",
-                ])
-                .env_remove("HCP_OLM_CATALOG_PROXY")
-                .output()?;
-            let text = String::from_utf8_lossy(&out.stdout).into_owned();
-            if out.status.success() && text.contains("redhat-widget") {
-                (log)(&format!(
-                    "  guest pod {} -> {addr}: {}",
-                    pod.ip,
-                    text.trim()
-                ));
-                break;
-            }
-            let last = format!("{text}{}", String::from_utf8_lossy(&out.stderr));
-            ensure!(
-                Instant::now() < deadline,
-                "listing {addr} from a guest pod: {last}"
-            );
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "browse-catalog", "namespace": "default"},
+            "spec": {"restartPolicy": "OnFailure", "automountServiceAccountToken": false,
+                "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+                "containers": [{"name": "cli", "image": cli_image,
+                    // exits non-zero unless the catalog serves the package
+                    "args": ["catalog", "--addr", addr, "--timeout", "5s", "channels", "redhat-widget"],
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
+                    "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+                        "capabilities": {"drop": ["ALL"]}}}]}
+        }))?;
+        let pods: Api<Pod> = Api::namespaced(world.env.guest.client(), "default");
+        pods.create(&PostParams::default(), &pod).await?;
+        // (the kubelet may remove a finished pod's containers, and their logs, at once: the
+        // exit status says it; a failed run's last lines are in its termination message)
+        let runs = std::sync::atomic::AtomicI32::new(0);
+        let runs = &runs;
+        until(
+            "the CLI pod reads the package from the catalog",
+            90,
+            || async {
+                let p = pods
+                    .get("browse-catalog")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let st = p.status.unwrap_or_default();
+                let phase = st.phase.unwrap_or_default();
+                let cs = st.container_statuses.unwrap_or_default();
+                runs.store(
+                    cs.first().map_or(0, |c| c.restart_count + 1),
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+                if phase == "Succeeded" {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "pod phase {phase:?}; container: {:?}",
+                        cs.first().map(|c| (&c.state, &c.last_state))
+                    ))
+                }
+            },
+        )
+        .await?;
+        (log)(&format!(
+            "  guest pod (CLI image) -> {addr}: `hcp-olm catalog channels redhat-widget` exited 0 (runs: {})",
+            runs.load(std::sync::atomic::Ordering::Relaxed)
+        ));
+        pods.delete("browse-catalog", &DeleteParams::default())
+            .await?;
     }
     steps.end();
 
@@ -1110,26 +1253,16 @@ async fn run_steps(
     steps.end();
 
     steps.begin(
-        "tunnel gateway killed (kill -9) and restarted by the node: the new process takes the agent's session over (handshake offer) and serves OLM; guest catalog READY within 30 s",
+        "tunnel gateway killed (kill -9) and restarted by the kubelet: the new process takes the agent's session over (handshake offer) and serves OLM; guest catalog READY within 30 s",
     );
     {
         let world = &*world;
         let node = world.mgmt_node.as_ref().context("management node")?;
-        let gw_key = (HCP_NS.to_string(), "hcp-olm-tunnel-gateway".to_string());
         let (seen, recorder) = record_states(world.env.guest.client());
         let t0 = Instant::now();
         let since = |t: Instant| t.duration_since(t0).as_secs_f64();
-        until("guest catalog READY before the kill", 120, || async {
-            let m = catalog_states(&world.env)
-                .await
-                .map_err(|e| e.to_string())?;
-            match m.get(USER_SOURCE).map(String::as_str) {
-                Some("READY") => Ok(()),
-                s => Err(format!("{USER_SOURCE} is {s:?}")),
-            }
-        })
-        .await?;
-        let before = node.view().pids.get(&gw_key).cloned().unwrap_or_default();
+        wait_user_catalog_ready(world, log, "before the kill").await?;
+        let before = node.pids_named("hcp-olm-gateway");
         ensure!(!before.is_empty(), "no tunnel gateway process to kill");
         let killed = Instant::now();
         for pid in &before {
@@ -1138,8 +1271,8 @@ async fn run_steps(
                 .status()?;
         }
         let mut restarted = Vec::new();
-        until("the node restarts the gateway container", 60, || {
-            let now = node.view().pids.get(&gw_key).cloned().unwrap_or_default();
+        until("the kubelet restarts the gateway container", 60, || {
+            let now = node.pids_named("hcp-olm-gateway");
             let fresh = !now.is_empty() && now.iter().all(|p| !before.contains(p));
             if fresh {
                 restarted = now.clone();
@@ -1152,6 +1285,7 @@ async fn run_steps(
             async move { r }
         })
         .await?;
+        let restarted_after = killed.elapsed();
         // The new process holds a session and has relayed OLM's calls into the guest (its
         // own counters, read inside its pod's network namespace), and the guest's
         // CatalogSource says READY.
@@ -1185,7 +1319,8 @@ async fn run_steps(
         .await?;
         let served_after = killed.elapsed();
         (log)(&format!(
-            "  gateway kill -9 -> served again after {:.1} s; {USER_SOURCE} states since the kill (s, state): {:?}",
+            "  gateway kill -9 -> restarted by the kubelet after {:.1} s, served again after {:.1} s; {USER_SOURCE} states since the kill (s, state): {:?}",
+            restarted_after.as_secs_f64(),
             served_after.as_secs_f64(),
             states_since(&seen, since(killed))
         ));
@@ -1200,99 +1335,130 @@ async fn run_steps(
     steps.end();
 
     steps.begin(
-        "guest agent killed and kept down: guest catalog goes TRANSIENT_FAILURE and stays there",
+        "guest agent killed (kill -9) and restarted by the kubelet: guest catalog READY again",
     );
-    let agent_key = (AGENT_NS.to_string(), "hcp-olm-guest-agent".to_string());
+    {
+        let world = &*world;
+        let node = world.guest_node.as_ref().context("guest node")?;
+        let (seen, recorder) = record_states(world.env.guest.client());
+        let t0 = Instant::now();
+        wait_user_catalog_ready(world, log, "before the kill").await?;
+        let before = node.pids_named("hcp-olm-agent");
+        ensure!(!before.is_empty(), "no guest agent process to kill");
+        let killed = t0.elapsed().as_secs_f64();
+        for pid in &before {
+            std::process::Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status()?;
+        }
+        let killed_wall = k8s_openapi::jiff::Timestamp::now();
+        // READY again through a connection OLM made after the kill (its `lastConnect`, which
+        // OLM stamps at each state change, has seconds only)
+        until(
+            "a new agent process and the guest catalog READY again",
+            120,
+            || async {
+                let now = node.pids_named("hcp-olm-agent");
+                let fresh = !now.is_empty() && now.iter().all(|p| !before.contains(p));
+                let cs = Api::<DynamicObject>::namespaced_with(
+                    world.env.guest.client(),
+                    MARKETPLACE,
+                    &catsrc_ar(),
+                )
+                .get(USER_SOURCE)
+                .await
+                .map_err(|e| e.to_string())?;
+                let st = &cs.data["status"]["connectionState"];
+                let state = st["lastObservedState"].as_str().unwrap_or_default();
+                let since_kill = st["lastConnect"]
+                    .as_str()
+                    .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+                    .is_some_and(|t| t.as_second() >= killed_wall.as_second());
+                if fresh && state == "READY" && since_kill {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "agent pids {now:?} (killed {before:?}), {USER_SOURCE}: {st}"
+                    ))
+                }
+            },
+        )
+        .await?;
+        (log)(&format!(
+            "  agent kill -9 -> a new agent and {USER_SOURCE} READY after {:.1} s; states since the kill (s, state): {:?}",
+            t0.elapsed().as_secs_f64() - killed,
+            states_since(&seen, killed)
+        ));
+        recorder.abort();
+    }
+    steps.end();
+
+    steps.begin(
+        "the guest site's path to the management side cut and kept down: guest catalog goes TRANSIENT_FAILURE and stays there",
+    );
     let (seen, recorder) = record_states(world.env.guest.client());
     let t0 = Instant::now();
     let since = |t: Instant| t.duration_since(t0).as_secs_f64();
     {
         let world = &*world;
-        // precondition: READY through the tunnel right now
-        until("guest catalog READY before the agent goes", 120, || async {
-            let m = catalog_states(&world.env)
-                .await
-                .map_err(|e| e.to_string())?;
-            match m.get(USER_SOURCE).map(String::as_str) {
-                Some("READY") => Ok(()),
-                s => Err(format!("{USER_SOURCE} is {s:?}")),
-            }
-        })
-        .await?;
-        let node = world.guest_node.as_ref().context("guest node")?;
-        let held_at = since(Instant::now());
-        node.hold(&agent_key.0, &agent_key.1);
-        until("agent process gone", 30, || async {
-            let pids = node
-                .view()
-                .pids
-                .get(&agent_key)
-                .cloned()
-                .unwrap_or_default();
-            if pids.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("agent pids {pids:?}"))
-            }
-        })
-        .await?;
+        wait_user_catalog_ready(world, log, "before the cut").await?;
+        let link = world.link.as_ref().context("site link")?;
+        let cut_at = since(Instant::now());
+        link.set_cut(true)?;
         until(
-            "guest catalog TRANSIENT_FAILURE after the agent went",
+            "guest catalog TRANSIENT_FAILURE after the cut",
             150,
             || async {
-                let after = states_since(&seen, held_at);
+                let after = states_since(&seen, cut_at);
                 if after.iter().any(|(_, s)| s == "TRANSIENT_FAILURE") {
                     Ok(())
                 } else {
-                    Err(format!("states since the hold: {after:?}"))
+                    Err(format!("states since the cut: {after:?}"))
                 }
             },
         )
         .await?;
-        // while the agent is away it must not come back READY
+        // while the path is down it must not come back READY
         tokio::time::sleep(Duration::from_secs(10)).await;
         let m = catalog_states(&world.env).await?;
         ensure!(
             m.get(USER_SOURCE).map(String::as_str) != Some("READY"),
-            "{USER_SOURCE} READY while the agent is down: {:?}",
-            states_since(&seen, held_at)
+            "{USER_SOURCE} READY while the path is cut: {:?}",
+            states_since(&seen, cut_at)
         );
         (log)(&format!(
-            "  {USER_SOURCE} states since the agent went (s, state): {:?}",
-            states_since(&seen, held_at)
+            "  {USER_SOURCE} states since the cut (s, state): {:?}",
+            states_since(&seen, cut_at)
         ));
     }
     steps.end();
 
-    steps.begin("guest agent back: guest catalog READY again");
+    steps.begin("the path back: guest catalog READY again");
     {
-        let node = world.guest_node.as_ref().context("guest node")?;
-        let released_at = since(Instant::now());
-        node.release(&agent_key.0, &agent_key.1);
         let world = &*world;
+        let link = world.link.as_ref().context("site link")?;
+        let restored_at = since(Instant::now());
+        link.set_cut(false)?;
         let seen = &seen;
         until("guest catalog READY again", 150, || async {
-            let after = states_since(seen, released_at);
+            let after = states_since(seen, restored_at);
             if after.last().is_some_and(|(_, s)| s == "READY") {
                 Ok(())
             } else {
-                Err(format!(
-                    "states since the agent returned: {after:?}\n{}",
-                    world.node_diagnosis()
-                ))
+                Err(format!("states since the path returned: {after:?}"))
             }
         })
         .await?;
         (log)(&format!(
-            "  {USER_SOURCE} states since the agent returned (s, state): {:?}",
-            states_since(seen, released_at)
+            "  {USER_SOURCE} states since the path returned (s, state): {:?}",
+            states_since(seen, restored_at)
         ));
     }
     recorder.abort();
     steps.end();
 
     if let Finish::AllWithTakeOver(soak) = finish {
-        take_over_steps(world, &mgmt_net, log, steps, soak).await?;
+        take_over_steps(world, log, steps, soak).await?;
     }
     if finish != Finish::BeforeDelete {
         steps.begin("delete the HostedCluster: nothing of ours left in either cluster");
@@ -1300,6 +1466,62 @@ async fn run_steps(
         steps.end();
     }
     Ok(())
+}
+
+/// Waits (bounded) until the guest user's CatalogSource is READY; `when` names the moment.
+///
+/// catalog-operator can leave a CatalogSource's status at `IDLE` after its connection dropped
+/// and came back (seen once in four runs after the agent's rollout: its log showed IDLE,
+/// CONNECTING, READY, the status kept IDLE for minutes). After 20 s not READY, the
+/// CatalogSource gets an annotation (a user's edit), which makes catalog-operator sync it and
+/// write its current state; each such nudge is logged.
+async fn wait_user_catalog_ready(world: &World, log: &Log, when: &str) -> Result<()> {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(world.env.guest.client(), MARKETPLACE, &catsrc_ar());
+    let started = Instant::now();
+    let nudges = std::sync::atomic::AtomicU32::new(0);
+    let nudges = &nudges;
+    until(&format!("guest catalog READY {when}"), 120, || async {
+        let m = catalog_states(&world.env)
+            .await
+            .map_err(|e| e.to_string())?;
+        match m.get(USER_SOURCE).map(String::as_str) {
+            Some("READY") => Ok(()),
+            s => {
+                let n = nudges.load(std::sync::atomic::Ordering::Relaxed);
+                if started.elapsed() > Duration::from_secs(20 * (u64::from(n) + 1)) {
+                    nudges.store(n + 1, std::sync::atomic::Ordering::Relaxed);
+                    (log)(&format!(
+                        "  {USER_SOURCE} {s:?} for {:.0}s {when}: annotating it (nudge {})",
+                        started.elapsed().as_secs_f64(),
+                        n + 1
+                    ));
+                    let _ = api
+                        .patch(
+                            USER_SOURCE,
+                            &PatchParams::default(),
+                            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                                "hcp-olm.io/e2e-nudge": (n + 1).to_string()}}})),
+                        )
+                        .await;
+                }
+                Err(format!("{USER_SOURCE} is {s:?}"))
+            }
+        }
+    })
+    .await
+}
+
+/// The effective user id of process `pid` (`/proc/<pid>/status`).
+fn process_uid(pid: u32) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 /// The APIService `v1.packages.operators.coreos.com`'s `Available` status in the guest
@@ -1333,7 +1555,6 @@ async fn apiservice_available(env: &Environment) -> Result<String> {
 /// are installed meanwhile.
 async fn take_over_steps(
     world: &mut World,
-    mgmt_net: &PodNetwork,
     log: &Log,
     steps: &mut Steps,
     soak: Duration,
@@ -1398,22 +1619,14 @@ async fn take_over_steps(
     )
     .await?;
     // HyperShift's catalogs (management placement): Deployment `<name>-catalog`, Service
-    // `<name>`, the same index images the node already has.
+    // `<name>`, the same index images ours run (the registry's copies, pulled with the HCP
+    // pull secret as HyperShift's control-plane-operator gives its catalogs).
     let dep_ar = ar("apps", "v1", "Deployment", "deployments");
-    for (svc, image) in [
-        (
-            "redhat-operators",
-            "registry.redhat.io/redhat/redhat-operator-index:v4.18",
-        ),
-        (
-            "certified-operators",
-            "registry.redhat.io/redhat/certified-operator-index:v4.18",
-        ),
-        (
-            "community-operators",
-            "registry.redhat.io/redhat/community-operator-index:v4.18",
-        ),
-    ] {
+    for svc in DEFAULT_SOURCES {
+        let image = world.overrides["catalogs"][svc]
+            .as_str()
+            .with_context(|| format!("no pushed image for {svc}"))?
+            .to_string();
         let labels = serde_json::json!({"app": format!("{svc}-catalog")});
         apply_json(&world.env.management, &dep_ar, serde_json::json!({
             "apiVersion": "apps/v1", "kind": "Deployment",
@@ -1422,6 +1635,7 @@ async fn take_over_steps(
             "spec": {"replicas": 1, "selector": {"matchLabels": labels},
                 "template": {"metadata": {"labels": labels}, "spec": {
                     "automountServiceAccountToken": false,
+                    "imagePullSecrets": [{"name": "pull-secret"}],
                     "containers": [{
                         "name": "registry", "image": image,
                         "args": ["serve", "/configs", "--cache-dir=/tmp/cache", "--pprof-addr="],
@@ -1573,36 +1787,12 @@ async fn take_over_steps(
     (log)(&format!(
         "  HyperShift's config operator (stand-in), first round: {first:?}"
     ));
-    // The guest API server reaches HyperShift's packageserver Service (kube-proxy's part for
-    // the host namespace, as before for ours).
-    let guest_ip = Api::<Service>::namespaced(guest.clone(), "default")
-        .get("packageserver")
-        .await?
-        .spec
-        .and_then(|s| s.cluster_ip)
-        .context("guest packageserver ClusterIP")?;
-    let theirs_ip = Api::<Service>::namespaced(mgmt.clone(), HCP_NS)
-        .get("packageserver")
-        .await?
-        .spec
-        .and_then(|s| s.cluster_ip)
-        .context("HyperShift's packageserver ClusterIP")?;
-    world.nat = None;
-    world.nat = Some(
-        HostNat::create(
-            mgmt_net,
-            &[(
-                guest_ip.parse()?,
-                443,
-                SocketAddr::new(theirs_ip.parse()?, 443),
-            )],
-        )
-        .await?,
-    );
+    // The guest API server reaches HyperShift's packageserver Service as ours: through the
+    // host route for the management Service range.
     {
         let world = &*world;
         until(
-            "APIService Available and every CatalogSource READY",
+            "APIService Available, every CatalogSource READY, both sides' packages listed",
             240,
             || async {
                 let _ = hcco_round(&guest, &mgmt, HCP_NS).await;
@@ -1620,10 +1810,19 @@ async fn take_over_steps(
                 ]
                 .iter()
                 .all(|n| m.get(*n).map(String::as_str) == Some("READY"));
-                if a == "True" && ready {
+                // and the packageserver now serving (rolled out behind HyperShift's Service)
+                // lists both sides' packages
+                let p = package_manifests(&world.env)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let listed = p.iter().any(|n| n.starts_with("guest-widget "))
+                    && p.iter().any(|n| n.starts_with("redhat-widget "));
+                if a == "True" && ready && listed {
                     Ok(())
                 } else {
-                    Err(format!("APIService Available={a:?}, CatalogSources {m:?}"))
+                    Err(format!(
+                        "APIService Available={a:?}, CatalogSources {m:?}, packagemanifests {p:?}"
+                    ))
                 }
             },
         )
@@ -1725,10 +1924,20 @@ async fn take_over_steps(
     Ok(())
 }
 
-/// Subscribes namespace `ns` (with an OwnNamespace OperatorGroup) to `pkg` from `source` and
-/// waits for the InstallPlan, the CSV and the operator's Deployment in the guest.
+/// Subscribes namespace `ns` (enforcing `restricted`, with an OwnNamespace OperatorGroup) to
+/// `pkg` from `source` and waits for the InstallPlan, the CSV `Succeeded` and the operator's
+/// pod `Running` on the guest node (its bundle unpacked by OLM's Job from the bundle image).
 async fn subscribe(env: &Environment, pkg: &str, source: &str, ns: &str) -> Result<String> {
-    env.guest.ensure_namespace(ns).await?;
+    // The namespace enforces the `restricted` Pod Security level: the operator's pod must meet it.
+    apply_json(
+        &env.guest,
+        &ar("", "v1", "Namespace", "namespaces"),
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": ns, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}
+        }),
+    )
+    .await?;
     apply_json(
         &env.guest,
         &ar(
@@ -1772,12 +1981,12 @@ async fn subscribe(env: &Environment, pkg: &str, source: &str, ns: &str) -> Resu
             "clusterserviceversions",
         ),
     );
-    let deployments: Api<Deployment> = Api::namespaced(env.guest.client(), ns);
+    let pods: Api<Pod> = Api::namespaced(env.guest.client(), ns);
     let csv_name = format!("{pkg}.v0.1.0");
-    let dep_name = format!("{pkg}-controller");
     let result = std::sync::Mutex::new(String::new());
     let result_ref = &result;
-    until(&format!("{pkg}: operator Deployment in the guest"), 180, || async {
+    let started = Instant::now();
+    until(&format!("{pkg}: CSV Succeeded and the operator's pod Running on the guest node"), 300, || async {
         let sub = subs.get(pkg).await.map_err(|e| e.to_string())?;
         let st = &sub.data["status"];
         let plan = st["installPlanRef"]["name"].as_str().unwrap_or("").to_string();
@@ -1786,19 +1995,30 @@ async fn subscribe(env: &Environment, pkg: &str, source: &str, ns: &str) -> Resu
             .as_ref()
             .and_then(|c| c.data["status"]["phase"].as_str().map(str::to_string))
             .unwrap_or_default();
-        let dep = deployments.get_opt(&dep_name).await.map_err(|e| e.to_string())?;
-        if !plan.is_empty() && csv.is_some() && dep.is_some() {
-            *result_ref.lock().unwrap_or_else(|p| p.into_inner()) = format!(
-                "Subscription {ns}/{pkg}: state {}, InstallPlan {plan}, CSV {csv_name} phase {phase}, Deployment {ns}/{dep_name} created",
-                st["state"].as_str().unwrap_or("?")
-            );
-            Ok(())
-        } else {
-            Err(format!(
-                "installPlan {plan:?}, csv {:?} phase {phase:?}, deployment {}; subscription status {st}",
-                csv.is_some(),
-                dep.is_some()
-            ))
+        let running = pods
+            .list(&ListParams::default().labels(&format!("app={pkg}")))
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .into_iter()
+            .find(|p| {
+                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(GUEST_NODE)
+                    && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+            });
+        match (phase.as_str(), running) {
+            ("Succeeded", Some(p)) if !plan.is_empty() => {
+                *result_ref.lock().unwrap_or_else(|p| p.into_inner()) = format!(
+                    "Subscription {ns}/{pkg}: state {}, InstallPlan {plan}, CSV {csv_name} Succeeded, operator pod {} Running on {GUEST_NODE} ({:.0}s)",
+                    st["state"].as_str().unwrap_or("?"),
+                    p.metadata.name.unwrap_or_default(),
+                    started.elapsed().as_secs_f64()
+                );
+                Ok(())
+            }
+            (_, running) => Err(format!(
+                "installPlan {plan:?}, CSV phase {phase:?}, operator pod running {}; subscription status {st}",
+                running.is_some()
+            )),
         }
     })
     .await?;

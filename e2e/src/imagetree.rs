@@ -1,7 +1,5 @@
-//! Images as directories: the process runner has no container runtime, so an image reference
-//! maps to a small root filesystem assembled from host files (the pinned upstream binaries,
-//! catalog content). Lookups are exact: an image the store does not know is an error, never a
-//! guess.
+//! Images described as trees of host files (the pinned upstream binaries, catalog content),
+//! turned into OCI image parts (`Image::to_oci`) by the test images (`crate::testimages`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -239,35 +237,6 @@ impl Image {
             owned_by_user: owned_by_user.iter().map(|p| p.to_string()).collect(),
         };
         Ok((config, files))
-    }
-}
-
-/// Image references → images. Matching is exact (`repo:tag` and `repo@digest` are different
-/// references).
-#[derive(Clone, Debug, Default)]
-pub struct ImageStore {
-    images: BTreeMap<String, Image>,
-}
-
-impl ImageStore {
-    /// An empty store.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Registers `image` under `reference` (replacing an earlier one).
-    pub fn insert(&mut self, reference: &str, image: Image) {
-        self.images.insert(reference.to_string(), image);
-    }
-
-    /// The image for `reference`, if known.
-    pub fn get(&self, reference: &str) -> Option<&Image> {
-        self.images.get(reference)
-    }
-
-    /// The references the store knows, for error messages.
-    pub fn references(&self) -> Vec<&str> {
-        self.images.keys().map(String::as_str).collect()
     }
 }
 
