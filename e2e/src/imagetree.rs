@@ -24,8 +24,8 @@ pub struct Image {
     pub cmd: Vec<String>,
     /// The image's ENV (PATH first, as container runtimes put it).
     pub env: Vec<(String, String)>,
-    /// Whether the host's shared libraries (`/usr`, read-only) are visible, for dynamically
-    /// linked tools such as `cp`. Static Go and Rust binaries do not need it.
+    /// Whether [`Image::to_oci`] adds the host's shared libraries the image's ELF binaries
+    /// link against, for dynamically linked tools such as `cp`. Static Go binaries need none.
     pub host_libraries: bool,
 }
 
@@ -69,96 +69,11 @@ impl Image {
         self
     }
 
-    /// Makes the host's `/usr` libraries visible.
+    /// Adds the host's shared libraries each ELF binary of the image links against.
     pub fn with_host_libraries(mut self) -> Self {
         self.host_libraries = true;
         self
     }
-
-    /// Whether the image has a file (or a file inside a tree) at `path`.
-    pub fn has_path(&self, path: &str) -> bool {
-        self.entries.iter().any(|(p, e)| match e {
-            ImageEntry::File { .. } => p == path,
-            ImageEntry::Tree { source } => path
-                .strip_prefix(p.as_str())
-                .and_then(|rest| rest.strip_prefix('/'))
-                .is_some_and(|rest| source.join(rest).exists()),
-        })
-    }
-
-    /// The image's PATH.
-    pub fn path_var(&self) -> &str {
-        self.env
-            .iter()
-            .find(|(k, _)| k == "PATH")
-            .map(|(_, v)| v.as_str())
-            .unwrap_or("/usr/local/bin:/usr/bin:/bin")
-    }
-
-    /// Resolves `program` as `execve` via PATH would inside the image: an absolute path is
-    /// returned if the image has it; a bare name is searched in PATH.
-    pub fn resolve(&self, program: &str) -> Option<String> {
-        if program.starts_with('/') {
-            return self.has_path(program).then(|| program.to_string());
-        }
-        self.path_var()
-            .split(':')
-            .map(|dir| format!("{}/{program}", dir.trim_end_matches('/')))
-            .find(|p| self.has_path(p))
-    }
-
-    /// Writes the image's root filesystem into `root` (which must exist): the directories
-    /// every base image has (`/tmp` and `/var/tmp` world-writable, sticky), then the entries.
-    pub fn materialize(&self, root: &Path) -> std::io::Result<()> {
-        use std::os::unix::fs::PermissionsExt;
-        for dir in ["tmp", "var/tmp", "etc", "root", "proc", "dev"] {
-            let d = root.join(dir);
-            std::fs::create_dir_all(&d)?;
-            if dir.ends_with("tmp") {
-                std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o1777))?;
-            }
-        }
-        for (path, entry) in &self.entries {
-            let dest = root.join(path.trim_start_matches('/'));
-            if let Some(parent) = dest.parent() {
-                std::fs::create_dir_all(parent)?;
-            }
-            match entry {
-                ImageEntry::File { source } => {
-                    // links (the tools directory holds symlinks) are resolved: the root must
-                    // not point outside itself
-                    let source = std::fs::canonicalize(source)?;
-                    if std::fs::hard_link(&source, &dest).is_err() {
-                        std::fs::copy(&source, &dest)?;
-                    }
-                }
-                ImageEntry::Tree { source } => copy_tree(source, &dest)?,
-            }
-        }
-        Ok(())
-    }
-}
-
-fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(to)?;
-    for entry in std::fs::read_dir(from)? {
-        let entry = entry?;
-        let target = to.join(entry.file_name());
-        let kind = entry.file_type()?;
-        if kind.is_dir() {
-            copy_tree(&entry.path(), &target)?;
-        } else if kind.is_file() {
-            std::fs::copy(entry.path(), &target)?;
-        } else if kind.is_symlink() {
-            let resolved = std::fs::canonicalize(entry.path())?;
-            if resolved.is_dir() {
-                copy_tree(&resolved, &target)?;
-            } else {
-                std::fs::copy(&resolved, &target)?;
-            }
-        }
-    }
-    Ok(())
 }
 
 /// What [`Image::to_oci`] makes: the config and files of a real (OCI) image.
@@ -237,46 +152,5 @@ impl Image {
             owned_by_user: owned_by_user.iter().map(|p| p.to_string()).collect(),
         };
         Ok((config, files))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn resolve_follows_path_and_absolute_names() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(dir.path().join("configs/pkg")).unwrap();
-        std::fs::write(dir.path().join("configs/pkg/catalog.json"), "{}").unwrap();
-        let img = Image::new()
-            .file("/bin/opm", "/nonexistent/opm")
-            .tree("/configs", dir.path().join("configs"));
-        assert_eq!(img.resolve("opm").as_deref(), Some("/bin/opm"));
-        assert_eq!(img.resolve("/bin/opm").as_deref(), Some("/bin/opm"));
-        assert_eq!(img.resolve("/usr/bin/opm"), None);
-        assert_eq!(img.resolve("cp"), None);
-        assert!(img.has_path("/configs/pkg/catalog.json"));
-        assert!(!img.has_path("/configs/pkg/missing.json"));
-        assert!(!img.has_path("/configsx/pkg/catalog.json"));
-    }
-
-    #[test]
-    fn materialize_links_files_and_copies_trees() {
-        let src = tempfile::tempdir().unwrap();
-        std::fs::write(src.path().join("tool"), "#!/bin/true\n").unwrap();
-        std::fs::create_dir_all(src.path().join("cfg/a")).unwrap();
-        std::fs::write(src.path().join("cfg/a/x.yaml"), "x: 1\n").unwrap();
-        let root = tempfile::tempdir().unwrap();
-        Image::new()
-            .file("/bin/tool", src.path().join("tool"))
-            .tree("/configs", src.path().join("cfg"))
-            .materialize(root.path())
-            .unwrap();
-        assert!(root.path().join("bin/tool").is_file());
-        assert_eq!(
-            std::fs::read_to_string(root.path().join("configs/a/x.yaml")).unwrap(),
-            "x: 1\n"
-        );
     }
 }

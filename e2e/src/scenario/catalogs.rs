@@ -108,13 +108,9 @@ pub fn bundle_objects_with(
     (csv, crd)
 }
 
-/// An index image as a directory: opm, `/configs` with package `pkg`, and the cache opm
+/// An index image as a tree of files: opm, `/configs` with package `pkg` (its bundle the image
+/// `bundle_image`, else its objects inline; see [`write_catalog_with`]), and the cache opm
 /// built for it in `/tmp/cache`.
-pub fn index_image(work: &Path, name: &str, pkg: &str) -> Result<Image> {
-    index_image_with(work, name, pkg, None)
-}
-
-/// [`index_image`] whose bundle is `bundle_image` (see [`write_catalog_with`]).
 pub fn index_image_with(
     work: &Path,
     name: &str,
@@ -152,21 +148,4 @@ pub fn olm_image() -> Result<Image> {
         img = img.file(&format!("/bin/{b}"), tools::bin(b)?);
     }
     Ok(img.file("/bin/cp", "/usr/bin/cp"))
-}
-
-/// An image holding one of our binaries as its entrypoint.
-pub fn binary_image(path: &Path) -> Result<Image> {
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .ok_or_else(|| anyhow::anyhow!("binary path {} has no file name", path.display()))?;
-    if !path.is_file() {
-        bail!("binary {} not built (cargo build --bins)", path.display());
-    }
-    // (not under /usr: the host's /usr is mounted over the image's for its libraries)
-    let target = format!("/bin/{name}");
-    Ok(Image::new()
-        .with_host_libraries()
-        .file(&target, path)
-        .entrypoint(&[&target]))
 }
