@@ -25,7 +25,6 @@
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
@@ -115,9 +114,59 @@ async fn bind(cluster: &Cluster, name: &str, role: &str, user: &str) -> Result<(
     }
 }
 
-/// How many sites one test process may create (addresses are allocated per process).
+/// How many sites may exist at once on this machine, across all test processes.
 const MAX_SITES: u32 = 16;
-static SITES: AtomicU32 = AtomicU32::new(0);
+/// How many site links may exist at once on this machine.
+const MAX_LINKS: u32 = 256;
+/// Where the slots' lock files live (on the host, shared by every test process).
+const SLOT_DIR: &str = "/run/hcp-olm/slots";
+
+/// A numbered slot held across processes: an exclusive `flock` on
+/// `/run/hcp-olm/slots/<kind>-<index>.lock`, released when the slot is dropped or its process
+/// ends (however it ends). Sites and links take their addresses from their slot, so two test
+/// processes (`make test` and `make demo`, or two test binaries) never pick the same ones; a
+/// per-process counter gave both index 0.
+#[derive(Debug)]
+pub struct Slot {
+    index: u32,
+    _lock: std::fs::File,
+}
+
+impl Slot {
+    /// Takes the lowest free slot of `kind` below `max`.
+    pub fn take(kind: &str, max: u32) -> Result<Self, NodeError> {
+        std::fs::create_dir_all(SLOT_DIR).map_err(io(format!("creating {SLOT_DIR}")))?;
+        for index in 0..max {
+            let path = Path::new(SLOT_DIR).join(format!("{kind}-{index}.lock"));
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+                .map_err(io(format!("opening {}", path.display())))?;
+            match file.try_lock() {
+                Ok(()) => {
+                    return Ok(Self { index, _lock: file });
+                }
+                Err(std::fs::TryLockError::WouldBlock) => continue,
+                Err(std::fs::TryLockError::Error(e)) => {
+                    return Err(io(format!("locking {}", path.display()))(e));
+                }
+            }
+        }
+        Err(NodeError::Setup {
+            node: "-".into(),
+            problem: format!(
+                "all {max} {kind} slots are held by test processes on this machine ({SLOT_DIR})"
+            ),
+        })
+    }
+
+    /// The slot's number.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+}
 
 /// A node's network: a namespace and a veth pair to the host. Create it before the API server
 /// and registry the node talks to, so they can bind to [`Site::host_ip`].
@@ -128,19 +177,16 @@ pub struct Site {
     host_ip: Ipv4Addr,
     node_ip: Ipv4Addr,
     pod_cidr: String,
+    // last: released after the namespace and its addresses are gone
+    slot: Slot,
 }
 
 impl Site {
     /// Creates the namespace, the veth pair (host `198.19.200.4k+1/30`, node `…+2`) and the
     /// host's route to the node's pod CIDR (`198.19.(208+k).0/24`).
     pub fn create() -> Result<Self, NodeError> {
-        let k = SITES.fetch_add(1, Ordering::Relaxed);
-        if k >= MAX_SITES {
-            return Err(NodeError::Setup {
-                node: "-".into(),
-                problem: format!("a test process may create at most {MAX_SITES} node sites"),
-            });
-        }
+        let slot = Slot::take("site", MAX_SITES)?;
+        let k = slot.index();
         let base = 4 * k;
         let host_ip = Ipv4Addr::new(198, 19, 200 + (base / 256) as u8, (base % 256) as u8 + 1);
         let node_ip = Ipv4Addr::new(198, 19, 200 + (base / 256) as u8, (base % 256) as u8 + 2);
@@ -166,6 +212,7 @@ impl Site {
             host_ip,
             node_ip,
             pod_cidr,
+            slot,
         };
         netns::run_ip(&[
             "addr",
@@ -190,6 +237,12 @@ impl Site {
             &site.host_if,
         ])?;
         Ok(site)
+    }
+
+    /// The site's slot number (0 to 15), unique on this machine while the site exists: what
+    /// its addresses are derived from, and what a test can derive its own ranges from.
+    pub fn slot(&self) -> u32 {
+        self.slot.index()
     }
 
     /// The host's end of the veth: where servers the node must reach bind.
@@ -221,8 +274,6 @@ impl Drop for Site {
     }
 }
 
-static LINKS: AtomicU32 = AtomicU32::new(0);
-
 /// A wide-area path from one site's node to another site's node address, as a guest's nodes
 /// reach the management cluster's published NodePort address: a veth pair between the two
 /// node namespaces (`198.19.204.4k+1/30` on the near side, `…+2` on the far side), a route in
@@ -234,19 +285,15 @@ pub struct SiteLink {
     near: String,
     near_if: String,
     table: String,
+    _slot: Slot,
 }
 
 impl Site {
     /// Lets this site's node (and its pods, masqueraded) reach `far`'s node address:
     /// see [`SiteLink`].
     pub fn reach_node_of(&self, far: &Site) -> Result<SiteLink, NodeError> {
-        let k = LINKS.fetch_add(1, Ordering::Relaxed);
-        if k >= 256 {
-            return Err(NodeError::Setup {
-                node: "-".into(),
-                problem: "a test process may create at most 256 site links".into(),
-            });
-        }
+        let slot = Slot::take("link", MAX_LINKS)?;
+        let k = slot.index();
         let base = 4 * k;
         let near_ip = Ipv4Addr::new(198, 19, 204 + (base / 256) as u8, (base % 256) as u8 + 1);
         let far_ip = Ipv4Addr::new(198, 19, 204 + (base / 256) as u8, (base % 256) as u8 + 2);
@@ -260,6 +307,7 @@ impl Site {
             near: self.netns.name().to_string(),
             near_if: near_if.clone(),
             table: format!("hcp_olm_link{k}"),
+            _slot: slot,
         };
         self.netns.ip(&[
             "route",
@@ -1262,5 +1310,35 @@ impl HostRoute {
 impl Drop for HostRoute {
     fn drop(&mut self) {
         let _ = Command::new("ip").args(["route", "del", &self.0]).output();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two processes never hold one slot (the defect: each test process counted sites from
+    /// 0, so `make demo` beside a real-node test failed with `ip route add 198.19.208.0/24
+    /// … File exists` and both had 198.19.200.1 on the host).
+    #[test]
+    fn slots_are_exclusive_within_and_across_processes() {
+        let a = Slot::take("unit-test", 3).expect("first slot");
+        let b = Slot::take("unit-test", 3).expect("second slot");
+        assert_ne!(a.index(), b.index());
+        let path = format!("{SLOT_DIR}/unit-test-{}.lock", a.index());
+        let other = |p: &str| {
+            Command::new("flock")
+                .args(["-n", p, "true"])
+                .status()
+                .expect("flock runs")
+                .success()
+        };
+        assert!(!other(&path), "another process took a held slot");
+        let c = Slot::take("unit-test", 3).expect("third slot");
+        let full = Slot::take("unit-test", 3).expect_err("only 3 slots");
+        assert!(full.to_string().contains("all 3 unit-test slots"), "{full}");
+        drop(a);
+        assert!(other(&path), "a dropped slot stays held");
+        drop((b, c));
     }
 }

@@ -5,8 +5,9 @@
 //! gateway in the HCP namespace, the guest agent and a user's catalog in the guest.
 //!
 //! Each step prints progress and a summary. With a terminal on stdin the environment stays up
-//! (before the HostedCluster is deleted) until Ctrl-C, with the two kubeconfig paths printed;
-//! then the deletion step runs and everything is torn down. Without a terminal every step runs
+//! (before the HostedCluster is deleted) until Ctrl-C or SIGTERM, with the two kubeconfig paths
+//! printed; then the deletion step runs and everything is torn down. Ctrl-C or SIGTERM during
+//! the steps tears everything down at once (exit status 130). Without a terminal every step runs
 //! and it tears down at once. The last line is `demo: ok` or `demo: failed at <step>`; the
 //! exit status is 0 only if every step succeeded.
 //!
@@ -34,7 +35,19 @@ async fn main() {
     } else {
         Finish::All
     };
-    let outcome = scenario::run(&bins, log.clone(), finish).await;
+    // Ctrl-C or SIGTERM during the steps: the run is dropped, and with it everything it
+    // started (nodes and their pods by PID, sites, registry, control planes).
+    let outcome = tokio::select! {
+        o = scenario::run(&bins, log.clone(), finish) => Some(o),
+        sig = interrupted() => {
+            println!("demo: {sig} during the steps: tearing down");
+            None
+        }
+    };
+    let Some(outcome) = outcome else {
+        println!("demo: interrupted");
+        std::process::exit(130);
+    };
     let mut failed = outcome.failed.as_ref().map(|(step, e)| {
         println!("demo: step \"{step}\" failed: {e:#}");
         step.clone()
@@ -59,7 +72,8 @@ async fn main() {
                 "  kubectl --kubeconfig {} get catalogsources,packagemanifests -n openshift-marketplace",
                 world.env.guest.kubeconfig().display()
             );
-            let _ = tokio::signal::ctrl_c().await;
+            let sig = interrupted().await;
+            println!("demo: {sig}");
             if failed.is_none() {
                 match scenario::delete_step(&world, &log).await {
                     Ok(s) => steps.push(scenario::StepRecord {
@@ -92,5 +106,21 @@ async fn main() {
             println!("demo: failed at {step}");
             std::process::exit(1);
         }
+    }
+}
+
+/// Waits for Ctrl-C (SIGINT) or SIGTERM; returns which. Without a way to listen for them it
+/// waits forever (the caller's other work decides).
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(mut int), Ok(mut term)) => tokio::select! {
+            _ = int.recv() => "SIGINT",
+            _ = term.recv() => "SIGTERM",
+        },
+        _ => std::future::pending().await,
     }
 }

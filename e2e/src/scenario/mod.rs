@@ -63,8 +63,8 @@ const INDEX_IMAGES: [&str; 3] = [
     "registry.redhat.io/redhat/certified-operator-index:v4.18",
     "registry.redhat.io/redhat/community-operator-index:v4.18",
 ];
-/// The guest's Service network, apart from the management cluster's (the test default,
-/// 198.19.255.0/24): the gateway tells them apart by range.
+/// The guest's Service network, apart from the management cluster's (198.19.224.0/24 +
+/// the management site's slot): the gateway tells them apart by range.
 const GUEST_SERVICE_CIDR: &str = "198.19.254.0/24";
 /// The nodes' names.
 const MGMT_NODE: &str = "mgmt-a";
@@ -765,6 +765,9 @@ async fn run_steps(
     mo.bind_address = msite.host_ip().into();
     // Real controllers run: pods get their ServiceAccount's pull secrets, as in every cluster.
     mo.service_account_admission = true;
+    // The host routes this range to this run's management node (below): one range per
+    // site slot, so concurrent runs (the demo beside the tests) never share the route.
+    mo.service_cidr = format!("198.19.{}.0/24", 224 + msite.slot());
     let mgmt_service_cidr = mo.service_cidr.clone();
     // The guest API server where the HCP pods reach it (HyperShift's kube-apiserver Service).
     let mut go = ClusterOptions::new("guest");
