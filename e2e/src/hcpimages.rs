@@ -65,18 +65,6 @@ pub async fn push_hcp_images(
         Ok(path.to_string())
     };
     let work = tempfile::tempdir()?;
-    let ca = std::fs::read(hcp_olm_images::CA_BUNDLE)
-        .with_context(|| format!("reading {}", hcp_olm_images::CA_BUNDLE))?;
-    let ours = |name: &str| -> Result<(hcp_olm_images::ImageConfig, Vec<hcp_olm_images::File>)> {
-        let def = hcp_olm_images::IMAGES
-            .iter()
-            .find(|d| d.name == name)
-            .with_context(|| format!("no image {name}"))?;
-        Ok((
-            hcp_olm_images::our_config(def)?,
-            hcp_olm_images::files_for(def, bin_dir, &ca)?,
-        ))
-    };
     let (mut count, mut bytes) = (0, 0);
     enum Key {
         Olm,
@@ -120,7 +108,7 @@ pub async fn push_hcp_images(
                 Key::Catalog(format!("{name}-operators")),
             )
         } else if r.contains("/hcp-olm-tunnel-gateway:") {
-            let (config, files) = ours("hcp-olm-tunnel-gateway")?;
+            let (config, files) = our_image("hcp-olm-tunnel-gateway", bin_dir)?;
             (config, files, path_of(r)?, Key::Gateway)
         } else {
             anyhow::bail!("no test image for {r}");
@@ -150,13 +138,10 @@ pub async fn push_hcp_images(
     overrides["operatorRegistry"] =
         format!("{registry}/{}@{}", opm.repository, built.digest()).into();
     // The guest agent (a guest Deployment): `make images`' image, named by digest.
-    let (config, files) = ours("hcp-olm-guest-agent")?;
-    let target = format!("{registry}/hcp-olm/hcp-olm-guest-agent:test");
-    let built = push_image(oci, &target, &config, &files).await?;
+    let (agent, size) = push_ours("hcp-olm-guest-agent", bin_dir, oci, registry).await?;
     count += 1;
-    bytes += built.size();
-    overrides["guestAgent"] =
-        format!("{registry}/hcp-olm/hcp-olm-guest-agent@{}", built.digest()).into();
+    bytes += size;
+    overrides["guestAgent"] = agent.into();
     ensure!(
         overrides.get("olm").is_some(),
         "no OLM image among the references: {refs:?}"
@@ -169,21 +154,35 @@ pub async fn push_hcp_images(
 }
 
 /// Pushes our image `name` (`make images`' definition, binaries from `bin_dir`) to
-/// `registry` as `hcp-olm/<name>:test`; returns its reference by digest.
+/// `registry` as `hcp-olm/<name>:test`; returns its reference by digest and its size.
 pub async fn push_ours(
     name: &str,
     bin_dir: &Path,
     oci: &hcp_olm_oci::Client,
     registry: &str,
-) -> Result<String> {
+) -> Result<(String, usize)> {
+    let (config, files) = our_image(name, bin_dir)?;
+    let target = format!("{registry}/hcp-olm/{name}:test");
+    let built = push_image(oci, &target, &config, &files).await?;
+    Ok((
+        format!("{registry}/hcp-olm/{name}@{}", built.digest()),
+        built.size(),
+    ))
+}
+
+/// The config and files of our image `name` as `make images` packs it.
+fn our_image(
+    name: &str,
+    bin_dir: &Path,
+) -> Result<(hcp_olm_images::ImageConfig, Vec<hcp_olm_images::File>)> {
     let ca = std::fs::read(hcp_olm_images::CA_BUNDLE)
         .with_context(|| format!("reading {}", hcp_olm_images::CA_BUNDLE))?;
     let def = hcp_olm_images::IMAGES
         .iter()
         .find(|d| d.name == name)
         .with_context(|| format!("no image {name}"))?;
-    let files = hcp_olm_images::files_for(def, bin_dir, &ca)?;
-    let target = format!("{registry}/hcp-olm/{name}:test");
-    let built = push_image(oci, &target, &hcp_olm_images::our_config(def)?, &files).await?;
-    Ok(format!("{registry}/hcp-olm/{name}@{}", built.digest()))
+    Ok((
+        hcp_olm_images::our_config(def)?,
+        hcp_olm_images::files_for(def, bin_dir, &ca)?,
+    ))
 }

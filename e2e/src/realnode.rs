@@ -328,29 +328,7 @@ impl Site {
 ",
             t = link.table
         );
-        let out = self
-            .netns
-            .command("nft")
-            .args(["-f", "-"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .and_then(|mut c| {
-                use std::io::Write as _;
-                c.stdin.take().map(|mut i| i.write_all(rules.as_bytes()));
-                c.wait_with_output()
-            })
-            .map_err(io("running nft"))?;
-        if !out.status.success() {
-            return Err(NodeError::Setup {
-                node: "-".into(),
-                problem: format!(
-                    "masquerading on the site link: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ),
-            });
-        }
+        nft_in(&link.near, &rules, "masquerading on the site link")?;
         Ok(link)
     }
 }
@@ -374,30 +352,40 @@ impl SiteLink {
         } else {
             format!("delete table inet {table}\n")
         };
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.near, "nft", "-f", "-"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .and_then(|mut c| {
-                use std::io::Write as _;
-                c.stdin.take().map(|mut i| i.write_all(rules.as_bytes()));
-                c.wait_with_output()
-            })
-            .map_err(io("running nft"))?;
-        if !out.status.success() {
-            return Err(NodeError::Setup {
-                node: "-".into(),
-                problem: format!(
-                    "{} the site link: {}",
-                    if cut { "cutting" } else { "restoring" },
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ),
-            });
-        }
-        Ok(())
+        nft_in(
+            &self.near,
+            &rules,
+            if cut {
+                "cutting the site link"
+            } else {
+                "restoring the site link"
+            },
+        )
     }
+}
+
+/// Loads nftables `rules` (`nft -f -`) in network namespace `netns`; `what` names the change
+/// in the error.
+fn nft_in(netns: &str, rules: &str, what: &str) -> Result<(), NodeError> {
+    let out = Command::new("ip")
+        .args(["netns", "exec", netns, "nft", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write as _;
+            c.stdin.take().map(|mut i| i.write_all(rules.as_bytes()));
+            c.wait_with_output()
+        })
+        .map_err(io("running nft"))?;
+    if !out.status.success() {
+        return Err(NodeError::Setup {
+            node: "-".into(),
+            problem: format!("{what}: {}", String::from_utf8_lossy(&out.stderr).trim()),
+        });
+    }
+    Ok(())
 }
 
 impl Drop for SiteLink {

@@ -959,7 +959,7 @@ async fn run_steps(
     )?)
     .await?;
     bytes += n + pushed.bytes;
-    let cli_image = hcpimages::push_ours("hcp-olm-cli", &bin_dir, &oci, &reg).await?;
+    let (cli_image, _) = hcpimages::push_ours("hcp-olm-cli", &bin_dir, &oci, &reg).await?;
     let holms: Api<DynamicObject> =
         Api::namespaced_with(world.env.management.client(), HCP_NS, &holm_ar());
     until("the controller creates the HostedOLM", 60, || async {
