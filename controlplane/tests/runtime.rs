@@ -193,6 +193,16 @@ const HCP_CRD_STANDIN: &str = r#"{"apiVersion": "apiextensions.k8s.io/v1", "kind
   "versions": [{"name": "v1beta1", "served": true, "storage": true,
     "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}}"#;
 
+/// Serves the HostedControlPlane kind ([`HCP_CRD_STANDIN`]) in the management cluster.
+async fn install_hcp_crd(env: &Environment) -> Result<()> {
+    let crd: serde_json::Value = serde_json::from_str(HCP_CRD_STANDIN)?;
+    let dir = tempfile::tempdir()?;
+    let crd_file = dir.path().join("hcp-crd.yaml");
+    std::fs::write(&crd_file, serde_yaml_ng::to_string(&crd)?)?;
+    env.management.install_crds(&[crd_file]).await?;
+    Ok(())
+}
+
 async fn put_kubeconfig_secret(env: &Environment, name: &str) -> Result<()> {
     put_secret(
         &env.management,
@@ -347,6 +357,44 @@ async fn controller_identity(cluster: &Cluster) -> Result<hcp_olm_e2e::cluster::
     Ok(sa)
 }
 
+/// Every request a client sends, as `METHOD path?query`, in order.
+type Requests = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+/// `client` with every request it sends recorded (discovery included, which the API
+/// server's `apiserver_request_total` does not count).
+fn counting(client: kube::Client) -> (kube::Client, Requests) {
+    #[derive(Clone)]
+    struct Counting {
+        inner: kube::Client,
+        made: Requests,
+    }
+    impl tower::Service<http::Request<kube::client::Body>> for Counting {
+        type Response = http::Response<kube::client::Body>;
+        type Error = kube::Error;
+        type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+        fn poll_ready(
+            &mut self,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), Self::Error>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, req: http::Request<kube::client::Body>) -> Self::Future {
+            self.made
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(format!("{} {}", req.method(), req.uri()));
+            let inner = self.inner.clone();
+            Box::pin(async move { inner.send(req).await })
+        }
+    }
+    let made = Requests::default();
+    let svc = Counting {
+        inner: client,
+        made: made.clone(),
+    };
+    (kube::Client::new(svc, "default"), made)
+}
+
 fn ctx(client: kube::Client) -> Context {
     Context::new(
         client,
@@ -362,7 +410,11 @@ async fn reconcile_converges_prunes_and_cleans_up() -> Result<()> {
     let _serial = SERIAL.lock().await;
     let env = Environment::start().await?;
     setup(&env).await?;
-    let ctx = ctx(controller_client(&env).await?);
+    // HostedControlPlanes served, as in HyperShift: the ownership check of a converged pass
+    // is answered from the store (counted below).
+    install_hcp_crd(&env).await?;
+    let (client, made) = counting(controller_client(&env).await?);
+    let ctx = ctx(client);
     let name = "example";
     let hcp_ns = format!("{HC_NS}-{name}");
     put_kubeconfig_secret(&env, "example-admin-kubeconfig").await?;
@@ -546,8 +598,25 @@ async fn reconcile_converges_prunes_and_cleans_up() -> Result<()> {
             .api_requests(&["GET", "LIST"], GUEST_READ_RESOURCES)
             .await?,
     );
+    let sent = made.lock().unwrap_or_else(|p| p.into_inner()).len();
     let cached = reconcile(&ctx, &env, name).await?;
     let with = delta(&r0, &management_reads(&env.management).await?);
+    // Everything the controller's management client sent in that pass, discovery included
+    // (which the API server's counters above do not see): nothing at all. Left out: the
+    // watch caches' own traffic on the same client (cluster-wide watches, and lists in
+    // kube's watcher pages of 500, e.g. a store retrying a kind this cluster does not serve).
+    let sent: Vec<String> = made.lock().unwrap_or_else(|p| p.into_inner())[sent..]
+        .iter()
+        .filter(|r| {
+            !(r.contains("watch=true") || (r.contains("limit=500") && !r.contains("/namespaces/")))
+        })
+        .cloned()
+        .collect();
+    assert_eq!(
+        sent,
+        Vec::<String>::new(),
+        "management requests of a converged pass with the caches"
+    );
     // The guest side still reads what it compares (no per-guest watches yet).
     eprintln!(
         "converged pass, guest reads: {}",
@@ -2752,11 +2821,7 @@ async fn security_hcp_namespace_must_belong_to_the_hosted_cluster() -> Result<()
     let _serial = SERIAL.lock().await;
     let env = Environment::start().await?;
     setup(&env).await?;
-    let crd: serde_json::Value = serde_json::from_str(HCP_CRD_STANDIN)?;
-    let dir = tempfile::tempdir()?;
-    let crd_file = dir.path().join("hcp-crd.yaml");
-    std::fs::write(&crd_file, serde_yaml_ng::to_string(&crd)?)?;
-    env.management.install_crds(&[crd_file]).await?;
+    install_hcp_crd(&env).await?;
     let ctx = ctx(controller_client(&env).await?);
     for ns in ["team-a", "team", "openshift"] {
         env.management.ensure_namespace(ns).await?;

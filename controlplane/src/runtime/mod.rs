@@ -108,7 +108,16 @@ pub struct Context {
     status_rv: Arc<std::sync::Mutex<std::collections::HashMap<String, u64>>>,
     /// Watch-fed stores of what a reconcile reads (see [`stores`]), alongside `mgmt_cache`.
     stores: Arc<std::sync::Mutex<Option<Arc<stores::ManagementStores>>>>,
+    /// Discovery answers (is `resource` of `group/version` served by the management
+    /// cluster?) shared by every pass for [`DISCOVERY_TTL`]: the answer is a property of the
+    /// management cluster, not of a HostedCluster, so N clusters' resyncs ask once per TTL
+    /// instead of twice per pass. Only successful answers are kept.
+    discovery: moka::future::Cache<(String, String), bool>,
 }
+
+/// How long a discovery answer is reused (a ServiceMonitor or SCC kind installed later is
+/// noticed within this).
+pub const DISCOVERY_TTL: Duration = Duration::from_secs(60);
 
 impl Context {
     pub fn new(client: kube::Client, config: Config) -> Self {
@@ -124,7 +133,31 @@ impl Context {
             mgmt_cache: Arc::default(),
             stores: Arc::default(),
             status_rv: Arc::default(),
+            discovery: moka::future::Cache::builder()
+                .max_capacity(16)
+                .time_to_live(DISCOVERY_TTL)
+                .build(),
         }
+    }
+
+    /// Whether the management cluster serves `resource` of `group_version` (prometheus-
+    /// operator's ServiceMonitors, OpenShift's SecurityContextConstraints), from the
+    /// discovery cache when answered within [`DISCOVERY_TTL`]. Only a 404 means "not
+    /// served"; any other failure is an error (the pass fails and is retried, nothing is
+    /// cached), so a discovery hiccup never prunes the ServiceMonitors or changes the pods'
+    /// users.
+    pub async fn served(&self, group_version: &str, resource: &str) -> Result<bool, Error> {
+        let key = (group_version.to_string(), resource.to_string());
+        if let Some(v) = self.discovery.get(&key).await {
+            return Ok(v);
+        }
+        let v = match self.client.list_api_group_resources(group_version).await {
+            Ok(list) => list.resources.iter().any(|r| r.name == resource),
+            Err(kube::Error::Api(s)) if s.code == 404 => false,
+            Err(e) => return Err(kube_err(format!("discovering {group_version}"))(e)),
+        };
+        self.discovery.insert(key, v).await;
+        Ok(v)
     }
 
     /// Remembers the resourceVersion our status write of HostedOLM `key` produced.

@@ -395,13 +395,16 @@ pub async fn hcp_namespace_ownership(
     name: &str,
     hcp_ns: &str,
 ) -> Result<Ownership, Error> {
-    hcp_namespace_ownership_with(client, None, ns, name, hcp_ns).await
+    hcp_namespace_ownership_with(client, None, None, ns, name, hcp_ns).await
 }
 
-/// [`hcp_namespace_ownership`], reading the namespace from `stores` when they have it.
+/// [`hcp_namespace_ownership`], reading the namespace and HostedControlPlanes from `stores`
+/// when they have them; `hcp_served` is discovery's answer whether the HostedControlPlane
+/// kind is served (None: not known, the list tells).
 async fn hcp_namespace_ownership_with(
     client: &kube::Client,
     stores: Option<&super::stores::ManagementStores>,
+    hcp_served: Option<bool>,
     ns: &str,
     name: &str,
     hcp_ns: &str,
@@ -440,6 +443,26 @@ async fn hcp_namespace_ownership_with(
             "namespace {hcp_ns} (computed from HostedCluster {ns}/{name}) does not carry HyperShift's label {HCP_NAMESPACE_LABEL}: it is not a hosted control plane namespace, so nothing is written there"
         )));
     }
+    if hcp_served == Some(false) {
+        // The kind is not served: the label is all there is to check.
+        return Ok(Ownership::Owned);
+    }
+    let want = format!("{ns}/{name}");
+    // Again the store answers the steady state only (a HostedControlPlane annotated with
+    // this HostedCluster is there); waiting for one, or another's, is confirmed live.
+    if let Some(stores) = stores
+        && stores.hosted_control_planes.synced()
+        && stores.hosted_control_planes.all().iter().any(|h| {
+            h.metadata.namespace.as_deref() == Some(hcp_ns)
+                && h.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(HOSTED_CLUSTER_ANNOTATION))
+                    == Some(&want)
+        })
+    {
+        return Ok(Ownership::Owned);
+    }
     let hcps: Api<DynamicObject> = Api::namespaced_with(
         client.clone(),
         hcp_ns,
@@ -457,7 +480,6 @@ async fn hcp_namespace_ownership_with(
             return Err(kube_err(format!("listing HostedControlPlanes in {hcp_ns}"))(e));
         }
     };
-    let want = format!("{ns}/{name}");
     let owners: Vec<String> = list
         .items
         .iter()
@@ -611,7 +633,19 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     let (ns, name, hcp_ns) = identity(hc)?;
     // Before any write anywhere: is the computed HCP namespace this HostedCluster's?
     let stores = ctx.stores();
-    match hcp_namespace_ownership_with(&ctx.client, stores.as_deref(), &ns, &name, &hcp_ns).await? {
+    let hcp_served = ctx
+        .served("hypershift.openshift.io/v1beta1", "hostedcontrolplanes")
+        .await?;
+    match hcp_namespace_ownership_with(
+        &ctx.client,
+        stores.as_deref(),
+        Some(hcp_served),
+        &ns,
+        &name,
+        &hcp_ns,
+    )
+    .await?
+    {
         Ownership::Owned => {}
         // Nothing is written into the namespace until a pass has seen it labelled: one
         // created between this check and a write could be anybody's. Its creation (or
@@ -979,14 +1013,12 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
         pki,
         tunnel,
         packageserver_cluster_ip: packageserver_cluster_ip.clone(),
-        service_monitors_served: served(&ctx.client, "monitoring.coreos.com/v1", "servicemonitors")
+        service_monitors_served: ctx
+            .served("monitoring.coreos.com/v1", "servicemonitors")
             .await?,
-        management_has_scc: served(
-            &ctx.client,
-            "security.openshift.io/v1",
-            "securitycontextconstraints",
-        )
-        .await?,
+        management_has_scc: ctx
+            .served("security.openshift.io/v1", "securitycontextconstraints")
+            .await?,
         guest_olm_crds_ready,
         external_secret_hashes,
         owner: Some(owner),
@@ -1037,8 +1069,13 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     if new_keys.is_none() {
         keep.push(keys_target);
     }
+    // A kind the management cluster does not serve holds nothing of ours: not listed.
+    let mut prune_kinds = hcp_kinds();
+    if !input.service_monitors_served {
+        prune_kinds.retain(|(r, _)| r.kind != "ServiceMonitor");
+    }
     hcp_report.merge(
-        mgmt.prune(&hcp_kinds(), Some(&hcp_ns), &selector, &keep)
+        mgmt.prune(&prune_kinds, Some(&hcp_ns), &selector, &keep)
             .await,
     );
 
@@ -1384,18 +1421,6 @@ async fn apply_subscription_defaults(
                 return Ok(written);
             }
         }
-    }
-}
-
-/// Whether the management cluster serves `resource` of `group_version` (prometheus-operator's
-/// ServiceMonitors, OpenShift's SecurityContextConstraints).
-async fn served(client: &kube::Client, group_version: &str, resource: &str) -> Result<bool, Error> {
-    // Only a 404 means "not served"; any other failure fails the pass (retried), so a
-    // discovery hiccup never prunes the ServiceMonitors or changes the pods' users.
-    match client.list_api_group_resources(group_version).await {
-        Ok(list) => Ok(list.resources.iter().any(|r| r.name == resource)),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
-        Err(e) => Err(kube_err(format!("discovering {group_version}"))(e)),
     }
 }
 

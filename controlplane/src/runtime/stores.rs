@@ -30,6 +30,37 @@ use serde::de::DeserializeOwned;
 use crate::hostedolm::HostedOLM;
 use crate::render::labels;
 
+/// HyperShift's HostedControlPlane, as a type for a metadata watch only (the HCP namespace
+/// ownership check reads its annotations; nothing reads its spec or status).
+#[derive(Clone, Debug, Default, serde::Deserialize, serde::Serialize)]
+pub struct HostedControlPlane {
+    pub metadata: ObjectMeta,
+}
+
+impl kube::Resource for HostedControlPlane {
+    type DynamicType = ();
+    type Scope = kube::core::NamespaceResourceScope;
+
+    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+        "HostedControlPlane".into()
+    }
+    fn group(_: &()) -> std::borrow::Cow<'_, str> {
+        "hypershift.openshift.io".into()
+    }
+    fn version(_: &()) -> std::borrow::Cow<'_, str> {
+        "v1beta1".into()
+    }
+    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+        "hostedcontrolplanes".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
 /// Called with a changed object after its store holds the change.
 pub type OnChange<K> = Arc<dyn Fn(&K) + Send + Sync>;
 
@@ -228,6 +259,10 @@ pub struct ManagementStores {
     /// [`SECRET_DATA_CAPACITY`]).
     pub secret_data: moka::future::Cache<(String, String), Arc<Secret>>,
     pub namespaces: Watched<PartialObjectMeta<Namespace>>,
+    /// HostedControlPlanes (name, namespace and the HostedCluster annotation). Where the kind
+    /// is not served this store never syncs and the ownership check asks the API server
+    /// (which answers 404 at once); [`Self::synced`] does not wait for it.
+    pub hosted_control_planes: Watched<PartialObjectMeta<HostedControlPlane>>,
     /// HyperShift's OLM Deployments, one watch per name.
     pub hypershift: Vec<(&'static str, Watched<Deployment>)>,
 }
@@ -242,6 +277,7 @@ impl std::fmt::Debug for ManagementStores {
             .field("hosted_olms", &self.hosted_olms.len())
             .field("secrets", &self.secrets.len())
             .field("namespaces", &self.namespaces.len())
+            .field("hosted_control_planes", &self.hosted_control_planes.len())
             .finish_non_exhaustive()
     }
 }
@@ -286,6 +322,13 @@ impl ManagementStores {
                     w(Changed::HcpNamespace(ns));
                 }
             }) as OnChange<HostedOLM>
+        });
+        let hcp_wake = wake.clone().map(|w| {
+            Arc::new(move |h: &PartialObjectMeta<HostedControlPlane>| {
+                if let Some(ns) = h.metadata.namespace.as_deref() {
+                    w(Changed::HcpNamespace(ns));
+                }
+            }) as OnChange<PartialObjectMeta<HostedControlPlane>>
         });
         let hypershift_wake = wake.map(|w| {
             Arc::new(move |d: &Deployment| {
@@ -348,6 +391,22 @@ impl ManagementStores {
                 "HCP namespaces",
                 |n: &mut PartialObjectMeta<Namespace>| n.metadata.managed_fields = None,
                 namespaces_wake,
+            ),
+            hosted_control_planes: Watched::start(
+                Api::all(client.clone()),
+                watcher::Config::default(),
+                "HostedControlPlanes (metadata)",
+                |h: &mut PartialObjectMeta<HostedControlPlane>| {
+                    let m = &mut h.metadata;
+                    m.managed_fields = None;
+                    m.labels = None;
+                    m.owner_references = None;
+                    m.finalizers = None;
+                    if let Some(a) = m.annotations.as_mut() {
+                        a.retain(|k, _| k == super::reconcile::HOSTED_CLUSTER_ANNOTATION);
+                    }
+                },
+                hcp_wake,
             ),
             hypershift: hypershift_names
                 .iter()
