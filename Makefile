@@ -39,10 +39,13 @@ tools-bench: ## also build the benchmark-only peers (Konnectivity proxy-server/a
 FUZZ_SECONDS ?= 20
 
 test: prereqs-test lint tools ## everything CI runs: lint, unit tests, real API servers, network namespaces, bounded fuzzing
-	@echo "== make test: cargo test (unit, real control planes, registries, network namespaces)"
-	@mkdir -p target && set -o pipefail && $(CARGO) test --workspace --locked --no-fail-fast 2>&1 | tee target/make-test.log
+	@echo "== make test: cargo nextest (unit, real control planes, registries, network namespaces; three tests at a time, see .config/nextest.toml)"
+	@mkdir -p target && set -o pipefail && $(CARGO) nextest run --workspace --locked --no-fail-fast 2>&1 | tee target/make-test.log
+	@echo "== make test: doc tests"
+	@$(CARGO) test --workspace --locked --doc >target/make-test-doc.log 2>&1 || { tail -40 target/make-test-doc.log; exit 1; }
+	@cat target/make-test-doc.log >>target/make-test.log
 	@$(MAKE) --no-print-directory fuzz
-	@awk '/^test result:/ {p+=$$4; f+=$$6} END {printf "tests: %d passed, %d failed\n", p, f}' target/make-test.log
+	@awk '/tests run:/ {for (i = 1; i <= NF; i++) {if ($$i ~ /^passed/) p += $$(i-1); if ($$i ~ /^(failed|timed)/) f += $$(i-1)}} /^test result:/ {p+=$$4; f+=$$6} END {printf "tests: %d passed, %d failed\n", p, f}' target/make-test.log
 
 fuzz: ## run every cargo-fuzz target for FUZZ_SECONDS each (nightly + cargo-fuzz)
 	@echo "== make fuzz: $(FUZZ_SECONDS)s per target"

@@ -6,6 +6,8 @@
 # Exit status: 0 ready; 2 something is missing that this script cannot install (the message says what
 # to run). It takes seconds when everything is present.
 set -euo pipefail
+# The cargo-nextest release make test runs (its .config/nextest.toml needs 0.9.91 or later).
+NEXTEST_VERSION=0.9.151
 what=${1:-}
 case "$what" in demo | test | bench) ;; *)
   echo "usage: scripts/prereqs.sh demo|test|bench" >&2
@@ -112,6 +114,20 @@ if [ "$what" = test ] && [ "$fail" = 0 ]; then
       }
     else
       say "cargo-fuzz is missing (fuzzing); run: cargo install cargo-fuzz --locked"
+      fail=1
+    fi
+  fi
+  # make test runs the tests with cargo-nextest (one process per test, several at once);
+  # pinned, and installed again when another version is found.
+  if [ "$fail" = 0 ] && [ "$(cargo nextest --version 2>/dev/null | awk 'NR==1 {print $2}')" != "$NEXTEST_VERSION" ]; then
+    if [ "${HCP_OLM_NO_INSTALL:-0}" != 1 ]; then
+      say "installing cargo-nextest $NEXTEST_VERSION (cargo install, about 5 minutes)"
+      cargo install cargo-nextest --version "$NEXTEST_VERSION" --locked --quiet || {
+        say "failed; run: cargo install cargo-nextest --version $NEXTEST_VERSION --locked"
+        exit 2
+      }
+    else
+      say "cargo-nextest $NEXTEST_VERSION is missing (make test); run: cargo install cargo-nextest --version $NEXTEST_VERSION --locked"
       fail=1
     fi
   fi

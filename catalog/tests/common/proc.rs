@@ -4,7 +4,6 @@
 //! environment variables; see e2e/src/tools.rs).
 
 use std::fs::File;
-use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -41,21 +40,9 @@ pub fn command(program: impl AsRef<std::ffi::OsStr>) -> Command {
     cmd
 }
 
-static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
-
-/// A loopback port free now and not handed out before by this process.
+/// A loopback port free now and reserved for this test process (across processes too).
 pub fn free_port() -> std::io::Result<u16> {
-    for _ in 0..64 {
-        let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
-            .local_addr()?
-            .port();
-        let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
-        if !given.contains(&port) {
-            given.push(port);
-            return Ok(port);
-        }
-    }
-    Err(std::io::Error::other("no fresh free port"))
+    hcp_olm_e2e::ports::free_port()
 }
 
 /// A running child; dropping it kills (SIGKILL) and waits.

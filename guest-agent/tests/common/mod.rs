@@ -16,25 +16,10 @@ use tokio::net::{TcpStream, UdpSocket};
 
 pub const DNSMASQ: &str = "/usr/sbin/dnsmasq";
 
-/// Ports this test process has handed out (the kernel may offer a released port again, and
-/// tests run in parallel).
-static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-
-/// A free loopback port (UDP and TCP both free at the time of the check), never returned
-/// twice by one test process.
+/// A free loopback port (UDP and TCP both free at the time of the check), reserved for
+/// this test process against other test processes too.
 pub fn free_port() -> u16 {
-    for _ in 0..1000 {
-        let u = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind udp");
-        let port = u.local_addr().unwrap().port();
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
-            if !given.contains(&port) {
-                given.push(port);
-                return port;
-            }
-        }
-    }
-    panic!("no loopback port free for both UDP and TCP in 1000 tries")
+    hcp_olm_e2e::ports::free_udp_tcp_port().expect("a free loopback port for UDP and TCP")
 }
 
 /// A dnsmasq child process; killed by PID and reaped on drop.
