@@ -617,6 +617,10 @@ async fn reconcile_converges_prunes_and_cleans_up() -> Result<()> {
         Vec::<String>::new(),
         "management requests of a converged pass with the caches"
     );
+    // And the caches' own watches run under the ServiceAccount's RBAC without a failure
+    // (a refused watch is retried by relisting the whole kind, for ever).
+    let stores = ctx.stores().context("stores")?;
+    assert_eq!(stores.watch_errors(), Vec::new(), "failed store watches");
     // The guest side still reads what it compares (no per-guest watches yet).
     eprintln!(
         "converged pass, guest reads: {}",

@@ -71,6 +71,10 @@ where
 {
     store: Store<K>,
     synced: Arc<AtomicBool>,
+    /// Failed list or watch requests so far (each is retried with backoff): a store whose
+    /// watch the RBAC refuses keeps relisting, so this is what tests check.
+    errors: Arc<std::sync::atomic::AtomicU64>,
+    what: &'static str,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -105,6 +109,8 @@ where
         let store = writer.as_reader();
         let synced = Arc::new(AtomicBool::new(false));
         let flag = synced.clone();
+        let errors = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let failed = errors.clone();
         let stream = watcher(api, config)
             .default_backoff()
             .modify(trim)
@@ -122,15 +128,25 @@ where
                         }
                     }
                     Ok(_) => {}
-                    Err(e) => tracing::debug!(what, error = %e, "watch"),
+                    Err(e) => {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(what, error = %e, "watch");
+                    }
                 }
             }
         });
         Self {
             store,
             synced,
+            errors,
+            what,
             task,
         }
+    }
+
+    /// Failed list or watch requests so far.
+    pub fn errors(&self) -> u64 {
+        self.errors.load(Ordering::Relaxed)
     }
 
     /// True once the first list completed.
@@ -429,6 +445,25 @@ impl ManagementStores {
                 })
                 .collect(),
         }
+    }
+
+    /// The stores whose list or watch failed so far, with how often.
+    pub fn watch_errors(&self) -> Vec<(&'static str, u64)> {
+        let mut out = vec![
+            (self.deployments.what, self.deployments.errors()),
+            (self.pods.what, self.pods.errors()),
+            (self.services.what, self.services.errors()),
+            (self.hosted_olms.what, self.hosted_olms.errors()),
+            (self.secrets.what, self.secrets.errors()),
+            (self.namespaces.what, self.namespaces.errors()),
+            (
+                self.hosted_control_planes.what,
+                self.hosted_control_planes.errors(),
+            ),
+        ];
+        out.extend(self.hypershift.iter().map(|(_, w)| (w.what, w.errors())));
+        out.retain(|(_, n)| *n > 0);
+        out
     }
 
     /// True when every watch has listed once.
