@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 export HCP_OLM_CACHE ?= $(HOME)/.cache/hcp-olm
 
-.PHONY: help build lint fmt tools tools-bench test fuzz demo images test-images bench-catalog bench-controller bench-tunnel prereqs-demo prereqs-test prereqs-bench
+.PHONY: help build lint fmt tools tools-bench test fuzz demo images test-images bench-catalog bench-controller bench-fleet bench-tunnel prereqs-demo prereqs-test prereqs-bench
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -95,3 +95,10 @@ IDLE_SECONDS ?= 300
 
 bench-controller: prereqs-bench tools ## N hosted clusters vs the controller process (BENCH_N=100, IDLE_SECONDS=300; prints controller-bench: ...)
 	BENCH_N=$(BENCH_N) IDLE_SECONDS=$(IDLE_SECONDS) scripts/bench-controller.sh
+
+# BENCH_N above is bench-controller's default (100); bench-fleet defaults to 50 hosted clusters
+# (50 opm processes take about 9 GiB) and takes BENCH_N only from the command line or environment.
+FLEET_N = $(if $(findstring file,$(origin BENCH_N)),50,$(BENCH_N))
+
+bench-fleet: prereqs-bench tools ## one shared catalog Deployment (2 replicas of ours) vs one opm per hosted cluster, N of them (BENCH_N=50; prints fleet-bench: ...)
+	scripts/bench-fleet.sh $(FLEET_N) $(BENCH_ROUNDS)
