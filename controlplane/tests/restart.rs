@@ -36,7 +36,10 @@ const N: usize = 200;
 const ROTATED: usize = 20;
 const CONTROLLER: &str = env!("CARGO_BIN_EXE_hcp-olm-controller");
 const OURS: &str = "app.kubernetes.io/managed-by=hcp-olm";
-/// The tests here each run a whole fleet: one at a time.
+/// The tests here each run a whole fleet: one at a time under `cargo test`. `make test`'s
+/// nextest runs each test as a process, where this mutex does not reach; its groups limit
+/// them instead (`.config/nextest.toml`: the leader-kill test `heavy`, the stand-in
+/// comparison `environment`).
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn progress(msg: impl std::fmt::Display) {

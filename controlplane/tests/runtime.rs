@@ -24,8 +24,10 @@ use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams,
 
 const HC_NS: &str = "clusters";
 
-/// One test environment (two API servers, a controller) at a time: run side by side on 2
-/// cores, lease renewals and readiness timings of one test starve in another's load.
+/// One test environment (two API servers, a controller) at a time under `cargo test`: run
+/// side by side on 2 cores, lease renewals and readiness timings of one test starve in
+/// another's load. `make test`'s nextest runs each test as a process, where this mutex does
+/// not reach: its `environment` group allows two at a time (`.config/nextest.toml`).
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const OLM_IMAGE: &str = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 

@@ -1830,6 +1830,32 @@ async fn take_over_steps(
             },
         )
         .await?;
+        // The soak measures the steady state: a packageserver that has just rolled out has
+        // sometimes listed both sides once and, 15 s later, not yet the guest catalog's
+        // package again (twice under make test's parallel load). Settled means three listings
+        // 5 s apart show both sides; a miss starts the count again (bounded).
+        let settle_until = Instant::now() + Duration::from_secs(120);
+        let mut in_a_row = 0;
+        let mut misses = 0;
+        while in_a_row < 3 {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let p = package_manifests(&world.env).await.unwrap_or_default();
+            if p.iter().any(|n| n.starts_with("guest-widget "))
+                && p.iter().any(|n| n.starts_with("redhat-widget "))
+            {
+                in_a_row += 1;
+            } else {
+                in_a_row = 0;
+                misses += 1;
+                ensure!(
+                    Instant::now() < settle_until,
+                    "packagemanifests did not list both sides three times in a row within 120 s after the takeover: {p:?}"
+                );
+            }
+        }
+        (log)(&format!(
+            "  settled: both sides listed three times in a row ({misses} listings missed a side before)"
+        ));
     }
     steps.end();
 
