@@ -8,14 +8,15 @@
 //! `scripts/bench-catalog.sh` (`make bench-catalog`). Loopback only; every
 //! loop is bounded in count and time.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{mib, opm_serve, our_serve, percentile, ratio, serving, status_kb};
 use hcp_olm_proto::api::registry_client::RegistryClient;
 use hcp_olm_proto::api::{self, GetBundleRequest};
-use hcp_olm_proto::health::HealthCheckRequest;
-use hcp_olm_proto::health::health_client::HealthClient;
 
 struct Guard(Child);
 
@@ -39,38 +40,12 @@ struct Figures {
     bundles: usize,
 }
 
-fn status_kb(pid: u32, key: &str) -> u64 {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    text.lines()
-        .find(|l| l.starts_with(key))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+fn rss_kb(pid: u32, key: &str) -> u64 {
+    status_kb(pid, key).unwrap_or(0)
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
-async fn serving(port: u16) -> bool {
-    let Ok(ch) = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
-        .expect("endpoint")
-        .connect_timeout(Duration::from_millis(200))
-        .timeout(Duration::from_secs(1))
-        .connect()
-        .await
-    else {
-        return false;
-    };
-    HealthClient::new(ch)
-        .check(HealthCheckRequest {
-            service: String::new(),
-        })
-        .await
-        .is_ok_and(|r| r.into_inner().status == 1)
+    hcp_olm_e2e::ports::free_port().expect("free port")
 }
 
 async fn measure(name: &str, mut cmd: Command, port: u16, samples: usize) -> Figures {
@@ -96,7 +71,7 @@ async fn measure(name: &str, mut cmd: Command, port: u16, samples: usize) -> Fig
         ..Default::default()
     };
     tokio::time::sleep(Duration::from_secs(3)).await;
-    f.rss_load_kb = status_kb(pid, "VmRSS:");
+    f.rss_load_kb = rss_kb(pid, "VmRSS:");
 
     let ch = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
         .expect("endpoint")
@@ -123,7 +98,7 @@ async fn measure(name: &str, mut cmd: Command, port: u16, samples: usize) -> Fig
         }
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    f.rss_listed_kb = status_kb(pid, "VmRSS:");
+    f.rss_listed_kb = rss_kb(pid, "VmRSS:");
     times.sort();
     f.list_bundles = times[1];
     f.bundles = refs.len();
@@ -147,11 +122,11 @@ async fn measure(name: &str, mut cmd: Command, port: u16, samples: usize) -> Fig
         lat.push(t.elapsed());
     }
     lat.sort();
-    f.get_p50 = lat[lat.len() / 2];
-    f.get_p99 = lat[(lat.len() * 99 / 100).min(lat.len() - 1)];
+    f.get_p50 = percentile(&lat, 50);
+    f.get_p99 = percentile(&lat, 99);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    f.rss_served_kb = status_kb(pid, "VmRSS:");
-    f.rss_peak_kb = status_kb(pid, "VmHWM:");
+    f.rss_served_kb = rss_kb(pid, "VmRSS:");
+    f.rss_peak_kb = rss_kb(pid, "VmHWM:");
     drop(guard);
     eprintln!(
         "{name}: startup {:?}, rss after load {:.1} MiB, after ListBundles {:.1} MiB, after GetBundles {:.1} MiB, peak {:.1} MiB, ListBundles {:?} ({} bundles), GetBundle p50 {:?} p99 {:?} ({} calls)",
@@ -169,50 +144,12 @@ async fn measure(name: &str, mut cmd: Command, port: u16, samples: usize) -> Fig
     f
 }
 
-/// Real directories of symlinked files for the packages that validate on
-/// their own (opm refuses the whole catalog otherwise).
-fn servable_subset(catalog: &Path, out: &Path) -> Vec<String> {
-    let mut left_out = Vec::new();
-    let mut entries: Vec<_> = std::fs::read_dir(catalog)
-        .expect("read catalog")
-        .flatten()
-        .collect();
-    entries.sort_by_key(std::fs::DirEntry::file_name);
-    for e in entries {
-        if !e.path().is_dir() {
-            continue;
-        }
-        if hcp_olm_catalog::Catalog::load_dir(&e.path()).is_ok() {
-            let to = out.join(e.file_name());
-            std::fs::create_dir_all(&to).expect("mkdir");
-            for f in std::fs::read_dir(e.path()).expect("read").flatten() {
-                std::os::unix::fs::symlink(f.path(), to.join(f.file_name())).expect("symlink");
-            }
-        } else {
-            left_out.push(e.file_name().to_string_lossy().into_owned());
-        }
-    }
-    left_out
-}
-
-fn mib(kb: u64) -> f64 {
-    kb as f64 / 1024.0
-}
-
 impl Figures {
     /// The highest of the steady readings.
     fn rss_steady_kb(&self) -> u64 {
         self.rss_load_kb
             .max(self.rss_listed_kb)
             .max(self.rss_served_kb)
-    }
-}
-
-fn ratio(a: f64, b: f64) -> String {
-    if b == 0.0 {
-        "inf".into()
-    } else {
-        format!("{:.3}", a / b)
     }
 }
 
@@ -231,30 +168,18 @@ async fn main() {
         .unwrap_or(2000)
         .min(100_000);
     let dir = tempfile::tempdir().expect("tempdir");
-    let left_out = servable_subset(&catalog, dir.path());
+    let left_out = common::servable_subset(&catalog, dir.path()).expect("servable subset");
     eprintln!(
         "catalog-bench: {} (left out, refused by opm's rules: {left_out:?})",
         catalog.display()
     );
 
     let port = free_port();
-    let mut cmd = Command::new(&opm);
-    cmd.arg("serve")
-        .arg(dir.path())
-        .arg("-p")
-        .arg(port.to_string())
-        .arg("--pprof-addr=")
-        .arg("-t")
-        .arg("/dev/null")
-        .env("GRPC_PROXY", "");
+    let cmd = opm_serve(Command::new(&opm), dir.path(), port);
     let o = measure("opm", cmd, port, samples).await;
 
     let port = free_port();
-    let mut cmd = Command::new(&server);
-    cmd.arg("--catalog")
-        .arg(dir.path())
-        .arg("--listen")
-        .arg(format!("127.0.0.1:{port}"));
+    let cmd = our_serve(Command::new(&server), dir.path(), port);
     let s = measure("ours", cmd, port, samples).await;
     assert_eq!(
         o.bundles, s.bundles,
