@@ -651,3 +651,32 @@ async fn secret_list_and_watch_are_metadata_only() -> Result<()> {
     );
     Ok(())
 }
+
+/// A stop asked for while the controller still waits for its caches' first lists (up to 30 s;
+/// here they never complete: the ServiceAccount has no RBAC at all) ends the loop at once.
+/// Found under `make test`'s parallel load, where the caches of
+/// `secret_list_and_watch_are_metadata_only` were slow to list and its stop took over 30 s.
+#[tokio::test]
+async fn stop_while_the_caches_sync_ends_the_controller_at_once() -> Result<()> {
+    use futures::FutureExt as _;
+    use hcp_olm_controlplane::runtime::controller::{RunOptions, run};
+    use hcp_olm_controlplane::runtime::{Config, Context};
+    let cluster = Cluster::start(ClusterOptions::new("stop")).await?;
+    let nobody = cluster
+        .service_account("default", "nobody", Duration::from_secs(3600))
+        .await?
+        .client;
+    let ctx = std::sync::Arc::new(Context::new(nobody, Config::default()));
+    let (stop_tx, stop_rx) = futures::channel::oneshot::channel::<()>();
+    let runner = tokio::spawn(run(ctx, RunOptions::default(), stop_rx.map(|_| ())));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let asked = Instant::now();
+    let _ = stop_tx.send(());
+    tokio::time::timeout(Duration::from_secs(10), runner)
+        .await
+        .context(
+            "the controller did not stop within 10 s of being asked while its caches synced",
+        )??;
+    eprintln!("stopped {:?} after being asked", asked.elapsed());
+    Ok(())
+}

@@ -251,8 +251,16 @@ pub(crate) async fn run_controller(
             let _ = wake_tx.send(r);
         }
     });
-    ctx.start_mgmt_cache(std::time::Duration::from_secs(30), Some(wake))
-        .await;
+    // A stop asked for while the caches take their first lists (up to 30 s) ends the loop
+    // at once: nothing has been reconciled yet.
+    let shutdown = futures::FutureExt::shared(shutdown);
+    tokio::select! {
+        () = ctx.start_mgmt_cache(std::time::Duration::from_secs(30), Some(wake)) => {}
+        () = shutdown.clone() => {
+            ctx.stop_mgmt_cache();
+            return;
+        }
+    }
     let synced_metrics = ctx.metrics.clone();
     let hc_stream = watcher(hcs, watcher::Config::default())
         .default_backoff()
@@ -264,19 +272,31 @@ pub(crate) async fn run_controller(
             }
         })
         .applied_objects();
-    Controller::for_stream(hc_stream, reader)
+    let controller = Controller::for_stream(hc_stream, reader)
         .with_config(ControllerConfig::default().concurrency(opts.concurrency))
         .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(
             wake_rx,
         ))
-        .graceful_shutdown_on(shutdown)
+        .graceful_shutdown_on(shutdown.clone())
         .run(reconcile, error_policy, ctx.clone())
         .for_each(|r| async move {
             if let Err(e) = r {
                 tracing::debug!(error = %e, "controller event");
             }
-        })
-        .await;
+        });
+    let mut controller = std::pin::pin!(controller);
+    tokio::select! {
+        () = &mut controller => {}
+        () = shutdown => {
+            // kube's runner starts no reconcile before the HostedCluster store has listed
+            // once, and a graceful shutdown cuts the stream that would list it: stopped before
+            // that, it would wait for ever. Then nothing has run and nothing needs draining;
+            // after it, running reconciles finish first.
+            if ctx.metrics.synced() {
+                controller.await;
+            }
+        }
+    }
     ctx.stop_mgmt_cache();
     ctx.metrics.set_synced(false);
 }
