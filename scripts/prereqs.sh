@@ -121,7 +121,7 @@ if [ "$what" = test ] && [ "$fail" = 0 ]; then
   # pinned, and installed again when another version is found.
   if [ "$fail" = 0 ] && [ "$(cargo nextest --version 2>/dev/null | awk 'NR==1 {print $2}')" != "$NEXTEST_VERSION" ]; then
     if [ "${HCP_OLM_NO_INSTALL:-0}" != 1 ]; then
-      say "installing cargo-nextest $NEXTEST_VERSION (cargo install, about 5 minutes)"
+      say "installing cargo-nextest $NEXTEST_VERSION (cargo install: a cold build, several minutes on 2 cores)"
       cargo install cargo-nextest --version "$NEXTEST_VERSION" --locked --quiet || {
         say "failed; run: cargo install cargo-nextest --version $NEXTEST_VERSION --locked"
         exit 2
