@@ -451,8 +451,7 @@ async fn hcp_namespace_ownership_with(
     // Again the store answers the steady state only (a HostedControlPlane annotated with
     // this HostedCluster is there); waiting for one, or another's, is confirmed live.
     if let Some(stores) = stores
-        && stores.hosted_control_planes.synced()
-        && stores.hosted_control_planes.all().iter().any(|h| {
+        && stores.hosted_control_planes.any(|h| {
             h.metadata.namespace.as_deref() == Some(hcp_ns)
                 && h.metadata
                     .annotations

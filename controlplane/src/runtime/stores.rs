@@ -186,6 +186,11 @@ where
         }
     }
 
+    /// Whether a held object matches `predicate` (false until synced); no copy of the store.
+    pub fn any(&self, predicate: impl Fn(&K) -> bool) -> bool {
+        self.synced() && self.store.find(predicate).is_some()
+    }
+
     /// True when none is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
