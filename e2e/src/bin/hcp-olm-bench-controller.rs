@@ -33,7 +33,8 @@ use hcp_olm_e2e::fleet::{
 use hcp_olm_e2e::guest_standin::GuestStandIn;
 use hcp_olm_e2e::tools::fixtures_dir;
 use hcp_olm_e2e::{Cluster, ClusterOptions, SharedEtcd};
-use kube::api::{Api, DynamicObject, ListParams};
+use kube::api::{Api, DynamicObject};
+use kube::runtime::WatchStreamExt as _;
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T> {
     match std::env::var(name) {
@@ -108,6 +109,56 @@ async fn served(c: &Cluster) -> Result<(f64, f64)> {
         metric_sum(&short, "apiserver_request_total{"),
         metric_sum(&short, "apiserver_request_duration_seconds_sum{"),
     ))
+}
+
+/// `apiserver_request_total` by (verb, resource/subresource), long-running verbs left out.
+fn request_breakdown(text: &str) -> BTreeMap<(String, String), f64> {
+    let label = |line: &str, name: &str| -> String {
+        let Some(start) = line.find(&format!("{name}=\"")).map(|i| i + name.len() + 2) else {
+            return String::new();
+        };
+        line[start..]
+            .find('"')
+            .map(|end| line[start..start + end].to_string())
+            .unwrap_or_default()
+    };
+    let mut out = BTreeMap::new();
+    for l in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
+        let verb = label(l, "verb");
+        if verb == "WATCH" || verb == "CONNECT" {
+            continue;
+        }
+        let mut resource = label(l, "resource");
+        let sub = label(l, "subresource");
+        if !sub.is_empty() {
+            resource = format!("{resource}/{sub}");
+        }
+        let n: f64 = l
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        *out.entry((verb, resource)).or_insert(0.0) += n;
+    }
+    out
+}
+
+/// The requests of `after` not in `before`, per hosted cluster, as a table (largest first).
+fn breakdown_table(
+    before: &BTreeMap<(String, String), f64>,
+    after: &BTreeMap<(String, String), f64>,
+    n: usize,
+) -> String {
+    let mut rows: Vec<_> = after
+        .iter()
+        .map(|(k, v)| (k, v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, d)| *d > 0.0)
+        .collect();
+    rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+    rows.iter()
+        .map(|((verb, res), d)| format!("  {verb:<7} {res:<40} {d:>9.0} {:>7.2}/hc", d / n as f64))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 fn controller_bin() -> PathBuf {
@@ -350,6 +401,7 @@ async fn main() -> Result<()> {
     }
     let (m0, g0) = (mgmt.api_writes(RESOURCES).await?, guests.writes().await?);
     let (req0, dur0) = served(&mgmt).await?;
+    let by_request0 = request_breakdown(&metrics_text(&mgmt).await?);
     let [mgmt_api_pid, mgmt_etcd_pid] = mgmt.pids();
     let cpu0 = (
         cpu_seconds(std::process::id()),
@@ -401,6 +453,7 @@ async fn main() -> Result<()> {
         cpu0,
         &etcd,
         concurrency,
+        &by_request0,
     )
     .await;
     let rss_kib = status_kib(controller.pid(), "VmHWM");
@@ -447,10 +500,23 @@ async fn measure(
     (harness_cpu0, api_cpu0, etcd_cpu0, guests_cpu0, guest_etcd_cpu0): (f64, f64, f64, f64, f64),
     guest_etcd: &SharedEtcd,
     concurrency: u16,
+    by_request0: &BTreeMap<(String, String), f64>,
 ) -> Result<Measured> {
     // Converge: every HostedOLM has a status and every guest has its packageserver
-    // Endpoints (second pass), and management writes have stopped for 10s.
+    // Endpoints (second pass), and management writes have stopped for 10s. HostedOLMs are
+    // followed by one watch (a LIST of N HostedOLMs every 2 s loaded the API server whose
+    // work is being measured).
     let holms: Api<DynamicObject> = Api::all_with(mgmt.client(), &holm_resource());
+    let holm_writer =
+        kube::runtime::reflector::store::Writer::<DynamicObject>::new(holm_resource());
+    let holm_store = holm_writer.as_reader();
+    let holm_watch = tokio::spawn(
+        kube::runtime::watcher(holms, kube::runtime::watcher::Config::default())
+            .default_backoff()
+            .reflect(holm_writer)
+            .for_each(|_| futures::future::ready(())),
+    );
+    let _stop_watch = AbortOnDrop(holm_watch);
     let mut guest_done = vec![false; n];
     let mut last_writes = m0;
     let mut last_change = started;
@@ -464,10 +530,8 @@ async fn measure(
             last_writes = w;
             last_change = Instant::now();
         }
-        let with_status = holms
-            .list(&ListParams::default())
-            .await?
-            .items
+        let with_status = holm_store
+            .state()
             .iter()
             .filter(|h| h.data["status"]["observedGeneration"].is_i64())
             .count();
@@ -515,6 +579,11 @@ async fn measure(
     let writes = (m1 - m0) + (g1 - g0);
     let writes_per_hc = writes as f64 / n as f64;
     let window = started.elapsed().as_secs_f64();
+    progress(format!(
+        "management requests during convergence, by verb and resource (harness's included: \
+         one HostedOLM watch, /metrics reads):\n{}",
+        breakdown_table(by_request0, &request_breakdown(&metrics_text(mgmt).await?), n)
+    ));
     let after = guests.breakdown().await?;
     if !after.is_empty() {
         progress(format!("guest 0 writes after convergence: {after}"));
@@ -542,6 +611,7 @@ async fn measure(
     // Idle window.
     let r0 = controller.reconciles();
     let (ireq0, _) = served(mgmt).await?;
+    let idle_by_request0 = request_breakdown(&metrics_text(mgmt).await?);
     let t = Instant::now();
     let idle = Duration::from_secs(idle_seconds);
     progress(format!("idle window: {idle_seconds}s"));
@@ -562,6 +632,14 @@ async fn measure(
     let idle_reconciles = controller.reconciles() - r0;
     let (ireq1, _) = served(mgmt).await?;
     progress(format!(
+        "management requests in the idle window, by verb and resource:\n{}",
+        breakdown_table(
+            &idle_by_request0,
+            &request_breakdown(&metrics_text(mgmt).await?),
+            n
+        )
+    ));
+    progress(format!(
         "idle window done: {} management + {} guest writes during {:.0} reconciles (resyncs); the management \
          API server served {:.0} non-watch requests meanwhile ({:.1}/s, {:.0} per reconcile, incl. the harness's polls)",
         m2 - m1,
@@ -578,6 +656,15 @@ async fn measure(
         idle_requests_per_s: (ireq1 - ireq0) / idle_seconds.max(1) as f64,
         idle_reconciles,
     })
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// What [`measure`] found.
