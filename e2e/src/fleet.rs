@@ -310,6 +310,29 @@ impl Guests {
         }
     }
 
+    /// Requests served to the guests so far (real: the API servers' non-watch
+    /// `apiserver_request_total`; stand-in: every request it answered).
+    pub async fn requests(&self) -> Result<u64> {
+        match self {
+            Guests::Real(cs) => {
+                let mut sum = 0.0;
+                for c in cs {
+                    sum += metrics_text(c)
+                        .await?
+                        .lines()
+                        .filter(|l| l.starts_with("apiserver_request_total{"))
+                        .filter(|l| {
+                            !l.contains("verb=\"WATCH\"") && !l.contains("verb=\"CONNECT\"")
+                        })
+                        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                        .sum::<f64>();
+                }
+                Ok(sum as u64)
+            }
+            Guests::StandIn(s) => Ok(s.total_requests()),
+        }
+    }
+
     pub fn cpu_seconds(&self) -> f64 {
         match self {
             Guests::Real(cs) => cs.iter().map(|c| cpu_seconds(c.pids()[0])).sum(),
@@ -356,4 +379,80 @@ fn write_requests(text: &str, by_verb: bool) -> BTreeMap<String, u64> {
         *out.entry(key).or_default() += v as u64;
     }
     out
+}
+
+/// A stand-in for the deployment controller and kubelets of a cluster that has neither (the
+/// benchmark's API servers run no pods): every Deployment carrying our managed-by label is
+/// reported rolled out (its `status` patched: every replica ready at its generation), so a
+/// HostedOLM can become Available as it would with running pods. It counts its own writes,
+/// which the benchmark subtracts from the API server's counters. Dropping it stops it.
+pub struct RolloutStandIn {
+    writes: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for RolloutStandIn {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl RolloutStandIn {
+    pub fn start(client: kube::Client) -> Self {
+        use k8s_openapi::api::apps::v1::Deployment;
+        use kube::runtime::{WatchStreamExt as _, watcher};
+        let writes = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = writes.clone();
+        let api: Api<Deployment> = Api::all(client.clone());
+        let config = watcher::Config::default().labels("app.kubernetes.io/managed-by=hcp-olm");
+        let task = tokio::spawn(async move {
+            watcher(api, config)
+                .default_backoff()
+                .applied_objects()
+                .filter_map(|d| async move { d.ok() })
+                .filter(|d| futures::future::ready(!rolled_out(d)))
+                .for_each_concurrent(4, |d| {
+                    let (client, counted) = (client.clone(), counted.clone());
+                    async move {
+                        let (Some(ns), Some(name)) =
+                            (d.metadata.namespace.clone(), d.metadata.name.clone())
+                        else {
+                            return;
+                        };
+                        let replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+                        let status = serde_json::json!({"status": {
+                            "observedGeneration": d.metadata.generation,
+                            "replicas": replicas,
+                            "updatedReplicas": replicas,
+                            "readyReplicas": replicas,
+                            "availableReplicas": replicas,
+                            "conditions": [{"type": "Available", "status": "True",
+                                "reason": "MinimumReplicasAvailable"}],
+                        }});
+                        let api: Api<Deployment> = Api::namespaced(client, &ns);
+                        if api
+                            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                            .await
+                            .is_ok()
+                        {
+                            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                })
+                .await;
+        });
+        Self { writes, task }
+    }
+
+    /// Status writes made so far.
+    pub fn writes(&self) -> u64 {
+        self.writes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+fn rolled_out(d: &k8s_openapi::api::apps::v1::Deployment) -> bool {
+    let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    d.status.as_ref().is_some_and(|s| {
+        s.observed_generation == d.metadata.generation && s.ready_replicas.unwrap_or(0) >= want
+    })
 }

@@ -16,7 +16,10 @@
 //! manager built from the applied object (maps by field, lists owned whole: close enough to
 //! the real fieldsV1 for the controller's "is this object already as desired" check, which
 //! reads only its own manager's fields); there is no validation, defaulting, admission or
-//! watch, and no second manager's fields. Every write is
+//! watch, and no second manager's fields. A stored Deployment reports itself rolled out
+//! (`status` with every replica ready at its generation): the stand-in also stands in for
+//! the guest's deployment controller and kubelets, so "converged" can mean Available as it
+//! does on a real cluster with running pods. Every write is
 //! counted per guest, so the benchmark can count guest writes as the real API server's
 //! `apiserver_request_total` would.
 
@@ -276,6 +279,21 @@ impl GuestStandIn {
             .unwrap_or_else(|p| p.into_inner())
             .contains_key(&key)
     }
+}
+
+/// What a deployment controller and kubelets running every pod would report (see the
+/// module docs).
+fn rolled_out(d: &mut Value) {
+    let replicas = d["spec"]["replicas"].as_i64().unwrap_or(1);
+    let generation = d["metadata"]["generation"].clone();
+    d["status"] = json!({
+        "observedGeneration": generation,
+        "replicas": replicas,
+        "updatedReplicas": replicas,
+        "readyReplicas": replicas,
+        "availableReplicas": replicas,
+        "conditions": [{"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"}],
+    });
 }
 
 fn reply(code: StatusCode, body: &Value) -> Response<Full<Bytes>> {
@@ -637,6 +655,9 @@ async fn handle(s: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> {
                 if let Some(ns) = &p.namespace {
                     meta.insert("namespace".into(), ns.clone().into());
                 }
+            }
+            if p.group == "apps" && p.plural == "deployments" {
+                rolled_out(&mut new);
             }
             objects.insert(k, new.clone());
             guest.wrote(&p);

@@ -264,6 +264,9 @@ pub(crate) async fn run_controller(
     let synced_metrics = ctx.metrics.clone();
     let hc_stream = watcher(hcs, watcher::Config::default())
         .default_backoff()
+        // Nothing reads a HostedCluster's managedFields, and they are most of its size in
+        // memory (a fieldsV1 tree per writer: HyperShift's status updates, ours, users').
+        .modify(|hc: &mut HostedCluster| hc.metadata.managed_fields = None)
         .reflect(writer)
         .inspect(move |ev| {
             if matches!(ev, Ok(watcher::Event::InitDone)) && !synced_metrics.synced() {

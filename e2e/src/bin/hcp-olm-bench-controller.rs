@@ -17,7 +17,7 @@
 //!
 //! Last line on stdout:
 //! `controller-bench: n=<N> guests=<real|standin> converge_s=<s> writes_per_hc=<w> idle_writes=<i>
-//! idle_requests_per_s=<r> idle_reconciles=<c> rss_mib=<m>`
+//! resync_requests_per_s=<q> idle_requests_per_s=<r> idle_reconciles=<c> rss_mib=<m>`
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -26,9 +26,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail, ensure};
 use futures::StreamExt as _;
 use hcp_olm_e2e::fleet::{
-    Guests, HC_NS, OLM_IMAGE, RESOURCES, controller_identity, cpu_seconds, create_hosted_cluster,
-    guest_crd_files, holm_resource, hosted_cluster_template, metrics_text, start_real_guest,
-    yaml_docs,
+    Guests, HC_NS, OLM_IMAGE, RESOURCES, RolloutStandIn, controller_identity, cpu_seconds,
+    create_hosted_cluster, guest_crd_files, holm_resource, hosted_cluster_template, metrics_text,
+    start_real_guest, yaml_docs,
 };
 use hcp_olm_e2e::guest_standin::GuestStandIn;
 use hcp_olm_e2e::tools::fixtures_dir;
@@ -123,7 +123,10 @@ fn request_breakdown(text: &str) -> BTreeMap<(String, String), f64> {
             .unwrap_or_default()
     };
     let mut out = BTreeMap::new();
-    for l in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
+    for l in text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+    {
         let verb = label(l, "verb");
         if verb == "WATCH" || verb == "CONNECT" {
             continue;
@@ -394,6 +397,17 @@ async fn main() -> Result<()> {
     }
     drop(created);
 
+    // Stand-ins for the deployment controller and kubelets (no pods run here): our
+    // Deployments report themselves rolled out, so HostedOLMs can become Available.
+    let mut rollouts = vec![RolloutStandIn::start(mgmt.client())];
+    if let Guests::Real(cs) = &guests {
+        rollouts.extend(cs.iter().map(|c| RolloutStandIn::start(c.client())));
+    }
+    progress(
+        "deployment rollout: STAND-IN (no kubelets here): the harness patches the status of our \
+         Deployments to rolled out (its own writes are subtracted from the counts)",
+    );
+
     // Baselines, then the controller.
     let before = guests.breakdown().await?;
     if !before.is_empty() {
@@ -415,6 +429,8 @@ async fn main() -> Result<()> {
     let mut cmd = hcp_olm_e2e::process::command(&bin);
     cmd.args([
         "run",
+        // As the shipped Deployment runs it (manifests/controller/deployment.yaml).
+        "--leader-elect=true",
         "--admin-addr",
         &format!("127.0.0.1:{port}"),
         "--registry-lookups=false",
@@ -454,6 +470,7 @@ async fn main() -> Result<()> {
         &etcd,
         concurrency,
         &by_request0,
+        &rollouts,
     )
     .await;
     let rss_kib = status_kib(controller.pid(), "VmHWM");
@@ -464,6 +481,7 @@ async fn main() -> Result<()> {
         writes_per_hc,
         idle_writes,
         idle_requests_per_s,
+        resync_requests_per_s,
         idle_reconciles,
     } = match result {
         Ok(r) => r,
@@ -476,7 +494,7 @@ async fn main() -> Result<()> {
         "controller exited with {status} after SIGTERM; guests: {guest_kind}"
     ));
     println!(
-        "controller-bench: n={n} guests={} converge_s={converge_s:.1} writes_per_hc={writes_per_hc:.1} idle_writes={idle_writes} idle_requests_per_s={idle_requests_per_s:.2} idle_reconciles={idle_reconciles:.0} rss_mib={:.1}",
+        "controller-bench: n={n} guests={} converge_s={converge_s:.1} writes_per_hc={writes_per_hc:.1} idle_writes={idle_writes} resync_requests_per_s={resync_requests_per_s:.2} idle_requests_per_s={idle_requests_per_s:.2} idle_reconciles={idle_reconciles:.0} rss_mib={:.1}",
         if guest_kind.starts_with("STAND-IN") {
             "standin"
         } else {
@@ -501,9 +519,16 @@ async fn measure(
     guest_etcd: &SharedEtcd,
     concurrency: u16,
     by_request0: &BTreeMap<(String, String), f64>,
+    rollouts: &[RolloutStandIn],
 ) -> Result<Measured> {
-    // Converge: every HostedOLM has a status and every guest has its packageserver
-    // Endpoints (second pass), and management writes have stopped for 10s. HostedOLMs are
+    let stand_in_writes = || -> (u64, u64) {
+        let g = rollouts.iter().skip(1).map(RolloutStandIn::writes).sum();
+        (rollouts[0].writes(), g)
+    };
+    let (sm0, sg0) = stand_in_writes();
+    // Converge: every HostedOLM is Available (every component available) at its
+    // generation, every guest has its packageserver Endpoints (second pass), and
+    // management writes have stopped for 10s. HostedOLMs are
     // followed by one watch (a LIST of N HostedOLMs every 2 s loaded the API server whose
     // work is being measured).
     let holms: Api<DynamicObject> = Api::all_with(mgmt.client(), &holm_resource());
@@ -525,16 +550,12 @@ async fn measure(
     let quiet = Duration::from_secs(10);
     loop {
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let w = mgmt.api_writes(RESOURCES).await?;
+        let w = mgmt.api_writes(RESOURCES).await? - (stand_in_writes().0 - sm0);
         if w != last_writes {
             last_writes = w;
             last_change = Instant::now();
         }
-        let with_status = holm_store
-            .state()
-            .iter()
-            .filter(|h| h.data["status"]["observedGeneration"].is_i64())
-            .count();
+        let with_status = holm_store.state().iter().filter(|h| available(h)).count();
         let todo: Vec<usize> = (0..n).filter(|i| !guest_done[*i]).collect();
         let checks = futures::stream::iter(todo)
             .map(|i| async move { (i, guests.done(i).await) })
@@ -548,7 +569,7 @@ async fn measure(
         if last_report.elapsed() >= Duration::from_secs(10) {
             last_report = Instant::now();
             progress(format!(
-                "converging {:.0}s: {with_status}/{n} HostedOLM statuses, {guests_ok}/{n} guests done, {} management writes, controller rss {:.0}MiB",
+                "converging {:.0}s: {with_status}/{n} HostedOLMs Available, {guests_ok}/{n} guests done, {} management writes, controller rss {:.0}MiB",
                 started.elapsed().as_secs_f64(),
                 w - m0,
                 mib(status_kib(controller.pid(), "VmRSS"))
@@ -562,12 +583,17 @@ async fn measure(
         }
         if Instant::now() > deadline {
             bail!(
-                "not converged after {converge_timeout}s: {with_status}/{n} statuses, {guests_ok}/{n} guests done"
+                "not converged after {converge_timeout}s: {with_status}/{n} Available, {guests_ok}/{n} guests done"
             );
         }
     }
     let converge_s = (last_change - started).as_secs_f64();
-    let (m1, g1) = (mgmt.api_writes(RESOURCES).await?, guests.writes().await?);
+    // The controller's writes: the API servers' counters less the rollout stand-ins' own.
+    let (sm1, sg1) = stand_in_writes();
+    let (m1, g1) = (
+        mgmt.api_writes(RESOURCES).await? - (sm1 - sm0),
+        guests.writes().await? - (sg1 - sg0),
+    );
     let (req1, dur1) = served(mgmt).await?;
     let ctl_cpu = cpu_seconds(controller.pid());
     // The harness's own CPU: the stand-in guests (when used) and the convergence polling.
@@ -582,7 +608,11 @@ async fn measure(
     progress(format!(
         "management requests during convergence, by verb and resource (harness's included: \
          one HostedOLM watch, /metrics reads):\n{}",
-        breakdown_table(by_request0, &request_breakdown(&metrics_text(mgmt).await?), n)
+        breakdown_table(
+            by_request0,
+            &request_breakdown(&metrics_text(mgmt).await?),
+            n
+        )
     ));
     let after = guests.breakdown().await?;
     if !after.is_empty() {
@@ -612,6 +642,7 @@ async fn measure(
     let r0 = controller.reconciles();
     let (ireq0, _) = served(mgmt).await?;
     let idle_by_request0 = request_breakdown(&metrics_text(mgmt).await?);
+    let guest_requests0 = guests.requests().await?;
     let t = Instant::now();
     let idle = Duration::from_secs(idle_seconds);
     progress(format!("idle window: {idle_seconds}s"));
@@ -623,21 +654,35 @@ async fn measure(
         progress(format!(
             "idle {:.0}/{idle_seconds}s: {} management writes, {:.0} reconciles, controller rss {:.0}MiB",
             t.elapsed().as_secs_f64(),
-            mgmt.api_writes(RESOURCES).await? - m1,
+            mgmt.api_writes(RESOURCES).await? - (stand_in_writes().0 - sm0) - m1,
             controller.reconciles() - r0,
             mib(status_kib(controller.pid(), "VmRSS"))
         ));
     }
-    let (m2, g2) = (mgmt.api_writes(RESOURCES).await?, guests.writes().await?);
+    let (sm2, sg2) = stand_in_writes();
+    let (m2, g2) = (
+        mgmt.api_writes(RESOURCES).await? - (sm2 - sm0),
+        guests.writes().await? - (sg2 - sg0),
+    );
     let idle_reconciles = controller.reconciles() - r0;
     let (ireq1, _) = served(mgmt).await?;
+    let idle_by_request1 = request_breakdown(&metrics_text(mgmt).await?);
+    let guest_requests = guests.requests().await? - guest_requests0;
     progress(format!(
         "management requests in the idle window, by verb and resource:\n{}",
-        breakdown_table(
-            &idle_by_request0,
-            &request_breakdown(&metrics_text(mgmt).await?),
-            n
-        )
+        breakdown_table(&idle_by_request0, &idle_by_request1, n)
+    ));
+    // What resyncs cost: every request of the idle window on both sides except Lease
+    // renewals and non-resource paths (/openapi, /metrics: the API server's and harness's).
+    let mgmt_resync: f64 = idle_by_request1
+        .iter()
+        .filter(|((_, res), _)| !res.starts_with('/') && res != "leases")
+        .map(|(k, v)| v - idle_by_request0.get(k).copied().unwrap_or(0.0))
+        .sum();
+    let resync_requests_per_s = (mgmt_resync + guest_requests as f64) / idle_seconds.max(1) as f64;
+    progress(format!(
+        "resync requests in the idle window ({idle_reconciles:.0} reconciles): {mgmt_resync:.0} management \
+         (Lease renewals left out) + {guest_requests} guest = {resync_requests_per_s:.2}/s"
     ));
     progress(format!(
         "idle window done: {} management + {} guest writes during {:.0} reconciles (resyncs); the management \
@@ -654,8 +699,20 @@ async fn measure(
         writes_per_hc,
         idle_writes: (m2 - m1) + (g2 - g1),
         idle_requests_per_s: (ireq1 - ireq0) / idle_seconds.max(1) as f64,
+        resync_requests_per_s,
         idle_reconciles,
     })
+}
+
+/// Whether a HostedOLM says Available=True for its current generation.
+fn available(h: &DynamicObject) -> bool {
+    let st = &h.data["status"];
+    st["observedGeneration"].as_i64().is_some()
+        && st["observedGeneration"].as_i64() == h.metadata.generation
+        && st["conditions"].as_array().is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == "Available" && c["status"] == "True")
+        })
 }
 
 /// Aborts a task when dropped.
@@ -675,6 +732,8 @@ struct Measured {
     /// Management API requests per second in the idle window (not WATCH; Lease renewals and
     /// the harness's own metric polls included).
     idle_requests_per_s: f64,
+    /// Requests per second of the idle window on both sides, Lease renewals left out.
+    resync_requests_per_s: f64,
     idle_reconciles: f64,
 }
 
