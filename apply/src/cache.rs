@@ -8,10 +8,10 @@
 //! back to a GET or LIST, so the cache can only save requests, never answer wrongly from an
 //! empty store.
 //!
-//! The store keeps a **trimmed** copy of each object's metadata: names, labels, uid,
-//! resourceVersion, deletion timestamp, our desired-hash annotation and a digest of our field
-//! manager's managed fields ([`compare::fields_digest`]) instead of the managedFields
-//! themselves (a Deployment's fieldsV1 tree is tens of kilobytes in memory; at 1,000 hosted
+//! The store keeps a **trimmed**, compact entry per object (not kube's reflector store; see
+//! `Entry`): names, labels, uid, resourceVersion, deletion timestamp, our desired-hash
+//! annotation and a digest of our field manager's managed fields ([`compare::fields_digest`])
+//! instead of the managedFields themselves (a Deployment's fieldsV1 tree is tens of kilobytes in memory; at 1,000 hosted
 //! clusters they were most of the controller's memory). Whether our fields are all still
 //! ours is checked once on the full object (a GET) and remembered as the (desired hash,
 //! fields digest) pair seen then ([`WatchCache::verified`]); while the cached pair is the
@@ -30,8 +30,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::core::{ObjectMeta, PartialObjectMeta};
-use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::Value;
 
@@ -47,9 +47,124 @@ pub const OVERLAY_TTL: Duration = Duration::from_secs(30);
 
 type Meta = PartialObjectMeta<DynamicObject>;
 
+fn read(objects: &std::sync::RwLock<Objects>) -> std::sync::RwLockReadGuard<'_, Objects> {
+    objects.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write(objects: &std::sync::RwLock<Objects>) -> std::sync::RwLockWriteGuard<'_, Objects> {
+    objects.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What the cache keeps of one object (see the module docs). Not kube's reflector store:
+/// its key repeats the kind's `ApiResource` (five strings) for every object and its values
+/// are whole `ObjectMeta`s with two `BTreeMap`s, which at 1,000 hosted clusters made this
+/// cache about 80 KiB per cluster; an entry here is a few hundred bytes, and namespaces and
+/// label strings, repeated across a cluster's objects, are shared ([`Interner`]).
+struct Entry {
+    uid: Option<Box<str>>,
+    resource_version: Option<Box<str>>,
+    deletion_timestamp: Option<Time>,
+    labels: Box<[(Arc<str>, Arc<str>)]>,
+    /// Our desired-hash annotation.
+    hash: Option<Box<str>>,
+    /// [`compare::fields_digest`] of our field manager's managed fields.
+    digest: Box<str>,
+}
+
+/// (namespace, name).
+type EntryKey = (Option<Arc<str>>, Box<str>);
+type Objects = HashMap<EntryKey, Entry>;
+
+/// Shares equal strings (namespaces, label keys and values) between entries. Strings no
+/// entry uses any more are dropped whenever a kind completes a (re)list.
+#[derive(Default)]
+struct Interner(Mutex<std::collections::HashSet<Arc<str>>>);
+
+impl Interner {
+    fn get(&self, s: &str) -> Arc<str> {
+        let mut set = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(a) = set.get(s) {
+            return a.clone();
+        }
+        let a: Arc<str> = Arc::from(s);
+        set.insert(a.clone());
+        a
+    }
+
+    fn purge(&self) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|a| Arc::strong_count(a) > 1);
+    }
+}
+
+impl Entry {
+    /// The entry for `meta` (full metadata, with managedFields) and its key.
+    fn of(meta: &ObjectMeta, field_manager: &str, strings: &Interner) -> (EntryKey, Self) {
+        let full = serde_json::json!({ "metadata": meta });
+        let digest = compare::fields_digest(&full, field_manager).into_boxed_str();
+        let hash = compare::hash_annotation(&full).map(Box::from);
+        let labels = meta
+            .labels
+            .iter()
+            .flatten()
+            .map(|(k, v)| (strings.get(k), strings.get(v)))
+            .collect();
+        let key = (
+            meta.namespace.as_deref().map(|n| strings.get(n)),
+            Box::from(meta.name.as_deref().unwrap_or_default()),
+        );
+        let entry = Self {
+            uid: meta.uid.as_deref().map(Box::from),
+            resource_version: meta.resource_version.as_deref().map(Box::from),
+            deletion_timestamp: meta.deletion_timestamp.clone(),
+            labels,
+            hash,
+            digest,
+        };
+        (key, entry)
+    }
+
+    /// The trimmed metadata this entry stands for (as [`trim`] leaves it).
+    fn meta(&self, key: &EntryKey) -> ObjectMeta {
+        let mut annotations = BTreeMap::new();
+        if let Some(h) = &self.hash {
+            annotations.insert(compare::DESIRED_HASH_ANNOTATION.to_string(), h.to_string());
+        }
+        annotations.insert(
+            compare::FIELDS_DIGEST_ANNOTATION.to_string(),
+            self.digest.to_string(),
+        );
+        ObjectMeta {
+            name: Some(key.1.to_string()),
+            namespace: key.0.as_deref().map(str::to_string),
+            uid: self.uid.as_deref().map(str::to_string),
+            resource_version: self.resource_version.as_deref().map(str::to_string),
+            deletion_timestamp: self.deletion_timestamp.clone(),
+            labels: (!self.labels.is_empty()).then(|| {
+                self.labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect()
+            }),
+            annotations: Some(annotations),
+            ..Default::default()
+        }
+    }
+
+    fn matches(&self, selector: &BTreeMap<String, String>) -> bool {
+        selector.iter().all(|(k, v)| {
+            self.labels
+                .iter()
+                .any(|(lk, lv)| lk.as_ref() == k.as_str() && lv.as_ref() == v.as_str())
+        })
+    }
+}
+
 struct Kind {
     resource: ApiResource,
-    store: Store<Meta>,
+    objects: Arc<std::sync::RwLock<Objects>>,
     /// The first list completed: the store is authoritative.
     synced: Arc<AtomicBool>,
     /// The server answered 404 for the kind (not served, e.g. a CRD not installed): it
@@ -156,9 +271,10 @@ impl WatchCache {
             verified: Mutex::new(HashMap::new()),
             tasks: Vec::new(),
         };
+        let strings = Arc::new(Interner::default());
         for resource in kinds {
-            let writer: Writer<Meta> = Writer::new(resource.clone());
-            let store = writer.as_reader();
+            let objects: Arc<std::sync::RwLock<Objects>> = Arc::default();
+            let store = objects.clone();
             let synced = Arc::new(AtomicBool::new(false));
             let unserved = Arc::new(AtomicBool::new(false));
             let not_served = unserved.clone();
@@ -168,26 +284,45 @@ impl WatchCache {
             let kind = resource.kind.clone();
             let on_change = on_change.clone();
             let manager = field_manager.to_string();
+            let strings = strings.clone();
             let stream = watcher(api, watcher::Config::default().labels(label_selector))
-                .default_backoff()
-                .modify(move |m: &mut Meta| trim(&mut m.metadata, &manager))
-                .reflect(writer);
+                .default_backoff();
             out.tasks.push(tokio::spawn(async move {
                 futures::pin_mut!(stream);
+                // A (re)list is collected here and replaces the store once complete.
+                let mut relist: Option<Objects> = None;
                 while let Some(ev) = stream.next().await {
                     match ev {
+                        Ok(watcher::Event::Init) => relist = Some(Objects::new()),
+                        Ok(watcher::Event::InitApply(m)) => {
+                            let (k, e) = Entry::of(&m.metadata, &manager, &strings);
+                            relist.get_or_insert_with(Objects::new).insert(k, e);
+                        }
                         Ok(watcher::Event::InitDone) => {
+                            *write(&store) = relist.take().unwrap_or_default();
+                            strings.purge();
                             not_served.store(false, Ordering::Release);
                             if !flag.swap(true, Ordering::AcqRel) {
                                 tracing::debug!(kind = %kind, "metadata cache synced");
                             }
                         }
-                        Ok(watcher::Event::Apply(m) | watcher::Event::Delete(m)) => {
+                        Ok(watcher::Event::Apply(m)) => {
+                            let (k, e) = Entry::of(&m.metadata, &manager, &strings);
+                            write(&store).insert(k, e);
                             if let Some(f) = &on_change {
                                 f(&m.metadata);
                             }
                         }
-                        Ok(_) => {}
+                        Ok(watcher::Event::Delete(m)) => {
+                            let k: EntryKey = (
+                                m.metadata.namespace.as_deref().map(Arc::from),
+                                Box::from(m.metadata.name.as_deref().unwrap_or_default()),
+                            );
+                            write(&store).remove(&k);
+                            if let Some(f) = &on_change {
+                                f(&m.metadata);
+                            }
+                        }
                         Err(watcher::Error::InitialListFailed(kube::Error::Api(s)))
                             if s.code == 404 =>
                         {
@@ -201,7 +336,7 @@ impl WatchCache {
             }));
             out.kinds.push(Kind {
                 resource: resource.clone(),
-                store,
+                objects,
                 synced,
                 unserved,
             });
@@ -238,11 +373,8 @@ impl WatchCache {
         name: &str,
     ) -> Option<Option<Value>> {
         let kind = self.kind(resource)?;
-        let mut r = ObjectRef::new_with(name, resource.clone());
-        if let Some(ns) = namespace {
-            r = r.within(ns);
-        }
-        let stored = kind.store.get(&r).map(|m| m.metadata.clone());
+        let k: EntryKey = (namespace.map(Arc::from), Box::from(name));
+        let stored = read(&kind.objects).get(&k).map(|e| e.meta(&k));
         let id = key(&resource.kind, namespace, name);
         let mut overlay = self.overlay.lock().unwrap_or_else(|p| p.into_inner());
         let meta = match overlay.get(&id) {
@@ -280,16 +412,12 @@ impl WatchCache {
         let kind = self.kind(resource)?;
         let overlay = self.overlay.lock().unwrap_or_else(|p| p.into_inner());
         Some(
-            kind.store
-                .state_filter(|m| {
-                    let md = &m.metadata;
-                    namespace.is_none_or(|ns| md.namespace.as_deref() == Some(ns))
-                        && selector
-                            .iter()
-                            .all(|(k, v)| md.labels.as_ref().and_then(|l| l.get(k)) == Some(v))
+            read(&kind.objects)
+                .iter()
+                .filter(|((ns, _), e)| {
+                    namespace.is_none_or(|want| ns.as_deref() == Some(want)) && e.matches(selector)
                 })
-                .into_iter()
-                .map(|m| m.metadata.clone())
+                .map(|(k, e)| e.meta(k))
                 .filter(|md| {
                     let id = key(
                         &resource.kind,
@@ -406,7 +534,7 @@ impl WatchCache {
 
     /// Objects held (all kinds), for metrics and tests.
     pub fn len(&self) -> usize {
-        self.kinds.iter().map(|k| k.store.state().len()).sum()
+        self.kinds.iter().map(|k| read(&k.objects).len()).sum()
     }
 
     /// True when no object is held.
