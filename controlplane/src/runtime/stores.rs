@@ -19,7 +19,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
-use k8s_openapi::api::core::v1::{Namespace, Pod, PodSpec, PodTemplateSpec, Secret, Service};
+use k8s_openapi::api::core::v1::{
+    Namespace, Pod, PodSpec, PodTemplateSpec, Secret, Service, ServicePort, ServiceSpec,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::core::PartialObjectMeta;
@@ -206,13 +208,16 @@ pub enum Lookup<T> {
     Ask,
 }
 
-/// What status reads of a Deployment, nothing else (pure).
+/// What status reads of a Deployment, nothing else (pure): of the template only the
+/// config-hash annotation ([`super::reconcile::rolled_out`]).
 pub fn trim_deployment(d: &mut Deployment) {
     let template_annotations = d
         .spec
         .as_ref()
         .and_then(|s| s.template.metadata.as_ref())
-        .and_then(|m| m.annotations.clone());
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get_key_value(labels::CONFIG_HASH_ANNOTATION))
+        .map(|(k, v)| std::collections::BTreeMap::from([(k.clone(), v.clone())]));
     let replicas = d.spec.as_ref().and_then(|s| s.replicas);
     d.spec = Some(DeploymentSpec {
         replicas,
@@ -227,6 +232,36 @@ pub fn trim_deployment(d: &mut Deployment) {
     });
     d.metadata.managed_fields = None;
     d.metadata.labels = None;
+    d.metadata.annotations = None;
+    d.metadata.owner_references = None;
+}
+
+/// What the reads of a Service use (pure): its labels (which HostedCluster it belongs to),
+/// type, ClusterIP, ports and load-balancer status
+/// ([`crate::render::tunnel::gateway_endpoint`]).
+pub fn trim_service(s: &mut Service) {
+    let m = &mut s.metadata;
+    m.managed_fields = None;
+    m.annotations = None;
+    m.owner_references = None;
+    if let Some(spec) = s.spec.take() {
+        s.spec = Some(ServiceSpec {
+            type_: spec.type_,
+            cluster_ip: spec.cluster_ip,
+            ports: spec.ports.map(|ps| {
+                ps.into_iter()
+                    .map(|p| ServicePort {
+                        name: p.name,
+                        port: p.port,
+                        node_port: p.node_port,
+                        protocol: p.protocol,
+                        ..Default::default()
+                    })
+                    .collect()
+            }),
+            ..Default::default()
+        });
+    }
 }
 
 fn ours() -> watcher::Config {
@@ -379,7 +414,7 @@ impl ManagementStores {
                 Api::all(client.clone()),
                 ours(),
                 "our Services",
-                |s: &mut Service| s.metadata.managed_fields = None,
+                trim_service,
                 services_wake,
             ),
             hosted_olms: Watched::start(
@@ -503,9 +538,12 @@ mod tests {
     fn trimming_keeps_what_status_reads() {
         let mut d: Deployment = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "a", "namespace": "n", "generation": 3,
-                "labels": {"x": "y"}, "managedFields": [{"manager": "m"}]},
+                "labels": {"x": "y"}, "managedFields": [{"manager": "m"}],
+                "annotations": {"hcp-olm.io/desired-hash": "d"},
+                "ownerReferences": [{"apiVersion": "v1", "kind": "K", "name": "o", "uid": "u"}]},
             "spec": {"replicas": 2, "selector": {"matchLabels": {"a": "b"}},
-                "template": {"metadata": {"annotations": {"hcp-olm.io/config-hash": "h"},
+                "template": {"metadata": {"annotations": {"hcp-olm.io/config-hash": "h",
+                                                          "other": "x"},
                                           "labels": {"a": "b"}},
                              "spec": {"containers": [{"name": "c", "image": "i"}]}}},
             "status": {"readyReplicas": 2, "observedGeneration": 3}
@@ -521,6 +559,31 @@ mod tests {
                 "spec": {"replicas": 2, "selector": {},
                     "template": {"metadata": {"annotations": {"hcp-olm.io/config-hash": "h"}}}},
                 "status": {"readyReplicas": 2, "observedGeneration": 3}
+            })
+        );
+    }
+
+    #[test]
+    fn service_trimming_keeps_what_endpoint_reads_use() {
+        let mut s: Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a", "namespace": "n", "labels": {"x": "y"},
+                "annotations": {"h": "1"}, "managedFields": [{"manager": "m"}]},
+            "spec": {"type": "NodePort", "clusterIP": "198.18.0.9", "clusterIPs": ["198.18.0.9"],
+                "selector": {"a": "b"}, "ipFamilies": ["IPv4"],
+                "ports": [{"name": "wg", "port": 51820, "nodePort": 30000, "protocol": "UDP",
+                           "targetPort": 51820}]},
+            "status": {"loadBalancer": {"ingress": [{"ip": "198.18.1.1"}]}}
+        }))
+        .unwrap();
+        trim_service(&mut s);
+        assert_eq!(
+            serde_json::to_value(&s).unwrap(),
+            serde_json::json!({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": "a", "namespace": "n", "labels": {"x": "y"}},
+                "spec": {"type": "NodePort", "clusterIP": "198.18.0.9",
+                    "ports": [{"name": "wg", "port": 51820, "nodePort": 30000, "protocol": "UDP"}]},
+                "status": {"loadBalancer": {"ingress": [{"ip": "198.18.1.1"}]}}
             })
         );
     }
