@@ -1023,6 +1023,11 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
         owner: Some(owner),
     };
     let mut desired = render::desired(&input)?;
+    // The digests of the shared catalogs this cluster points at (the shared pass serves them).
+    ctx.shared_digests.record(
+        &input.valid.cluster.hcp_namespace,
+        &crate::sharing::shared_uses(&input.valid, &input.catalog_images),
+    );
     // A replaced CA stays in the guest's caBundle until every packageserver pod serves a
     // certificate of the new one, i.e. the live Deployment has rolled out the rendered
     // template. Read only while a previous CA is held (a converged pass reads nothing more).
@@ -2110,6 +2115,7 @@ fn set_endpoint(
 pub async fn cleanup(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error> {
     let (ns, name, hcp_ns) = identity(hc)?;
     ctx.warnings_changed(&format!("{ns}/{name}"), &[]);
+    ctx.shared_digests.forget(&hcp_ns);
     let mut out = Outcome::new(State::CleanedUp, ctx.schedule.resync);
     if !hc
         .metadata
