@@ -132,6 +132,18 @@ async fn hosted_olms(ctx: &Context) -> Result<Vec<Arc<HostedOLM>>, kube::Error> 
 
 /// The kinds of a shared catalog (deleted with its last user).
 fn shared_kinds() -> Vec<(kube::api::ApiResource, bool)> {
+    catalog_kinds()
+        .into_iter()
+        // the pods' ServiceAccount: deleted once no shared catalog is left
+        .chain([(
+            api_resource("v1", "ServiceAccount", "serviceaccounts"),
+            true,
+        )])
+        .collect()
+}
+
+/// The kinds of one shared catalog's objects.
+fn catalog_kinds() -> Vec<(kube::api::ApiResource, bool)> {
     [
         ("apps/v1", "Deployment", "deployments"),
         ("v1", "Service", "services"),
@@ -145,7 +157,7 @@ fn shared_kinds() -> Vec<(kube::api::ApiResource, bool)> {
 
 /// Targets naming a shared catalog's objects without changing them (kept by the prune).
 fn keep_as_is(key: &SharedKey) -> Vec<Target> {
-    shared_kinds()
+    catalog_kinds()
         .into_iter()
         .map(|(r, _)| {
             Target::new(
@@ -208,7 +220,9 @@ pub async fn pass(ctx: &Context) -> PassReport {
     let s = settings(ctx, has_scc);
     let applier = Applier::new(ctx.client.clone(), FIELD_MANAGER).with_cache(ctx.mgmt_cache());
     let mut targets: Vec<Target> = Vec::new();
-    if !plan.is_empty() {
+    // Namespace and ServiceAccount while any shared catalog is in use (also one left as it
+    // is: its pods need the ServiceAccount).
+    if !plan.is_empty() || !keep.is_empty() {
         targets.push(target(&render_shared::namespace()));
         targets.push(target(&render_shared::service_account()));
     }
