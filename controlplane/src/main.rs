@@ -358,6 +358,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<Result<(), InputError>>
         defaults.guest_agent_image = i;
     }
     defaults.catalog_sharing = args.catalog_sharing;
+    let controller_registry_credentials = args.pull_secret_file.is_some();
     let oci = if args.registry_lookups {
         let pull_secret = match &args.pull_secret_file {
             Some(p) => {
@@ -389,6 +390,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<Result<(), InputError>>
                 oci,
                 shared_utilities_image: args.shared_catalog_utilities_image,
                 shared_pull_secret: args.shared_catalog_pull_secret,
+                controller_registry_credentials,
             },
         )
         .with_schedule(schedule)

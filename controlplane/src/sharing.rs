@@ -53,6 +53,9 @@ pub enum SharingReason {
     /// The image was not resolved to a digest at the default repository with this
     /// cluster's pull secret.
     DigestNotResolved,
+    /// The lookup used the controller's credentials, not this cluster's pull secret (absent
+    /// from its HCP namespace), so it proves nothing about what this cluster may read.
+    OwnPullSecretNotUsed,
     /// The image's catalog minor is not of the form `X.Y`.
     InvalidCatalogVersion,
 }
@@ -68,6 +71,7 @@ impl SharingReason {
             Self::CatalogPinned => "CatalogPinned",
             Self::CatalogMirrored => "CatalogMirrored",
             Self::DigestNotResolved => "DigestNotResolved",
+            Self::OwnPullSecretNotUsed => "OwnPullSecretNotUsed",
             Self::InvalidCatalogVersion => "InvalidCatalogVersion",
         }
     }
@@ -217,6 +221,9 @@ pub fn decide(v: &ValidInput, catalog: DefaultCatalog, image: Option<&CatalogIma
     if registry_overridden || mirrored {
         return Decision::own(CatalogMirrored);
     }
+    if !v.lookup_credentials_are_own {
+        return Decision::own(OwnPullSecretNotUsed);
+    }
     let Some(image) = image.filter(|i| canonical_digest_ref(catalog, i).is_some()) else {
         return Decision::own(DigestNotResolved);
     };
@@ -353,7 +360,10 @@ spec:
             operator_registry_image: Some("quay.io/opm:x".into()),
             payload_problem: None,
         };
-        crate::validate::validate(&hc, None, &facts, &Default::default()).expect("valid")
+        let mut v =
+            crate::validate::validate(&hc, None, &facts, &Default::default()).expect("valid");
+        v.lookup_credentials_are_own = true;
+        v
     }
 
     const RH: DefaultCatalog = DefaultCatalog::RedhatOperators;
@@ -431,6 +441,9 @@ spec:
         let mut v = valid();
         v.image_content_sources = vec![("registry.redhat.io/redhat-other".into(), vec![])];
         check_shared(&v, &img);
+        let mut v = valid();
+        v.lookup_credentials_are_own = false;
+        check(&v, Some(&img), SharingReason::OwnPullSecretNotUsed);
         let v = valid();
         check(&v, None, SharingReason::DigestNotResolved);
         let mut tag_only = img.clone();

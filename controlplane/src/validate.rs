@@ -224,6 +224,10 @@ pub struct ValidInput {
     pub catalog_server_image_overridden: bool,
     /// Catalog sharing: the HostedOLM's `spec.catalogSharing`, else the controller's.
     pub catalog_sharing: CatalogSharing,
+    /// Whether this cluster's registry lookups used its own pull secret (or no credentials
+    /// at all), so a resolved digest proves the cluster may read the image. Set by the
+    /// runtime after validation; false otherwise (no sharing).
+    pub lookup_credentials_are_own: bool,
     pub registry_overrides: Vec<RegistryOverride>,
     /// Malformed or inapplicable registry overrides that were skipped (bounded; each names
     /// its field), reported as a warning Event, never Degraded.
@@ -891,6 +895,7 @@ pub fn validate(
                 catalog_server_requested: ov.catalog_server,
                 catalog_server_image_overridden: image_ov.catalog_server.is_some(),
                 catalog_sharing: ov.catalog_sharing.unwrap_or(defaults.catalog_sharing),
+                lookup_credentials_are_own: false,
                 registry_overrides,
                 registry_override_warnings,
                 packageserver_tls_args,

@@ -143,9 +143,11 @@ fn aws_default_shared_catalogs() {
         catalog_sharing: Some(CatalogSharing::Shared),
         ..Default::default()
     };
+    let mut v = common::valid(&hc, Some(&ov));
+    v.lookup_credentials_are_own = true;
     golden(
         "aws-default-shared",
-        &common::with_live_facts(common::input(common::valid(&hc, Some(&ov)), true)),
+        &common::with_live_facts(common::input(v, true)),
     );
 }
 

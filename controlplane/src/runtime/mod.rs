@@ -55,6 +55,9 @@ pub struct Config {
     pub shared_utilities_image: Option<String>,
     /// Pull secret in `hcp-olm-catalogs` for the shared catalog pods (None: the nodes').
     pub shared_pull_secret: Option<String>,
+    /// Whether `oci` carries credentials of the controller (`--pull-secret-file`): then a
+    /// lookup made without a cluster's own pull secret proves nothing about that cluster.
+    pub controller_registry_credentials: bool,
 }
 
 /// When HostedClusters are looked at again (flags of `run`).

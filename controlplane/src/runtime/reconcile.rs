@@ -827,7 +827,7 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
         ctx.schedule.catalog_refresh,
     )
     .await;
-    let valid = match validate::validate(hc, Some(&holm.spec), &facts, &ctx.config.defaults) {
+    let mut valid = match validate::validate(hc, Some(&holm.spec), &facts, &ctx.config.defaults) {
         Ok(v) => v,
         Err(reasons) => {
             let first = reasons
@@ -846,6 +846,10 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
             return Ok(o);
         }
     };
+    // A lookup proves this cluster may read a catalog only when it used the cluster's own
+    // pull secret, or no credentials at all (the controller has none of its own).
+    valid.lookup_credentials_are_own =
+        pull_secret.is_some() || !ctx.config.controller_registry_credentials;
     // Skipped registry overrides are warnings, not Degraded: an Event when they change.
     let key = format!("{ns}/{name}");
     if ctx.warnings_changed(&key, &valid.registry_override_warnings) {
