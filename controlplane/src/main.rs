@@ -299,6 +299,9 @@ async fn uninstall() -> anyhow::Result<Result<(), InputError>> {
     for h in &report.orphans_deleted {
         println!("deleted HostedOLM {h}");
     }
+    for o in &report.shared_deleted {
+        println!("deleted shared catalog object {o}");
+    }
     for (what, e) in &report.failed {
         eprintln!("error: {what}: {e}");
     }

@@ -5133,6 +5133,20 @@ async fn shared_catalogs_are_shared_isolated_and_reference_counted() -> Result<(
     ensure!(!objs.iter().any(|o| o.ends_with(rh)), "left: {objs:?}");
     ensure!(objs.contains(&format!("Deployment/{ce}")), "{objs:?}");
     ensure!(admitted(&env.management, ce).await? == ["clusters-sc"]);
+    // What `uninstall` runs removes every shared object (as the controller's ServiceAccount);
+    // while sc still uses them, the next pass brings them back.
+    let removed = shared::remove_all(&ctx).await;
+    ensure!(removed.errors.is_empty(), "{:?}", removed.errors);
+    ensure!(
+        shared_objects(&env.management).await?.is_empty(),
+        "remove_all left objects"
+    );
+    pass("after remove_all").await?;
+    ensure!(
+        shared_objects(&env.management)
+            .await?
+            .contains(&format!("Deployment/{ce}"))
+    );
     delete("sc").await?;
     pass("sc deleted").await?;
     let objs = shared_objects(&env.management).await?;

@@ -255,6 +255,18 @@ pub async fn pass(ctx: &Context) -> PassReport {
     report
 }
 
+/// Deletes every shared catalog object (`hcp-olm-controller uninstall`; the namespace stays).
+pub async fn remove_all(ctx: &Context) -> hcp_olm_apply::Report {
+    Applier::new(ctx.client.clone(), FIELD_MANAGER)
+        .prune(
+            &shared_kinds(),
+            Some(SHARED_NAMESPACE),
+            &render_shared::shared_labels(),
+            &[],
+        )
+        .await
+}
+
 /// Runs [`pass`] every [`INTERVAL`] until `shutdown` resolves.
 pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()>) {
     let mut shutdown = std::pin::pin!(shutdown);
