@@ -5153,3 +5153,102 @@ async fn shared_catalogs_are_shared_isolated_and_reference_counted() -> Result<(
     ensure!(objs.is_empty(), "left after the last user: {objs:?}");
     Ok(())
 }
+
+/// Issue 18 under the running controller loop (in process, as its ServiceAccount, with its
+/// watch caches): two HostedClusters converge onto one shared Deployment per catalog without
+/// a pass being called, and a shared Deployment scaled to 0 by hand is back at 2 replicas
+/// within the pass interval (10 s) plus slack.
+#[tokio::test]
+async fn shared_catalogs_follow_the_running_controller() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    use futures::FutureExt;
+    use hcp_olm_controlplane::runtime::controller::{RunOptions, run};
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    let reg = hcp_olm_e2e::registry::Registry::start()?;
+    let a = reg.addr().to_string();
+    let oci = std::sync::Arc::new(hcp_olm_oci::Client::new(hcp_olm_oci::ClientOptions {
+        plain_http: vec![a.clone()],
+        mirrors: vec![hcp_olm_oci::Mirror {
+            source: "registry.redhat.io/redhat".into(),
+            mirrors: vec![format!("{a}/redhat")],
+        }],
+        timeout: Some(std::time::Duration::from_secs(5)),
+        ..Default::default()
+    })?);
+    let release = format!("{a}/ocp/release:4.18.3-x86_64");
+    oci.push_image(
+        &release,
+        &BTreeMap::from([("io.openshift.release".to_string(), "4.18.3".to_string())]),
+    )
+    .await?;
+    for idx in [
+        "redhat-operator-index",
+        "certified-operator-index",
+        "community-operator-index",
+    ] {
+        oci.push_image(&format!("{a}/redhat/{idx}:v4.18"), &BTreeMap::new())
+            .await?;
+    }
+    put_kubeconfig_secret(&env, "lp-admin-kubeconfig").await?;
+    let hcs = Api::<DynamicObject>::namespaced_with(env.management.client(), HC_NS, &hc_resource());
+    for name in ["la", "lb"] {
+        create_hc(&env, name, "lp-admin-kubeconfig").await?;
+        hcs.patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"release": {"image": release}}})),
+        )
+        .await?;
+    }
+    let ctx = std::sync::Arc::new(
+        Context::new(
+            controller_client(&env).await?,
+            Config {
+                olm_image: Some(OLM_IMAGE.into()),
+                oci: Some(oci.clone()),
+                ..Default::default()
+            },
+        )
+        .with_events(None),
+    );
+    let (stop_tx, stop_rx) = futures::channel::oneshot::channel::<()>();
+    let runner = tokio::spawn(run(ctx.clone(), RunOptions::default(), stop_rx.map(|_| ())));
+    let rh = "hcp-olm-redhat-operators-v4-18";
+    let shared_ns = hcp_olm_controlplane::sharing::SHARED_NAMESPACE;
+    let deps = Api::<Deployment>::namespaced(env.management.client(), shared_ns);
+    let result = async {
+        let bound = std::time::Duration::from_secs(90);
+        let started = std::time::Instant::now();
+        eventually(bound, "one shared Deployment for both", || async {
+            let both = admitted(&env.management, rh)
+                .await
+                .map(|u| u == ["clusters-la", "clusters-lb"])
+                .unwrap_or(false);
+            Ok((both && deps.get_opt(rh).await?.is_some()).then_some(()))
+        })
+        .await?;
+        eprintln!("shared by both after {:?}", started.elapsed());
+        deps.patch(
+            rh,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"replicas": 0}})),
+        )
+        .await?;
+        let scaled = std::time::Instant::now();
+        eventually(
+            std::time::Duration::from_secs(30),
+            "replicas restored",
+            || async {
+                Ok((deps.get(rh).await?.spec.and_then(|s| s.replicas) == Some(2)).then_some(()))
+            },
+        )
+        .await?;
+        eprintln!("restored {:?} after the scale to 0", scaled.elapsed());
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    let _ = stop_tx.send(());
+    runner.await?;
+    result
+}
