@@ -56,6 +56,15 @@ pub struct HostedOLMSpec {
     /// Which gRPC catalog server runs the management-side catalogs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub catalog_server: Option<CatalogServerKind>,
+    /// Whether the management-side default catalogs may be served by one shared catalog
+    /// Deployment per (catalog, catalog minor) in the `hcp-olm-catalogs` namespace, used by
+    /// every hosted cluster of that catalog minor (`Shared`), or always by this cluster's own
+    /// copy in its HCP namespace (`Own`). Unset: the controller's `--catalog-sharing`
+    /// (default `Shared`). `Shared` is a wish: a catalog is shared only when safe (management
+    /// placement, digest resolved with this cluster's pull secret, our catalog server, no pin
+    /// or mirror of that catalog); `status.catalogs[].sharing` and `reason` say what happened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub catalog_sharing: Option<CatalogSharing>,
     /// Mirrors of the default catalogs, tried after those of the HostedCluster's
     /// `olm-catalogs-is-registry-overrides` annotation and with HyperShift's meaning: source
     /// `registry.redhat.io/redhat` → the mirror replaces registry and namespace; source
@@ -139,6 +148,26 @@ pub enum CatalogServerKind {
     Opm,
     /// Our `hcp-olm-catalog-server` (flags documented in docs/catalog-server.md).
     HcpOlm,
+}
+
+/// Sharing of the management-side default catalogs between hosted clusters.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum CatalogSharing {
+    /// One shared catalog Deployment per (catalog, catalog minor), when safe.
+    #[default]
+    Shared,
+    /// This hosted cluster's own catalog Deployments in its HCP namespace.
+    Own,
+}
+
+impl CatalogSharing {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "Shared" | "shared" => Some(Self::Shared),
+            "Own" | "own" => Some(Self::Own),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -287,6 +316,18 @@ pub struct CatalogStatus {
     /// `spec.address` or `spec.image` of the guest CatalogSource.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
+    /// `shared` (served by a Deployment in `hcp-olm-catalogs` with other hosted clusters)
+    /// or `own` (this cluster's own Deployment in its HCP namespace). Unset for guest
+    /// placement and disabled catalogs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharing: Option<String>,
+    /// Why `sharing` is what it is (a reason code such as `SharedCatalog`, `CatalogPinned`,
+    /// `CatalogMirrored`, `DigestNotResolved`, `SharingDisabled`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    /// `namespace/name` of the Deployment serving this catalog.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serving_deployment: Option<String>,
     /// `status.connectionState.lastObservedState` read back from the guest
     /// CatalogSource (IDLE, CONNECTING, READY, TRANSIENT_FAILURE, SHUTDOWN).
     #[serde(default, skip_serializing_if = "Option::is_none")]

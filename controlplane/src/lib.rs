@@ -7,6 +7,7 @@
 //! - [`catalogs`]: default catalogs and image selection with fallback;
 //! - [`certs`]: per-cluster CA, packageserver serving cert, rotation decision;
 //! - [`render`]: every desired object for the HCP namespace and the guest;
+//! - [`sharing`]: which default catalogs a hosted cluster shares with others, and why;
 //! - [`status`]: conditions from validation/render results;
 //! - [`runtime`]: the controller runtime that reads and writes both clusters.
 
@@ -17,6 +18,7 @@ pub mod hostedolm;
 pub mod operatorhub;
 pub mod render;
 pub mod runtime;
+pub mod sharing;
 pub mod status;
 pub mod takeover;
 pub mod tls;

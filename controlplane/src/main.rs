@@ -117,6 +117,19 @@ struct RunArgs {
     /// spec.images.guestAgent wins.
     #[arg(long)]
     guest_agent_image: Option<String>,
+    /// Catalog sharing where a HostedOLM sets no spec.catalogSharing: `Shared` (one catalog
+    /// Deployment per catalog and catalog minor in hcp-olm-catalogs, for every hosted
+    /// cluster where that is safe; status.catalogs[] says which and why) or `Own`.
+    #[arg(long, default_value = "Shared", value_parser = parse_catalog_sharing)]
+    catalog_sharing: hcp_olm_controlplane::hostedolm::CatalogSharing,
+    /// Image with OLM's /bin/copy-content for the shared catalogs' init container
+    /// (default: quay.io/operator-framework/olm:v0.46.0). Never a hosted cluster's.
+    #[arg(long)]
+    shared_catalog_utilities_image: Option<String>,
+    /// Pull secret in the hcp-olm-catalogs namespace for the shared catalog pods, put there
+    /// by the administrator (default: none, the nodes' credentials).
+    #[arg(long)]
+    shared_catalog_pull_secret: Option<String>,
     /// Reconcile only while holding a coordination.k8s.io/v1 Lease (run 2+ replicas).
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     leader_elect: bool,
@@ -152,6 +165,13 @@ struct RunArgs {
     /// is held: longer than a changed Secret takes to reach a mounted volume.
     #[arg(long, default_value = "3m", value_parser = hcp_olm_binkit::parse_duration)]
     tunnel_key_propagation: std::time::Duration,
+}
+
+fn parse_catalog_sharing(
+    s: &str,
+) -> Result<hcp_olm_controlplane::hostedolm::CatalogSharing, String> {
+    hcp_olm_controlplane::hostedolm::CatalogSharing::parse(s)
+        .ok_or_else(|| format!("{s:?} is neither Shared nor Own"))
 }
 
 /// An input problem: printed and mapped to exit code 64.
@@ -279,6 +299,9 @@ async fn uninstall() -> anyhow::Result<Result<(), InputError>> {
     for h in &report.orphans_deleted {
         println!("deleted HostedOLM {h}");
     }
+    for o in &report.shared_deleted {
+        println!("deleted shared catalog object {o}");
+    }
     for (what, e) in &report.failed {
         eprintln!("error: {what}: {e}");
     }
@@ -337,6 +360,8 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<Result<(), InputError>>
     if let Some(i) = args.guest_agent_image {
         defaults.guest_agent_image = i;
     }
+    defaults.catalog_sharing = args.catalog_sharing;
+    let controller_registry_credentials = args.pull_secret_file.is_some();
     let oci = if args.registry_lookups {
         let pull_secret = match &args.pull_secret_file {
             Some(p) => {
@@ -366,6 +391,9 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<Result<(), InputError>>
                 olm_image: args.olm_image,
                 operator_registry_image: args.operator_registry_image,
                 oci,
+                shared_utilities_image: args.shared_catalog_utilities_image,
+                shared_pull_secret: args.shared_catalog_pull_secret,
+                controller_registry_credentials,
             },
         )
         .with_schedule(schedule)

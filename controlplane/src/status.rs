@@ -353,6 +353,21 @@ pub fn catalog_statuses(
             } else {
                 String::new()
             };
+            let sharing = catalog_sharing(input, c, enabled && rendered.is_some());
+            let image = image.or_else(|| {
+                // a shared catalog: the digest this cluster resolved (the shared
+                // Deployment serves it, or another digest of the same tag during a refresh)
+                sharing
+                    .as_ref()
+                    .filter(|(d, _)| d.key().is_some())
+                    .and_then(|_| {
+                        input
+                            .catalog_images
+                            .get(&c)
+                            .and_then(|r| r.as_ref().ok())
+                            .map(|i| i.image().to_string())
+                    })
+            });
             let version = match input.catalog_images.get(&c) {
                 Some(Ok(img)) if enabled && rendered.is_some() && !img.version.is_empty() => {
                     Some(img.version.clone())
@@ -365,12 +380,42 @@ pub fn catalog_statuses(
                 image,
                 version,
                 source,
+                sharing: sharing.as_ref().map(|(d, _)| d.sharing_str().to_string()),
+                reason: sharing
+                    .as_ref()
+                    .map(|(d, _)| d.reason.as_str().to_string())
+                    .unwrap_or_default(),
+                serving_deployment: sharing.map(|(_, s)| s),
                 connection_state,
                 last_connect,
                 message,
             }
         })
         .collect()
+}
+
+/// For a rendered catalog in management placement: shared or own (the decision the render
+/// made, [`crate::sharing::decide`]) and the `namespace/name` of the serving Deployment.
+fn catalog_sharing(
+    input: &crate::render::RenderInput,
+    c: crate::catalogs::DefaultCatalog,
+    rendered: bool,
+) -> Option<(crate::sharing::Decision, String)> {
+    let v = &input.valid;
+    if !rendered || v.placement != crate::hostedolm::CatalogPlacement::Management {
+        return None;
+    }
+    let image = input.catalog_images.get(&c).and_then(|r| r.as_ref().ok());
+    let d = crate::sharing::decide(v, c, image);
+    let serving = match d.key() {
+        Some(k) => k.deployment_ref(),
+        None => format!(
+            "{}/{}",
+            v.cluster.hcp_namespace,
+            crate::render::names::catalog(c)
+        ),
+    };
+    Some((d, serving))
 }
 
 #[cfg(test)]

@@ -13,8 +13,8 @@ use crate::hostedcluster::{
     HCP_PULL_SECRET, HostedCluster, REGISTRY_OVERRIDES_ANNOTATION, SERVICE_NETWORK_ADMIN_KUBECONFIG,
 };
 use crate::hostedolm::{
-    CatalogPlacement, CatalogServerKind, HostedOLMSpec, HyperShiftOLMMode, SubscriptionDefaults,
-    TunnelServiceType,
+    CatalogPlacement, CatalogServerKind, CatalogSharing, HostedOLMSpec, HyperShiftOLMMode,
+    SubscriptionDefaults, TunnelServiceType,
 };
 use crate::operatorhub::OperatorHubSpec;
 
@@ -59,6 +59,9 @@ pub struct ControllerDefaults {
     pub pull_secret: String,
     /// Newest catalog minor (None: no cap). Default: HyperShift's cap (4.22).
     pub max_catalog_version: Option<MinorVersion>,
+    /// Catalog sharing where a HostedOLM does not set `spec.catalogSharing`
+    /// (`--catalog-sharing`, default Shared).
+    pub catalog_sharing: CatalogSharing,
 }
 
 impl Default for ControllerDefaults {
@@ -72,6 +75,7 @@ impl Default for ControllerDefaults {
             kubeconfig_key: "kubeconfig".to_string(),
             pull_secret: HCP_PULL_SECRET.to_string(),
             max_catalog_version: Some(crate::catalogs::HYPERSHIFT_MAX_CATALOG_VERSION),
+            catalog_sharing: CatalogSharing::Shared,
         }
     }
 }
@@ -214,6 +218,16 @@ pub struct ValidInput {
     /// Catalogs pinned by the user (`@sha256:` references).
     pub catalog_pins: BTreeMap<DefaultCatalog, String>,
     pub catalog_server: CatalogServerKind,
+    /// The catalog server kind the HostedOLM asked for (None: not set).
+    pub catalog_server_requested: Option<CatalogServerKind>,
+    /// Whether the HostedOLM overrides the catalog server image.
+    pub catalog_server_image_overridden: bool,
+    /// Catalog sharing: the HostedOLM's `spec.catalogSharing`, else the controller's.
+    pub catalog_sharing: CatalogSharing,
+    /// Whether this cluster's registry lookups used its own pull secret (or no credentials
+    /// at all), so a resolved digest proves the cluster may read the image. Set by the
+    /// runtime after validation; false otherwise (no sharing).
+    pub lookup_credentials_are_own: bool,
     pub registry_overrides: Vec<RegistryOverride>,
     /// Malformed or inapplicable registry overrides that were skipped (bounded; each names
     /// its field), reported as a warning Event, never Degraded.
@@ -878,6 +892,10 @@ pub fn validate(
                 enabled_catalogs,
                 catalog_pins,
                 catalog_server: ov.catalog_server.unwrap_or_default(),
+                catalog_server_requested: ov.catalog_server,
+                catalog_server_image_overridden: image_ov.catalog_server.is_some(),
+                catalog_sharing: ov.catalog_sharing.unwrap_or(defaults.catalog_sharing),
+                lookup_credentials_are_own: false,
                 registry_overrides,
                 registry_override_warnings,
                 packageserver_tls_args,

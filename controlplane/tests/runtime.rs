@@ -4818,3 +4818,437 @@ async fn deployment_names(cluster: &Cluster, ns: &str) -> Result<Vec<String>> {
         .filter_map(|d| d.metadata.name)
         .collect())
 }
+
+/// The shared catalog objects (`Kind/name`) in hcp-olm-catalogs.
+async fn shared_objects(c: &Cluster) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for (ar, _) in hcp_kinds() {
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            c.client(),
+            hcp_olm_controlplane::sharing::SHARED_NAMESPACE,
+            &ar,
+        );
+        match api
+            .list_metadata(
+                &ListParams::default().labels("app.kubernetes.io/component=shared-catalog"),
+            )
+            .await
+        {
+            Ok(list) => out.extend(
+                list.items
+                    .into_iter()
+                    .filter(|o| o.metadata.deletion_timestamp.is_none())
+                    .map(|o| format!("{}/{}", ar.kind, o.metadata.name.unwrap_or_default())),
+            ),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The namespaces a shared catalog's NetworkPolicy admits, in order.
+async fn admitted(c: &Cluster, name: &str) -> Result<Vec<String>> {
+    let np = Api::<k8s_openapi::api::networking::v1::NetworkPolicy>::namespaced(
+        c.client(),
+        hcp_olm_controlplane::sharing::SHARED_NAMESPACE,
+    )
+    .get(name)
+    .await?;
+    let v = serde_json::to_value(&np)?;
+    let mut out = Vec::new();
+    for peer in v["spec"]["ingress"][0]["from"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let e = &peer["namespaceSelector"]["matchExpressions"][0];
+        ensure!(
+            e["key"] == "kubernetes.io/metadata.name" && e["operator"] == "In",
+            "{peer}"
+        );
+        out.extend(
+            e["values"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|s| s.as_str().map(String::from)),
+        );
+    }
+    Ok(out)
+}
+
+/// Issue 18 on real API servers and a real registry, the controller as its ServiceAccount
+/// (manifests/controller RBAC and admission policies): two HostedClusters of one release
+/// share one catalog Deployment per catalog in hcp-olm-catalogs (no catalog Deployment in
+/// their HCP namespaces; the guest CatalogSource names the shared Service); the
+/// NetworkPolicy admits exactly the users' namespaces; a cluster with a pinned digest gets
+/// its own copy of that catalog (status says `own`, `CatalogPinned`); a shared Deployment
+/// scaled to 0 by hand is restored; the shared namespace deleted by hand is recreated with
+/// its objects; deleting one user keeps the shared Deployment, deleting the last removes it
+/// with its Service, PDB and NetworkPolicy (and nothing is left after the last user of any).
+/// Passes are called directly here; the controller runs one every 10 s.
+#[tokio::test]
+async fn shared_catalogs_are_shared_isolated_and_reference_counted() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    use hcp_olm_controlplane::runtime::shared;
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    install_hcp_crd(&env).await?;
+    let reg = hcp_olm_e2e::registry::Registry::start()?;
+    let a = reg.addr().to_string();
+    // The administrator's mirror of the default catalogs (controller-wide, not a hosted
+    // cluster's): the catalogs keep their registry.redhat.io names.
+    let oci = std::sync::Arc::new(hcp_olm_oci::Client::new(hcp_olm_oci::ClientOptions {
+        plain_http: vec![a.clone()],
+        mirrors: vec![hcp_olm_oci::Mirror {
+            source: "registry.redhat.io/redhat".into(),
+            mirrors: vec![format!("{a}/redhat")],
+        }],
+        timeout: Some(std::time::Duration::from_secs(5)),
+        ..Default::default()
+    })?);
+    let label = |k: &str, v: &str| BTreeMap::from([(k.to_string(), v.to_string())]);
+    let release = format!("{a}/ocp/release:4.18.3-x86_64");
+    oci.push_image(&release, &label("io.openshift.release", "4.18.3"))
+        .await?;
+    let mut digests = BTreeMap::new();
+    for idx in [
+        "redhat-operator-index",
+        "certified-operator-index",
+        "community-operator-index",
+    ] {
+        let d = oci
+            .push_image(&format!("{a}/redhat/{idx}:v4.18"), &label("idx", idx))
+            .await?;
+        digests.insert(idx, d);
+    }
+    let rh_digest = &digests["redhat-operator-index"];
+    put_kubeconfig_secret(&env, "sh-admin-kubeconfig").await?;
+    let hcs = Api::<DynamicObject>::namespaced_with(env.management.client(), HC_NS, &hc_resource());
+    for name in ["sa", "sb", "sc"] {
+        create_hc(&env, name, "sh-admin-kubeconfig").await?;
+        let mut meta = serde_json::json!({});
+        if name == "sc" {
+            meta = serde_json::json!({"annotations": {
+                "hypershift.openshift.io/redhat-operators-catalog-image":
+                    format!("registry.redhat.io/redhat/redhat-operator-index@{rh_digest}"),
+            }});
+        }
+        hcs.patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"metadata": meta, "spec": {"release": {"image": release}}}),
+            ),
+        )
+        .await?;
+    }
+    let ctx = Context::new(
+        controller_client(&env).await?,
+        Config {
+            olm_image: Some(OLM_IMAGE.into()),
+            oci: Some(oci.clone()),
+            ..Default::default()
+        },
+    )
+    .with_events(None);
+    for name in ["sa", "sb", "sc"] {
+        reconcile(&ctx, &env, name).await?;
+        reconcile(&ctx, &env, name).await?;
+    }
+    let pass = |what: &'static str| {
+        let ctx = &ctx;
+        async move {
+            let r = shared::pass(ctx).await;
+            eprintln!("shared pass ({what}): {r:?}");
+            ensure!(r.errors.is_empty(), "{what}: {:?}", r.errors);
+            Ok::<_, anyhow::Error>(r)
+        }
+    };
+    pass("three users").await?;
+    let rh = "hcp-olm-redhat-operators-v4-18";
+    let ce = "hcp-olm-certified-operators-v4-18";
+    let shared_ns = hcp_olm_controlplane::sharing::SHARED_NAMESPACE;
+    let objs = shared_objects(&env.management).await?;
+    eprintln!("shared objects: {objs:?}");
+    for n in [rh, ce, "hcp-olm-community-operators-v4-18"] {
+        for k in [
+            "Deployment",
+            "Service",
+            "PodDisruptionBudget",
+            "NetworkPolicy",
+        ] {
+            ensure!(
+                objs.contains(&format!("{k}/{n}")),
+                "{k}/{n} missing: {objs:?}"
+            );
+        }
+    }
+    let deps = Api::<Deployment>::namespaced(env.management.client(), shared_ns);
+    let d = deps.get(rh).await?;
+    ensure!(
+        d.metadata.owner_references.is_none(),
+        "shared Deployment has an owner"
+    );
+    let spec = d.spec.clone().context("spec")?;
+    ensure!(spec.replicas == Some(2), "{:?}", spec.replicas);
+    let pod = spec.template.spec.context("pod spec")?;
+    let extract = &pod.init_containers.clone().unwrap_or_default()[1];
+    ensure!(
+        extract.image.as_deref()
+            == Some(
+                format!("registry.redhat.io/redhat/redhat-operator-index@{rh_digest}").as_str()
+            ),
+        "{:?}",
+        extract.image
+    );
+    // Isolation: exactly the users' namespaces; the pinned cluster is not among them.
+    ensure!(admitted(&env.management, rh).await? == ["clusters-sa", "clusters-sb"]);
+    ensure!(admitted(&env.management, ce).await? == ["clusters-sa", "clusters-sb", "clusters-sc"]);
+    // No catalog Deployment of their own for shared catalogs; the pinned one has its own.
+    for (ns, want) in [
+        ("clusters-sa", false),
+        ("clusters-sb", false),
+        ("clusters-sc", true),
+    ] {
+        let own = Api::<Deployment>::namespaced(env.management.client(), ns)
+            .get_opt("hcp-olm-redhat-operators")
+            .await?
+            .is_some();
+        ensure!(own == want, "{ns}: own redhat-operators Deployment {own}");
+        ensure!(
+            Api::<Deployment>::namespaced(env.management.client(), ns)
+                .get_opt("hcp-olm-certified-operators")
+                .await?
+                .is_none(),
+            "{ns}: own certified-operators Deployment"
+        );
+    }
+    let status = |ns: &'static str, name: &'static str| {
+        let env = &env;
+        async move {
+            let h = Api::<HostedOLM>::namespaced(env.management.client(), ns)
+                .get(name)
+                .await?;
+            let c = h
+                .status
+                .context("status")?
+                .catalogs
+                .into_iter()
+                .find(|c| c.name == "redhat-operators")
+                .context("redhat-operators status")?;
+            Ok::<_, anyhow::Error>((c.sharing, c.reason, c.serving_deployment, c.source))
+        }
+    };
+    let (sharing, reason, serving, source) = status("clusters-sa", "sa").await?;
+    ensure!(
+        sharing.as_deref() == Some("shared") && reason == "SharedCatalog",
+        "{sharing:?} {reason}"
+    );
+    ensure!(
+        serving.as_deref() == Some(format!("{shared_ns}/{rh}").as_str()),
+        "{serving:?}"
+    );
+    ensure!(
+        source.as_deref() == Some(format!("{rh}.{shared_ns}.svc:50051").as_str()),
+        "{source:?}"
+    );
+    let (sharing, reason, serving, _) = status("clusters-sc", "sc").await?;
+    ensure!(
+        sharing.as_deref() == Some("own") && reason == "CatalogPinned",
+        "{sharing:?} {reason}"
+    );
+    ensure!(
+        serving.as_deref() == Some("clusters-sc/hcp-olm-redhat-operators"),
+        "{serving:?}"
+    );
+
+    // Scaled to 0 by hand: restored by the next pass.
+    deps.patch(
+        rh,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"replicas": 0}})),
+    )
+    .await?;
+    pass("after scale to 0").await?;
+    ensure!(
+        deps.get(rh).await?.spec.and_then(|s| s.replicas) == Some(2),
+        "not restored"
+    );
+
+    // The shared namespace deleted by hand (a namespace controller empties and removes it):
+    // the next pass recreates it and everything in it.
+    let _namespace_controller =
+        hcp_olm_e2e::realnode::ClusterControllers::start_with(&env.management, "namespace")?;
+    let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(env.management.client());
+    namespaces.delete(shared_ns, &Default::default()).await?;
+    eventually(
+        std::time::Duration::from_secs(90),
+        "shared namespace removed",
+        || async { Ok(namespaces.get_opt(shared_ns).await?.is_none().then_some(())) },
+    )
+    .await?;
+    pass("after the namespace was deleted").await?;
+    let objs = shared_objects(&env.management).await?;
+    for k in [
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+        "NetworkPolicy",
+    ] {
+        ensure!(
+            objs.contains(&format!("{k}/{rh}")),
+            "{k}/{rh} not recreated: {objs:?}"
+        );
+    }
+    ensure!(admitted(&env.management, rh).await? == ["clusters-sa", "clusters-sb"]);
+
+    // One user goes: the shared Deployment stays, the NetworkPolicy admits the other.
+    let delete = |name: &'static str| {
+        let (env, ctx, hcs) = (&env, &ctx, &hcs);
+        async move {
+            hcs.delete(name, &Default::default()).await?;
+            reconcile(ctx, env, name).await?;
+            eventually(
+                std::time::Duration::from_secs(20),
+                "HostedCluster deleted",
+                || async { Ok(hcs.get_opt(name).await?.is_none().then_some(())) },
+            )
+            .await
+        }
+    };
+    delete("sa").await?;
+    pass("sa deleted").await?;
+    ensure!(
+        deps.get_opt(rh).await?.is_some(),
+        "shared Deployment gone with a user left"
+    );
+    ensure!(admitted(&env.management, rh).await? == ["clusters-sb"]);
+    // The last user goes: its objects go; catalogs still used by sc stay.
+    delete("sb").await?;
+    pass("sb deleted").await?;
+    let objs = shared_objects(&env.management).await?;
+    ensure!(!objs.iter().any(|o| o.ends_with(rh)), "left: {objs:?}");
+    ensure!(objs.contains(&format!("Deployment/{ce}")), "{objs:?}");
+    ensure!(admitted(&env.management, ce).await? == ["clusters-sc"]);
+    // What `uninstall` runs removes every shared object (as the controller's ServiceAccount);
+    // while sc still uses them, the next pass brings them back.
+    let removed = shared::remove_all(&ctx).await;
+    ensure!(removed.errors.is_empty(), "{:?}", removed.errors);
+    ensure!(
+        shared_objects(&env.management).await?.is_empty(),
+        "remove_all left objects"
+    );
+    pass("after remove_all").await?;
+    ensure!(
+        shared_objects(&env.management)
+            .await?
+            .contains(&format!("Deployment/{ce}"))
+    );
+    delete("sc").await?;
+    pass("sc deleted").await?;
+    let objs = shared_objects(&env.management).await?;
+    ensure!(objs.is_empty(), "left after the last user: {objs:?}");
+    Ok(())
+}
+
+/// Issue 18 under the running controller loop (in process, as its ServiceAccount, with its
+/// watch caches): two HostedClusters converge onto one shared Deployment per catalog without
+/// a pass being called, and a shared Deployment scaled to 0 by hand is back at 2 replicas
+/// within the pass interval (10 s) plus slack.
+#[tokio::test]
+async fn shared_catalogs_follow_the_running_controller() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    use futures::FutureExt;
+    use hcp_olm_controlplane::runtime::controller::{RunOptions, run};
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    let reg = hcp_olm_e2e::registry::Registry::start()?;
+    let a = reg.addr().to_string();
+    let oci = std::sync::Arc::new(hcp_olm_oci::Client::new(hcp_olm_oci::ClientOptions {
+        plain_http: vec![a.clone()],
+        mirrors: vec![hcp_olm_oci::Mirror {
+            source: "registry.redhat.io/redhat".into(),
+            mirrors: vec![format!("{a}/redhat")],
+        }],
+        timeout: Some(std::time::Duration::from_secs(5)),
+        ..Default::default()
+    })?);
+    let release = format!("{a}/ocp/release:4.18.3-x86_64");
+    oci.push_image(
+        &release,
+        &BTreeMap::from([("io.openshift.release".to_string(), "4.18.3".to_string())]),
+    )
+    .await?;
+    for idx in [
+        "redhat-operator-index",
+        "certified-operator-index",
+        "community-operator-index",
+    ] {
+        oci.push_image(&format!("{a}/redhat/{idx}:v4.18"), &BTreeMap::new())
+            .await?;
+    }
+    put_kubeconfig_secret(&env, "lp-admin-kubeconfig").await?;
+    let hcs = Api::<DynamicObject>::namespaced_with(env.management.client(), HC_NS, &hc_resource());
+    for name in ["la", "lb"] {
+        create_hc(&env, name, "lp-admin-kubeconfig").await?;
+        hcs.patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"release": {"image": release}}})),
+        )
+        .await?;
+    }
+    let ctx = std::sync::Arc::new(
+        Context::new(
+            controller_client(&env).await?,
+            Config {
+                olm_image: Some(OLM_IMAGE.into()),
+                oci: Some(oci.clone()),
+                ..Default::default()
+            },
+        )
+        .with_events(None),
+    );
+    let (stop_tx, stop_rx) = futures::channel::oneshot::channel::<()>();
+    let runner = tokio::spawn(run(ctx.clone(), RunOptions::default(), stop_rx.map(|_| ())));
+    let rh = "hcp-olm-redhat-operators-v4-18";
+    let shared_ns = hcp_olm_controlplane::sharing::SHARED_NAMESPACE;
+    let deps = Api::<Deployment>::namespaced(env.management.client(), shared_ns);
+    let result = async {
+        let bound = std::time::Duration::from_secs(90);
+        let started = std::time::Instant::now();
+        eventually(bound, "one shared Deployment for both", || async {
+            let both = admitted(&env.management, rh)
+                .await
+                .map(|u| u == ["clusters-la", "clusters-lb"])
+                .unwrap_or(false);
+            Ok((both && deps.get_opt(rh).await?.is_some()).then_some(()))
+        })
+        .await?;
+        eprintln!("shared by both after {:?}", started.elapsed());
+        deps.patch(
+            rh,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"replicas": 0}})),
+        )
+        .await?;
+        let scaled = std::time::Instant::now();
+        eventually(
+            std::time::Duration::from_secs(30),
+            "replicas restored",
+            || async {
+                Ok((deps.get(rh).await?.spec.and_then(|s| s.replicas) == Some(2)).then_some(()))
+            },
+        )
+        .await?;
+        eprintln!("restored {:?} after the scale to 0", scaled.elapsed());
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    let _ = stop_tx.send(());
+    runner.await?;
+    result
+}

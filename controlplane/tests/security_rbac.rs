@@ -175,6 +175,9 @@ fn sample(kind: &str, name: &str) -> (ApiResource, serde_json::Value) {
     }
 }
 
+/// The shared catalogs' namespace (issue 18).
+const SHARED_NS: &str = "hcp-olm-catalogs";
+
 const WRITTEN_KINDS: &[&str] = &[
     "Secret",
     "ServiceAccount",
@@ -371,6 +374,68 @@ async fn controller_service_account_is_confined() -> Result<()> {
     .create(&PostParams::default(), &serde_json::from_value(event)?)
     .await
     .context("create Event as the controller")?;
+
+    // 2b. Shared catalogs (issue 18): the controller may create the namespace
+    //     hcp-olm-catalogs and nothing else, never delete it, and write there only the
+    //     kinds of a shared catalog (no Secrets).
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(sa.clone());
+    let ns_obj = |name: &str| -> Result<k8s_openapi::api::core::v1::Namespace> {
+        Ok(serde_json::from_value(
+            serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
+        )?)
+    };
+    namespaces
+        .create(&PostParams::default(), &ns_obj(SHARED_NS)?)
+        .await
+        .context("create namespace hcp-olm-catalogs as the controller")?;
+    let msg = forbidden(
+        namespaces
+            .create(&PostParams::default(), &ns_obj("intruder-ns")?)
+            .await,
+        "create namespace intruder-ns",
+    )?;
+    ensure!(
+        msg.contains("only the namespace hcp-olm-catalogs"),
+        "create namespace: {msg}"
+    );
+    forbidden(
+        namespaces
+            .patch(
+                "default",
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"metadata": {"labels": {"x": "y"}}})),
+            )
+            .await,
+        "patch namespace default",
+    )?;
+    forbidden(
+        namespaces.delete(SHARED_NS, &DeleteParams::default()).await,
+        "delete namespace hcp-olm-catalogs",
+    )?;
+    namespaces
+        .patch(
+            SHARED_NS,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"x": "y"}}})),
+        )
+        .await
+        .context("patch namespace hcp-olm-catalogs as the controller")?;
+    for kind in [
+        "ServiceAccount",
+        "Service",
+        "Deployment",
+        "NetworkPolicy",
+        "PodDisruptionBudget",
+    ] {
+        create_as(&sa, SHARED_NS, kind, "shared")
+            .await
+            .with_context(|| format!("create {kind} {SHARED_NS}/shared as the controller"))?;
+    }
+    let msg = forbidden(
+        create_as(&sa, SHARED_NS, "Secret", "shared").await,
+        "create Secret in hcp-olm-catalogs",
+    )?;
+    ensure!(msg.contains(VAP_NS_MESSAGE), "Secret in {SHARED_NS}: {msg}");
 
     // 3. HostedClusters: the controller adds and removes its finalizer (a merge patch,
     //    as ensure_finalizer sends); nothing else.

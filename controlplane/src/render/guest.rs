@@ -62,7 +62,7 @@ pub(super) fn render(
         ApplyPolicy::Apply,
     );
     let exposed = if management {
-        exposed_services(&enabled)
+        exposed_services(catalogs)
     } else {
         Vec::new()
     };
@@ -231,11 +231,7 @@ pub(super) fn render(
             "priority": c.catalog.priority(),
         });
         if management {
-            spec["address"] = json!(format!(
-                "{}:{}",
-                names::catalog(c.catalog),
-                ports::CATALOG_GRPC
-            ));
+            spec["address"] = json!(c.address());
         } else {
             // A tag, so OLM's registry poll picks up new catalog content.
             spec["image"] = json!(c.image.tag_ref);

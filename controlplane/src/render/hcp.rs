@@ -16,7 +16,6 @@ use super::tunnel::{
 use super::{
     ApplyPolicy, Desired, Object, Pending, RenderError, RenderInput, ResolvedCatalog, names, ports,
 };
-use crate::catalogs::DefaultCatalog;
 use crate::certs::{CertMaterial, hex};
 use crate::hostedolm::{CatalogPlacement, CatalogServerKind, TunnelServiceType};
 use crate::validate::{AvailabilityPolicy, Severity, ValidInput};
@@ -41,6 +40,7 @@ pub(super) fn resolved_catalogs(
             out.push(ResolvedCatalog {
                 catalog: *c,
                 image: crate::catalogs::CatalogImage::pinned(pin),
+                shared: None,
             });
             continue;
         }
@@ -62,6 +62,7 @@ pub(super) fn resolved_catalogs(
                 out.push(ResolvedCatalog {
                     catalog: *c,
                     image: img.clone(),
+                    shared: crate::sharing::decide(v, *c, Some(img)).key().cloned(),
                 })
             }
             Some(Err(e)) => pending.push(Pending {
@@ -107,7 +108,7 @@ fn rfc3339(t: time::OffsetDateTime) -> String {
 }
 
 /// Hash of a set of named inputs, for the config-hash annotation.
-fn config_hash(parts: &BTreeMap<String, String>) -> String {
+pub(super) fn config_hash(parts: &BTreeMap<String, String>) -> String {
     let mut h = Sha256::new();
     for (k, v) in parts {
         h.update(k.as_bytes());
@@ -181,12 +182,17 @@ pub(super) fn no_proxy(v: &ValidInput, catalogs: &[ResolvedCatalog]) -> String {
     }
     if v.placement == CatalogPlacement::Management {
         for c in catalogs {
-            hosts.push(names::catalog(c.catalog));
-            hosts.push(format!(
-                "{}.{}.svc",
-                names::catalog(c.catalog),
-                v.cluster.hcp_namespace
-            ));
+            match &c.shared {
+                Some(k) => hosts.push(k.host()),
+                None => {
+                    hosts.push(names::catalog(c.catalog));
+                    hosts.push(format!(
+                        "{}.{}.svc",
+                        names::catalog(c.catalog),
+                        v.cluster.hcp_namespace
+                    ));
+                }
+            }
         }
     }
     hosts.join(",")
@@ -314,7 +320,7 @@ fn service_monitor(input: &RenderInput, deployment: &str, component: &str, servi
     })
 }
 
-fn container_security() -> Value {
+pub(super) fn container_security() -> Value {
     json!({
         "allowPrivilegeEscalation": false,
         "readOnlyRootFilesystem": true,
@@ -471,7 +477,7 @@ fn http_probe(path: &str, port: u16, scheme: &str, initial: i32, failure: i32) -
 
 /// The API server drops `initialDelaySeconds: 0` (its default), so rendering it would
 /// make every applied Deployment look changed on every reconcile.
-fn without_zero_delay(mut probe: Value) -> Value {
+pub(super) fn without_zero_delay(mut probe: Value) -> Value {
     if probe["initialDelaySeconds"] == json!(0)
         && let Some(o) = probe.as_object_mut()
     {
@@ -480,7 +486,7 @@ fn without_zero_delay(mut probe: Value) -> Value {
     probe
 }
 
-fn resources(cpu: &str, memory: &str) -> Value {
+pub(super) fn resources(cpu: &str, memory: &str) -> Value {
     json!({"requests": {"cpu": cpu, "memory": memory}})
 }
 
@@ -524,7 +530,7 @@ pub(super) fn render(
             "serviceaccounts",
         );
     }
-    if management && !catalogs.is_empty() {
+    if management && catalogs.iter().any(ResolvedCatalog::own) {
         push(
             out,
             service_account(input, names::CATALOG_SA, "catalog", Some(&v.pull_secret)),
@@ -589,14 +595,13 @@ pub(super) fn render(
             metrics_hashes.insert(secret, hash);
         }
     }
-    let enabled: Vec<DefaultCatalog> = catalogs.iter().map(|c| c.catalog).collect();
     let exposed = if management {
-        exposed_services(&enabled)
+        exposed_services(catalogs)
     } else {
         Vec::new()
     };
     let local = if management {
-        allowed_local_services(&v.cluster.hcp_namespace, &enabled)
+        allowed_local_services(&v.cluster.hcp_namespace, catalogs)
     } else {
         Vec::new()
     };
@@ -654,7 +659,7 @@ pub(super) fn render(
         {"podSelector": {"matchLabels": selector(names::TUNNEL_GATEWAY)}},
     ]);
     if management {
-        for c in catalogs {
+        for c in catalogs.iter().filter(|c| c.own()) {
             let name = names::catalog(c.catalog);
             push(
                 out,
@@ -699,7 +704,13 @@ pub(super) fn render(
     if management && !catalogs.is_empty() {
         let to: Vec<Value> = catalogs
             .iter()
-            .map(|c| json!({"podSelector": {"matchLabels": selector(&names::catalog(c.catalog))}}))
+            .map(|c| match &c.shared {
+                Some(k) => json!({
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": crate::sharing::SHARED_NAMESPACE}},
+                    "podSelector": {"matchLabels": selector(&k.name())},
+                }),
+                None => json!({"podSelector": {"matchLabels": selector(&names::catalog(c.catalog))}}),
+            })
             .collect();
         egress.push(json!({"to": to, "ports": [{"protocol": "TCP", "port": ports::CATALOG_GRPC}]}));
     }
@@ -765,7 +776,7 @@ pub(super) fn render(
         "services",
     );
     if management {
-        for c in catalogs {
+        for c in catalogs.iter().filter(|c| c.own()) {
             let name = names::catalog(c.catalog);
             push(
                 out,
@@ -924,7 +935,7 @@ pub(super) fn render(
     }
 
     if management {
-        for c in catalogs {
+        for c in catalogs.iter().filter(|c| c.own()) {
             push(out, catalog_deployment(input, c)?, "deployments");
         }
     }

@@ -10,6 +10,7 @@
 mod guest;
 mod hcp;
 pub mod labels;
+pub mod shared;
 pub mod tunnel;
 
 use std::collections::BTreeMap;
@@ -108,7 +109,7 @@ pub struct Object {
 }
 
 impl Object {
-    fn new(body: Value, plural: &str, policy: ApplyPolicy) -> Self {
+    pub(crate) fn new(body: Value, plural: &str, policy: ApplyPolicy) -> Self {
         let s = |p: &str| body.pointer(p).and_then(Value::as_str).map(str::to_string);
         Self {
             api_version: s("/apiVersion").unwrap_or_default(),
@@ -269,6 +270,25 @@ pub fn desired(input: &RenderInput) -> Result<Desired, RenderError> {
 pub(crate) struct ResolvedCatalog {
     pub catalog: DefaultCatalog,
     pub image: CatalogImage,
+    /// The shared catalog serving it (management placement; see [`crate::sharing`]), or
+    /// None for this cluster's own copy in its HCP namespace.
+    pub shared: Option<crate::sharing::SharedKey>,
+}
+
+impl ResolvedCatalog {
+    /// `host:port` of the catalog's gRPC Service, as read from the HCP namespace: the
+    /// shared Service's DNS name, or this cluster's own Service.
+    pub fn address(&self) -> String {
+        match &self.shared {
+            Some(k) => format!("{}:{}", k.host(), ports::CATALOG_GRPC),
+            None => format!("{}:{}", names::catalog(self.catalog), ports::CATALOG_GRPC),
+        }
+    }
+
+    /// Whether this cluster runs its own copy in its HCP namespace.
+    pub fn own(&self) -> bool {
+        self.shared.is_none()
+    }
 }
 
 /// Multi-document YAML of a render: HCP objects, then guest objects, each document

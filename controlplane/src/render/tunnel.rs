@@ -3,7 +3,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use super::{names, ports};
+use super::{ResolvedCatalog, names, ports};
 use crate::catalogs::DefaultCatalog;
 
 /// WireGuard keys (base64, as `wg genkey`/`wg pubkey` print them) and the gateway's
@@ -236,30 +236,38 @@ pub fn default_allowed_services() -> Vec<AllowedService> {
     }]
 }
 
-pub fn exposed_services(catalogs: &[DefaultCatalog]) -> Vec<ExposedService> {
+pub(crate) fn exposed_services(catalogs: &[ResolvedCatalog]) -> Vec<ExposedService> {
     catalogs
         .iter()
         .map(|c| ExposedService {
-            name: names::catalog(*c),
-            listen_port: agent_catalog_port(*c),
-            target: format!("{}:{}", names::catalog(*c), ports::CATALOG_GRPC),
+            name: names::catalog(c.catalog),
+            listen_port: agent_catalog_port(c.catalog),
+            target: c.address(),
         })
         .collect()
 }
 
 /// The management-side Services the gateway's proxies may dial: the HCP's own catalog
-/// Services (management placement). Every other management name is refused, so a name a
-/// guest puts in a CatalogSource cannot reach the management network.
-pub fn allowed_local_services(
+/// Services, or the shared ones in `hcp-olm-catalogs` (management placement). Every other
+/// management name is refused, so a name a guest puts in a CatalogSource cannot reach the
+/// management network.
+pub(crate) fn allowed_local_services(
     hcp_namespace: &str,
-    catalogs: &[DefaultCatalog],
+    catalogs: &[ResolvedCatalog],
 ) -> Vec<AllowedService> {
     catalogs
         .iter()
-        .map(|c| AllowedService {
-            namespace: hcp_namespace.to_string(),
-            name: names::catalog(*c),
-            port: ports::CATALOG_GRPC,
+        .map(|c| match &c.shared {
+            Some(k) => AllowedService {
+                namespace: crate::sharing::SHARED_NAMESPACE.to_string(),
+                name: k.name(),
+                port: ports::CATALOG_GRPC,
+            },
+            None => AllowedService {
+                namespace: hcp_namespace.to_string(),
+                name: names::catalog(c.catalog),
+                port: ports::CATALOG_GRPC,
+            },
         })
         .collect()
 }

@@ -261,6 +261,8 @@ pub(crate) async fn run_controller(
             return;
         }
     }
+    // The shared catalogs (issue 18), beside the controller and stopped with it.
+    let shared_pass = tokio::spawn(super::shared::run(ctx.clone(), shutdown.clone()));
     let synced_metrics = ctx.metrics.clone();
     let hc_stream = watcher(hcs, watcher::Config::default())
         .default_backoff()
@@ -300,6 +302,9 @@ pub(crate) async fn run_controller(
             }
         }
     }
+    // Already told to stop by `shutdown`; a pass in flight finishes or is cut here.
+    shared_pass.abort();
+    let _ = shared_pass.await;
     ctx.stop_mgmt_cache();
     ctx.metrics.set_synced(false);
 }

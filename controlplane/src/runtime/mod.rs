@@ -10,7 +10,8 @@
 //! - [`metrics`]: Prometheus metrics and the admin HTTP endpoints;
 //! - [`leader`]: leader election with a `coordination.k8s.io/v1` Lease;
 //! - [`events`]: Kubernetes Events on HostedOLM condition transitions;
-//! - [`uninstall`]: the finalizer's cleanup for every HostedCluster at once.
+//! - [`uninstall`]: the finalizer's cleanup for every HostedCluster at once;
+//! - [`shared`]: the shared catalogs' pass (issue 18).
 
 pub mod controller;
 pub mod events;
@@ -20,6 +21,7 @@ pub mod metrics;
 pub mod pods;
 pub mod reconcile;
 pub mod secrets;
+pub mod shared;
 pub mod stores;
 pub mod uninstall;
 
@@ -48,6 +50,14 @@ pub struct Config {
     /// release version comes from `status.version.desired.version` and catalog tags
     /// are assumed to exist.
     pub oci: Option<Arc<hcp_olm_oci::Client>>,
+    /// Image with OLM's `copy-content` for the shared catalogs' init container (None:
+    /// [`shared::DEFAULT_UTILITIES_IMAGE`]). The controller's, never a hosted cluster's.
+    pub shared_utilities_image: Option<String>,
+    /// Pull secret in `hcp-olm-catalogs` for the shared catalog pods (None: the nodes').
+    pub shared_pull_secret: Option<String>,
+    /// Whether `oci` carries credentials of the controller (`--pull-secret-file`): then a
+    /// lookup made without a cluster's own pull secret proves nothing about that cluster.
+    pub controller_registry_credentials: bool,
 }
 
 /// When HostedClusters are looked at again (flags of `run`).
@@ -113,6 +123,8 @@ pub struct Context {
     /// management cluster, not of a HostedCluster, so N clusters' resyncs ask once per TTL
     /// instead of twice per pass. Only successful answers are kept.
     discovery: moka::future::Cache<(String, String), bool>,
+    /// The digests hosted clusters resolved for the shared catalogs they use.
+    pub shared_digests: shared::SharedDigests,
 }
 
 /// How long a discovery answer is reused (a ServiceMonitor or SCC kind installed later is
@@ -137,6 +149,7 @@ impl Context {
                 .max_capacity(16)
                 .time_to_live(DISCOVERY_TTL)
                 .build(),
+            shared_digests: shared::SharedDigests::default(),
         }
     }
 

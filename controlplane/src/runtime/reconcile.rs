@@ -827,7 +827,7 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
         ctx.schedule.catalog_refresh,
     )
     .await;
-    let valid = match validate::validate(hc, Some(&holm.spec), &facts, &ctx.config.defaults) {
+    let mut valid = match validate::validate(hc, Some(&holm.spec), &facts, &ctx.config.defaults) {
         Ok(v) => v,
         Err(reasons) => {
             let first = reasons
@@ -846,6 +846,10 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
             return Ok(o);
         }
     };
+    // A lookup proves this cluster may read a catalog only when it used the cluster's own
+    // pull secret, or no credentials at all (the controller has none of its own).
+    valid.lookup_credentials_are_own =
+        pull_secret.is_some() || !ctx.config.controller_registry_credentials;
     // Skipped registry overrides are warnings, not Degraded: an Event when they change.
     let key = format!("{ns}/{name}");
     if ctx.warnings_changed(&key, &valid.registry_override_warnings) {
@@ -1023,6 +1027,11 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
         owner: Some(owner),
     };
     let mut desired = render::desired(&input)?;
+    // The digests of the shared catalogs this cluster points at (the shared pass serves them).
+    ctx.shared_digests.record(
+        &input.valid.cluster.hcp_namespace,
+        &crate::sharing::shared_uses(&input.valid, &input.catalog_images),
+    );
     // A replaced CA stays in the guest's caBundle until every packageserver pod serves a
     // certificate of the new one, i.e. the live Deployment has rolled out the rendered
     // template. Read only while a previous CA is held (a converged pass reads nothing more).
@@ -2110,6 +2119,7 @@ fn set_endpoint(
 pub async fn cleanup(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error> {
     let (ns, name, hcp_ns) = identity(hc)?;
     ctx.warnings_changed(&format!("{ns}/{name}"), &[]);
+    ctx.shared_digests.forget(&hcp_ns);
     let mut out = Outcome::new(State::CleanedUp, ctx.schedule.resync);
     if !hc
         .metadata

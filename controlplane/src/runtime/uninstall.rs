@@ -28,6 +28,10 @@ pub struct Report {
     pub orphans_deleted: Vec<String>,
     /// HostedClusters that could not be cleaned up, with the error.
     pub failed: Vec<(String, String)>,
+    /// Objects of the shared catalogs deleted (`Kind/namespace/name`; the namespace
+    /// `hcp-olm-catalogs` itself goes with `kubectl delete namespace`, which the controller's
+    /// permissions do not allow).
+    pub shared_deleted: Vec<String>,
 }
 
 /// Cleans up every HostedCluster that carries our finalizer, then orphaned HostedOLMs.
@@ -97,5 +101,13 @@ pub async fn uninstall(ctx: &Context) -> Result<Report, Error> {
                 .push((format!("HostedOLM {key}"), e.to_string())),
         }
     }
+    // The shared catalogs (issue 18): no hosted cluster uses them any more.
+    let r = super::shared::remove_all(ctx).await;
+    report.shared_deleted = r.deleted;
+    report.failed.extend(
+        r.errors
+            .iter()
+            .map(|e| ("shared catalogs".to_string(), e.to_string())),
+    );
     Ok(report)
 }

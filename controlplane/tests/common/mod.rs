@@ -46,6 +46,8 @@ pub fn defaults() -> ControllerDefaults {
         catalog_server_image: "quay.io/hcp-olm/hcp-olm-catalog-server:test".into(),
         tunnel_gateway_image: "quay.io/hcp-olm/hcp-olm-tunnel-gateway:test".into(),
         guest_agent_image: "quay.io/hcp-olm/hcp-olm-guest-agent:test".into(),
+        // each cluster's own catalogs (the goldens of shared catalogs set Shared)
+        catalog_sharing: hcp_olm_controlplane::hostedolm::CatalogSharing::Own,
         ..ControllerDefaults::default()
     }
 }

@@ -1,0 +1,366 @@
+//! The shared-catalog pass (issue 18): makes the objects of [`crate::sharing::SHARED_NAMESPACE`]
+//! match what the hosted clusters use, and deletes a shared catalog when its last user goes.
+//!
+//! Who uses what is derived from state on every pass, never stored as a counter: each
+//! HostedOLM's `status.catalogs[]` says `sharing: shared` and the `servingDeployment`. The
+//! digest a shared catalog serves is the one its users' reconciles resolved (at the default
+//! repository, with each cluster's own pull secret), held in memory by this process
+//! ([`SharedDigests`]); a status can add its namespace to a catalog's NetworkPolicy but never
+//! choose what the catalog serves. A catalog whose users' digests are not known yet (just
+//! after a restart, before their reconciles ran) is left as it is: neither applied nor
+//! deleted. Two controllers computing from the same state write the same objects with the
+//! same field manager, so they converge.
+//!
+//! Runs every [`INTERVAL`] while the controller loop runs, which also restores a shared
+//! namespace deleted by hand and a shared Deployment scaled to 0 (server-side apply of
+//! `replicas: 2`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hcp_olm_apply::{Applier, Policy, Target};
+use kube::Api;
+use kube::api::ListParams;
+use serde_json::json;
+
+use super::reconcile::{api_resource, target};
+use super::{Context, FIELD_MANAGER};
+use crate::catalogs::DefaultCatalog;
+use crate::hostedolm::HostedOLM;
+use crate::render::shared::{self as render_shared, SharedSettings};
+use crate::sharing::{self, SHARED_NAMESPACE, SharedKey, Use};
+
+/// How often the pass runs.
+pub const INTERVAL: Duration = Duration::from_secs(10);
+
+/// Default image of the init container that copies the catalog out of its image (OLM's
+/// `copy-content`), when the controller names none (`--shared-catalog-utilities-image`).
+pub const DEFAULT_UTILITIES_IMAGE: &str = "quay.io/operator-framework/olm:v0.46.0";
+
+/// Per shared catalog, the digest reference each user's last reconcile resolved, by HCP
+/// namespace. In memory only (see the module documentation).
+#[derive(Clone, Debug, Default)]
+pub struct SharedDigests(Arc<Mutex<BTreeMap<SharedKey, BTreeMap<String, String>>>>);
+
+impl SharedDigests {
+    /// Records what one hosted cluster's reconcile decided: the shared catalogs it uses and
+    /// the digest reference it resolved for each. Replaces everything recorded for it.
+    pub fn record(&self, hcp_namespace: &str, uses: &[(SharedKey, String)]) {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        for users in m.values_mut() {
+            users.remove(hcp_namespace);
+        }
+        for (key, image) in uses {
+            m.entry(key.clone())
+                .or_default()
+                .insert(hcp_namespace.to_string(), image.clone());
+        }
+        m.retain(|_, users| !users.is_empty());
+    }
+
+    /// Forgets a hosted cluster (its HostedOLM is gone).
+    pub fn forget(&self, hcp_namespace: &str) {
+        self.record(hcp_namespace, &[]);
+    }
+
+    fn get(&self, key: &SharedKey, hcp_namespace: &str) -> Option<String> {
+        let m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(key).and_then(|u| u.get(hcp_namespace)).cloned()
+    }
+}
+
+/// The shared catalogs a HostedOLM's status says its cluster uses.
+pub fn status_uses(holm: &HostedOLM) -> Vec<(String, SharedKey)> {
+    let Some(ns) = holm.metadata.namespace.as_deref() else {
+        return Vec::new();
+    };
+    if holm.metadata.deletion_timestamp.is_some() {
+        return Vec::new();
+    }
+    holm.status
+        .iter()
+        .flat_map(|s| s.catalogs.iter())
+        .filter(|c| c.enabled && c.sharing.as_deref() == Some("shared"))
+        .filter_map(|c| {
+            let catalog = DefaultCatalog::from_name(&c.name)?;
+            let key = SharedKey::from_deployment_ref(catalog, c.serving_deployment.as_deref()?)?;
+            Some((ns.to_string(), key))
+        })
+        .collect()
+}
+
+/// What one pass did.
+#[derive(Debug, Default)]
+pub struct PassReport {
+    /// Shared catalogs applied.
+    pub applied: usize,
+    /// Shared catalogs with users whose digest is not known yet (left as they are).
+    pub unknown: usize,
+    pub writes: usize,
+    pub errors: Vec<String>,
+}
+
+fn settings(ctx: &Context, management_has_scc: bool) -> SharedSettings {
+    SharedSettings {
+        catalog_server_image: ctx.config.defaults.catalog_server_image.clone(),
+        utilities_image: ctx
+            .config
+            .shared_utilities_image
+            .clone()
+            .unwrap_or_else(|| DEFAULT_UTILITIES_IMAGE.to_string()),
+        image_pull_secret: ctx.config.shared_pull_secret.clone(),
+        management_has_scc,
+    }
+}
+
+async fn hosted_olms(ctx: &Context) -> Result<Vec<Arc<HostedOLM>>, kube::Error> {
+    if let Some(stores) = ctx.stores()
+        && stores.hosted_olms.synced()
+    {
+        return Ok(stores.hosted_olms.all());
+    }
+    let api: Api<HostedOLM> = Api::all(ctx.client.clone());
+    Ok(api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .map(Arc::new)
+        .collect())
+}
+
+/// The kinds of a shared catalog (deleted with its last user).
+fn shared_kinds() -> Vec<(kube::api::ApiResource, bool)> {
+    catalog_kinds()
+        .into_iter()
+        // the pods' ServiceAccount: deleted once no shared catalog is left
+        .chain([(
+            api_resource("v1", "ServiceAccount", "serviceaccounts"),
+            true,
+        )])
+        .collect()
+}
+
+/// The kinds of one shared catalog's objects.
+fn catalog_kinds() -> Vec<(kube::api::ApiResource, bool)> {
+    [
+        ("apps/v1", "Deployment", "deployments"),
+        ("v1", "Service", "services"),
+        ("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
+        ("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
+    ]
+    .into_iter()
+    .map(|(a, k, p)| (api_resource(a, k, p), true))
+    .collect()
+}
+
+/// Targets naming a shared catalog's objects without changing them (kept by the prune).
+fn keep_as_is(key: &SharedKey) -> Vec<Target> {
+    catalog_kinds()
+        .into_iter()
+        .map(|(r, _)| {
+            Target::new(
+                &r.api_version,
+                &r.kind,
+                &r.plural,
+                Policy::CreateOnly,
+                json!({"metadata": {"name": key.name(), "namespace": SHARED_NAMESPACE}}),
+            )
+        })
+        .collect()
+}
+
+/// One pass: read every HostedOLM, apply the shared catalogs in use, delete the rest.
+pub async fn pass(ctx: &Context) -> PassReport {
+    let mut report = PassReport::default();
+    let holms = match hosted_olms(ctx).await {
+        Ok(h) => h,
+        Err(e) => {
+            report.errors.push(format!("listing HostedOLMs: {e}"));
+            return report;
+        }
+    };
+    let mut users: BTreeMap<SharedKey, BTreeSet<String>> = BTreeMap::new();
+    let mut uses = Vec::new();
+    for (ns, key) in holms.iter().flat_map(|h| status_uses(h)) {
+        users.entry(key.clone()).or_default().insert(ns.clone());
+        if let Some(image) = ctx.shared_digests.get(&key, &ns) {
+            uses.push(Use {
+                namespace: ns,
+                key,
+                image,
+            });
+        }
+    }
+    // Users whose digest is unknown still count, so their namespaces stay admitted.
+    let (mut plan, errs) = sharing::plan(&uses);
+    for c in &mut plan {
+        if let Some(all) = users.get(&c.key) {
+            c.users.extend(all.iter().cloned());
+        }
+    }
+    report.errors.extend(errs.iter().map(ToString::to_string));
+    let planned: BTreeSet<&SharedKey> = plan.iter().map(|c| &c.key).collect();
+    let mut keep: Vec<Target> = Vec::new();
+    for key in users.keys().filter(|k| !planned.contains(k)) {
+        report.unknown += 1;
+        keep.extend(keep_as_is(key));
+    }
+    let has_scc = match ctx
+        .served("security.openshift.io/v1", "securitycontextconstraints")
+        .await
+    {
+        Ok(v) => v,
+        Err(e) => {
+            report.errors.push(e.to_string());
+            return report;
+        }
+    };
+    let s = settings(ctx, has_scc);
+    let applier = Applier::new(ctx.client.clone(), FIELD_MANAGER).with_cache(ctx.mgmt_cache());
+    let mut targets: Vec<Target> = Vec::new();
+    // Namespace and ServiceAccount while any shared catalog is in use (also one left as it
+    // is: its pods need the ServiceAccount).
+    if !plan.is_empty() || !keep.is_empty() {
+        targets.push(target(&render_shared::namespace()));
+        targets.push(target(&render_shared::service_account()));
+    }
+    for c in &plan {
+        targets.extend(render_shared::catalog(c, &s).iter().map(target));
+    }
+    report.applied = plan.len();
+    let applied = applier.apply(&targets).await;
+    keep.extend(targets);
+    let pruned = applier
+        .prune(
+            &shared_kinds(),
+            Some(SHARED_NAMESPACE),
+            &render_shared::shared_labels(),
+            &keep,
+        )
+        .await;
+    for r in [applied, pruned] {
+        report.writes += r.writes();
+        for c in &r.created {
+            tracing::info!(object = %c, "shared catalog: created");
+        }
+        for d in &r.deleted {
+            tracing::info!(object = %d, "shared catalog: deleted (no user left)");
+        }
+        report
+            .errors
+            .extend(r.errors.iter().map(ToString::to_string));
+    }
+    report
+}
+
+/// Deletes every shared catalog object (`hcp-olm-controller uninstall`; the namespace stays).
+pub async fn remove_all(ctx: &Context) -> hcp_olm_apply::Report {
+    Applier::new(ctx.client.clone(), FIELD_MANAGER)
+        .prune(
+            &shared_kinds(),
+            Some(SHARED_NAMESPACE),
+            &render_shared::shared_labels(),
+            &[],
+        )
+        .await
+}
+
+/// Runs [`pass`] every [`INTERVAL`] until `shutdown` resolves.
+pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()>) {
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut tick = tokio::time::interval(INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => return,
+            _ = tick.tick() => {}
+        }
+        let r = pass(&ctx).await;
+        for e in &r.errors {
+            tracing::warn!(error = %e, "shared catalogs");
+        }
+        tracing::debug!(
+            applied = r.applied,
+            unknown = r.unknown,
+            writes = r.writes,
+            "shared catalog pass"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hostedolm::{CatalogStatus, HostedOLMSpec, HostedOLMStatus};
+
+    fn holm(ns: &str, catalogs: Vec<CatalogStatus>) -> HostedOLM {
+        let mut h = HostedOLM::new("x", HostedOLMSpec::default());
+        h.metadata.namespace = Some(ns.into());
+        h.status = Some(HostedOLMStatus {
+            catalogs,
+            ..Default::default()
+        });
+        h
+    }
+
+    fn cat(name: &str, sharing: &str, serving: &str) -> CatalogStatus {
+        CatalogStatus {
+            name: name.into(),
+            enabled: true,
+            sharing: Some(sharing.into()),
+            serving_deployment: Some(serving.into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn uses_come_from_status_and_ignore_what_does_not_parse() {
+        let h = holm(
+            "clusters-a",
+            vec![
+                cat(
+                    "redhat-operators",
+                    "shared",
+                    "hcp-olm-catalogs/hcp-olm-redhat-operators-v4-18",
+                ),
+                cat(
+                    "certified-operators",
+                    "own",
+                    "clusters-a/hcp-olm-certified-operators",
+                ),
+                // a status naming another catalog's Deployment, or one elsewhere: ignored
+                cat(
+                    "community-operators",
+                    "shared",
+                    "hcp-olm-catalogs/hcp-olm-redhat-operators-v4-18",
+                ),
+                cat("no-such-catalog", "shared", "hcp-olm-catalogs/x"),
+            ],
+        );
+        let u = status_uses(&h);
+        assert_eq!(u.len(), 1);
+        assert_eq!(u[0].0, "clusters-a");
+        assert_eq!(u[0].1.name(), "hcp-olm-redhat-operators-v4-18");
+        let mut gone = h.clone();
+        gone.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert!(status_uses(&gone).is_empty());
+    }
+
+    #[test]
+    fn digests_are_replaced_per_cluster() {
+        let d = SharedDigests::default();
+        let k = SharedKey::new(DefaultCatalog::RedhatOperators, "4.18").expect("key");
+        d.record("a", &[(k.clone(), "img1".into())]);
+        d.record("b", &[(k.clone(), "img2".into())]);
+        assert_eq!(d.get(&k, "a").as_deref(), Some("img1"));
+        d.record("a", &[]);
+        assert_eq!(d.get(&k, "a"), None);
+        d.forget("b");
+        assert!(d.0.lock().expect("lock").is_empty());
+    }
+}
