@@ -29,8 +29,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use kube::api::{Api, ApiResource, DynamicObject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, ApiResource, DynamicObject};
 use kube::core::{ObjectMeta, PartialObjectMeta};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::Value;
@@ -285,8 +285,8 @@ impl WatchCache {
             let on_change = on_change.clone();
             let manager = field_manager.to_string();
             let strings = strings.clone();
-            let stream = watcher(api, watcher::Config::default().labels(label_selector))
-                .default_backoff();
+            let stream =
+                watcher(api, watcher::Config::default().labels(label_selector)).default_backoff();
             out.tasks.push(tokio::spawn(async move {
                 futures::pin_mut!(stream);
                 // A (re)list is collected here and replaces the store once complete.

@@ -5065,6 +5065,29 @@ async fn shared_catalogs_are_shared_isolated_and_reference_counted() -> Result<(
         "{serving:?}"
     );
 
+    // A forged status (someone else writes sc's HostedOLM status to claim the shared
+    // redhat-operators catalog its pin keeps it out of): its namespace is not admitted.
+    let holms = Api::<HostedOLM>::namespaced(env.management.client(), "clusters-sc");
+    let mut forged = holms.get("sc").await?;
+    let st = forged.status.as_mut().context("status")?;
+    for c in st
+        .catalogs
+        .iter_mut()
+        .filter(|c| c.name == "redhat-operators")
+    {
+        c.sharing = Some("shared".into());
+        c.serving_deployment = Some(format!("{shared_ns}/{rh}"));
+    }
+    forged.metadata.managed_fields = None;
+    holms
+        .replace_status("sc", &Default::default(), &forged)
+        .await?;
+    pass("after a forged status").await?;
+    ensure!(
+        admitted(&env.management, rh).await? == ["clusters-sa", "clusters-sb"],
+        "a forged status admitted its namespace"
+    );
+
     // Scaled to 0 by hand: restored by the next pass.
     deps.patch(
         rh,

@@ -125,6 +125,9 @@ pub struct Context {
     discovery: moka::future::Cache<(String, String), bool>,
     /// The digests hosted clusters resolved for the shared catalogs they use.
     pub shared_digests: shared::SharedDigests,
+    /// The HCP namespaces the shared catalogs' live NetworkPolicies admitted when this
+    /// process first looked (see [`shared::confirmed_users`]).
+    pub shared_admitted: shared::AdmittedAtStart,
 }
 
 /// How long a discovery answer is reused (a ServiceMonitor or SCC kind installed later is
@@ -150,6 +153,7 @@ impl Context {
                 .time_to_live(DISCOVERY_TTL)
                 .build(),
             shared_digests: shared::SharedDigests::default(),
+            shared_admitted: shared::AdmittedAtStart::default(),
         }
     }
 

@@ -5,8 +5,12 @@
 //! HostedOLM's `status.catalogs[]` says `sharing: shared` and the `servingDeployment`. The
 //! digest a shared catalog serves is the one its users' reconciles resolved (at the default
 //! repository, with each cluster's own pull secret), held in memory by this process
-//! ([`SharedDigests`]); a status can add its namespace to a catalog's NetworkPolicy but never
-//! choose what the catalog serves. A catalog whose users' digests are not known yet (just
+//! ([`SharedDigests`]). A status alone never chooses what a catalog serves, and never adds a
+//! namespace to a catalog's NetworkPolicy: a use counts only when this process's reconcile
+//! of that cluster decided it, or, for clusters not reconciled yet since this process
+//! started, when the live NetworkPolicy already admitted that namespace when the process
+//! first looked ([`confirmed_users`]). So whoever can write a HostedOLM's status cannot
+//! reach a catalog its own cluster's pull secret could not read. A catalog whose users' digests are not known yet (just
 //! after a restart, before their reconciles ran) is left as it is: neither applied nor
 //! deleted. Two controllers computing from the same state write the same objects with the
 //! same field manager, so they converge.
@@ -41,12 +45,19 @@ pub const DEFAULT_UTILITIES_IMAGE: &str = "quay.io/operator-framework/olm:v0.46.
 /// Per shared catalog, the digest reference each user's last reconcile resolved, by HCP
 /// namespace. In memory only (see the module documentation).
 #[derive(Clone, Debug, Default)]
-pub struct SharedDigests(Arc<Mutex<BTreeMap<SharedKey, BTreeMap<String, String>>>>);
+pub struct SharedDigests(
+    Arc<Mutex<BTreeMap<SharedKey, BTreeMap<String, String>>>>,
+    Arc<Mutex<BTreeSet<String>>>,
+);
 
 impl SharedDigests {
     /// Records what one hosted cluster's reconcile decided: the shared catalogs it uses and
     /// the digest reference it resolved for each. Replaces everything recorded for it.
     pub fn record(&self, hcp_namespace: &str, uses: &[(SharedKey, String)]) {
+        self.1
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(hcp_namespace.to_string());
         let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
         for users in m.values_mut() {
             users.remove(hcp_namespace);
@@ -62,12 +73,101 @@ impl SharedDigests {
     /// Forgets a hosted cluster (its HostedOLM is gone).
     pub fn forget(&self, hcp_namespace: &str) {
         self.record(hcp_namespace, &[]);
+        self.1
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(hcp_namespace);
+    }
+
+    /// Whether this process has reconciled the cluster of `hcp_namespace` (and recorded
+    /// what it uses, possibly nothing) since it started.
+    pub fn reconciled(&self, hcp_namespace: &str) -> bool {
+        self.1
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(hcp_namespace)
     }
 
     fn get(&self, key: &SharedKey, hcp_namespace: &str) -> Option<String> {
         let m = self.0.lock().unwrap_or_else(|p| p.into_inner());
         m.get(key).and_then(|u| u.get(hcp_namespace)).cloned()
     }
+}
+
+/// Per shared catalog name, the HCP namespaces its live NetworkPolicy admitted when this
+/// process first looked (read once, by the first pass).
+#[derive(Clone, Debug, Default)]
+pub struct AdmittedAtStart(Arc<tokio::sync::OnceCell<BTreeMap<String, BTreeSet<String>>>>);
+
+/// The namespaces a shared catalog NetworkPolicy (as rendered by
+/// [`render_shared::catalog`]) admits (pure; anything else in it is ignored).
+pub fn admitted(np: &serde_json::Value) -> BTreeSet<String> {
+    np["spec"]["ingress"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|rule| rule["from"].as_array().into_iter().flatten())
+        .flat_map(|peer| {
+            peer["namespaceSelector"]["matchExpressions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+        })
+        .filter(|e| e["key"] == "kubernetes.io/metadata.name" && e["operator"] == "In")
+        .flat_map(|e| e["values"].as_array().into_iter().flatten())
+        .filter_map(|v| v.as_str().map(str::to_string))
+        .collect()
+}
+
+async fn read_admitted(ctx: &Context) -> Result<BTreeMap<String, BTreeSet<String>>, kube::Error> {
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        ctx.client.clone(),
+        SHARED_NAMESPACE,
+        &api_resource("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
+    );
+    let selector = render_shared::shared_labels()
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let list = match api.list(&ListParams::default().labels(&selector)).await {
+        Ok(l) => l.items,
+        Err(kube::Error::Api(s)) if s.code == 404 => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    Ok(list
+        .into_iter()
+        .filter_map(|np| {
+            let name = np.metadata.name.clone()?;
+            Some((name, admitted(&np.data)))
+        })
+        .collect())
+}
+
+/// The users of each shared catalog that count (pure): a status's claim counts when this
+/// process's reconcile of that cluster decided the same use (`known`), or, for a cluster
+/// not reconciled since this process started (`reconciled` false), when the live
+/// NetworkPolicy admitted the namespace then (`at_start`). Anything else (a status written
+/// by someone else) is ignored.
+pub fn confirmed_users(
+    claims: impl IntoIterator<Item = (String, SharedKey)>,
+    known: impl Fn(&SharedKey, &str) -> bool,
+    reconciled: impl Fn(&str) -> bool,
+    at_start: &BTreeMap<String, BTreeSet<String>>,
+) -> BTreeMap<SharedKey, BTreeSet<String>> {
+    let mut users: BTreeMap<SharedKey, BTreeSet<String>> = BTreeMap::new();
+    for (ns, key) in claims {
+        let admitted_before = !reconciled(&ns)
+            && at_start
+                .get(&key.name())
+                .is_some_and(|set| set.contains(&ns));
+        if known(&key, &ns) || admitted_before {
+            users.entry(key).or_default().insert(ns);
+        } else {
+            tracing::debug!(namespace = %ns, catalog = %key.name(), "a status claims a shared catalog this controller did not decide: ignored");
+        }
+    }
+    users
 }
 
 /// The shared catalogs a HostedOLM's status says its cluster uses.
@@ -181,16 +281,36 @@ pub async fn pass(ctx: &Context) -> PassReport {
             return report;
         }
     };
-    let mut users: BTreeMap<SharedKey, BTreeSet<String>> = BTreeMap::new();
+    let at_start = match ctx
+        .shared_admitted
+        .0
+        .get_or_try_init(|| read_admitted(ctx))
+        .await
+    {
+        Ok(a) => a,
+        Err(e) => {
+            report
+                .errors
+                .push(format!("reading the shared NetworkPolicies: {e}"));
+            return report;
+        }
+    };
+    let users = confirmed_users(
+        holms.iter().flat_map(|h| status_uses(h)),
+        |key, ns| ctx.shared_digests.get(key, ns).is_some(),
+        |ns| ctx.shared_digests.reconciled(ns),
+        at_start,
+    );
     let mut uses = Vec::new();
-    for (ns, key) in holms.iter().flat_map(|h| status_uses(h)) {
-        users.entry(key.clone()).or_default().insert(ns.clone());
-        if let Some(image) = ctx.shared_digests.get(&key, &ns) {
-            uses.push(Use {
-                namespace: ns,
-                key,
-                image,
-            });
+    for (key, namespaces) in &users {
+        for ns in namespaces {
+            if let Some(image) = ctx.shared_digests.get(key, ns) {
+                uses.push(Use {
+                    namespace: ns.clone(),
+                    key: key.clone(),
+                    image,
+                });
+            }
         }
     }
     // Users whose digest is unknown still count, so their namespaces stay admitted.
@@ -207,14 +327,19 @@ pub async fn pass(ctx: &Context) -> PassReport {
         report.unknown += 1;
         keep.extend(keep_as_is(key));
     }
-    let has_scc = match ctx
-        .served("security.openshift.io/v1", "securitycontextconstraints")
-        .await
-    {
-        Ok(v) => v,
-        Err(e) => {
-            report.errors.push(e.to_string());
-            return report;
+    // Discovery only when something is rendered (no shared catalog: no request at all).
+    let has_scc = if plan.is_empty() {
+        false
+    } else {
+        match ctx
+            .served("security.openshift.io/v1", "securitycontextconstraints")
+            .await
+        {
+            Ok(v) => v,
+            Err(e) => {
+                report.errors.push(e.to_string());
+                return report;
+            }
         }
     };
     let s = settings(ctx, has_scc);
@@ -313,6 +438,61 @@ mod tests {
             serving_deployment: Some(serving.into()),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_status_alone_never_admits_a_namespace() {
+        let key = SharedKey::new(DefaultCatalog::RedhatOperators, "4.18").expect("key");
+        let claims = vec![
+            ("clusters-known".to_string(), key.clone()),
+            ("clusters-before".to_string(), key.clone()),
+            ("clusters-forged".to_string(), key.clone()),
+        ];
+        let at_start =
+            BTreeMap::from([(key.name(), BTreeSet::from(["clusters-before".to_string()]))]);
+        let users = confirmed_users(
+            claims.clone(),
+            |_, ns| ns == "clusters-known",
+            |ns| ns == "clusters-known",
+            &at_start,
+        );
+        assert_eq!(
+            users.get(&key).expect("users").iter().collect::<Vec<_>>(),
+            ["clusters-before", "clusters-known"]
+        );
+        // Once reconciled here (and found not to use it), admission at start no longer counts.
+        let users = confirmed_users(claims, |_, ns| ns == "clusters-known", |_| true, &at_start);
+        assert_eq!(
+            users.get(&key).expect("users").iter().collect::<Vec<_>>(),
+            ["clusters-known"]
+        );
+    }
+
+    #[test]
+    fn admitted_reads_back_what_the_render_lists() {
+        let c = crate::sharing::SharedCatalog {
+            key: SharedKey::new(DefaultCatalog::RedhatOperators, "4.18").expect("key"),
+            image: format!(
+                "registry.redhat.io/redhat/redhat-operator-index@sha256:{}",
+                "a".repeat(64)
+            ),
+            users: ["clusters-a", "clusters-b"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        };
+        let s = SharedSettings {
+            catalog_server_image: "i".into(),
+            utilities_image: "u".into(),
+            image_pull_secret: None,
+            management_has_scc: false,
+        };
+        let np = render_shared::catalog(&c, &s)
+            .into_iter()
+            .find(|o| o.body["kind"] == "NetworkPolicy")
+            .expect("a NetworkPolicy");
+        assert_eq!(admitted(&np.body), c.users);
+        assert!(admitted(&json!({"spec": {"ingress": []}})).is_empty());
     }
 
     #[test]
