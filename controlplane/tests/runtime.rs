@@ -5224,9 +5224,10 @@ async fn shared_catalogs_follow_the_running_controller() -> Result<()> {
         )
         .await?;
     }
+    let (client, made) = counting(controller_client(&env).await?);
     let ctx = std::sync::Arc::new(
         Context::new(
-            controller_client(&env).await?,
+            client,
             Config {
                 olm_image: Some(OLM_IMAGE.into()),
                 oci: Some(oci.clone()),
@@ -5268,6 +5269,23 @@ async fn shared_catalogs_follow_the_running_controller() -> Result<()> {
         )
         .await?;
         eprintln!("restored {:?} after the scale to 0", scaled.elapsed());
+        // Converged: the shared passes that follow (every 10 s) send nothing to the
+        // management API server (the watch caches' own traffic left out, as above).
+        tokio::time::sleep(std::time::Duration::from_secs(12)).await;
+        let sent = made.lock().unwrap_or_else(|p| p.into_inner()).len();
+        tokio::time::sleep(std::time::Duration::from_secs(25)).await;
+        let sent: Vec<String> = made.lock().unwrap_or_else(|p| p.into_inner())[sent..]
+            .iter()
+            .filter(|r| {
+                !(r.contains("watch=true")
+                    || (r.contains("limit=500") && !r.contains("/namespaces/")))
+            })
+            .cloned()
+            .collect();
+        ensure!(
+            sent.is_empty(),
+            "management requests while converged (two shared passes): {sent:?}"
+        );
         Ok::<_, anyhow::Error>(())
     }
     .await;

@@ -274,7 +274,13 @@ impl Context {
     /// the API server. `wake`, when given, is called after a cache or store holds a change
     /// (the controller maps it to HostedClusters to reconcile).
     pub async fn start_mgmt_cache(&self, timeout: Duration, wake: Option<stores::Wake>) {
-        let kinds: Vec<_> = reconcile::hcp_kinds().into_iter().map(|(r, _)| r).collect();
+        // Our kinds in HCP namespaces, and namespaces we create (the shared catalogs'), so
+        // a converged shared-catalog pass reads nothing either.
+        let kinds: Vec<_> = reconcile::hcp_kinds()
+            .into_iter()
+            .map(|(r, _)| r)
+            .chain([reconcile::api_resource("v1", "Namespace", "namespaces")])
+            .collect();
         let on_change = wake.clone().map(|w| {
             Arc::new(move |m: &kube::core::ObjectMeta| w(stores::Changed::Labelled(m)))
                 as hcp_olm_apply::cache::OnChange
