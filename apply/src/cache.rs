@@ -11,8 +11,8 @@
 //! The store keeps a **trimmed**, compact entry per object (not kube's reflector store; see
 //! `Entry`): names, labels, uid, resourceVersion, deletion timestamp, our desired-hash
 //! annotation and a digest of our field manager's managed fields ([`compare::fields_digest`])
-//! instead of the managedFields themselves (a Deployment's fieldsV1 tree is tens of kilobytes in memory; at 1,000 hosted
-//! clusters they were most of the controller's memory). Whether our fields are all still
+//! instead of the managedFields themselves (a Deployment's fieldsV1 tree is tens of
+//! kilobytes in memory; at 1,000 hosted clusters they were most of the controller's memory). Whether our fields are all still
 //! ours is checked once on the full object (a GET) and remembered as the (desired hash,
 //! fields digest) pair seen then ([`WatchCache::verified`]); while the cached pair is the
 //! same, nothing needs to be read again. After a restart that costs one GET per object.
