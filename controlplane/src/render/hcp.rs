@@ -1178,19 +1178,48 @@ pub(super) fn render(
     Ok(())
 }
 
+/// A gRPC probe of a catalog server's port (pure).
+pub(super) fn grpc_probe(initial: i32, timeout: i32, period: i32, failure: i32) -> Value {
+    without_zero_delay(json!({
+        "grpc": {"port": ports::CATALOG_GRPC},
+        "initialDelaySeconds": initial,
+        "timeoutSeconds": timeout,
+        "periodSeconds": period,
+        "failureThreshold": failure,
+    }))
+}
+
+/// Our catalog server's container, serving the catalog extracted to `/extracted-catalog`
+/// (pure; a hosted cluster's own copy and a shared catalog run the same one).
+pub(super) fn catalog_server_container(image: &str, memory: &str) -> Value {
+    json!({
+        "name": "catalog-server",
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["/usr/bin/hcp-olm-catalog-server"],
+        "args": [
+            "--catalog=/extracted-catalog/catalog",
+            format!("--listen=0.0.0.0:{}", ports::CATALOG_GRPC),
+            "--log-format=json",
+            "--shutdown-timeout=10s",
+        ],
+        "ports": [{"name": "grpc", "containerPort": ports::CATALOG_GRPC, "protocol": "TCP"}],
+        "readinessProbe": grpc_probe(0, 1, 5, 3),
+        "livenessProbe": grpc_probe(10, 1, 10, 3),
+        "startupProbe": grpc_probe(0, 1, 2, 60),
+        "resources": resources("10m", memory),
+        "securityContext": container_security(),
+        "volumeMounts": [
+            {"name": "catalog-content", "mountPath": "/extracted-catalog", "readOnly": true},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    })
+}
+
 fn catalog_deployment(input: &RenderInput, c: &ResolvedCatalog) -> Result<Value, RenderError> {
     let v = &input.valid;
     let name = names::catalog(c.catalog);
     let image = c.image.image().to_string();
-    let grpc_probe = |initial: i32, timeout: i32, period: i32, failure: i32| {
-        without_zero_delay(json!({
-            "grpc": {"port": ports::CATALOG_GRPC},
-            "initialDelaySeconds": initial,
-            "timeoutSeconds": timeout,
-            "periodSeconds": period,
-            "failureThreshold": failure,
-        }))
-    };
     let utilities = json!({
         "name": "extract-utilities",
         "image": v.images.olm,
@@ -1254,28 +1283,7 @@ fn catalog_deployment(input: &RenderInput, c: &ResolvedCatalog) -> Result<Value,
         // Flags and probes as documented in docs/catalog-server.md.
         CatalogServerKind::HcpOlm => (
             vec![utilities, extract(false)],
-            json!({
-                "name": "catalog-server",
-                "image": v.images.catalog_server,
-                "imagePullPolicy": "IfNotPresent",
-                "command": ["/usr/bin/hcp-olm-catalog-server"],
-                "args": [
-                    "--catalog=/extracted-catalog/catalog",
-                    format!("--listen=0.0.0.0:{}", ports::CATALOG_GRPC),
-                    "--log-format=json",
-                    "--shutdown-timeout=10s",
-                ],
-                "ports": [{"name": "grpc", "containerPort": ports::CATALOG_GRPC, "protocol": "TCP"}],
-                "readinessProbe": grpc_probe(0, 1, 5, 3),
-                "livenessProbe": grpc_probe(10, 1, 10, 3),
-                "startupProbe": grpc_probe(0, 1, 2, 60),
-                "resources": resources("10m", c.catalog.memory_request()),
-                "securityContext": container_security(),
-                "volumeMounts": [
-                    {"name": "catalog-content", "mountPath": "/extracted-catalog", "readOnly": true},
-                    {"name": "tmp", "mountPath": "/tmp"},
-                ],
-            }),
+            catalog_server_container(&v.images.catalog_server, c.catalog.memory_request()),
             Some(15),
             v.images.catalog_server.clone(),
         ),

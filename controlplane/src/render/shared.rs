@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use super::hcp::{config_hash, container_security, resources, without_zero_delay};
+use super::hcp::{catalog_server_container, config_hash, container_security, resources};
 use super::labels::{COMPONENT_KEY, MANAGED_BY, MANAGED_BY_KEY, NAME_KEY, selector};
 use super::{ApplyPolicy, Object, names, ports};
 use crate::sharing::{NAMESPACES_PER_PEER, SHARED_NAMESPACE, SharedCatalog};
@@ -115,16 +115,6 @@ pub fn catalog(c: &SharedCatalog, s: &SharedSettings) -> Vec<Object> {
     ]
 }
 
-fn grpc_probe(initial: i32, timeout: i32, period: i32, failure: i32) -> Value {
-    without_zero_delay(json!({
-        "grpc": {"port": ports::CATALOG_GRPC},
-        "initialDelaySeconds": initial,
-        "timeoutSeconds": timeout,
-        "periodSeconds": period,
-        "failureThreshold": failure,
-    }))
-}
-
 fn pod_security(s: &SharedSettings) -> Value {
     let mut sc = json!({"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}});
     if !s.management_has_scc {
@@ -190,30 +180,10 @@ fn deployment(c: &SharedCatalog, s: &SharedSettings) -> Value {
             {"name": "catalog-content", "mountPath": "/extracted-catalog"},
         ],
     });
-    // Flags and probes as for a hosted cluster's own copy (docs/catalog-server.md).
-    let server = json!({
-        "name": "catalog-server",
-        "image": s.catalog_server_image,
-        "imagePullPolicy": "IfNotPresent",
-        "command": ["/usr/bin/hcp-olm-catalog-server"],
-        "args": [
-            "--catalog=/extracted-catalog/catalog",
-            format!("--listen=0.0.0.0:{}", ports::CATALOG_GRPC),
-            "--log-format=json",
-            "--shutdown-timeout=10s",
-        ],
-        "ports": [{"name": "grpc", "containerPort": ports::CATALOG_GRPC, "protocol": "TCP"}],
-        "readinessProbe": grpc_probe(0, 1, 5, 3),
-        "livenessProbe": grpc_probe(10, 1, 10, 3),
-        "startupProbe": grpc_probe(0, 1, 2, 60),
-        "resources": resources("10m", c.key.catalog.memory_request()),
-        "securityContext": container_security(),
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "volumeMounts": [
-            {"name": "catalog-content", "mountPath": "/extracted-catalog", "readOnly": true},
-            {"name": "tmp", "mountPath": "/tmp"},
-        ],
-    });
+    // The same server as a hosted cluster's own copy (docs/catalog-server.md).
+    let mut server =
+        catalog_server_container(&s.catalog_server_image, c.key.catalog.memory_request());
+    server["terminationMessagePolicy"] = json!("FallbackToLogsOnError");
     let hash = config_hash(&BTreeMap::from([
         ("image".to_string(), c.image.clone()),
         ("server".to_string(), s.catalog_server_image.clone()),
