@@ -341,6 +341,14 @@ impl Guests {
     }
 }
 
+/// The value of label `name` in one Prometheus text line ("" when absent; pure).
+pub fn metric_label(line: &str, name: &str) -> String {
+    line.split_once(&format!("{name}=\""))
+        .and_then(|(_, r)| r.split_once('"'))
+        .map(|(v, _)| v.to_string())
+        .unwrap_or_default()
+}
+
 /// Write requests by `resource[/subresource]` in a kube-apiserver's `/metrics` text (pure).
 pub fn writes_by_resource(text: &str) -> BTreeMap<String, u64> {
     write_requests(text, false)
@@ -349,12 +357,7 @@ pub fn writes_by_resource(text: &str) -> BTreeMap<String, u64> {
 /// Write requests (POST, PUT, PATCH, APPLY, DELETE) in a kube-apiserver's `/metrics` text by
 /// `resource[/subresource]`, and `/verb` when `by_verb` (pure).
 fn write_requests(text: &str, by_verb: bool) -> BTreeMap<String, u64> {
-    let label = |line: &str, name: &str| -> String {
-        line.split_once(&format!("{name}=\""))
-            .and_then(|(_, r)| r.split_once('"'))
-            .map(|(v, _)| v.to_string())
-            .unwrap_or_default()
-    };
+    let label = metric_label;
     let mut out = BTreeMap::new();
     for l in text
         .lines()

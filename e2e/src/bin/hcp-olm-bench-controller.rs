@@ -16,7 +16,7 @@
 //! `HCP_OLM_CONTROLLER_BIN` (default `$CARGO_TARGET_DIR/release/hcp-olm-controller`).
 //!
 //! Last line on stdout:
-//! `controller-bench: n=<N> guests=<real|standin> converge_s=<s> writes_per_hc=<w> idle_writes=<i>
+//! `controller-bench: n=<N> guests=<real|standin> rollout=standin converge_s=<s> writes_per_hc=<w> idle_writes=<i>
 //! resync_requests_per_s=<q> idle_requests_per_s=<r> idle_reconciles=<c> rss_mib=<m>`
 
 use std::collections::BTreeMap;
@@ -113,15 +113,7 @@ async fn served(c: &Cluster) -> Result<(f64, f64)> {
 
 /// `apiserver_request_total` by (verb, resource/subresource), long-running verbs left out.
 fn request_breakdown(text: &str) -> BTreeMap<(String, String), f64> {
-    let label = |line: &str, name: &str| -> String {
-        let Some(start) = line.find(&format!("{name}=\"")).map(|i| i + name.len() + 2) else {
-            return String::new();
-        };
-        line[start..]
-            .find('"')
-            .map(|end| line[start..start + end].to_string())
-            .unwrap_or_default()
-    };
+    let label = hcp_olm_e2e::fleet::metric_label;
     let mut out = BTreeMap::new();
     for l in text
         .lines()
@@ -494,7 +486,7 @@ async fn main() -> Result<()> {
         "controller exited with {status} after SIGTERM; guests: {guest_kind}"
     ));
     println!(
-        "controller-bench: n={n} guests={} converge_s={converge_s:.1} writes_per_hc={writes_per_hc:.1} idle_writes={idle_writes} resync_requests_per_s={resync_requests_per_s:.2} idle_requests_per_s={idle_requests_per_s:.2} idle_reconciles={idle_reconciles:.0} rss_mib={:.1}",
+        "controller-bench: n={n} guests={} rollout=standin converge_s={converge_s:.1} writes_per_hc={writes_per_hc:.1} idle_writes={idle_writes} resync_requests_per_s={resync_requests_per_s:.2} idle_requests_per_s={idle_requests_per_s:.2} idle_reconciles={idle_reconciles:.0} rss_mib={:.1}",
         if guest_kind.starts_with("STAND-IN") {
             "standin"
         } else {
