@@ -5230,6 +5230,195 @@ async fn shared_catalogs_are_shared_isolated_and_reference_counted() -> Result<(
     Ok(())
 }
 
+/// Issue 18, "a cluster may use a shared catalog only if its own pull secret can read that
+/// image (checked with its credentials, cached)", against the real registry with its
+/// htpasswd backend, on real API servers, the controller as its ServiceAccount. The catalogs
+/// are in the registry with auth (the administrator's mirror of registry.redhat.io); the
+/// release is in one without. Three clusters of one release:
+/// - `pa`, whose pull secret reads the catalogs: shared, its namespace admitted;
+/// - `pb`, whose pull secret has a wrong password, reconciled right after `pa` (so `pa`'s
+///   answer is in the cache): no catalog at all (`CatalogImageUnauthorized` naming the
+///   registry), not admitted, no catalog Deployment of its own;
+/// - `pc`, with no pull secret in its HCP namespace while the controller has credentials:
+///   the lookup proves nothing about `pc`, so its own copy (`own`, `OwnPullSecretNotUsed`),
+///   not admitted.
+///
+/// Then `pb`'s pull secret is mended: its next reconcile looks up again with the new
+/// credentials, and it joins the shared catalog.
+#[tokio::test]
+async fn shared_catalogs_require_each_clusters_own_pull_secret() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    use hcp_olm_controlplane::hostedcluster::HCP_PULL_SECRET;
+    use hcp_olm_controlplane::runtime::shared;
+    use hcp_olm_e2e::registry::{Registry, TEST_USER_HASH, TEST_USER_PASSWORD};
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    install_hcp_crd(&env).await?;
+    let open = Registry::start()?;
+    let locked = Registry::start_with_htpasswd(&[("reader", TEST_USER_HASH)])?;
+    let (o, l) = (open.addr().to_string(), locked.addr().to_string());
+    let docker_config = |password: &str| {
+        serde_json::to_vec(
+            &serde_json::json!({"auths": {&l: {"username": "reader", "password": password}}}),
+        )
+    };
+    let good = docker_config(TEST_USER_PASSWORD)?;
+    let bad = docker_config("not-the-password")?;
+    // The controller's own client: credentials of its own (as `--pull-secret-file` gives),
+    // which must not count for any cluster.
+    let oci = std::sync::Arc::new(hcp_olm_oci::Client::new(hcp_olm_oci::ClientOptions {
+        plain_http: vec![o.clone(), l.clone()],
+        pull_secret: hcp_olm_oci::PullSecret::parse(&good)?,
+        mirrors: vec![hcp_olm_oci::Mirror {
+            source: "registry.redhat.io/redhat".into(),
+            mirrors: vec![format!("{l}/redhat")],
+        }],
+        timeout: Some(std::time::Duration::from_secs(5)),
+        ..Default::default()
+    })?);
+    let release = format!("{o}/ocp/release:4.18.3-x86_64");
+    oci.push_image(
+        &release,
+        &BTreeMap::from([("io.openshift.release".to_string(), "4.18.3".to_string())]),
+    )
+    .await?;
+    for idx in [
+        "redhat-operator-index",
+        "certified-operator-index",
+        "community-operator-index",
+    ] {
+        oci.push_image(&format!("{l}/redhat/{idx}:v4.18"), &BTreeMap::new())
+            .await?;
+    }
+    put_kubeconfig_secret(&env, "ps-admin-kubeconfig").await?;
+    let hcs = Api::<DynamicObject>::namespaced_with(env.management.client(), HC_NS, &hc_resource());
+    for name in ["pa", "pb", "pc"] {
+        create_hc(&env, name, "ps-admin-kubeconfig").await?;
+        hcs.patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"release": {"image": release}}})),
+        )
+        .await?;
+    }
+    for (ns, secret) in [("clusters-pa", &good), ("clusters-pb", &bad)] {
+        put_secret(
+            &env.management,
+            ns,
+            HCP_PULL_SECRET,
+            ".dockerconfigjson",
+            secret.clone(),
+        )
+        .await?;
+    }
+    let ctx = Context::new(
+        controller_client(&env).await?,
+        Config {
+            olm_image: Some(OLM_IMAGE.into()),
+            oci: Some(oci.clone()),
+            controller_registry_credentials: true,
+            ..Default::default()
+        },
+    )
+    .with_events(None);
+    for name in ["pa", "pb", "pc"] {
+        reconcile(&ctx, &env, name).await?;
+        reconcile(&ctx, &env, name).await?;
+    }
+    let r = shared::pass(&ctx).await;
+    ensure!(r.errors.is_empty(), "{:?}", r.errors);
+    let rh = "hcp-olm-redhat-operators-v4-18";
+    let catalog = |ns: &'static str, name: &'static str| {
+        let env = &env;
+        async move {
+            let h = Api::<HostedOLM>::namespaced(env.management.client(), ns)
+                .get(name)
+                .await?;
+            h.status
+                .context("status")?
+                .catalogs
+                .into_iter()
+                .find(|c| c.name == "redhat-operators")
+                .context("redhat-operators status")
+        }
+    };
+    let own_deployment = |ns: &'static str| {
+        let env = &env;
+        async move {
+            Ok::<_, anyhow::Error>(
+                Api::<Deployment>::namespaced(env.management.client(), ns)
+                    .get_opt("hcp-olm-redhat-operators")
+                    .await?
+                    .is_some(),
+            )
+        }
+    };
+
+    let a = catalog("clusters-pa", "pa").await?;
+    ensure!(
+        a.sharing.as_deref() == Some("shared") && a.reason == "SharedCatalog",
+        "pa: {a:?}"
+    );
+    ensure!(!own_deployment("clusters-pa").await?);
+
+    let b = catalog("clusters-pb", "pb").await?;
+    ensure!(
+        b.sharing.as_deref() != Some("shared")
+            && b.serving_deployment.is_none()
+            && b.message.contains(&l),
+        "pb (wrong password) must get no catalog, with the registry named: {b:?}"
+    );
+    ensure!(!own_deployment("clusters-pb").await?, "pb has a catalog Deployment");
+    let pending: Vec<String> = Api::<HostedOLM>::namespaced(env.management.client(), "clusters-pb")
+        .get("pb")
+        .await?
+        .status
+        .context("status")?
+        .conditions
+        .iter()
+        .map(|c| format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message))
+        .collect();
+    ensure!(
+        pending.iter().any(|c| c.contains("CatalogImageUnauthorized")),
+        "pb's conditions do not say why: {pending:?}"
+    );
+
+    let c = catalog("clusters-pc", "pc").await?;
+    ensure!(
+        c.sharing.as_deref() == Some("own") && c.reason == "OwnPullSecretNotUsed",
+        "pc: {c:?}"
+    );
+    ensure!(
+        c.serving_deployment.as_deref() == Some("clusters-pc/hcp-olm-redhat-operators"),
+        "pc: {c:?}"
+    );
+    ensure!(own_deployment("clusters-pc").await?);
+    ensure!(
+        admitted(&env.management, rh).await? == ["clusters-pa"],
+        "only pa may reach the shared catalog"
+    );
+
+    // pb's pull secret mended: new credentials, a new lookup (not the cached refusal).
+    put_secret(
+        &env.management,
+        "clusters-pb",
+        HCP_PULL_SECRET,
+        ".dockerconfigjson",
+        good.clone(),
+    )
+    .await?;
+    reconcile(&ctx, &env, "pb").await?;
+    let r = shared::pass(&ctx).await;
+    ensure!(r.errors.is_empty(), "{:?}", r.errors);
+    let b = catalog("clusters-pb", "pb").await?;
+    ensure!(
+        b.sharing.as_deref() == Some("shared") && b.reason == "SharedCatalog",
+        "pb after its pull secret was mended: {b:?}"
+    );
+    ensure!(admitted(&env.management, rh).await? == ["clusters-pa", "clusters-pb"]);
+    Ok(())
+}
+
 /// Issue 18 under the running controller loop (in process, as its ServiceAccount, with its
 /// watch caches): two HostedClusters converge onto one shared Deployment per catalog without
 /// a pass being called, and a shared Deployment scaled to 0 by hand is back at 2 replicas
