@@ -102,6 +102,13 @@ struct RunArgs {
     /// Registries (host:port) spoken to over plain HTTP.
     #[arg(long)]
     plain_http: Vec<String>,
+    /// The administrator's mirror for registry lookups, `SOURCE=MIRROR` (repository
+    /// prefixes, e.g. `registry.redhat.io/redhat=mirror.example:5000/redhat`; repeat the
+    /// flag for more). Tried before the source; rendered images keep their source names,
+    /// so the nodes need the same mirror. A HostedCluster's imageContentSources are its
+    /// own and never change this.
+    #[arg(long, value_parser = parse_mirror)]
+    registry_mirror: Vec<(String, String)>,
     /// hcp-olm-catalog-server image, the gRPC server of the catalog pods in the HCP
     /// namespace (default: quay.io/hcp-olm/hcp-olm-catalog-server:v<this version>). A
     /// HostedOLM spec.images.catalogServer wins.
@@ -165,6 +172,42 @@ struct RunArgs {
     /// is held: longer than a changed Secret takes to reach a mounted volume.
     #[arg(long, default_value = "3m", value_parser = hcp_olm_binkit::parse_duration)]
     tunnel_key_propagation: std::time::Duration,
+}
+
+fn parse_mirror(s: &str) -> Result<(String, String), String> {
+    let (source, mirror) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not SOURCE=MIRROR"))?;
+    for (what, v) in [("source", source), ("mirror", mirror)] {
+        if v.is_empty()
+            || v.contains("://")
+            || v.chars().any(|c| c.is_whitespace() || c == '@' || c == '=')
+            || v.starts_with('/')
+            || v.ends_with('/')
+            || v.split_once('/')
+                .is_some_and(|(_, path)| path.contains(':'))
+        {
+            return Err(format!(
+                "{what} {v:?} is not a registry/repository prefix (no scheme, tag, digest or surrounding '/')"
+            ));
+        }
+    }
+    Ok((source.to_string(), mirror.to_string()))
+}
+
+/// `--registry-mirror` flags grouped by source, in the order given.
+fn mirrors(flags: Vec<(String, String)>) -> Vec<hcp_olm_oci::Mirror> {
+    let mut out: Vec<hcp_olm_oci::Mirror> = Vec::new();
+    for (source, mirror) in flags {
+        match out.iter_mut().find(|m| m.source == source) {
+            Some(m) => m.mirrors.push(mirror),
+            None => out.push(hcp_olm_oci::Mirror {
+                source,
+                mirrors: vec![mirror],
+            }),
+        }
+    }
+    out
 }
 
 fn parse_catalog_sharing(
@@ -374,7 +417,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<Result<(), InputError>>
         Some(std::sync::Arc::new(
             hcp_olm_oci::Client::new(hcp_olm_oci::ClientOptions {
                 pull_secret,
-                mirrors: Vec::new(),
+                mirrors: mirrors(args.registry_mirror),
                 plain_http: args.plain_http,
                 timeout: Some(std::time::Duration::from_secs(20)),
             })

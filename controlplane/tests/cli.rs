@@ -104,6 +104,21 @@ fn run_flag_errors_exit_64_naming_the_flag() {
     assert_eq!(out.status.code(), Some(64));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--catalog-refresh-interval"), "{err}");
+    for bad in [
+        "registry.redhat.io/redhat",
+        "=m/x",
+        "a=https://m/x",
+        "a=m/x:tag",
+        "a=m/x/",
+    ] {
+        let out = bin()
+            .args(["run", "--registry-mirror", bad])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(64), "{bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--registry-mirror"), "{bad}: {err}");
+    }
     // Leader-election durations are checked before any cluster is contacted.
     let out = bin()
         .args([

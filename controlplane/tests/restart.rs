@@ -47,13 +47,22 @@ fn progress(msg: impl std::fmt::Display) {
 }
 
 fn start_controller(kubeconfig: &Path, dir: &Path, name: &str) -> Result<ManagedProcess> {
+    start_controller_with(kubeconfig, dir, name, &["--registry-lookups=false".into()])
+}
+
+/// [`start_controller`] with `lookups` instead of `--registry-lookups=false`.
+fn start_controller_with(
+    kubeconfig: &Path,
+    dir: &Path,
+    name: &str,
+    lookups: &[String],
+) -> Result<ManagedProcess> {
     let port = hcp_olm_e2e::ports::free_port()?;
     let mut cmd = process::command(CONTROLLER);
     cmd.args([
         "run",
         "--admin-addr",
         &format!("127.0.0.1:{port}"),
-        "--registry-lookups=false",
         "--olm-image",
         OLM_IMAGE,
         "--concurrency",
@@ -70,6 +79,7 @@ fn start_controller(kubeconfig: &Path, dir: &Path, name: &str) -> Result<Managed
         "--tunnel-key-propagation",
         "5s",
     ])
+    .args(lookups)
     .env("KUBECONFIG", kubeconfig)
     .env("RUST_LOG", "warn");
     Ok(ManagedProcess::spawn(
@@ -629,5 +639,318 @@ async fn standin_guests_take_the_writes_real_guests_take() -> Result<()> {
         standin_writes, real_writes,
         "stand-in (left) and real guests (right) took different writes"
     );
+    Ok(())
+}
+
+/// The Lease holder's identity.
+async fn lease_holder(mgmt: &Cluster) -> Result<Option<String>> {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(mgmt.client(), "hcp-olm-system");
+    Ok(leases
+        .get_opt("hcp-olm-controller")
+        .await?
+        .and_then(|l| l.spec?.holder_identity))
+}
+
+fn signal(p: &ManagedProcess, sig: &str) -> Result<()> {
+    let st = std::process::Command::new("kill")
+        .args([sig, &p.pid().to_string()])
+        .status()?;
+    ensure!(st.success(), "kill {sig} {}", p.pid());
+    Ok(())
+}
+
+/// `Kind/name@resourceVersion` of every object in the shared namespace (a write shows as a
+/// new resourceVersion; a server-side apply that changes nothing makes none).
+async fn shared_versions(mgmt: &Cluster) -> Result<BTreeSet<String>> {
+    use k8s_openapi::api::core::v1::Service;
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    let ns = hcp_olm_controlplane::sharing::SHARED_NAMESPACE;
+    let lp = ListParams::default();
+    let mut out = BTreeSet::new();
+    let mut add = |kind: &str, metas: Vec<kube::api::ObjectMeta>| {
+        for m in metas {
+            out.insert(format!(
+                "{kind}/{}@{}",
+                m.name.unwrap_or_default(),
+                m.resource_version.unwrap_or_default()
+            ));
+        }
+    };
+    add(
+        "Deployment",
+        Api::<Deployment>::namespaced(mgmt.client(), ns)
+            .list(&lp)
+            .await?
+            .items
+            .into_iter()
+            .map(|o| o.metadata)
+            .collect(),
+    );
+    add(
+        "Service",
+        Api::<Service>::namespaced(mgmt.client(), ns)
+            .list(&lp)
+            .await?
+            .items
+            .into_iter()
+            .map(|o| o.metadata)
+            .collect(),
+    );
+    add(
+        "PodDisruptionBudget",
+        Api::<PodDisruptionBudget>::namespaced(mgmt.client(), ns)
+            .list(&lp)
+            .await?
+            .items
+            .into_iter()
+            .map(|o| o.metadata)
+            .collect(),
+    );
+    add(
+        "NetworkPolicy",
+        Api::<NetworkPolicy>::namespaced(mgmt.client(), ns)
+            .list(&lp)
+            .await?
+            .items
+            .into_iter()
+            .map(|o| o.metadata)
+            .collect(),
+    );
+    Ok(out)
+}
+
+/// The namespaces the shared redhat-operators NetworkPolicy admits.
+async fn admitted_namespaces(mgmt: &Cluster) -> Result<Vec<String>> {
+    let np = Api::<k8s_openapi::api::networking::v1::NetworkPolicy>::namespaced(
+        mgmt.client(),
+        hcp_olm_controlplane::sharing::SHARED_NAMESPACE,
+    )
+    .get_opt(SHARED_RH)
+    .await?;
+    let v = serde_json::to_value(np)?;
+    let mut out = Vec::new();
+    for peer in v["spec"]["ingress"][0]["from"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        for n in peer["namespaceSelector"]["matchExpressions"][0]["values"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            out.extend(n.as_str().map(String::from));
+        }
+    }
+    Ok(out)
+}
+
+const SHARED_RH: &str = "hcp-olm-redhat-operators-v4-18";
+
+/// Waits up to `bound` for `check` to hold, printing how long it took.
+async fn until<F, Fut>(what: &str, bound: Duration, mut check: F) -> Result<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    let t0 = Instant::now();
+    loop {
+        if check().await? {
+            progress(format!("{what} after {:.1}s", t0.elapsed().as_secs_f64()));
+            return Ok(t0.elapsed());
+        }
+        if t0.elapsed() > bound {
+            bail!("{what}: not within {bound:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Issue 18 "two controllers' leaders racing (one owner)", with two real controller
+/// processes (debug build, leader election on: Lease 6 s, renew deadline 4 s, retry 1 s),
+/// registry lookups against the real registry (the administrator's `--registry-mirror`), and
+/// three HostedClusters sharing the default catalogs (guests: the STAND-IN).
+/// 1. Both start at once; the shared catalogs are made and admit the three namespaces.
+/// 2. The leader is frozen (SIGSTOP) past its Lease: the other takes the Lease over, and a
+///    shared Deployment scaled to 0 meanwhile is restored by the new leader.
+/// 3. The old leader is thawed (SIGCONT): a leader that does not know yet that it lost,
+///    with every timer overdue. It must stand by, and the shared objects must not be
+///    written (no resourceVersion moves for 25 s: no flapping between two owners).
+/// 4. The new leader is killed (SIGKILL): the first takes the Lease back, again without
+///    writing a shared object.
+/// Throughout, the shared Deployment has one Apply manager, `hcp-olm`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn shared_catalogs_have_one_owner_when_leaders_race() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    const G: usize = 3;
+    let dir = tempfile::tempdir()?;
+    let (mgmt, kubeconfig) = management().await?;
+    let reg = hcp_olm_e2e::registry::Registry::start()?;
+    let a = reg.addr().to_string();
+    let oci = hcp_olm_oci::Client::new(hcp_olm_oci::ClientOptions {
+        plain_http: vec![a.clone()],
+        ..Default::default()
+    })?;
+    let release = hcp_olm_e2e::fleet::RELEASE_IMAGE.replace("quay.io", &a);
+    oci.push_image(
+        &release,
+        &BTreeMap::from([("io.openshift.release".to_string(), "4.18.3".to_string())]),
+    )
+    .await?;
+    for idx in [
+        "redhat-operator-index",
+        "certified-operator-index",
+        "community-operator-index",
+    ] {
+        oci.push_image(&format!("{a}/redhat/{idx}:v4.18"), &BTreeMap::new())
+            .await?;
+    }
+    let lookups = [
+        "--plain-http".to_string(),
+        a.clone(),
+        "--registry-mirror".into(),
+        format!("registry.redhat.io/redhat={a}/redhat"),
+        "--registry-mirror".into(),
+        format!("quay.io/openshift-release-dev={a}/openshift-release-dev"),
+    ];
+    let mut crds = Vec::new();
+    for f in guest_crd_files() {
+        crds.extend(yaml_docs(&f)?);
+    }
+    let guests = Guests::StandIn(GuestStandIn::start(G, crds).await?);
+    let template = hosted_cluster_template()?;
+    for i in 0..G {
+        create_hosted_cluster(&mgmt, &template, i, guests.kubeconfig(i)?).await?;
+    }
+    let users: Vec<String> = (0..G).map(|i| format!("{HC_NS}-hc{i}")).collect();
+
+    // 1. Both at once.
+    let mut procs = BTreeMap::new();
+    for name in ["controller-a", "controller-b"] {
+        procs.insert(
+            name.to_string(),
+            start_controller_with(&kubeconfig, dir.path(), name, &lookups)?,
+        );
+    }
+    let logs = |procs: &BTreeMap<String, ManagedProcess>| {
+        procs
+            .values()
+            .map(|p| format!("--- {}\n{}", p.name(), p.log_tail(20)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let made = until(
+        "the shared catalogs admit the three namespaces",
+        Duration::from_secs(180),
+        || async { Ok(admitted_namespaces(&mgmt).await? == users) },
+    )
+    .await;
+    if let Err(e) = made {
+        bail!("{e}\n{}", logs(&procs));
+    }
+    let managers = || async {
+        let d = Api::<Deployment>::namespaced(
+            mgmt.client(),
+            hcp_olm_controlplane::sharing::SHARED_NAMESPACE,
+        )
+        .get(SHARED_RH)
+        .await?;
+        Ok::<_, anyhow::Error>(
+            d.metadata
+                .managed_fields
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|m| m.operation.as_deref() == Some("Apply"))
+                .filter_map(|m| m.manager)
+                .collect::<Vec<_>>(),
+        )
+    };
+    ensure!(managers().await? == ["hcp-olm"], "{:?}", managers().await?);
+
+    // 2. The leader frozen past its Lease.
+    let first = lease_holder(&mgmt).await?.context("no Lease holder")?;
+    let second = if first == "controller-a" {
+        "controller-b"
+    } else {
+        "controller-a"
+    };
+    progress(format!("leader {first}; freezing it (SIGSTOP)"));
+    signal(&procs[&first], "-STOP")?;
+    let took = until(
+        "the other controller holds the Lease",
+        Duration::from_secs(40),
+        || async { Ok(lease_holder(&mgmt).await?.as_deref() == Some(second)) },
+    )
+    .await;
+    if let Err(e) = took {
+        signal(&procs[&first], "-CONT")?;
+        bail!("{e}\n{}", logs(&procs));
+    }
+    let deps = Api::<Deployment>::namespaced(
+        mgmt.client(),
+        hcp_olm_controlplane::sharing::SHARED_NAMESPACE,
+    );
+    deps.patch(
+        SHARED_RH,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"replicas": 0}})),
+    )
+    .await?;
+    until(
+        "the new leader restored the scaled-down shared Deployment",
+        Duration::from_secs(40),
+        || async { Ok(deps.get(SHARED_RH).await?.spec.and_then(|s| s.replicas) == Some(2)) },
+    )
+    .await?;
+    // Converged under the new leader: its passes write nothing from here on.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let settled = shared_versions(&mgmt).await?;
+
+    // 3. The old leader thawed, every timer of it overdue.
+    progress(format!("thawing {first} (SIGCONT)"));
+    signal(&procs[&first], "-CONT")?;
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    let after = shared_versions(&mgmt).await?;
+    ensure!(
+        after == settled,
+        "shared objects written after the old leader was thawed: before {settled:?}, after {after:?}\n{}",
+        logs(&procs)
+    );
+    ensure!(
+        procs[&first].exited().is_none(),
+        "the old leader exited:\n{}",
+        logs(&procs)
+    );
+    ensure!(
+        lease_holder(&mgmt).await?.as_deref() == Some(second),
+        "the Lease moved back to the thawed leader"
+    );
+    ensure!(
+        procs[&first].log_tail(200).contains("lost the lease"),
+        "the old leader did not stand by:\n{}",
+        logs(&procs)
+    );
+    ensure!(admitted_namespaces(&mgmt).await? == users);
+    ensure!(managers().await? == ["hcp-olm"], "{:?}", managers().await?);
+
+    // 4. The new leader killed: the first takes over, again writing no shared object.
+    procs[second].kill();
+    until(
+        "the first controller holds the Lease again",
+        Duration::from_secs(40),
+        || async { Ok(lease_holder(&mgmt).await?.as_deref() == Some(first.as_str())) },
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    let last = shared_versions(&mgmt).await?;
+    ensure!(
+        last == settled,
+        "shared objects written by the returning leader: {settled:?} -> {last:?}\n{}",
+        logs(&procs)
+    );
+    ensure!(admitted_namespaces(&mgmt).await? == users);
+    ensure!(managers().await? == ["hcp-olm"], "{:?}", managers().await?);
     Ok(())
 }

@@ -5274,7 +5274,6 @@ async fn shared_catalogs_require_each_clusters_own_pull_secret() -> Result<()> {
             mirrors: vec![format!("{l}/redhat")],
         }],
         timeout: Some(std::time::Duration::from_secs(5)),
-        ..Default::default()
     })?);
     let release = format!("{o}/ocp/release:4.18.3-x86_64");
     oci.push_image(
@@ -5368,7 +5367,10 @@ async fn shared_catalogs_require_each_clusters_own_pull_secret() -> Result<()> {
             && b.message.contains(&l),
         "pb (wrong password) must get no catalog, with the registry named: {b:?}"
     );
-    ensure!(!own_deployment("clusters-pb").await?, "pb has a catalog Deployment");
+    ensure!(
+        !own_deployment("clusters-pb").await?,
+        "pb has a catalog Deployment"
+    );
     let pending: Vec<String> = Api::<HostedOLM>::namespaced(env.management.client(), "clusters-pb")
         .get("pb")
         .await?
@@ -5379,7 +5381,9 @@ async fn shared_catalogs_require_each_clusters_own_pull_secret() -> Result<()> {
         .map(|c| format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message))
         .collect();
     ensure!(
-        pending.iter().any(|c| c.contains("CatalogImageUnauthorized")),
+        pending
+            .iter()
+            .any(|c| c.contains("CatalogImageUnauthorized")),
         "pb's conditions do not say why: {pending:?}"
     );
 
