@@ -47,10 +47,19 @@ fn progress(msg: impl std::fmt::Display) {
 }
 
 fn start_controller(kubeconfig: &Path, dir: &Path, name: &str) -> Result<ManagedProcess> {
-    start_controller_with(kubeconfig, dir, name, &["--registry-lookups=false".into()])
+    start_controller_with(
+        kubeconfig,
+        dir,
+        name,
+        &[
+            "--registry-lookups=false".into(),
+            "--olm-image".into(),
+            OLM_IMAGE.into(),
+        ],
+    )
 }
 
-/// [`start_controller`] with `lookups` instead of `--registry-lookups=false`.
+/// [`start_controller`] with `lookups` instead of `--registry-lookups=false --olm-image ..`.
 fn start_controller_with(
     kubeconfig: &Path,
     dir: &Path,
@@ -63,8 +72,6 @@ fn start_controller_with(
         "run",
         "--admin-addr",
         &format!("127.0.0.1:{port}"),
-        "--olm-image",
-        OLM_IMAGE,
         "--concurrency",
         "4",
         "--leader-elect=true",
@@ -787,34 +794,10 @@ async fn shared_catalogs_have_one_owner_when_leaders_race() -> Result<()> {
     const G: usize = 3;
     let dir = tempfile::tempdir()?;
     let (mgmt, kubeconfig) = management().await?;
-    let reg = hcp_olm_e2e::registry::Registry::start()?;
-    let a = reg.addr().to_string();
-    let oci = hcp_olm_oci::Client::new(hcp_olm_oci::ClientOptions {
-        plain_http: vec![a.clone()],
-        ..Default::default()
-    })?;
-    let release = hcp_olm_e2e::fleet::RELEASE_IMAGE.replace("quay.io", &a);
-    oci.push_image(
-        &release,
-        &BTreeMap::from([("io.openshift.release".to_string(), "4.18.3".to_string())]),
-    )
-    .await?;
-    for idx in [
-        "redhat-operator-index",
-        "certified-operator-index",
-        "community-operator-index",
-    ] {
-        oci.push_image(&format!("{a}/redhat/{idx}:v4.18"), &BTreeMap::new())
-            .await?;
-    }
-    let lookups = [
-        "--plain-http".to_string(),
-        a.clone(),
-        "--registry-mirror".into(),
-        format!("registry.redhat.io/redhat={a}/redhat"),
-        "--registry-mirror".into(),
-        format!("quay.io/openshift-release-dev={a}/openshift-release-dev"),
-    ];
+    // The release and the catalogs in the real registry, reached by the administrator's
+    // mirror flags; the controller reads the OLM image from the payload (no --olm-image).
+    let local = hcp_olm_e2e::fleet::LocalRegistry::start().await?;
+    let lookups = local.controller_flags.clone();
     let mut crds = Vec::new();
     for f in guest_crd_files() {
         crds.extend(yaml_docs(&f)?);

@@ -44,6 +44,64 @@ pub const HC_NS: &str = "clusters";
 pub const OLM_IMAGE: &str = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 pub const RELEASE_IMAGE: &str = "quay.io/openshift-release-dev/ocp-release:4.18.3-x86_64";
 
+/// The real registry standing in for quay.io and registry.redhat.io (reached through the
+/// controller's `--registry-mirror`, as an administrator's mirror): the release of
+/// [`RELEASE_IMAGE`] (label `io.openshift.release`, a payload whose image-references name
+/// [`OLM_IMAGE`]) and the three default catalogs' `v4.18` indexes (tiny images: lookups
+/// read only manifests and labels).
+pub struct LocalRegistry {
+    pub registry: crate::registry::Registry,
+    /// The controller flags that make its lookups use this registry.
+    pub controller_flags: Vec<String>,
+}
+
+impl LocalRegistry {
+    pub async fn start() -> Result<Self> {
+        use hcp_olm_oci::payload::{IMAGE_REFERENCES_PATH, OLM_COMPONENT, tar_gz};
+        let registry = crate::registry::Registry::start()?;
+        let a = registry.addr().to_string();
+        let oci = hcp_olm_oci::Client::new(hcp_olm_oci::ClientOptions {
+            plain_http: vec![a.clone()],
+            timeout: Some(Duration::from_secs(20)),
+            ..Default::default()
+        })?;
+        let refs = serde_json::to_vec(&serde_json::json!({
+            "kind": "ImageStream", "apiVersion": "image.openshift.io/v1",
+            "spec": {"tags": [
+                {"name": OLM_COMPONENT, "from": {"kind": "DockerImage", "name": OLM_IMAGE}},
+            ]},
+        }))?;
+        oci.push_image_with_layers(
+            &RELEASE_IMAGE.replacen("quay.io", &a, 1),
+            &BTreeMap::from([("io.openshift.release".to_string(), "4.18.3".to_string())]),
+            &[tar_gz(&[(IMAGE_REFERENCES_PATH, &refs)])],
+        )
+        .await
+        .context("pushing the release")?;
+        for idx in [
+            "redhat-operator-index",
+            "certified-operator-index",
+            "community-operator-index",
+        ] {
+            oci.push_image(&format!("{a}/redhat/{idx}:v4.18"), &BTreeMap::new())
+                .await
+                .with_context(|| format!("pushing {idx}"))?;
+        }
+        let controller_flags = vec![
+            "--plain-http".into(),
+            a.clone(),
+            "--registry-mirror".into(),
+            format!("registry.redhat.io/redhat={a}/redhat"),
+            "--registry-mirror".into(),
+            format!("quay.io/openshift-release-dev={a}/openshift-release-dev"),
+        ];
+        Ok(Self {
+            registry,
+            controller_flags,
+        })
+    }
+}
+
 pub fn guest_crd_files() -> Vec<PathBuf> {
     let fx = fixtures_dir();
     vec![

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail, ensure};
 use futures::StreamExt as _;
 use hcp_olm_e2e::fleet::{
-    Guests, HC_NS, OLM_IMAGE, RESOURCES, RolloutStandIn, controller_identity, cpu_seconds,
+    Guests, HC_NS, RESOURCES, RolloutStandIn, controller_identity, cpu_seconds,
     create_hosted_cluster, guest_crd_files, holm_resource, hosted_cluster_template, metrics_text,
     start_real_guest, yaml_docs,
 };
@@ -416,6 +416,14 @@ async fn main() -> Result<()> {
         guests.cpu_seconds(),
         cpu_seconds(etcd.pid()),
     );
+    // Registry lookups on, as shipped: the release and the default catalogs in the real
+    // registry, reached by the administrator's mirror flags (the OLM image comes from the
+    // release payload, catalogs are resolved to digests and shared by default).
+    let local = hcp_olm_e2e::fleet::LocalRegistry::start().await?;
+    progress(format!(
+        "registry lookups: the real registry at {} (release payload and catalog indexes, via --registry-mirror)",
+        local.registry.addr()
+    ));
     let port = hcp_olm_e2e::ports::free_port()?;
     let log = std::env::temp_dir().join(format!("hcp-olm-bench-controller-{port}.log"));
     let mut cmd = hcp_olm_e2e::process::command(&bin);
@@ -425,12 +433,10 @@ async fn main() -> Result<()> {
         "--leader-elect=true",
         "--admin-addr",
         &format!("127.0.0.1:{port}"),
-        "--registry-lookups=false",
-        "--olm-image",
-        OLM_IMAGE,
         "--concurrency",
         &concurrency.to_string(),
     ])
+    .args(&local.controller_flags)
     .env("KUBECONFIG", &controller_kubeconfig)
     .env(
         "RUST_LOG",
@@ -486,7 +492,7 @@ async fn main() -> Result<()> {
         "controller exited with {status} after SIGTERM; guests: {guest_kind}"
     ));
     println!(
-        "controller-bench: n={n} guests={} rollout=standin converge_s={converge_s:.1} writes_per_hc={writes_per_hc:.1} idle_writes={idle_writes} resync_requests_per_s={resync_requests_per_s:.2} idle_requests_per_s={idle_requests_per_s:.2} idle_reconciles={idle_reconciles:.0} rss_mib={:.1}",
+        "controller-bench: n={n} guests={} rollout=standin registry=local converge_s={converge_s:.1} writes_per_hc={writes_per_hc:.1} idle_writes={idle_writes} resync_requests_per_s={resync_requests_per_s:.2} idle_requests_per_s={idle_requests_per_s:.2} idle_reconciles={idle_reconciles:.0} rss_mib={:.1}",
         if guest_kind.starts_with("STAND-IN") {
             "standin"
         } else {
