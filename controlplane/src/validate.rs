@@ -321,6 +321,26 @@ pub fn parse_cidr(s: &str) -> Option<(IpAddr, u8)> {
 }
 
 /// Whether any of `cidrs` is an IPv6 range (the tunnel then carries IPv6 inside too).
+/// A guest whose Service and pod ranges are all IPv6: its nodes are taken to reach IPv6
+/// addresses (and names) only.
+pub fn guest_ipv6_only(v: &ValidInput) -> bool {
+    let all: Vec<String> = v
+        .guest_service_cidrs
+        .iter()
+        .chain(v.guest_pod_cidrs.iter())
+        .cloned()
+        .collect();
+    has_ipv6(&all)
+        && !all
+            .iter()
+            .any(|c| parse_cidr(c).is_some_and(|(ip, _)| ip.is_ipv4()))
+}
+
+/// A guest with any IPv6 range.
+pub fn guest_has_ipv6(v: &ValidInput) -> bool {
+    has_ipv6(&v.guest_service_cidrs) || has_ipv6(&v.guest_pod_cidrs)
+}
+
 pub fn has_ipv6(cidrs: &[String]) -> bool {
     cidrs
         .iter()

@@ -493,6 +493,32 @@ fn ipv6_and_dual_stack_guests_get_ipv6_inside_the_tunnel() {
     assert_eq!(peer.exposed_listen_address.as_deref(), Some("::"));
     let health: std::net::SocketAddr = peer.health_listen.as_deref().unwrap().parse().unwrap();
     assert!(health.ip().is_unspecified() && health.is_ipv6(), "{health}");
+    // The WireGuard Service takes both families where the management cluster has both, so
+    // the guest's IPv6 nodes can reach its node port or load balancer (a single-stack
+    // management cluster gives it its one family).
+    let wg_policy = |networking: Option<Value>| {
+        let mut hc = common::load_hc("none-minimal.yaml");
+        if let Some(n) = networking {
+            hc.spec.networking = Some(serde_json::from_value(n).unwrap());
+        }
+        let d = render::desired(&common::with_live_facts(common::input(
+            common::valid(&hc, None),
+            true,
+        )))
+        .unwrap();
+        find(&d.hcp, "Service", names::TUNNEL_GATEWAY_WG).body["spec"]["ipFamilyPolicy"].clone()
+    };
+    let v6 = serde_json::json!({
+        "serviceNetwork": [{"cidr": "fd02::/112"}],
+        "clusterNetwork": [{"cidr": "fd01::/48"}]
+    });
+    let dual = serde_json::json!({
+        "serviceNetwork": [{"cidr": "172.30.0.0/16"}, {"cidr": "fd02::/112"}],
+        "clusterNetwork": [{"cidr": "10.128.0.0/14"}, {"cidr": "fd01::/48"}]
+    });
+    assert_eq!(wg_policy(Some(v6)), "PreferDualStack");
+    assert_eq!(wg_policy(Some(dual)), "PreferDualStack");
+    assert_eq!(wg_policy(None), Value::Null, "IPv4 guests render as before");
 
     let (peer, gw) = docs(Some(serde_json::json!({
         "serviceNetwork": [{"cidr": "172.30.0.0/16"}, {"cidr": "fd02::/112"}],

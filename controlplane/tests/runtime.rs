@@ -2083,6 +2083,76 @@ async fn patch_holm(env: &Environment, name: &str, patch: serde_json::Value) -> 
     Ok(())
 }
 
+/// Issue 19: an IPv6-only guest's nodes must reach the tunnel gateway over IPv6. On a
+/// dual-stack management API server (Service ranges of both families) the WireGuard
+/// Service of an IPv6-only or dual-stack HostedCluster gets both families (so kube-proxy
+/// serves its node port on the nodes' IPv6 addresses, and a load balancer can publish
+/// IPv6); an IPv4 guest's stays single-stack as before. Before this, every WireGuard
+/// Service was IPv4 only on such a cluster.
+#[tokio::test]
+async fn ipv6_guests_get_a_dual_stack_tunnel_service() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let mut mopts = hcp_olm_e2e::ClusterOptions::new("management");
+    mopts.service_cidr = "198.19.255.0/24,fd00:6d67:7400::/112".into();
+    let (management, guest) = tokio::try_join!(
+        Cluster::start(mopts),
+        Cluster::start(hcp_olm_e2e::ClusterOptions::new("guest")),
+    )?;
+    let env = Environment { management, guest };
+    setup(&env).await?;
+    put_kubeconfig_secret(&env, "v6-admin-kubeconfig").await?;
+    let v6 = serde_json::json!({"networking": {
+        "networkType": "OVNKubernetes",
+        "serviceNetwork": [{"cidr": "fd02::/112"}],
+        "clusterNetwork": [{"cidr": "fd01::/48"}],
+    }});
+    let dual = serde_json::json!({"networking": {
+        "networkType": "OVNKubernetes",
+        "serviceNetwork": [{"cidr": "172.30.0.0/16"}, {"cidr": "fd02::/112"}],
+        "clusterNetwork": [{"cidr": "10.128.0.0/14"}, {"cidr": "fd01::/48"}],
+    }});
+    create_hc_with(&env.management, "six", "v6-admin-kubeconfig", v6).await?;
+    create_hc_with(&env.management, "dual", "v6-admin-kubeconfig", dual).await?;
+    create_hc(&env, "four", "v6-admin-kubeconfig").await?;
+    let ctx = Context::new(
+        controller_client(&env).await?,
+        Config {
+            olm_image: Some(OLM_IMAGE.into()),
+            ..Default::default()
+        },
+    )
+    .with_events(None);
+    for (name, want) in [
+        ("six", vec!["IPv4", "IPv6"]),
+        ("dual", vec!["IPv4", "IPv6"]),
+        ("four", vec!["IPv4"]),
+    ] {
+        reconcile(&ctx, &env, name).await?;
+        reconcile(&ctx, &env, name).await?;
+        let svc = Api::<Service>::namespaced(env.management.client(), &format!("clusters-{name}"))
+            .get("hcp-olm-tunnel-gateway-wg")
+            .await?;
+        let spec = svc.spec.context("spec")?;
+        ensure!(
+            spec.ip_families.clone().unwrap_or_default() == want,
+            "{name}: ipFamilies {:?} (policy {:?}), want {want:?}",
+            spec.ip_families,
+            spec.ip_family_policy
+        );
+        ensure!(
+            spec.ports
+                .unwrap_or_default()
+                .iter()
+                .any(|p| p.node_port.is_some_and(|n| n > 0)),
+            "{name}: no node port"
+        );
+        // The agent learns the published address either way.
+        let o = reconcile(&ctx, &env, name).await?;
+        ensure!(o.hcp_writes == 0, "{name}: a third pass wrote: {o:?}");
+    }
+    Ok(())
+}
+
 /// Gap 1: the OLM image comes from the release payload (a release image with a real
 /// gzip tar layer carrying `release-manifests/image-references`, pushed to a real
 /// registry); unreadable payloads are Degraded with a clear reason while another

@@ -228,7 +228,9 @@ impl Cluster {
         ];
         // The `kubernetes` Service's ClusterIP (the range's first address), as every API
         // server's certificate has: pods' in-cluster clients dial it.
-        let service_ip = kubernetes_service_ip(&opts.service_cidr).ok_or_else(|| {
+        // (of the first range: a dual-stack `v4,v6` list has its IPv4 range first)
+        let first_range = opts.service_cidr.split(',').next().unwrap_or_default();
+        let service_ip = kubernetes_service_ip(first_range).ok_or_else(|| {
             ClusterError::Setup(format!(
                 "service CIDR {:?} is not an IPv4 CIDR",
                 opts.service_cidr

@@ -820,18 +820,21 @@ pub(super) fn render(
         TunnelServiceType::NodePort => "NodePort",
         TunnelServiceType::LoadBalancer => "LoadBalancer",
     };
-    push(
-        out,
-        service(
-            input,
-            names::TUNNEL_GATEWAY_WG,
-            "tunnel-gateway",
-            names::TUNNEL_GATEWAY,
-            json!([{"name": "wireguard", "protocol": "UDP", "port": ports::WIREGUARD, "targetPort": ports::WIREGUARD}]),
-            wg_type,
-        ),
-        "services",
+    let mut wg = service(
+        input,
+        names::TUNNEL_GATEWAY_WG,
+        "tunnel-gateway",
+        names::TUNNEL_GATEWAY,
+        json!([{"name": "wireguard", "protocol": "UDP", "port": ports::WIREGUARD, "targetPort": ports::WIREGUARD}]),
+        wg_type,
     );
+    // A guest with IPv6: both families where the management cluster has both, so its
+    // IPv6 nodes reach the node port or load balancer (one family on a single-stack
+    // management cluster). IPv4 guests keep the cluster's default (SingleStack).
+    if crate::validate::guest_has_ipv6(v) {
+        wg["spec"]["ipFamilyPolicy"] = json!("PreferDualStack");
+    }
+    push(out, wg, "services");
     if input.tunnel.gateway_endpoint.is_none() {
         out.pending.push(match &input.tunnel.gateway_endpoint_wait {
             Some(w) => Pending {

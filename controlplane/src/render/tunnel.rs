@@ -74,12 +74,15 @@ pub struct EndpointWait {
 /// - NodePort: `address` (HostedOLM `spec.tunnel.address`), else the HostedCluster's
 ///   NodePort publishing address, with the allocated node port;
 /// - LoadBalancer: `address` if given, else `status.loadBalancer.ingress[0]` ip or
-///   hostname, with the Service port.
+///   hostname, with the Service port. For an `ipv6_only` guest (its nodes reach IPv6
+///   addresses and names only) the first IPv6 or hostname ingress; with IPv4 ingress alone
+///   it waits (`WaitingForIPv6LoadBalancer`).
 pub fn gateway_endpoint(
     service: Option<&k8s_openapi::api::core::v1::Service>,
     expected_type: &str,
     address: Option<&str>,
     node_port_address: Option<&str>,
+    ipv6_only: bool,
 ) -> Result<String, EndpointWait> {
     let name = names::TUNNEL_GATEWAY_WG;
     let wait = |reason, message: String| EndpointWait {
@@ -128,19 +131,36 @@ pub fn gateway_endpoint(
             if let Some(a) = address {
                 return Ok(host_port(a, p.port));
             }
-            let ingress = svc
+            let all: Vec<String> = svc
                 .status
                 .as_ref()
                 .and_then(|s| s.load_balancer.as_ref())
                 .and_then(|lb| lb.ingress.as_ref())
-                .and_then(|i| i.first())
-                .and_then(|i| {
+                .into_iter()
+                .flatten()
+                .filter_map(|i| {
                     i.ip.clone()
                         .filter(|v| !v.is_empty())
                         .or_else(|| i.hostname.clone().filter(|v| !v.is_empty()))
-                });
+                })
+                .collect();
+            let ingress = if ipv6_only {
+                // an IPv6 literal, or a name (which may have AAAA records)
+                all.iter()
+                    .find(|h| h.parse::<std::net::Ipv4Addr>().is_err())
+                    .cloned()
+            } else {
+                all.first().cloned()
+            };
             match ingress {
                 Some(h) => Ok(host_port(&h, p.port)),
+                None if !all.is_empty() => Err(wait(
+                    "WaitingForIPv6LoadBalancer",
+                    format!(
+                        "the guest is IPv6-only and the LoadBalancer Service {name} has IPv4 ingress only ({}); a load balancer with IPv6 (the Service asks for both families), or HostedOLM spec.tunnel.address, is needed",
+                        all.join(", ")
+                    ),
+                )),
                 None => Err(wait(
                     "WaitingForLoadBalancer",
                     format!(
@@ -420,6 +440,54 @@ mod tests {
 
     fn svc(v: serde_json::Value) -> Service {
         serde_json::from_value(v).unwrap()
+    }
+
+    /// For a guest that is not IPv6-only.
+    fn gateway_endpoint(
+        service: Option<&Service>,
+        expected_type: &str,
+        address: Option<&str>,
+        node_port_address: Option<&str>,
+    ) -> Result<String, EndpointWait> {
+        super::gateway_endpoint(service, expected_type, address, node_port_address, false)
+    }
+
+    /// Issue 19: an IPv6-only guest's nodes reach only IPv6 addresses (or a name), so of a
+    /// dual-stack load balancer's ingress it takes the IPv6 one; with IPv4 ingress alone it
+    /// waits, saying why.
+    #[test]
+    fn an_ipv6_only_guest_takes_the_ipv6_ingress() {
+        let mut lb = svc(
+            serde_json::json!({"spec": {"type": "LoadBalancer", "ports": [
+            {"port": 51820, "protocol": "UDP", "nodePort": 31234}]}}),
+        );
+        let ingress = |lb: &mut Service, v: serde_json::Value| {
+            lb.status = Some(
+                serde_json::from_value(serde_json::json!({"loadBalancer": {"ingress": v}}))
+                    .unwrap(),
+            );
+        };
+        ingress(
+            &mut lb,
+            serde_json::json!([{"ip": "198.18.0.9"}, {"ip": "fd00::9"}]),
+        );
+        let ep = |lb: &Service, v6: bool| {
+            super::gateway_endpoint(Some(lb), "LoadBalancer", None, None, v6)
+        };
+        assert_eq!(ep(&lb, false), Ok("198.18.0.9:51820".into()));
+        assert_eq!(ep(&lb, true), Ok("[fd00::9]:51820".into()));
+        ingress(
+            &mut lb,
+            serde_json::json!([{"ip": "198.18.0.9"}, {"hostname": "lb.example.com"}]),
+        );
+        assert_eq!(ep(&lb, true), Ok("lb.example.com:51820".into()));
+        ingress(&mut lb, serde_json::json!([{"ip": "198.18.0.9"}]));
+        let e = ep(&lb, true).unwrap_err();
+        assert_eq!(
+            (e.reason, e.blocking),
+            ("WaitingForIPv6LoadBalancer", false)
+        );
+        assert!(e.message.contains("spec.tunnel.address"), "{}", e.message);
     }
 
     #[test]

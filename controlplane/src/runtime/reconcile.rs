@@ -2081,6 +2081,7 @@ async fn read_gateway_endpoint(
             tunnel_service_type(valid),
             valid.tunnel_address.as_deref(),
             valid.node_port_address.as_deref(),
+            validate::guest_ipv6_only(valid),
         ));
     }
     let svc = Api::<Service>::namespaced(ctx.client.clone(), hcp_ns)
@@ -2095,6 +2096,7 @@ async fn read_gateway_endpoint(
         tunnel_service_type(valid),
         valid.tunnel_address.as_deref(),
         valid.node_port_address.as_deref(),
+        validate::guest_ipv6_only(valid),
     ))
 }
 
