@@ -118,6 +118,9 @@ pub struct Report {
     pub reads: usize,
     /// Per-object failures.
     pub errors: Vec<ObjectError>,
+    /// The objects written, as the API server returned them, of the kinds asked for with
+    /// [`Applier::keep_written`] (none otherwise).
+    pub written: Vec<DynamicObject>,
 }
 
 impl Report {
@@ -134,6 +137,7 @@ impl Report {
         self.deleted.extend(other.deleted);
         self.reads += other.reads;
         self.errors.extend(other.errors);
+        self.written.extend(other.written);
     }
 }
 
@@ -143,6 +147,7 @@ pub struct Applier {
     client: kube::Client,
     field_manager: String,
     cache: Option<Arc<cache::WatchCache>>,
+    keep_written: Vec<String>,
 }
 
 impl std::fmt::Debug for Applier {
@@ -160,7 +165,15 @@ impl Applier {
             client,
             field_manager: field_manager.to_string(),
             cache: None,
+            keep_written: Vec::new(),
         }
+    }
+
+    /// Returns the written objects of these kinds in [`Report::written`] (e.g. so a caller
+    /// can remember a Secret's data it just wrote instead of reading it back).
+    pub fn keep_written(mut self, kinds: &[&str]) -> Self {
+        self.keep_written = kinds.iter().map(|k| k.to_string()).collect();
+        self
     }
 
     /// Reads live objects from `cache` where it knows them (see [`cache::WatchCache`]).
@@ -243,6 +256,9 @@ impl Applier {
                     tracing::debug!(object = %t.id(), created = !exists, "applied");
                     if let Some(c) = &self.cache {
                         c.wrote(&t.resource, &written.metadata, &self.field_manager);
+                    }
+                    if self.keep_written.contains(&t.resource.kind) {
+                        report.written.push(written);
                     }
                     if exists {
                         report.updated.push(t.id());

@@ -984,6 +984,66 @@ fn config_hash(d: &Deployment) -> Option<String> {
         .cloned()
 }
 
+/// Issue 16: the Secrets the controller writes (the CA, certificates, tunnel keys and
+/// config) are not read back from the API server. The running controller remembers what the
+/// API server answered to its apply and the next pass reads that (by resourceVersion) instead
+/// of a GET per Secret. Counted at the controller's own client, from creation to convergence
+/// and a few seconds more. The code before this change sent one GET per Secret it wrote.
+#[tokio::test]
+async fn written_secrets_are_not_read_back() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    use futures::FutureExt;
+    use hcp_olm_controlplane::runtime::controller::{RunOptions, run};
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    install_hcp_crd(&env).await?;
+    let name = "rb";
+    put_kubeconfig_secret(&env, "rb-admin-kubeconfig").await?;
+    create_hc(&env, name, "rb-admin-kubeconfig").await?;
+    let (client, made) = counting(controller_client(&env).await?);
+    let ctx = std::sync::Arc::new(ctx(client));
+    let (stop_tx, stop_rx) = futures::channel::oneshot::channel::<()>();
+    let runner = tokio::spawn(run(ctx.clone(), RunOptions::default(), stop_rx.map(|_| ())));
+    let result = async {
+        eventually(std::time::Duration::from_secs(60), "converged", || async {
+            let eps = Api::<k8s_openapi::api::core::v1::Endpoints>::namespaced(
+                env.guest.client(),
+                "default",
+            )
+            .get_opt("packageserver")
+            .await?;
+            let degraded = holm_condition(&env, name, "Degraded").await?;
+            Ok((eps.is_some() && degraded.as_ref().is_some_and(|d| d.0 == "False")).then_some(()))
+        })
+        .await?;
+        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+        let all = made.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let ours = format!("/api/v1/namespaces/{HC_NS}-{name}/secrets/hcp-olm-");
+        let applied = all
+            .iter()
+            .filter(|r| r.starts_with("PATCH ") && r.contains(&ours))
+            .count();
+        let read_back: Vec<&String> = all
+            .iter()
+            .filter(|r| r.starts_with("GET ") && r.contains(&ours))
+            .collect();
+        eprintln!(
+            "{} requests; {applied} applies of our Secrets; read back: {read_back:?}",
+            all.len()
+        );
+        ensure!(applied >= 5, "our Secrets were not written: {all:?}");
+        ensure!(
+            read_back.is_empty(),
+            "Secrets we wrote were read back: {read_back:?}"
+        );
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    let _ = stop_tx.send(());
+    runner.await?;
+    result
+}
+
 /// The `run` loop (in process, as the controller's ServiceAccount) reacts to the
 /// Secrets it reads: a HostedCluster whose admin kubeconfig Secret is missing is
 /// Degraded; creating the Secret converges it without touching the HostedCluster

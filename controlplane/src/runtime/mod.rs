@@ -209,6 +209,31 @@ impl Context {
 
     /// A Secret, from the stores when its current resourceVersion was read before (no
     /// request), else from the API server (and kept for the next pass).
+    /// Seeds the Secret data cache with Secrets this process has just written (the applier's
+    /// answers): [`Self::read_secret`] returns them without a GET while their
+    /// resourceVersion is the one the watch reports.
+    pub async fn remember_written_secrets(&self, written: Vec<kube::api::DynamicObject>) {
+        let Some(stores) = self.stores() else {
+            return;
+        };
+        for o in written {
+            let (Some(ns), Some(name)) = (o.metadata.namespace.clone(), o.metadata.name.clone())
+            else {
+                continue;
+            };
+            let Ok(mut secret) = serde_json::to_value(&o)
+                .and_then(serde_json::from_value::<k8s_openapi::api::core::v1::Secret>)
+            else {
+                continue;
+            };
+            secret.metadata.managed_fields = None;
+            stores
+                .secret_data
+                .insert((ns, name), Arc::new(secret))
+                .await;
+        }
+    }
+
     pub async fn read_secret(
         &self,
         namespace: &str,
@@ -219,34 +244,53 @@ impl Context {
         let Some(stores) = self.stores() else {
             return api.get_opt(name).await;
         };
-        let current = match stores.secrets.get(Some(namespace), name) {
-            Some(Some(current)) => current,
+        let key = (namespace.to_string(), name.to_string());
+        // What this process last read or wrote of it, with that resourceVersion.
+        let remembered = stores
+            .secret_data
+            .get(&key)
+            .await
+            .filter(|s| s.metadata.resource_version.is_some());
+        let same = |rv: Option<&str>| {
+            remembered
+                .as_ref()
+                .filter(|s| rv.is_some() && s.metadata.resource_version.as_deref() == rv)
+                .map(|s| s.as_ref().clone())
+        };
+        match stores.secrets.get(Some(namespace), name) {
+            Some(Some(current)) => {
+                if let Some(s) = same(current.metadata.resource_version.as_deref()) {
+                    return Ok(Some(s));
+                }
+            }
             // Absent: the store's watch wakes the HostedCluster once a Secret appears, so
             // absent is the answer, unless it is one of ours that we wrote a moment ago
-            // (the applier's cache, which holds our own writes at once, says so).
+            // (the applier's cache, which holds our own writes at once, says so: then the
+            // data we wrote is the answer, when we remember that very version).
             Some(None) => {
                 let secret = reconcile::api_resource("v1", "Secret", "secrets");
-                let ours_known_absent = self
+                match self
                     .mgmt_cache()
                     .and_then(|c| c.get(&secret, Some(namespace), name))
-                    == Some(None);
-                if ours_known_absent {
-                    return Ok(None);
+                {
+                    Some(None) => return Ok(None),
+                    Some(Some(ours)) => {
+                        if let Some(s) = same(ours["metadata"]["resourceVersion"].as_str()) {
+                            return Ok(Some(s));
+                        }
+                    }
+                    None => {}
                 }
-                return api.get_opt(name).await;
             }
-            None => return api.get_opt(name).await,
-        };
-        let key = (namespace.to_string(), name.to_string());
-        if let Some(s) = stores.secret_data.get(&key).await
-            && s.metadata.resource_version.is_some()
-            && s.metadata.resource_version == current.metadata.resource_version
-        {
-            return Ok(Some(s.as_ref().clone()));
+            None => {}
         }
         let live = api.get_opt(name).await?;
         match &live {
-            Some(s) => stores.secret_data.insert(key, Arc::new(s.clone())).await,
+            Some(s) => {
+                let mut kept = s.clone();
+                kept.metadata.managed_fields = None;
+                stores.secret_data.insert(key, Arc::new(kept)).await
+            }
             None => stores.secret_data.invalidate(&key).await,
         }
         Ok(live)

@@ -1058,7 +1058,9 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
 
     // Apply and prune, management then guest.
     let selector = labels::prune_selector(&input.valid);
-    let mgmt = Applier::new(ctx.client.clone(), FIELD_MANAGER).with_cache(ctx.mgmt_cache());
+    let mgmt = Applier::new(ctx.client.clone(), FIELD_MANAGER)
+        .with_cache(ctx.mgmt_cache())
+        .keep_written(&["Secret"]);
     let mut hcp_targets: Vec<Target> = desired.hcp.iter().map(target).collect();
     let keys_target = Target::new(
         "v1",
@@ -1073,6 +1075,10 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
         hcp_targets.insert(0, keys_target.clone());
     }
     let mut hcp_report = mgmt.apply(&hcp_targets).await;
+    // The Secrets just written, as the API server answered: the next pass's reads of them
+    // (certificates, keys) are answered from memory instead of a GET each.
+    ctx.remember_written_secrets(std::mem::take(&mut hcp_report.written))
+        .await;
     let mut keep = hcp_targets.clone();
     if new_keys.is_none() {
         keep.push(keys_target);
