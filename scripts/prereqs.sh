@@ -17,17 +17,18 @@ esac
 
 # command → Debian package. The demo needs network namespaces and mounts (ip, setpriv, nsenter,
 # unshare), firewall rules (nft, conntrack) and the real nodes' container runtime (runc); the
-# tests also run real DNS servers (dnsmasq) and WireGuard peers (wg).
+# tests also run real DNS servers (dnsmasq), WireGuard peers (wg) and, on the real node that
+# enforces NetworkPolicy, kube-router's firewall (iptables, ipset).
 declare -A pkg_of=(
   [ip]=iproute2 [setpriv]=util-linux [nsenter]=util-linux [unshare]=util-linux
   [nft]=nftables [conntrack]=conntrack [dnsmasq]=dnsmasq-base
   [curl]=curl [git]=git [make]=make [python3]=python3 [ping]=iputils-ping
   [wireguard-go]=wireguard-go [wg]=wireguard-tools [dnsperf]=dnsperf [iperf3]=iperf3
-  [runc]=runc
+  [runc]=runc [iptables]=iptables [ipset]=ipset
 )
 cmds=(ip setpriv nsenter unshare nft conntrack runc git make)
 case "$what" in
-test) cmds+=(curl python3 ping wg dnsmasq) ;;
+test) cmds+=(curl python3 ping wg dnsmasq iptables ipset) ;;
 bench) cmds+=(curl python3 ping wg dnsmasq dnsperf iperf3) ;;
 esac
 # file → Debian package: the CA bundle the image tests (and make images) put in every image.

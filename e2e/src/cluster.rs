@@ -186,6 +186,7 @@ pub struct Cluster {
     port: u16,
     ca: Ca,
     front_proxy_ca_pem: String,
+    service_cidr: String,
     admin: Identity,
     dir: tempfile::TempDir,
 }
@@ -345,6 +346,7 @@ impl Cluster {
             port,
             ca,
             front_proxy_ca_pem: front_proxy_ca.cert_pem().to_string(),
+            service_cidr: opts.service_cidr,
             admin: Identity {
                 client,
                 kubeconfig: admin_path,
@@ -357,6 +359,11 @@ impl Cluster {
     /// The cluster's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The Service ClusterIP range (`--service-cluster-ip-range`).
+    pub fn service_cidr(&self) -> &str {
+        &self.service_cidr
     }
 
     /// The API server URL (`https://127.0.0.1:<port>`).

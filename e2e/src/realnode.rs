@@ -21,6 +21,12 @@
 //!
 //! The pod sandbox image (our `pause`, `e2e/tools/pause`) is pulled by containerd from the
 //! test's registry before the kubelet starts, as kind's node image carries it preloaded.
+//!
+//! NetworkPolicy is enforced only on a node started with [`NodeOptions::network_policies`]:
+//! kube-router with only its firewall on (no routing, no service proxy), in the node's network
+//! namespace, as its DaemonSet runs on a real node; its iptables rules and ipsets are the
+//! node's alone. (sigs.k8s.io/kube-network-policies needs the nftables `queue` expression,
+//! `CONFIG_NFT_QUEUE`, which the CI machines' kernels lack.)
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -28,7 +34,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, PostParams};
 
 use crate::cluster::{Cluster, ClusterError};
@@ -434,6 +440,9 @@ pub struct NodeOptions {
     pub pull_secret: Option<Vec<u8>>,
     /// How long to wait for the Node to be Ready.
     pub ready_timeout: Duration,
+    /// Enforce NetworkPolicy on this node (kube-router's firewall, see the module doc); off:
+    /// every policy is ignored, as on a cluster whose network plugin has none.
+    pub network_policies: bool,
 }
 
 impl NodeOptions {
@@ -447,6 +456,7 @@ impl NodeOptions {
             cluster_dns: None,
             pull_secret: None,
             ready_timeout: Duration::from_secs(90),
+            network_policies: false,
         }
     }
 }
@@ -458,6 +468,7 @@ pub struct RealNode {
     // Set as each daemon starts.
     kubelet: Option<ManagedProcess>,
     kube_proxy: Option<ManagedProcess>,
+    network_policies: Option<ManagedProcess>,
     containerd: Option<ManagedProcess>,
     mount_ns: PathBuf,
     cgroup: String,
@@ -632,6 +643,7 @@ impl RealNode {
             name: name.clone(),
             kubelet: None,
             kube_proxy: None,
+            network_policies: None,
             containerd: None,
             mount_ns: mount_ns.clone(),
             cgroup: cgroup.clone(),
@@ -865,6 +877,10 @@ impl RealNode {
             }
             if ready {
                 tracing::info!(node = %name, secs = start.elapsed().as_secs_f64(), "node ready");
+                if opts.network_policies {
+                    // after Ready: kube-router reads its Node's addresses at start
+                    node.start_network_policies(cluster, &path_env).await?;
+                }
                 return Ok(node);
             }
             let exited = kubelet.exited();
@@ -880,6 +896,110 @@ impl RealNode {
                 });
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// Starts kube-router's network policy controller in the node's namespaces and cgroups
+    /// (its own identity: read access to what it watches) and waits until its top-level
+    /// chains exist in the node's filter table (its caches have synced and its controller
+    /// runs).
+    async fn start_network_policies(
+        &mut self,
+        cluster: &Cluster,
+        path_env: &str,
+    ) -> Result<(), NodeError> {
+        let name = self.name.clone();
+        let role = "hcp-olm-e2e:network-policies";
+        let cr: ClusterRole = serde_json::from_value(serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": role},
+            "rules": [
+                {"apiGroups": [""], "resources": ["pods", "namespaces", "nodes", "services", "endpoints"],
+                 "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"]},
+            ],
+        }))
+        .map_err(|e| NodeError::Setup {
+            node: name.clone(),
+            problem: format!("ClusterRole {role}: {e}"),
+        })?;
+        match Api::<ClusterRole>::all(cluster.client())
+            .create(&PostParams::default(), &cr)
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(source) => {
+                return Err(NodeError::Kube {
+                    what: format!("creating ClusterRole {role}"),
+                    source,
+                });
+            }
+        }
+        let user = format!("hcp-olm-e2e:network-policies:{name}");
+        let identity = cluster.user(&user, &[]).await?;
+        bind(
+            cluster,
+            &format!("hcp-olm-e2e-network-policies-{name}"),
+            role,
+            &user,
+        )
+        .await?;
+        let cmd = self.enter(
+            path_env,
+            &[
+                tools::bin("kube-router")?.display().to_string(),
+                format!("--kubeconfig={}", identity.kubeconfig.display()),
+                format!("--hostname-override={name}"),
+                "--run-firewall=true".into(),
+                "--run-router=false".into(),
+                "--run-service-proxy=false".into(),
+                "--enable-cni=false".into(),
+                format!("--service-cluster-ip-range={}", cluster.service_cidr()),
+                // nothing scrapes it; the node's namespace has no other user of the port
+                "--health-port=0".into(),
+                "--metrics-port=0".into(),
+                "--v=1".into(),
+            ],
+        );
+        let log = self.dir.path().join("kube-router.log");
+        let p = ManagedProcess::spawn("kube-router", cmd, &log)?;
+        self.network_policies = Some(p.clone());
+        let start = Instant::now();
+        loop {
+            let synced = Command::new("ip")
+                .args(["netns", "exec", self.site.netns.name()])
+                .args([
+                    "iptables",
+                    "-w",
+                    "5",
+                    "-t",
+                    "filter",
+                    "-S",
+                    "KUBE-ROUTER-FORWARD",
+                ])
+                .output()
+                .is_ok_and(|o| o.status.success());
+            if synced {
+                tracing::info!(node = %name, secs = start.elapsed().as_secs_f64(), "network policies enforced");
+                return Ok(());
+            }
+            let exited = p.exited();
+            if start.elapsed() > Duration::from_secs(60) || exited.is_some() {
+                return Err(NodeError::NotReady {
+                    node: name,
+                    component: "kube-router (network policies)".into(),
+                    problem: match exited {
+                        Some(status) => format!("exited ({status})"),
+                        None => "set up no chains within 60s".into(),
+                    },
+                    log: p.log_tail(20),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
         }
     }
 
@@ -997,6 +1117,15 @@ impl RealNode {
             .unwrap_or_default()
     }
 
+    /// The NetworkPolicy implementation's log ([`NodeOptions::network_policies`]; empty
+    /// without it), for error messages.
+    pub fn network_policies_log(&self, lines: usize) -> String {
+        self.network_policies
+            .as_ref()
+            .map(|p| p.log_tail(lines))
+            .unwrap_or_default()
+    }
+
     /// The node's directory (logs, configuration).
     pub fn dir(&self) -> &Path {
         self.dir.path()
@@ -1005,9 +1134,14 @@ impl RealNode {
 
 impl Drop for RealNode {
     fn drop(&mut self) {
-        for p in [&self.kubelet, &self.kube_proxy, &self.containerd]
-            .into_iter()
-            .flatten()
+        for p in [
+            &self.kubelet,
+            &self.kube_proxy,
+            &self.network_policies,
+            &self.containerd,
+        ]
+        .into_iter()
+        .flatten()
         {
             p.kill();
         }

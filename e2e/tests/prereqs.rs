@@ -114,7 +114,10 @@ fn make_demo_stops_at_once_naming_the_missing_packages() -> Result<()> {
 
 #[test]
 fn make_test_stops_at_once_naming_the_missing_packages() -> Result<()> {
-    check_stops_before_building("test", &["nftables", "wireguard-tools", "dnsmasq-base"])
+    check_stops_before_building(
+        "test",
+        &["nftables", "wireguard-tools", "dnsmasq-base", "ipset"],
+    )
 }
 
 #[test]

@@ -83,6 +83,12 @@ build wireguard-go wireguard-go "$WIREGUARD_GO_VERSION" golang.zx2c4.com/wiregua
 # benchmark peer. (It was built for the benchmarks only, so a fresh machine's `make test` failed
 # the real-node tests with "upstream tool `coredns` not found".)
 build coredns coredns "$COREDNS_VERSION" github.com/coredns/coredns -ldflags "-s -w"
+# kube-router in its network-policy mode only: the NetworkPolicy implementation of the real nodes
+# that enforce policies (NodeOptions::network_policies; iptables and ipset in the node's network
+# namespace). sigs.k8s.io/kube-network-policies needs the nftables `queue` expression
+# (CONFIG_NFT_QUEUE), which the CI machines' kernels do not have.
+build kube-router kube-router "$KUBE_ROUTER_VERSION" github.com/cloudnativelabs/kube-router/v2/cmd/kube-router \
+  -ldflags "-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$KUBE_ROUTER_VERSION"
 if [ "$bench" = 1 ]; then
   build konnectivity proxy-server "$KONNECTIVITY_VERSION" sigs.k8s.io/apiserver-network-proxy/cmd/server -ldflags "-s -w"
   build konnectivity proxy-agent "$KONNECTIVITY_VERSION" sigs.k8s.io/apiserver-network-proxy/cmd/agent -ldflags "-s -w"

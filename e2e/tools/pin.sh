@@ -80,9 +80,11 @@ write_simple konnectivity sigs.k8s.io/apiserver-network-proxy "$KONNECTIVITY_VER
 printf '\nreplace sigs.k8s.io/apiserver-network-proxy/konnectivity-client => sigs.k8s.io/apiserver-network-proxy/konnectivity-client %s\n' \
   "$KONNECTIVITY_VERSION" >> "$here/konnectivity/go.mod"
 write_simple coredns github.com/coredns/coredns "$COREDNS_VERSION" github.com/coredns/coredns
+write_simple kube-router github.com/cloudnativelabs/kube-router/v2 "$KUBE_ROUTER_VERSION" \
+  github.com/cloudnativelabs/kube-router/v2/cmd/kube-router
 
 export GONOSUMDB=sigs.k8s.io/apiserver-network-proxy
-for d in kube kubenode containerd etcd olm opm registry wireguard-go konnectivity coredns; do
+for d in kube kubenode containerd etcd olm opm registry wireguard-go konnectivity coredns kube-router; do
   echo "pin: tidying $d" >&2
   (cd "$here/$d" && go mod tidy -e >/dev/null)
 done
