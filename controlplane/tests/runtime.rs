@@ -5271,6 +5271,66 @@ async fn shared_catalogs_are_shared_isolated_and_reference_counted() -> Result<(
         "a forged status admitted its namespace"
     );
 
+    // A digest refresh: the tag moves, and each user resolves the new digest on its next
+    // reconcile after catalog_refresh, one after the other. The shared Deployment rolls
+    // once (one template change, old digest to new, never back), both users end on the new
+    // digest, and their CatalogSources keep the shared Service's address.
+    let extract_image = |d: Deployment| {
+        d.spec
+            .and_then(|s| s.template.spec)
+            .and_then(|p| p.init_containers)
+            .and_then(|c| c.get(1).and_then(|c| c.image.clone()))
+            .unwrap_or_default()
+    };
+    let before = deps.get(rh).await?;
+    let gen0 = before.metadata.generation.unwrap_or_default();
+    let old = extract_image(before);
+    let d2 = oci
+        .push_image(
+            &format!("{a}/redhat/redhat-operator-index:v4.18"),
+            &label("idx", "redhat-operator-index, refreshed"),
+        )
+        .await?;
+    ensure!(&d2 != rh_digest);
+    let new = format!("registry.redhat.io/redhat/redhat-operator-index@{d2}");
+    let refreshed = ctx.clone().with_schedule(hcp_olm_controlplane::runtime::Schedule {
+        catalog_refresh: std::time::Duration::from_millis(1),
+        ..Default::default()
+    });
+    let mut served = vec![old.clone()];
+    for name in ["sa", "sb"] {
+        reconcile(&refreshed, &env, name).await?;
+        pass("during a refresh").await?;
+        let now = extract_image(deps.get(rh).await?);
+        if served.last() != Some(&now) {
+            served.push(now);
+        }
+    }
+    ensure!(
+        served == [old.clone(), new.clone()],
+        "the shared catalog served {served:?} during the refresh"
+    );
+    let gen1 = deps.get(rh).await?.metadata.generation.unwrap_or_default();
+    ensure!(gen1 == gen0 + 1, "rolled {} times", gen1 - gen0);
+    for (ns, name) in [("clusters-sa", "sa"), ("clusters-sb", "sb")] {
+        let h = Api::<HostedOLM>::namespaced(env.management.client(), ns)
+            .get(name)
+            .await?;
+        let c = h
+            .status
+            .context("status")?
+            .catalogs
+            .into_iter()
+            .find(|c| c.name == "redhat-operators")
+            .context("redhat-operators status")?;
+        ensure!(c.image.as_deref() == Some(new.as_str()), "{name}: {c:?}");
+        ensure!(
+            c.source.as_deref() == Some(format!("{rh}.{shared_ns}.svc:50051").as_str()),
+            "{name}: {c:?}"
+        );
+    }
+    ensure!(admitted(&env.management, rh).await? == ["clusters-sa", "clusters-sb"]);
+
     // Scaled to 0 by hand: restored by the next pass.
     deps.patch(
         rh,
