@@ -251,6 +251,13 @@ async fn main() -> Result<()> {
     // Every hosted cluster gets ~8 Services; the default /24 would run out of ClusterIPs.
     let mut mgmt_opts = ClusterOptions::new("management");
     mgmt_opts.service_cidr = "198.18.0.0/16".into();
+    // Every hosted cluster's tunnel gateway has a NodePort Service: the default range
+    // (30000-32767, 2,768 ports) would stop N=3000 at 2,768 (seen: `range is full`, the
+    // rest Degraded ApplyFailed). A management cluster that hosts that many needs a wider
+    // range too; nothing listens on these ports here (no kube-proxy).
+    mgmt_opts
+        .extra_apiserver_args
+        .push("--service-node-port-range=30000-39999".into());
     let mgmt = Cluster::start(mgmt_opts).await?;
     let fx = fixtures_dir();
     mgmt.install_crds(&[
