@@ -82,7 +82,7 @@ fn object_id(kind: &str, namespace: Option<&str>, name: &str) -> String {
 
 /// A failure on one object.
 #[derive(Debug, thiserror::Error)]
-#[error("{verb} {id}: {source}")]
+#[error("{verb} {id}: {}", describe(source))]
 pub struct ObjectError {
     /// What we tried (`get`, `apply`, `list`, `delete`).
     pub verb: &'static str,
@@ -91,6 +91,15 @@ pub struct ObjectError {
     /// The API error.
     #[source]
     pub source: kube::Error,
+}
+
+/// The API server's own message for an API error (kube's Display adds the whole `Status`
+/// in Debug form); other errors as they are.
+fn describe(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => format!("{} (HTTP {} {})", s.message, s.code, s.reason),
+        other => other.to_string(),
+    }
 }
 
 impl ObjectError {
@@ -367,5 +376,32 @@ async fn read_full(
             });
             Err(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the API server said, not kube's Debug of its Status (which ends up in a
+    /// HostedOLM's Degraded message).
+    #[test]
+    fn an_api_error_reads_as_the_servers_message() {
+        let status: kube::core::Status = serde_json::from_value(serde_json::json!({
+            "status": "Failure",
+            "code": 500,
+            "reason": "InternalError",
+            "message": "Internal error occurred: failed to allocate a nodePort: range is full",
+        }))
+        .unwrap();
+        let e = ObjectError {
+            verb: "apply",
+            id: "Service/ns/wg".into(),
+            source: kube::Error::Api(status.into()),
+        };
+        assert_eq!(
+            e.to_string(),
+            "apply Service/ns/wg: Internal error occurred: failed to allocate a nodePort: range is full (HTTP 500 InternalError)"
+        );
     }
 }

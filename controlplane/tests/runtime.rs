@@ -5293,10 +5293,12 @@ async fn shared_catalogs_are_shared_isolated_and_reference_counted() -> Result<(
         .await?;
     ensure!(&d2 != rh_digest);
     let new = format!("registry.redhat.io/redhat/redhat-operator-index@{d2}");
-    let refreshed = ctx.clone().with_schedule(hcp_olm_controlplane::runtime::Schedule {
-        catalog_refresh: std::time::Duration::from_millis(1),
-        ..Default::default()
-    });
+    let refreshed = ctx
+        .clone()
+        .with_schedule(hcp_olm_controlplane::runtime::Schedule {
+            catalog_refresh: std::time::Duration::from_millis(1),
+            ..Default::default()
+        });
     let mut served = vec![old.clone()];
     for name in ["sa", "sb"] {
         reconcile(&refreshed, &env, name).await?;
