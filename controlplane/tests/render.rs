@@ -451,16 +451,19 @@ fn ipv6_and_dual_stack_guests_get_ipv6_inside_the_tunnel() {
             .decode(v.as_str().unwrap())
             .unwrap()
     };
-    let docs = |networking: Option<Value>| {
+    let desired = |networking: Option<Value>| {
         let mut hc = common::load_hc("none-minimal.yaml");
         if let Some(n) = networking {
             hc.spec.networking = Some(serde_json::from_value(n).unwrap());
         }
-        let d = render::desired(&common::with_live_facts(common::input(
+        render::desired(&common::with_live_facts(common::input(
             common::valid(&hc, None),
             true,
         )))
-        .unwrap();
+        .unwrap()
+    };
+    let docs = |networking: Option<Value>| {
+        let d = desired(networking);
         let peer: render::AgentPeerConfig =
             serde_json::from_slice(&b64(
                 &find(&d.guest, "Secret", names::GUEST_AGENT_PEER).body["data"]["peer.json"]
@@ -497,15 +500,7 @@ fn ipv6_and_dual_stack_guests_get_ipv6_inside_the_tunnel() {
     // the guest's IPv6 nodes can reach its node port or load balancer (a single-stack
     // management cluster gives it its one family).
     let wg_policy = |networking: Option<Value>| {
-        let mut hc = common::load_hc("none-minimal.yaml");
-        if let Some(n) = networking {
-            hc.spec.networking = Some(serde_json::from_value(n).unwrap());
-        }
-        let d = render::desired(&common::with_live_facts(common::input(
-            common::valid(&hc, None),
-            true,
-        )))
-        .unwrap();
+        let d = desired(networking);
         find(&d.hcp, "Service", names::TUNNEL_GATEWAY_WG).body["spec"]["ipFamilyPolicy"].clone()
     };
     let v6 = serde_json::json!({

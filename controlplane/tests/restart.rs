@@ -670,61 +670,45 @@ fn signal(p: &ManagedProcess, sig: &str) -> Result<()> {
 /// `Kind/name@resourceVersion` of every object in the shared namespace (a write shows as a
 /// new resourceVersion; a server-side apply that changes nothing makes none).
 async fn shared_versions(mgmt: &Cluster) -> Result<BTreeSet<String>> {
-    use k8s_openapi::api::core::v1::Service;
-    use k8s_openapi::api::networking::v1::NetworkPolicy;
-    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use kube::api::ApiResource;
     let ns = hcp_olm_controlplane::sharing::SHARED_NAMESPACE;
-    let lp = ListParams::default();
     let mut out = BTreeSet::new();
-    let mut add = |kind: &str, metas: Vec<kube::api::ObjectMeta>| {
-        for m in metas {
+    for (group, version, kind, plural) in [
+        ("apps", "v1", "Deployment", "deployments"),
+        ("", "v1", "Service", "services"),
+        (
+            "policy",
+            "v1",
+            "PodDisruptionBudget",
+            "poddisruptionbudgets",
+        ),
+        (
+            "networking.k8s.io",
+            "v1",
+            "NetworkPolicy",
+            "networkpolicies",
+        ),
+    ] {
+        let ar = ApiResource {
+            group: group.into(),
+            version: version.into(),
+            api_version: if group.is_empty() {
+                version.into()
+            } else {
+                format!("{group}/{version}")
+            },
+            kind: kind.into(),
+            plural: plural.into(),
+        };
+        let api: Api<DynamicObject> = Api::namespaced_with(mgmt.client(), ns, &ar);
+        for m in api.list_metadata(&ListParams::default()).await?.items {
             out.insert(format!(
                 "{kind}/{}@{}",
-                m.name.unwrap_or_default(),
-                m.resource_version.unwrap_or_default()
+                m.metadata.name.unwrap_or_default(),
+                m.metadata.resource_version.unwrap_or_default()
             ));
         }
-    };
-    add(
-        "Deployment",
-        Api::<Deployment>::namespaced(mgmt.client(), ns)
-            .list(&lp)
-            .await?
-            .items
-            .into_iter()
-            .map(|o| o.metadata)
-            .collect(),
-    );
-    add(
-        "Service",
-        Api::<Service>::namespaced(mgmt.client(), ns)
-            .list(&lp)
-            .await?
-            .items
-            .into_iter()
-            .map(|o| o.metadata)
-            .collect(),
-    );
-    add(
-        "PodDisruptionBudget",
-        Api::<PodDisruptionBudget>::namespaced(mgmt.client(), ns)
-            .list(&lp)
-            .await?
-            .items
-            .into_iter()
-            .map(|o| o.metadata)
-            .collect(),
-    );
-    add(
-        "NetworkPolicy",
-        Api::<NetworkPolicy>::namespaced(mgmt.client(), ns)
-            .list(&lp)
-            .await?
-            .items
-            .into_iter()
-            .map(|o| o.metadata)
-            .collect(),
-    );
+    }
     Ok(out)
 }
 
