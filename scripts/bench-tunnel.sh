@@ -28,32 +28,43 @@
 # generator sharing the two cores does not decide it; raw qps is printed too.
 # Per-run figures go to stderr (with `tun-bench:` and `tun6-bench:` summary lines); the last
 # line is
-#   tunnel-bench: bulk_vs_konnectivity=<r> bulk_vs_direct=<r> rpc_p99_vs_konnectivity=<r> tun_vs_wireguard_go=<r> dns_cpu_vs_coredns=<r> dns_cpu_vs_dnsmasq=<r> tun6_vs_wireguard_go=<r>
+#   tunnel-bench: bulk_vs_konnectivity=<r> bulk_vs_direct=<r> rpc_p99_vs_konnectivity=<r> tun_vs_wireguard_go=<r> dns_cpu_vs_coredns=<r> dns_cpu_vs_dnsmasq=<r> tun6_vs_wireguard_go=<r> multi_aggregate_vs_single=<r> multi_udp_rcvbuf_drops=<n>
 # (bulk: the catalog-server backend leg, where the transport is the bottleneck; the opm leg
 # is printed for information), or with BENCH_LEGS=tun
 #   tunnel-bench: tun_vs_wireguard_go=<r> tun6_vs_wireguard_go=<r> ours_v6_vs_v4=<r> (legs: tun)
-# Usage: [BENCH_LEGS=all|tun] scripts/bench-tunnel.sh [ROUNDS] [SECONDS]
+# - Many HCPs on one node (issue 17): 8 gateway/agent pairs, the 8 gateways in one management
+#   namespace (one node), each agent in a guest namespace of its own (the same guest
+#   addresses and names in each: guests overlap), each guest serving the catalog from
+#   hcp-olm-catalog-server; 8 clients in the management namespace stream ListBundles through
+#   their own gateway at once. With net.core.rmem_max/wmem_max at the kernel default
+#   (212992; set for the leg and restored after, as real nodes rarely raise them). Printed:
+#   aggregate Mbit/s (all bytes / wall time) against one pair alone in the same rounds, and
+#   the UDP receive-buffer drops (`RcvbufErrors`) of every namespace over the leg:
+#     multi-bench: tunnels=8 aggregate_mbit(min/median/max)=.. single_mbit=.. aggregate_vs_single=.. udp_rcvbuf_drops=.. rmem_max=212992
+# Usage: [BENCH_LEGS=all|tun|multi] scripts/bench-tunnel.sh [ROUNDS] [SECONDS]
 #   BENCH_LEGS=all (default): every leg. BENCH_LEGS=tun: only the TUN legs (both families);
 #   the catalog, Konnectivity and DNS legs, their tool checks and builds are skipped (needs
 #   iperf3, wg, the pinned wireguard-go and the release hcp-olm-tunnel only).
+#   BENCH_LEGS=multi: only the many-HCPs leg.
 set -euo pipefail
 umask 077
 root="$(cd "$(dirname "$0")/.." && pwd)"
 rounds="${1:-3}"
 secs="${2:-6}"
 legs="${BENCH_LEGS:-all}"
-case "$legs" in all | tun) ;; *) echo "bench-tunnel: BENCH_LEGS must be all or tun, not '$legs'" >&2; exit 64 ;; esac
+case "$legs" in all | tun | multi) ;; *) echo "bench-tunnel: BENCH_LEGS must be all, tun or multi, not '$legs'" >&2; exit 64 ;; esac
 [[ "$rounds" -ge 3 ]] || { echo "bench-tunnel: at least 3 rounds" >&2; exit 64; }
 fail() { echo "bench-tunnel: FAILED: $*" >&2; exit 1; }
 need=(iperf3 wg ip python3)
 [[ $legs == all ]] && need+=(dnsperf dnsmasq)
+[[ $legs == multi ]] && need+=(dnsmasq)
 for t in "${need[@]}"; do
   command -v "$t" >/dev/null || { echo "bench-tunnel: $t not installed" >&2; exit 1; }
 done
 [[ $(id -u) == 0 ]] || { echo "bench-tunnel: needs root (network namespaces)" >&2; exit 1; }
 cd "$root"
 echo "bench-tunnel: building hcp-olm-tunnel (release; legs: $legs)" >&2
-if [[ $legs == all ]]; then
+if [[ $legs != tun ]]; then
   cargo build --release -q -p hcp-olm-guest-agent --bin hcp-olm-tunnel --bin hcp-olm-dns \
     --bin hcp-olm-gateway --bin hcp-olm-agent
   cargo build --release -q -p hcp-olm-cli --example catalog-rpc-bench
@@ -65,6 +76,7 @@ rel="${CARGO_TARGET_DIR:-$root/target}/release"
 tools="${HCP_OLM_TOOLS_DIR:-${HCP_OLM_CACHE:-$HOME/.cache/hcp-olm}/bin}"
 need_tools=(wireguard-go)
 [[ $legs == all ]] && need_tools=(opm proxy-server proxy-agent wireguard-go)
+[[ $legs == multi ]] && need_tools=(opm)
 for b in "${need_tools[@]}"; do
   [[ -x "$tools/$b" ]] || { echo "bench-tunnel: $tools/$b missing: run 'make tools-bench'" >&2; exit 1; }
 done
@@ -91,7 +103,10 @@ cleanup() {
   ip netns del "$nb" 2>/dev/null || true
   rm -f /var/run/wireguard/"${tag}"*.sock
 }
-trap 'catalog_stop; rm -rf "$work"' EXIT
+trap 'catalog_stop; multi_stop; rm -rf "$work"' EXIT
+# An interrupted run still deletes its namespaces and restores the sysctls it changed.
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 A=198.18.46.1 B=198.18.46.2 TA=198.18.47.1 TB=198.18.47.2 PORT=51820
 # IPv6 leg (issue 19): underlay and inner addresses, test-only (fd00::/8)
@@ -202,19 +217,11 @@ M_ADDR=198.18.48.1 G_ADDR=198.18.48.2 CAT_IP=198.18.49.10 GDNS_IP=198.18.49.53
 CAT_NAME=cat.bench.svc.cluster.local CAT2_IP=198.18.49.11 CAT2_NAME=ours.bench.svc.cluster.local
 nm="${tag}m" ng="${tag}g"
 cat_bg() { "$@" >>"$work/catalog.log" 2>&1 & pids+=($!); }
-catalog_setup() {
-  ip netns add "$nm"; ip netns add "$ng"
-  ip link add "${tag}vm" netns "$nm" type veth peer name "${tag}vg" netns "$ng"
-  ip -n "$nm" addr add "$M_ADDR/30" dev "${tag}vm"; ip -n "$ng" addr add "$G_ADDR/30" dev "${tag}vg"
-  for n in "$nm" "$ng"; do ip -n "$n" link set lo up; done
-  ip -n "$nm" link set "${tag}vm" up; ip -n "$ng" link set "${tag}vg" up
-  ip -n "$ng" addr add "$CAT_IP/32" dev lo; ip -n "$ng" addr add "$GDNS_IP/32" dev lo
-  ip -n "$ng" addr add "$CAT2_IP/32" dev lo
-  mkdir -p "/etc/netns/$ng"; echo "nameserver $GDNS_IP" > "/etc/netns/$ng/resolv.conf"
-  cat_bg ip netns exec "$ng" dnsmasq --no-daemon --conf-file=/dev/null --no-resolv --no-hosts \
-    --bind-interfaces --listen-address="$GDNS_IP" --pid-file= --host-record="$CAT_NAME,$CAT_IP" --host-record="$CAT2_NAME,$CAT2_IP"
-  # The servable part of the catalog: opm refuses a few packages of the real catalog
-  # (stranded bundles); leave those out, as the catalog benchmark does.
+# The servable part of the catalog, in $work/catalog (once): opm refuses a few packages of the
+# real catalog (stranded bundles), and so does our catalog server; leave those out, as the
+# catalog benchmark does.
+prepare_catalog() {
+  [[ -d "$work/catalog" ]] && return 0
   mkdir -p "$work/catalog"
   # (copies, hard-linked where possible: opm does not follow directory symlinks)
   for d in "$catalog"/*/; do cp -al "${d%/}" "$work/catalog/" 2>/dev/null || cp -r "${d%/}" "$work/catalog/"; done
@@ -229,6 +236,20 @@ catalog_setup() {
     rm -rf "${work:?}/catalog/$bad" "$work/opm-cache"; left+=("$bad")
   done
   echo "bench-tunnel:   catalog $(basename "$catalog"): $(ls "$work/catalog" | wc -l) packages (left out, refused by opm: ${left[*]:-none})" >&2
+}
+
+catalog_setup() {
+  ip netns add "$nm"; ip netns add "$ng"
+  ip link add "${tag}vm" netns "$nm" type veth peer name "${tag}vg" netns "$ng"
+  ip -n "$nm" addr add "$M_ADDR/30" dev "${tag}vm"; ip -n "$ng" addr add "$G_ADDR/30" dev "${tag}vg"
+  for n in "$nm" "$ng"; do ip -n "$n" link set lo up; done
+  ip -n "$nm" link set "${tag}vm" up; ip -n "$ng" link set "${tag}vg" up
+  ip -n "$ng" addr add "$CAT_IP/32" dev lo; ip -n "$ng" addr add "$GDNS_IP/32" dev lo
+  ip -n "$ng" addr add "$CAT2_IP/32" dev lo
+  mkdir -p "/etc/netns/$ng"; echo "nameserver $GDNS_IP" > "/etc/netns/$ng/resolv.conf"
+  cat_bg ip netns exec "$ng" dnsmasq --no-daemon --conf-file=/dev/null --no-resolv --no-hosts \
+    --bind-interfaces --listen-address="$GDNS_IP" --pid-file= --host-record="$CAT_NAME,$CAT_IP" --host-record="$CAT2_NAME,$CAT2_IP"
+  prepare_catalog
   cat_bg ip netns exec "$ng" "$tools/opm" serve "$work/catalog" --port 50051 --pprof-addr= \
     --cache-dir "$work/opm-cache" --cache-enforce-integrity=false
   cat_bg ip netns exec "$ng" "$rel/hcp-olm-catalog-server" --catalog "$work/catalog" \
@@ -301,6 +322,129 @@ catalog_stop() {
   ip netns del "$nm" 2>/dev/null || true
   ip netns del "$ng" 2>/dev/null || true
   rm -rf "/etc/netns/$ng"
+}
+
+# --- many HCPs on one node ------------------------------------------------------------------
+MULTI=8
+nmm="${tag}mm"
+multi_pids=()
+rmem_saved="" wmem_saved=""
+multi_stop() {
+  for p in "${multi_pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${multi_pids[@]}"; do
+    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$p" 2>/dev/null || true
+  done
+  for p in "${multi_pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  multi_pids=()
+  ip netns del "$nmm" 2>/dev/null || true
+  for i in $(seq 0 $((MULTI - 1))); do
+    ip netns del "${tag}g$i" 2>/dev/null || true
+    rm -rf "/etc/netns/${tag}g$i"
+  done
+  if [[ -n "$rmem_saved" ]]; then
+    sysctl -qw "net.core.rmem_max=$rmem_saved" "net.core.wmem_max=$wmem_saved" || true
+    rmem_saved=""
+  fi
+}
+multi_bg() { "$@" >>"$work/multi.log" 2>&1 & multi_pids+=($!); }
+udp_drops() {  # netns -> Udp RcvbufErrors
+  ip netns exec "$1" awk '/^Udp: / {n++; if (n == 1) {for (i = 1; i <= NF; i++) if ($i == "RcvbufErrors") c = i} else {print $c; exit}}' /proc/net/snmp
+}
+multi_drops() {  # -> RcvbufErrors summed over the management and every guest namespace
+  local sum=0 i
+  sum=$((sum + $(udp_drops "$nmm")))
+  for i in $(seq 0 $((MULTI - 1))); do sum=$((sum + $(udp_drops "${tag}g$i"))); done
+  echo "$sum"
+}
+multi_setup() {
+  rmem_saved="$(sysctl -n net.core.rmem_max)" wmem_saved="$(sysctl -n net.core.wmem_max)"
+  sysctl -qw net.core.rmem_max=212992 net.core.wmem_max=212992
+  ip netns add "$nmm"; ip -n "$nmm" link set lo up
+  local i ng ma ga
+  for i in $(seq 0 $((MULTI - 1))); do
+    ng="${tag}g$i" ma="198.18.56.$((4 * i + 1))" ga="198.18.56.$((4 * i + 2))"
+    ip netns add "$ng"
+    ip link add "${tag}n$i" netns "$nmm" type veth peer name "${tag}x$i" netns "$ng"
+    ip -n "$nmm" addr add "$ma/30" dev "${tag}n$i"; ip -n "$ng" addr add "$ga/30" dev "${tag}x$i"
+    ip -n "$ng" link set lo up; ip -n "$nmm" link set "${tag}n$i" up; ip -n "$ng" link set "${tag}x$i" up
+    ip -n "$ng" addr add "$CAT2_IP/32" dev lo; ip -n "$ng" addr add "$GDNS_IP/32" dev lo
+    mkdir -p "/etc/netns/$ng"; echo "nameserver $GDNS_IP" > "/etc/netns/$ng/resolv.conf"
+    multi_bg ip netns exec "$ng" dnsmasq --no-daemon --conf-file=/dev/null --no-resolv --no-hosts \
+      --bind-interfaces --listen-address="$GDNS_IP" --pid-file= --host-record="$CAT2_NAME,$CAT2_IP"
+    multi_bg ip netns exec "$ng" "$rel/hcp-olm-catalog-server" --catalog "$work/catalog" \
+      --listen "$CAT2_IP:50052"
+    wg genkey > "$work/mgw$i.key"; wg genkey > "$work/mag$i.key"
+    cat >"$work/mgateway$i.json" <<EOF_
+{ "listen_port": $((51830 + i)), "private_key_file": "$work/mgw$i.key",
+  "agent_public_key": "$(wg pubkey < "$work/mag$i.key")",
+  "tunnel_address": "100.127.255.1/30", "agent_tunnel_address": "100.127.255.2/30",
+  "guest_cidrs": ["198.18.49.0/24"], "hcp_namespace": "clusters-bench$i",
+  "connect_listen": "127.0.0.1:$((3140 + i))", "health_listen": "127.0.0.1:$((9140 + i))",
+  "dns": { "local_upstreams": ["127.0.0.1:5354"] },
+  "allowed_services": [{ "namespace": "bench", "name": "*", "port": 50052 }],
+  "exposed_services": [] }
+EOF_
+    cat >"$work/magent$i.json" <<EOF_
+{ "gateway_endpoint": "$ma:$((51830 + i))", "gateway_public_key": "$(wg pubkey < "$work/mgw$i.key")",
+  "private_key_file": "$work/mag$i.key",
+  "tunnel_address": "100.127.255.2/30", "gateway_tunnel_address": "100.127.255.1/30",
+  "persistent_keepalive_seconds": 10,
+  "allowed_services": [{ "namespace": "*", "name": "*", "port": 50052 }],
+  "allowed_cidrs": ["198.18.49.0/24"], "guest_dns": ["$GDNS_IP"],
+  "exposed_services": [], "health_listen": "127.0.0.1:9091" }
+EOF_
+    multi_bg ip netns exec "$nmm" "$rel/hcp-olm-gateway" --config "$work/mgateway$i.json"
+    multi_bg ip netns exec "$ng" "$rel/hcp-olm-agent" --config "$work/magent$i.json"
+  done
+  echo "bench-tunnel: many-HCPs leg: waiting for $MULTI catalog servers and tunnels (rmem_max/wmem_max 212992 for the leg, was $rmem_saved/$wmem_saved)" >&2
+  local ok
+  for i in $(seq 0 $((MULTI - 1))); do
+    ok=no
+    for _ in $(seq 240); do
+      if ip netns exec "$nmm" "$rel/examples/catalog-rpc-bench" "$CAT2_NAME:50052" "127.0.0.1:$((3140 + i))" 0 0 >/dev/null 2>>"$work/multi.log"; then
+        ok=yes; break
+      fi
+      sleep 0.5
+    done
+    [[ $ok == yes ]] || fail "many-HCPs leg: pair $i never served (see the log: $(tail -3 "$work/multi.log" | cut -c1-200))"
+  done
+}
+multi_run() {  # pairs repeats -> aggregate Mbit/s (all payload bytes / wall time)
+  local n=$1 rep=$2 i t0 t1 cpids=() bytes=0 b out
+  t0="$(date +%s.%N)"
+  for i in $(seq 0 $((n - 1))); do
+    ip netns exec "$nmm" timeout 300 "$rel/examples/catalog-rpc-bench" "$CAT2_NAME:50052" \
+      "127.0.0.1:$((3140 + i))" "$rep" 0 >"$work/multi-out$i" 2>>"$work/multi.log" &
+    cpids+=($!)
+  done
+  for i in "${!cpids[@]}"; do wait "${cpids[$i]}" || { echo "bench-tunnel: many-HCPs client $i failed" >&2; return 1; }; done
+  t1="$(date +%s.%N)"
+  for i in $(seq 0 $((n - 1))); do
+    out="$(tail -1 "$work/multi-out$i")"
+    b="$(sed -n 's/.*stream_bytes=\([0-9]*\).*/\1/p' <<<"$out")"
+    [[ -n "$b" && "$b" -gt 0 ]] || { echo "bench-tunnel: many-HCPs client $i: no result ($out)" >&2; return 1; }
+    bytes=$((bytes + b * (rep + 1)))  # the warm-up stream moves the payload too
+  done
+  python3 -c "print('%.1f' % ($bytes * 8 / 1e6 / ($t1 - $t0)))"
+}
+multi_leg() {
+  echo "bench-tunnel: many HCPs on one node: $MULTI gateway/agent pairs, ListBundles x20 each at once, against one pair alone" >&2
+  prepare_catalog
+  multi_setup
+  local d0 d1 i k r agg=() one=()
+  d0="$(multi_drops)"
+  for i in $(seq "$rounds"); do
+    for k in $(rotated "$i" 2); do
+      if [[ $k == 0 ]]; then r="$(multi_run "$MULTI" 20)" || fail "round $i: $MULTI pairs at once"; agg+=("$r")
+      else r="$(multi_run 1 20)" || fail "round $i: one pair alone"; one+=("$r"); fi
+    done
+    echo "bench-tunnel: round $i: $MULTI pairs at once ${agg[-1]} Mbit/s in all, one pair alone ${one[-1]} Mbit/s" >&2
+  done
+  d1="$(multi_drops)"
+  multi_stop
+  multi_line="multi-bench: tunnels=$MULTI aggregate_mbit(min/median/max)=$(spread "${agg[@]}") single_mbit=$(spread "${one[@]}") aggregate_vs_single=$(ratio "$(median "${agg[@]}")" "$(median "${one[@]}")") udp_rcvbuf_drops=$((d1 - d0)) rmem_max=212992"
+  echo "$multi_line" >&2
 }
 
 # --- DNS leg -------------------------------------------------------------------------------
@@ -395,6 +539,12 @@ ratio() { python3 -c "print('%.3f' % ($1 / $2))"; }
 # rotated I N: the N system indexes of round I (1-based), starting with system I mod N
 rotated() { local i=$1 n=$2 k; for k in $(seq 0 $((n - 1))); do echo $(( (i - 1 + k) % n )); done; }
 
+if [[ $legs == multi ]]; then
+  multi_leg
+  echo "tunnel-bench: ${multi_line#multi-bench: } (legs: multi)"
+  exit 0
+fi
+
 keys
 ours=() wggo=() ours6=() wggo6=()
 for i in $(seq "$rounds"); do
@@ -437,6 +587,7 @@ for leg in opm server; do
   done
 done
 catalog_stop
+multi_leg
 # shellcheck disable=SC2086
 {
   co="$(median ${c_m[0]})" ck="$(median ${c_m[1]})" cd_="$(median ${c_m[2]})"
@@ -470,4 +621,4 @@ dns_stop
   co_="$(median ${dc[0]})" cm="$(median ${dc[1]})" cc="$(median ${dc[2]})"
 }
 r_dns_c="$(ratio "$co_" "$cc")" r_dns_m="$(ratio "$co_" "$cm")"
-echo "tunnel-bench: bulk_vs_konnectivity=$r_bulk_k bulk_vs_direct=$r_bulk_d rpc_p99_vs_konnectivity=$r_p99 tun_vs_wireguard_go=$r_tun dns_cpu_vs_coredns=$r_dns_c dns_cpu_vs_dnsmasq=$r_dns_m tun6_vs_wireguard_go=$r_tun6"
+echo "tunnel-bench: bulk_vs_konnectivity=$r_bulk_k bulk_vs_direct=$r_bulk_d rpc_p99_vs_konnectivity=$r_p99 tun_vs_wireguard_go=$r_tun dns_cpu_vs_coredns=$r_dns_c dns_cpu_vs_dnsmasq=$r_dns_m tun6_vs_wireguard_go=$r_tun6 multi_aggregate_vs_single=$(sed -n 's/.*aggregate_vs_single=\([^ ]*\).*/\1/p' <<<"$multi_line") multi_udp_rcvbuf_drops=$(sed -n 's/.*udp_rcvbuf_drops=\([^ ]*\).*/\1/p' <<<"$multi_line")"

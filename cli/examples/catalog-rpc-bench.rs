@@ -4,7 +4,7 @@
 //! keeps one per CatalogSource.
 //!
 //! Usage: catalog-rpc-bench ADDR [PROXY|-] [LISTBUNDLES_REPEATS] [SMALL_CALLS]
-//! Last line: `rpc-bench: listbundles_s=<median> bundles=<n> mbytes=<payload> mbit_per_s=<..> small_p50_ms=<..> small_p99_ms=<..>`
+//! Last line: `rpc-bench: listbundles_s=<median> bundles=<n> mbytes=<payload> mbit_per_s=<..> small_p50_ms=<..> small_p99_ms=<..> stream_bytes=<payload of one ListBundles, exact>`
 
 use std::time::{Duration, Instant};
 
@@ -86,7 +86,7 @@ async fn main() -> Result<()> {
     lat.sort_by(f64::total_cmp);
     let mbytes = bytes as f64 / 1e6;
     println!(
-        "rpc-bench: listbundles_s={lb:.3} bundles={bundles} mbytes={mbytes:.1} mbit_per_s={:.1} small_p50_ms={:.3} small_p99_ms={:.3}",
+        "rpc-bench: listbundles_s={lb:.3} bundles={bundles} mbytes={mbytes:.1} mbit_per_s={:.1} small_p50_ms={:.3} small_p99_ms={:.3} stream_bytes={bytes}",
         mbytes * 8.0 / lb,
         percentile(&lat, 0.5),
         percentile(&lat, 0.99)
