@@ -45,19 +45,21 @@
 #   BENCH_LEGS=all (default): every leg. BENCH_LEGS=tun: only the TUN legs (both families);
 #   the catalog, Konnectivity and DNS legs, their tool checks and builds are skipped (needs
 #   iperf3, wg, the pinned wireguard-go and the release hcp-olm-tunnel only).
-#   BENCH_LEGS=multi: only the many-HCPs leg.
+#   HCP_OLM_BENCH_GATEWAY / HCP_OLM_BENCH_AGENT: other gateway and agent binaries (an A/B run).
+#   BENCH_LEGS=multi: only the many-HCPs leg. BENCH_LEGS=catalog: the catalog legs (opm and
+#   catalog-server backends) and the many-HCPs leg, no TUN or DNS.
 set -euo pipefail
 umask 077
 root="$(cd "$(dirname "$0")/.." && pwd)"
 rounds="${1:-3}"
 secs="${2:-6}"
 legs="${BENCH_LEGS:-all}"
-case "$legs" in all | tun | multi) ;; *) echo "bench-tunnel: BENCH_LEGS must be all, tun or multi, not '$legs'" >&2; exit 64 ;; esac
+case "$legs" in all | tun | multi | catalog) ;; *) echo "bench-tunnel: BENCH_LEGS must be all, tun, multi or catalog, not '$legs'" >&2; exit 64 ;; esac
 [[ "$rounds" -ge 3 ]] || { echo "bench-tunnel: at least 3 rounds" >&2; exit 64; }
 fail() { echo "bench-tunnel: FAILED: $*" >&2; exit 1; }
 need=(iperf3 wg ip python3)
 [[ $legs == all ]] && need+=(dnsperf dnsmasq)
-[[ $legs == multi ]] && need+=(dnsmasq)
+[[ $legs == multi || $legs == catalog ]] && need+=(dnsmasq)
 for t in "${need[@]}"; do
   command -v "$t" >/dev/null || { echo "bench-tunnel: $t not installed" >&2; exit 1; }
 done
@@ -73,10 +75,13 @@ else
   cargo build --release -q -p hcp-olm-guest-agent --bin hcp-olm-tunnel
 fi
 rel="${CARGO_TARGET_DIR:-$root/target}/release"
+# Another build of the gateway and agent for an A/B run (e.g. a commit before a change).
+gwbin="${HCP_OLM_BENCH_GATEWAY:-$rel/hcp-olm-gateway}" agbin="${HCP_OLM_BENCH_AGENT:-$rel/hcp-olm-agent}"
 tools="${HCP_OLM_TOOLS_DIR:-${HCP_OLM_CACHE:-$HOME/.cache/hcp-olm}/bin}"
 need_tools=(wireguard-go)
 [[ $legs == all ]] && need_tools=(opm proxy-server proxy-agent wireguard-go)
 [[ $legs == multi ]] && need_tools=(opm)
+[[ $legs == catalog ]] && need_tools=(opm proxy-server proxy-agent)
 for b in "${need_tools[@]}"; do
   [[ -x "$tools/$b" ]] || { echo "bench-tunnel: $tools/$b missing: run 'make tools-bench'" >&2; exit 1; }
 done
@@ -274,8 +279,8 @@ EOF_
   "allowed_cidrs": ["198.18.49.0/24"], "guest_dns": ["$GDNS_IP"],
   "exposed_services": [], "health_listen": "127.0.0.1:9091" }
 EOF_
-  cat_bg ip netns exec "$nm" "$rel/hcp-olm-gateway" --config "$work/gateway.json"
-  cat_bg ip netns exec "$ng" "$rel/hcp-olm-agent" --config "$work/agent.json"
+  cat_bg ip netns exec "$nm" "$gwbin" --config "$work/gateway.json"
+  cat_bg ip netns exec "$ng" "$agbin" --config "$work/agent.json"
   # Konnectivity's agent link is mTLS: a throwaway CA, a server cert for M_ADDR, an agent cert
   local k="$work/konn"; mkdir -p "$k"
   openssl req -x509 -newkey rsa:2048 -nodes -keyout "$k/ca.key" -out "$k/ca.crt" -subj /CN=bench-ca -days 1 2>/dev/null
@@ -325,7 +330,7 @@ catalog_stop() {
 }
 
 # --- many HCPs on one node ------------------------------------------------------------------
-MULTI=8
+MULTI="${BENCH_MULTI:-8}"
 nmm="${tag}mm"
 multi_pids=()
 rmem_saved="" wmem_saved=""
@@ -394,8 +399,8 @@ EOF_
   "allowed_cidrs": ["198.18.49.0/24"], "guest_dns": ["$GDNS_IP"],
   "exposed_services": [], "health_listen": "127.0.0.1:9091" }
 EOF_
-    multi_bg ip netns exec "$nmm" "$rel/hcp-olm-gateway" --config "$work/mgateway$i.json"
-    multi_bg ip netns exec "$ng" "$rel/hcp-olm-agent" --config "$work/magent$i.json"
+    multi_bg ip netns exec "$nmm" "$gwbin" --config "$work/mgateway$i.json"
+    multi_bg ip netns exec "$ng" "$agbin" --config "$work/magent$i.json"
   done
   echo "bench-tunnel: many-HCPs leg: waiting for $MULTI catalog servers and tunnels (rmem_max/wmem_max 212992 for the leg, was $rmem_saved/$wmem_saved)" >&2
   local ok
@@ -547,7 +552,8 @@ fi
 
 keys
 ours=() wggo=() ours6=() wggo6=()
-for i in $(seq "$rounds"); do
+[[ $legs == catalog ]] && tun_rounds=0 || tun_rounds=$rounds
+for i in $(seq "$tun_rounds"); do
   for k in $(rotated "$i" 4); do
     case $k in
       0) w="$(run_pair wggo)" || fail "round $i: wireguard-go iperf3 run (IPv4)"; wggo+=("$w") ;;
@@ -558,11 +564,13 @@ for i in $(seq "$rounds"); do
   done
   echo "bench-tunnel: round $i: IPv4 wireguard-go ${w} Mbit/s, ours ${o} Mbit/s; IPv6 wireguard-go ${w6} Mbit/s, ours ${o6} Mbit/s (iperf3 single stream, ${secs}s)" >&2
 done
-mo="$(median "${ours[@]}")" mw="$(median "${wggo[@]}")"
-mo6="$(median "${ours6[@]}")" mw6="$(median "${wggo6[@]}")"
-r_tun="$(ratio "$mo" "$mw")" r_tun6="$(ratio "$mo6" "$mw6")" r_v6v4="$(ratio "$mo6" "$mo")"
-echo "tun-bench: ours_mbit(min/median/max)=$(spread "${ours[@]}") wireguard_go_mbit=$(spread "${wggo[@]}") tun_vs_wireguard_go=$r_tun" >&2
-echo "tun6-bench: ours_mbit(min/median/max)=$(spread "${ours6[@]}") wireguard_go_mbit=$(spread "${wggo6[@]}") tun6_vs_wireguard_go=$r_tun6 ours_v6_vs_v4=$r_v6v4" >&2
+if [[ $legs != catalog ]]; then
+  mo="$(median "${ours[@]}")" mw="$(median "${wggo[@]}")"
+  mo6="$(median "${ours6[@]}")" mw6="$(median "${wggo6[@]}")"
+  r_tun="$(ratio "$mo" "$mw")" r_tun6="$(ratio "$mo6" "$mw6")" r_v6v4="$(ratio "$mo6" "$mo")"
+  echo "tun-bench: ours_mbit(min/median/max)=$(spread "${ours[@]}") wireguard_go_mbit=$(spread "${wggo[@]}") tun_vs_wireguard_go=$r_tun" >&2
+  echo "tun6-bench: ours_mbit(min/median/max)=$(spread "${ours6[@]}") wireguard_go_mbit=$(spread "${wggo6[@]}") tun6_vs_wireguard_go=$r_tun6 ours_v6_vs_v4=$r_v6v4" >&2
+fi
 if [[ $legs == tun ]]; then
   echo "tunnel-bench: tun_vs_wireguard_go=$r_tun tun6_vs_wireguard_go=$r_tun6 ours_v6_vs_v4=$r_v6v4 (legs: tun)"
   exit 0
@@ -597,6 +605,10 @@ multi_leg
   echo "catalog-bench-path (hcp-olm-catalog-server backend): Mbit/s min/median/max ours=$(spread ${s_m[0]}) konnectivity=$(spread ${s_m[1]}) direct=$(spread ${s_m[2]})" >&2
 }
 r_bulk_k="$(ratio "$so" "$sk")" r_bulk_d="$(ratio "$so" "$sd")" r_p99="$(ratio "$po" "$pk")"
+if [[ $legs == catalog ]]; then
+  echo "tunnel-bench: bulk_vs_konnectivity=$r_bulk_k bulk_vs_direct=$r_bulk_d rpc_p99_vs_konnectivity=$r_p99 multi_aggregate_vs_single=$(sed -n 's/.*aggregate_vs_single=\([^ ]*\).*/\1/p' <<<"$multi_line") multi_udp_rcvbuf_drops=$(sed -n 's/.*udp_rcvbuf_drops=\([^ ]*\).*/\1/p' <<<"$multi_line") (legs: catalog)"
+  exit 0
+fi
 
 echo "bench-tunnel: DNS, cached answers (dnsperf -c 4, ${secs}s per run; ours with its per-client rate limit raised)" >&2
 dns_setup

@@ -27,7 +27,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tun_rs::{AsyncDevice, GROTable, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN};
 
-use super::driver::{SOCKET_BUFFER, TICK};
+use super::driver::{GSO_MAX_BYTES, SOCKET_BUFFER, TICK};
 use super::peer::{Keys, Output, Peer, PeerStatus};
 
 /// WireGuard's data-message overhead: 16-byte header and 16-byte tag (plus up to 15 padding).
@@ -171,12 +171,6 @@ impl Io {
         }
     }
 }
-
-/// The most one GSO send may carry: the kernel refuses (EMSGSIZE) a batch whose UDP payload
-/// exceeds what one IPv4 datagram could hold (65,507 bytes), whatever the segment count; 64
-/// segments of 1,452 bytes would be 92,928. Found by `make bench-tunnel`: about half of the
-/// bulk traffic was silently lost that way.
-const GSO_MAX_BYTES: usize = 65_000;
 
 /// TUN → encrypt → UDP (GSO).
 async fn tun_to_peer(io: Arc<Io>, peer: Arc<Mutex<Peer>>, cancel: CancellationToken) {
