@@ -642,3 +642,62 @@ fn ipv6_inside_over_ipv6_underlay_ours_against_ours() {
     }
     eprintln!("ipv6 inside, ours against ours, in {:?}", start.elapsed());
 }
+
+/// TUN mode over an underlay whose MTU (1400, an OVN-Kubernetes pod's) is below the tunnel's
+/// datagrams (1420-byte packets in 1480-byte datagrams): the host fragments them, as for any
+/// UDP socket; GSO batches, which the kernel refuses then, go out one datagram at a time.
+/// Fails when the socket keeps `quinn-udp`'s "never fragment" setting: handshakes and pings
+/// pass, full-sized TCP segments are refused with EMSGSIZE.
+#[test]
+fn tun_mode_over_an_underlay_with_a_smaller_mtu() {
+    let p = pair();
+    for ns in [&p.a, &p.b] {
+        let out = ns
+            .output("ip", &["-o", "link", "show", "type", "veth"])
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let name = text
+            .lines()
+            .find_map(|l| l.split(": ").nth(1))
+            .map(|n| n.split('@').next().unwrap_or(n).to_string())
+            .expect("a veth");
+        ns.ip(&["link", "set", "dev", &name, "mtu", "1400"])
+            .unwrap();
+    }
+    let (a_key, a_public) = key(p.dir.path(), "a.key");
+    let (b_key, b_public) = key(p.dir.path(), "b.key");
+    let b_cfg = tunnel_config(
+        p.dir.path(),
+        "b",
+        &b_key,
+        &a_public,
+        &format!("{B_ADDR}:{PORT}"),
+        &format!("{TUN_B}/24"),
+        &[],
+        None,
+        &[&format!("{TUN_A}/32")],
+    );
+    let a_cfg = tunnel_config(
+        p.dir.path(),
+        "a",
+        &a_key,
+        &b_public,
+        &format!("{A_ADDR}:{PORT}"),
+        &format!("{TUN_A}/24"),
+        &[],
+        Some(&format!("{B_ADDR}:{PORT}")),
+        &[&format!("{TUN_B}/32")],
+    );
+    let b = start_tunnel(&p.b, "ours-b", &b_cfg);
+    let a = start_tunnel(&p.a, "ours-a", &a_cfg);
+    wait_for("A ready (handshake)", Duration::from_secs(15), || {
+        http_get(&p.a, "/readyz").ends_with("200")
+    });
+    ping(&p.a, TUN_B);
+    udp_and_tcp(&p, &p.a, &p.b, TUN_B, "a→b over MTU 1400");
+    udp_and_tcp(&p, &p.b, &p.a, TUN_A, "b→a over MTU 1400");
+    for proc in [&a, &b] {
+        let st = sigterm_and_wait(proc);
+        assert!(st.success(), "{st:?}\n{}", proc.log_tail(20));
+    }
+}

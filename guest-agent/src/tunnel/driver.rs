@@ -126,6 +126,27 @@ struct Channels {
     status: watch::Sender<PeerStatus>,
 }
 
+/// `quinn-udp`'s state for the tunnel socket, with the socket's path-MTU behaviour put back
+/// to the kernel default (`WANT`: a datagram larger than the path MTU is fragmented by this
+/// host). `quinn-udp` sets `PROBE` (never fragment, for QUIC's own MTU discovery), which makes
+/// every datagram larger than the link MTU fail with EMSGSIZE: a tunnel in a pod whose network
+/// MTU is below its 1480-byte datagrams (OVN-Kubernetes pods have 1400) would carry
+/// handshakes and small packets but no full-sized segment. Kernel WireGuard fragments too.
+pub(crate) fn udp_state(socket: &UdpSocket) -> std::io::Result<UdpSocketState> {
+    use rustix::net::sockopt;
+    let state = UdpSocketState::new(socket.into())?;
+    let v6 = socket.local_addr().is_ok_and(|a| a.is_ipv6());
+    // On an IPv6 socket the IPv4 option applies to v4-mapped peers; it may be refused on a
+    // v6-only one, which has none.
+    let v4 = sockopt::set_ip_mtu_discover(socket, sockopt::Ipv4PathMtuDiscovery::WANT);
+    if !v6 {
+        v4?;
+    } else {
+        sockopt::set_ipv6_mtu_discover(socket, sockopt::Ipv6PathMtuDiscovery::WANT)?;
+    }
+    Ok(state)
+}
+
 /// What woke the driver.
 enum Event {
     Cancel,
@@ -143,24 +164,54 @@ struct Udp {
 }
 
 impl Udp {
-    /// Sends `contents`: one datagram, or `segment`-sized datagrams back to back (GSO).
     async fn send(&self, to: SocketAddr, contents: &[u8], segment: usize) {
-        let t = Transmit {
-            destination: to,
-            ecn: None,
-            contents,
-            segment_size: (contents.len() > segment).then_some(segment),
-            src_ip: None,
-        };
-        let r = self
-            .socket
-            .async_io(Interest::WRITABLE, || {
-                self.state.try_send((&*self.socket).into(), &t)
-            })
-            .await;
-        if let Err(e) = r {
-            tracing::debug!(%to, error = %e, bytes = contents.len(), segment, "udp send failed");
+        send_gso(&self.socket, &self.state, to, contents, segment).await;
+    }
+}
+
+async fn try_send(
+    socket: &UdpSocket,
+    state: &UdpSocketState,
+    to: SocketAddr,
+    contents: &[u8],
+    segment_size: Option<usize>,
+) -> std::io::Result<()> {
+    let t = Transmit {
+        destination: to,
+        ecn: None,
+        contents,
+        segment_size,
+        src_ip: None,
+    };
+    socket
+        .async_io(Interest::WRITABLE, || state.try_send(socket.into(), &t))
+        .await
+}
+
+/// Sends `contents`: one datagram, or `segment`-sized datagrams back to back (GSO; the last
+/// may be shorter). Used by this driver and the TUN driver.
+pub(crate) async fn send_gso(
+    socket: &UdpSocket,
+    state: &UdpSocketState,
+    to: SocketAddr,
+    contents: &[u8],
+    segment: usize,
+) {
+    let batched = contents.len() > segment;
+    match try_send(socket, state, to, contents, batched.then_some(segment)).await {
+        Ok(()) => {}
+        // A GSO send is refused (EINVAL) when a segment exceeds the link MTU, which only
+        // fragmentation of single datagrams can cross (`quinn-udp` stops using GSO on this
+        // socket after it): send this batch's datagrams one by one rather than lose them.
+        Err(e) if batched => {
+            tracing::debug!(%to, error = %e, segment, "GSO send refused; sending datagrams singly");
+            for d in contents.chunks(segment.max(1)) {
+                if let Err(e) = try_send(socket, state, to, d, None).await {
+                    tracing::debug!(%to, error = %e, bytes = d.len(), "udp send failed");
+                }
+            }
         }
+        Err(e) => tracing::debug!(%to, error = %e, bytes = contents.len(), "udp send failed"),
     }
 }
 
@@ -218,7 +269,7 @@ async fn run(
         mut rx_endpoint,
         status,
     } = ch;
-    let state = match UdpSocketState::new((&*socket).into()) {
+    let state = match udp_state(&socket) {
         Ok(s) => s,
         Err(e) => {
             // Not expected for a bound UDP socket; without it nothing can be sent.

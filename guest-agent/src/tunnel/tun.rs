@@ -19,7 +19,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use quinn_udp::{RecvMeta, Transmit, UdpSocketState};
+use quinn_udp::{RecvMeta, UdpSocketState};
 use tokio::io::Interest;
 use tokio::net::UdpSocket;
 use tokio::sync::watch;
@@ -27,7 +27,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tun_rs::{AsyncDevice, GROTable, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN};
 
-use super::driver::{GSO_MAX_BYTES, SOCKET_BUFFER, TICK};
+use super::driver::{GSO_MAX_BYTES, SOCKET_BUFFER, TICK, send_gso, udp_state};
 use super::peer::{Keys, Output, Peer, PeerStatus};
 
 /// WireGuard's data-message overhead: 16-byte header and 16-byte tag (plus up to 15 padding).
@@ -72,7 +72,7 @@ impl TunTunnel {
         opts: TunOptions,
         cancel: CancellationToken,
     ) -> std::io::Result<Self> {
-        let state = Arc::new(UdpSocketState::new((&socket).into())?);
+        let state = Arc::new(udp_state(&socket)?);
         // Large socket buffers absorb bursts while the other side of the driver is busy.
         let _ = state.set_recv_buffer_size((&socket).into(), SOCKET_BUFFER);
         let _ = state.set_send_buffer_size((&socket).into(), SOCKET_BUFFER);
@@ -135,22 +135,7 @@ struct Io {
 impl Io {
     /// Sends `contents` (one datagram, or `segment`-sized datagrams back to back).
     async fn send(&self, to: SocketAddr, contents: &[u8], segment: usize) {
-        let t = Transmit {
-            destination: to,
-            ecn: None,
-            contents,
-            segment_size: (contents.len() > segment).then_some(segment),
-            src_ip: None,
-        };
-        let r = self
-            .socket
-            .async_io(Interest::WRITABLE, || {
-                self.state.try_send((&self.socket).into(), &t)
-            })
-            .await;
-        if let Err(e) = r {
-            tracing::debug!(%to, error = %e, bytes = contents.len(), segment, "udp send failed");
-        }
+        send_gso(&self.socket, &self.state, to, contents, segment).await;
     }
 
     /// Carries out control outputs (handshakes, keepalives, cookie replies).
