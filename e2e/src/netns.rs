@@ -117,6 +117,20 @@ impl Netns {
         run(&all)
     }
 
+    /// Sets the MTU of every veth in this namespace; returns how many there were.
+    pub fn set_veth_mtu(&self, mtu: u32) -> Result<usize, NetnsError> {
+        let text = self.ip(&["-o", "link", "show", "type", "veth"])?;
+        let names: Vec<String> = text
+            .lines()
+            .filter_map(|l| l.split(": ").nth(1))
+            .map(|n| n.split('@').next().unwrap_or(n).to_string())
+            .collect();
+        for n in &names {
+            self.ip(&["link", "set", "dev", n, "mtu", &mtu.to_string()])?;
+        }
+        Ok(names.len())
+    }
+
     fn etc_dir(&self) -> PathBuf {
         PathBuf::from("/etc/netns").join(&self.name)
     }

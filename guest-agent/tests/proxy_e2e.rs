@@ -1384,24 +1384,6 @@ fn bulk_push_through_the_tunnel_loses_no_datagrams() {
     );
 }
 
-/// Sets the MTU of every veth in `ns`.
-fn set_veth_mtu(ns: &Netns, mtu: u32) {
-    let out = ns
-        .output("ip", &["-o", "link", "show", "type", "veth"])
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let names: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.split(": ").nth(1))
-        .map(|n| n.split('@').next().unwrap_or(n))
-        .collect();
-    assert!(!names.is_empty(), "no veth in {}: {text}", ns.name());
-    for n in names {
-        ns.ip(&["link", "set", "dev", n, "mtu", &mtu.to_string()])
-            .unwrap();
-    }
-}
-
 /// A pod network's MTU is often below the tunnel's datagrams (OVN-Kubernetes gives pods 1400;
 /// the tunnel's 1420-byte inner packets travel in 1480-byte datagrams over IPv4). The sending
 /// host must fragment them, as it does for any UDP socket (and as kernel WireGuard does), not
@@ -1411,7 +1393,7 @@ fn set_veth_mtu(ns: &Netns, mtu: u32) {
 fn the_tunnel_works_over_an_underlay_with_a_smaller_mtu() {
     let w = setup();
     for ns in [&w.m, &w.g] {
-        set_veth_mtu(ns, 1400);
+        assert_eq!(ns.set_veth_mtu(1400).unwrap(), 1, "{}", ns.name());
     }
     wait_for("tunnel up", Duration::from_secs(30), || {
         packages(

@@ -652,17 +652,7 @@ fn ipv6_inside_over_ipv6_underlay_ours_against_ours() {
 fn tun_mode_over_an_underlay_with_a_smaller_mtu() {
     let p = pair();
     for ns in [&p.a, &p.b] {
-        let out = ns
-            .output("ip", &["-o", "link", "show", "type", "veth"])
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string();
-        let name = text
-            .lines()
-            .find_map(|l| l.split(": ").nth(1))
-            .map(|n| n.split('@').next().unwrap_or(n).to_string())
-            .expect("a veth");
-        ns.ip(&["link", "set", "dev", &name, "mtu", "1400"])
-            .unwrap();
+        assert_eq!(ns.set_veth_mtu(1400).unwrap(), 1, "{}", ns.name());
     }
     let (a_key, a_public) = key(p.dir.path(), "a.key");
     let (b_key, b_public) = key(p.dir.path(), "b.key");
