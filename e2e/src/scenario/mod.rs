@@ -16,7 +16,7 @@
 pub mod catalogs;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,6 +33,7 @@ use crate::clusterdns;
 use crate::hcpimages;
 use crate::realnode::{
     ClusterControllers, HostRoute, NodeOptions, PlainHttpRegistry, RealNode, Site, SiteLink,
+    SiteStack,
 };
 use crate::registry::{Registry, TEST_USER_HASH, TEST_USER_PASSWORD};
 use crate::tools::fixtures_dir;
@@ -66,6 +67,33 @@ const INDEX_IMAGES: [&str; 3] = [
 /// The guest's Service network, apart from the management cluster's (198.19.224.0/24 +
 /// the management site's slot): the gateway tells them apart by range.
 const GUEST_SERVICE_CIDR: &str = "198.19.254.0/24";
+/// The IPv6-only guest's Service network ([`GuestStack::Ipv6`]).
+const GUEST_SERVICE_CIDR6: &str = "fd00:198:254::/112";
+
+/// The guest's address families (issue 19).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GuestStack {
+    /// The guest, its node and pods IPv4, as before issue 19.
+    Ipv4,
+    /// An IPv6-only guest: its API server's Service range IPv6 (its `kubernetes` Service and
+    /// every guest Service IPv6, the API server advertising an IPv6 address), its node's
+    /// address and pod CIDR IPv6 (pods have no IPv4), kube-proxy and CoreDNS serving IPv6,
+    /// its path to the management node IPv6, and the HostedCluster's `spec.networking`
+    /// IPv6 only. The management side becomes dual-stack (its API server `v4,v6`, its node
+    /// and pods both families), so the tunnel's Service gets an IPv6 NodePort.
+    Ipv6,
+}
+
+impl std::str::FromStr for GuestStack {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ipv4" => Ok(Self::Ipv4),
+            "ipv6" => Ok(Self::Ipv6),
+            other => Err(format!("unknown guest stack {other:?} (ipv4 or ipv6)")),
+        }
+    }
+}
 /// The nodes' names.
 const MGMT_NODE: &str = "mgmt-a";
 const GUEST_NODE: &str = "guest-a";
@@ -272,13 +300,18 @@ pub enum Finish {
 /// Runs the scenario. The world is returned (also on failure, when it got that far) so the
 /// caller can print diagnosis, keep it up, and tear it down.
 pub async fn run(bins: &Binaries, log: Log, finish: Finish) -> Outcome {
+    run_with(bins, log, finish, GuestStack::Ipv4).await
+}
+
+/// [`run`] with a guest of the address families `stack`.
+pub async fn run_with(bins: &Binaries, log: Log, finish: Finish, stack: GuestStack) -> Outcome {
     let mut steps = Steps {
         log: log.clone(),
         records: Vec::new(),
         current: None,
     };
     let mut world = None;
-    let result = run_steps(bins, &log, &mut steps, &mut world, finish).await;
+    let result = run_steps(bins, &log, &mut steps, &mut world, finish, stack).await;
     let failed = match result {
         Ok(()) => None,
         Err(e) => Some((steps.fail().unwrap_or_else(|| "setup".into()), e)),
@@ -459,7 +492,13 @@ async fn setup_crds(env: &Environment) -> Result<()> {
 
 /// The HostedCluster of the fixture, with this environment's networks: the guest's Service
 /// and pod CIDRs, and the management node's address for NodePort services.
-async fn create_hc(env: &Environment, node_address: Ipv4Addr, pod_cidr: &str) -> Result<()> {
+async fn create_hc(
+    env: &Environment,
+    node_address: IpAddr,
+    pod_cidr: &str,
+    service_cidr: &str,
+    machine_cidr: Option<&str>,
+) -> Result<()> {
     let text =
         std::fs::read_to_string(fixtures_dir().join("hypershift/examples/none-minimal.yaml"))?;
     let mut value = None;
@@ -480,7 +519,10 @@ async fn create_hc(env: &Environment, node_address: Ipv4Addr, pod_cidr: &str) ->
         }
     }
     v["spec"]["networking"]["clusterNetwork"] = serde_json::json!([{"cidr": pod_cidr}]);
-    v["spec"]["networking"]["serviceNetwork"] = serde_json::json!([{"cidr": GUEST_SERVICE_CIDR}]);
+    v["spec"]["networking"]["serviceNetwork"] = serde_json::json!([{"cidr": service_cidr}]);
+    if let Some(m) = machine_cidr {
+        v["spec"]["networking"]["machineNetwork"] = serde_json::json!([{"cidr": m}]);
+    }
     v["spec"]["release"]["image"] = RELEASE.into();
     let obj: DynamicObject = serde_json::from_value(v)?;
     let api: Api<DynamicObject> = Api::namespaced_with(env.management.client(), HC_NS, &hc_ar());
@@ -741,6 +783,7 @@ async fn run_steps(
     steps: &mut Steps,
     slot: &mut Option<World>,
     finish: Finish,
+    stack: GuestStack,
 ) -> Result<()> {
     use base64::Engine as _;
     steps.begin("sites, control planes, a registry that requires auth, a real node on each side (containerd, kubelet, kube-proxy, CoreDNS, controller-manager, scheduler)");
@@ -758,9 +801,21 @@ async fn run_steps(
         .context("the binaries' directory")?
         .to_path_buf();
     // The guest's site first: the HostedCluster names its pod network.
-    let msite = Site::create()?;
-    let gsite = Site::create()?;
+    let v6 = stack == GuestStack::Ipv6;
+    let (msite, gsite) = if v6 {
+        (
+            Site::create_with(SiteStack::DualStack)?,
+            Site::create_with(SiteStack::Ipv6)?,
+        )
+    } else {
+        (Site::create()?, Site::create()?)
+    };
     let guest_pod_cidr = gsite.pod_cidr().to_string();
+    let guest_service_cidr = if v6 {
+        GUEST_SERVICE_CIDR6
+    } else {
+        GUEST_SERVICE_CIDR
+    };
     let mut mo = ClusterOptions::new("management");
     mo.bind_address = msite.host_ip().into();
     // Real controllers run: pods get their ServiceAccount's pull secrets, as in every cluster.
@@ -769,10 +824,19 @@ async fn run_steps(
     // site slot, so concurrent runs (the demo beside the tests) never share the route.
     mo.service_cidr = format!("198.19.{}.0/24", 224 + msite.slot());
     let mgmt_service_cidr = mo.service_cidr.clone();
-    // The guest API server where the HCP pods reach it (HyperShift's kube-apiserver Service).
+    if v6 {
+        // dual-stack (IPv4 first, as the management cluster's Services stay IPv4): the
+        // tunnel's Service, rendered PreferDualStack, gets an IPv6 ClusterIP and NodePort
+        mo.service_cidr = format!("{mgmt_service_cidr},fd00:198:224:{:x}::/112", msite.slot());
+    }
+    // The guest API server where the HCP pods reach it (HyperShift's kube-apiserver Service);
+    // an IPv6-only guest's advertises an IPv6 address (the family of its Service range).
     let mut go = ClusterOptions::new("guest");
-    go.bind_address = msite.host_ip().into();
-    go.service_cidr = GUEST_SERVICE_CIDR.into();
+    go.bind_address = match msite.host_ip6() {
+        Some(a) if v6 => a.into(),
+        _ => msite.host_ip().into(),
+    };
+    go.service_cidr = guest_service_cidr.into();
     go.service_account_admission = true;
     // As HyperShift runs the guest API server: it dials an aggregated API's endpoints (the
     // HCP packageserver), never a guest ClusterIP, which only guest nodes can reach.
@@ -844,10 +908,16 @@ async fn run_steps(
         &mgmt_service_cidr,
         &mgmt_node.site().node_ip().to_string(),
     )?);
-    let mgmt_ip = mgmt_node.site().node_ip();
+    // where the guest's nodes reach the management node (the NodePort address the
+    // HostedCluster publishes): its IPv6 address for an IPv6-only guest
+    let mgmt_ip: IpAddr = match mgmt_node.site().node_ip6() {
+        Some(a) if v6 => a.into(),
+        _ => mgmt_node.site().node_ip().into(),
+    };
+    let guest_machine_cidr = gsite.node_ip6().filter(|_| v6).map(|a| format!("{}/64", a));
     world.mgmt_node = Some(mgmt_node);
     world._guest_controllers = Some(ClusterControllers::start(&world.env.guest)?);
-    let mut gopts = node_opts(GUEST_NODE, GUEST_SERVICE_CIDR)?;
+    let mut gopts = node_opts(GUEST_NODE, guest_service_cidr)?;
     // As OpenShift nodes carry the cluster's global pull secret.
     gopts.pull_secret = Some(docker_config.clone());
     world.guest_node = Some(RealNode::start(gsite, &world.env.guest, gopts).await?);
@@ -855,11 +925,11 @@ async fn run_steps(
         &world.env.guest,
         &coredns,
         &docker_config,
-        GUEST_SERVICE_CIDR,
+        guest_service_cidr,
     )
     .await?;
     (log)(&format!(
-        "  management kubeconfig: {}\n  guest kubeconfig:      {}\n  registry {reg} (user reader), management node {mgmt_ip}, guest pod network {guest_pod_cidr}",
+        "  management kubeconfig: {}\n  guest kubeconfig:      {}\n  registry {reg} (user reader), management node {mgmt_ip}, guest ({stack:?}) pod network {guest_pod_cidr}, Service network {guest_service_cidr}",
         world.env.management.kubeconfig().display(),
         world.env.guest.kubeconfig().display()
     ));
@@ -893,7 +963,14 @@ async fn run_steps(
     Api::<Secret>::namespaced(env.management.client(), HCP_NS)
         .create(&PostParams::default(), &pull_secret)
         .await?;
-    create_hc(env, mgmt_ip, &guest_pod_cidr).await?;
+    create_hc(
+        env,
+        mgmt_ip,
+        &guest_pod_cidr,
+        guest_service_cidr,
+        guest_machine_cidr.as_deref(),
+    )
+    .await?;
     let kubeconfig = controller_kubeconfig(env).await?;
     let admin_port = crate::ports::free_port()?;
     let mut cmd = crate::process::command(&bins.controller);
