@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail, ensure};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret, Service};
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
 };
@@ -1141,6 +1141,13 @@ async fn run_steps(
     }
     steps.end();
 
+    if v6 {
+        steps.begin("the guest is IPv6-only: its Node, every pod and every Service IPv6 alone; the tunnel's Service dual-stack, its published endpoint IPv6");
+        let found = ipv6_only_guest(&world.env).await?;
+        (log)(&format!("  {found}"));
+        steps.end();
+    }
+
     steps.begin("HostedOLM reports every component Available");
     {
         let world = &*world;
@@ -1546,6 +1553,110 @@ async fn run_steps(
         steps.end();
     }
     Ok(())
+}
+
+/// The IPv6-only guest variant's own check ([`GuestStack::Ipv6`]), once what the controller
+/// rendered runs: the guest Node's addresses, every guest pod's addresses and every guest
+/// Service's families are IPv6 alone (so whatever reaches a guest pod or Service crossed the
+/// tunnel over IPv6, and the agent, an IPv6-only pod, reached the gateway over IPv6); the
+/// tunnel's Service has both families and the endpoint the agent was given (HostedOLM
+/// `status.tunnel.endpoint`) is an IPv6 address. Returns what it found, for the log.
+async fn ipv6_only_guest(env: &Environment) -> Result<String> {
+    let v6 = |a: &str| a.parse::<IpAddr>().is_ok_and(|a| a.is_ipv6());
+    let guest = env.guest.client();
+    let mut node_ips = Vec::new();
+    for n in Api::<Node>::all(guest.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+    {
+        let name = n.metadata.name.clone().unwrap_or_default();
+        let ips: Vec<String> = n
+            .status
+            .and_then(|s| s.addresses)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|a| a.type_ == "InternalIP")
+            .map(|a| a.address)
+            .collect();
+        ensure!(
+            !ips.is_empty() && ips.iter().all(|a| v6(a)),
+            "guest Node {name} has InternalIPs {ips:?}, not IPv6 alone"
+        );
+        node_ips.extend(ips);
+    }
+    ensure!(!node_ips.is_empty(), "the guest has no Node");
+    let pods = Api::<Pod>::all(guest.clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let mut pod_count = 0;
+    for p in &pods {
+        let name = format!(
+            "{}/{}",
+            p.metadata.namespace.as_deref().unwrap_or_default(),
+            p.metadata.name.as_deref().unwrap_or_default()
+        );
+        let ips: Vec<String> = p
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ips.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|i| i.ip)
+            .collect();
+        if ips.is_empty() {
+            continue;
+        }
+        ensure!(
+            ips.iter().all(|a| v6(a)),
+            "guest pod {name} has addresses {ips:?}, not IPv6 alone"
+        );
+        pod_count += 1;
+    }
+    ensure!(
+        pods.iter()
+            .any(|p| p.metadata.namespace.as_deref() == Some(AGENT_NS)),
+        "no guest agent pod"
+    );
+    let services = Api::<Service>::all(guest)
+        .list(&ListParams::default())
+        .await?;
+    for svc in &services.items {
+        let spec = svc.spec.clone().unwrap_or_default();
+        let families = spec.ip_families.unwrap_or_default();
+        ensure!(
+            families == ["IPv6"],
+            "guest Service {}/{} has ipFamilies {families:?}, not [IPv6]",
+            svc.metadata.namespace.as_deref().unwrap_or_default(),
+            svc.metadata.name.as_deref().unwrap_or_default()
+        );
+    }
+    let wg = Api::<Service>::namespaced(env.management.client(), HCP_NS)
+        .get("hcp-olm-tunnel-gateway-wg")
+        .await?
+        .spec
+        .unwrap_or_default();
+    let wg_ips = wg.cluster_ips.unwrap_or_default();
+    ensure!(
+        wg_ips.iter().any(|a| v6(a)),
+        "the tunnel's Service has ClusterIPs {wg_ips:?} (policy {:?}), none IPv6",
+        wg.ip_family_policy
+    );
+    let endpoint = hosted_olm(env).await?["status"]["tunnel"]["endpoint"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    ensure!(
+        endpoint
+            .parse::<std::net::SocketAddr>()
+            .is_ok_and(|a| a.is_ipv6()),
+        "the tunnel endpoint the agent is given is {endpoint:?}, not an IPv6 address"
+    );
+    Ok(format!(
+        "guest Node addresses {node_ips:?}; {pod_count} guest pods and {} guest Services, IPv6 alone; the tunnel's Service ClusterIPs {wg_ips:?}, endpoint {endpoint}",
+        services.items.len()
+    ))
 }
 
 /// Waits (bounded) until the guest user's CatalogSource is READY; `when` names the moment.
