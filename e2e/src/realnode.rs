@@ -367,6 +367,67 @@ impl Site {
         }
     }
 
+    /// Lets the node send (or forward) IPv4 only to `allowed` (TCP), on loopback and to the
+    /// local multicast block 224.0.0.0/24 (the kernel's own IGMP reports when an interface
+    /// comes up, never routed): every other IPv4 packet leaving by its interfaces is counted
+    /// and dropped (nftables table
+    /// `ip hcp_olm_ipv4_fence` in the node's namespace). For an IPv6 site whose one IPv4 use
+    /// is pulling from the test registry ([`SiteStack::Ipv6`]); [`Site::ipv4_fenced`] reads
+    /// the count.
+    pub fn fence_ipv4(&self, allowed: std::net::SocketAddrV4) -> Result<(), NodeError> {
+        let rules = format!(
+            "table ip hcp_olm_ipv4_fence {{
+  counter fenced {{ }}
+  set seen {{ type ipv4_addr . inet_proto; flags dynamic; size 64; }}
+  chain node_out {{
+    type filter hook output priority filter; policy accept;
+    oifname \"lo\" accept
+    ip daddr 224.0.0.0/24 accept
+    ip daddr {ip} tcp dport {port} accept
+    update @seen {{ ip daddr . meta l4proto }} counter name fenced drop
+  }}
+  chain node_forward {{
+    type filter hook forward priority filter; policy accept;
+    update @seen {{ ip daddr . meta l4proto }} counter name fenced drop
+  }}
+}}
+",
+            ip = allowed.ip(),
+            port = allowed.port()
+        );
+        nft_in(self.netns.name(), &rules, "fencing the node's IPv4")
+    }
+
+    /// The IPv4 packets [`Site::fence_ipv4`] has dropped, and where they went
+    /// (`address . protocol` as nftables lists them).
+    pub fn ipv4_fenced(&self) -> Result<(u64, String), NodeError> {
+        let nft = |args: &[&str]| {
+            run(
+                "nft list",
+                Command::new("ip")
+                    .args(["netns", "exec", self.netns.name(), "nft", "list"])
+                    .args(args),
+            )
+        };
+        let out = nft(&["counter", "ip", "hcp_olm_ipv4_fence", "fenced"])?;
+        let packets = out
+            .split_whitespace()
+            .skip_while(|w| *w != "packets")
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| NodeError::Setup {
+                node: "-".into(),
+                problem: format!("no packet count in {out:?}"),
+            })?;
+        let seen = nft(&["set", "ip", "hcp_olm_ipv4_fence", "seen"])?;
+        let elements = seen
+            .split_once("elements = {")
+            .and_then(|(_, rest)| rest.split_once('}'))
+            .map(|(e, _)| e.split_whitespace().collect::<Vec<_>>().join(" "))
+            .unwrap_or_default();
+        Ok((packets, elements))
+    }
+
     /// The site's address families.
     pub fn stack(&self) -> SiteStack {
         self.stack

@@ -920,6 +920,15 @@ async fn run_steps(
     let mut gopts = node_opts(GUEST_NODE, guest_service_cidr)?;
     // As OpenShift nodes carry the cluster's global pull secret.
     gopts.pull_secret = Some(docker_config.clone());
+    if v6 {
+        // The IPv6 node's one IPv4 use is its containerd pulling from the test registry
+        // (whose references are `IPv4:port`); everything else it would send by IPv4 is
+        // dropped and counted, and the IPv6 check below wants none.
+        let registry_addr: std::net::SocketAddrV4 = reg
+            .parse()
+            .with_context(|| format!("the registry address {reg}"))?;
+        gsite.fence_ipv4(registry_addr)?;
+    }
     world.guest_node = Some(RealNode::start(gsite, &world.env.guest, gopts).await?);
     clusterdns::deploy(
         &world.env.guest,
@@ -1142,7 +1151,13 @@ async fn run_steps(
     steps.end();
 
     if v6 {
-        steps.begin("the guest is IPv6-only: its Node, every pod and every Service IPv6 alone; the tunnel's Service dual-stack, its published endpoint IPv6");
+        steps.begin("the guest is IPv6-only: its Node, every pod and every Service IPv6 alone, no IPv4 from its node but image pulls; the tunnel's Service dual-stack, its published endpoint IPv6");
+        let node = world.guest_node.as_ref().context("guest node")?;
+        let (fenced, to) = node.site().ipv4_fenced()?;
+        ensure!(
+            fenced == 0,
+            "the guest node sent or forwarded {fenced} IPv4 packets other than its image pulls (to: {to})"
+        );
         let found = ipv6_only_guest(&world.env).await?;
         (log)(&format!("  {found}"));
         steps.end();
@@ -1546,6 +1561,16 @@ async fn run_steps(
 
     if let Finish::AllWithTakeOver(soak) = finish {
         take_over_steps(world, log, steps, soak).await?;
+    }
+    if v6 {
+        steps.begin("the guest node sent no IPv4 but its image pulls during the whole run");
+        let node = world.guest_node.as_ref().context("guest node")?;
+        let (fenced, to) = node.site().ipv4_fenced()?;
+        ensure!(
+            fenced == 0,
+            "the guest node sent or forwarded {fenced} IPv4 packets other than its image pulls (to: {to})"
+        );
+        steps.end();
     }
     if finish != Finish::BeforeDelete {
         steps.begin("delete the HostedCluster: nothing of ours left in either cluster");
