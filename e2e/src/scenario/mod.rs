@@ -12,6 +12,10 @@
 //!
 //! Nothing the controller rendered is rewritten; the nodes run it as it is or the step fails
 //! with the reason. The steps and their durations are recorded for the report.
+//!
+//! [`run_with`] `GuestStack::Ipv6` (issue 19) runs the same steps with an IPv6-only guest and
+//! a dual-stack management side, plus two checks of its own (see [`GuestStack::Ipv6`] and
+//! docs/test-environment.md, "The IPv6-only guest variant").
 
 pub mod catalogs;
 
