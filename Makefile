@@ -55,12 +55,15 @@ fuzz: ## run every cargo-fuzz target for FUZZ_SECONDS each (nightly + cargo-fuzz
 # directory (a second `cargo run -p` would resolve features differently and compile crates again).
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 
-demo: prereqs-demo tools ## the end-to-end scenario with real OLM on two local control planes (up until Ctrl-C on a terminal)
+# DEMO_GUEST=ipv6: the variant with an IPv6-only guest (issue 19; docs/test-environment.md).
+DEMO_GUEST ?= ipv4
+
+demo: prereqs-demo tools ## the end-to-end scenario with real OLM on two local control planes (up until Ctrl-C on a terminal; DEMO_GUEST=ipv6: an IPv6-only guest)
 	@echo "== make demo: building the controller, gateway, agent, CLI and demo (cargo, debug profile;"
 	@echo "   a first build takes about 15 minutes on 2 cores, later ones seconds)"
 	$(CARGO) build --locked -p hcp-olm-controlplane -p hcp-olm-guest-agent -p hcp-olm-cli -p hcp-olm-e2e --bins
 	@echo "== make demo: running the scenario"
-	$(TARGET_DIR)/debug/hcp-olm-demo
+	$(TARGET_DIR)/debug/hcp-olm-demo --guest $(DEMO_GUEST)
 
 # Container images (no container engine needed): release binaries packed by hcp-olm-images into an
 # OCI layout under target/images; with REGISTRY=host/org they are also pushed there (credentials

@@ -233,7 +233,7 @@ impl Cluster {
         let first_range = opts.service_cidr.split(',').next().unwrap_or_default();
         let service_ip = kubernetes_service_ip(first_range).ok_or_else(|| {
             ClusterError::Setup(format!(
-                "service CIDR {:?} is not an IPv4 CIDR",
+                "service CIDR {:?} is not an IPv4 or IPv6 CIDR",
                 opts.service_cidr
             ))
         })?;
@@ -701,13 +701,20 @@ async fn wait_ready(
     }
 }
 
-/// The first address of an IPv4 service CIDR (the `kubernetes` Service's ClusterIP).
+/// The first address of an IPv4 or IPv6 service CIDR (the `kubernetes` Service's ClusterIP).
 pub fn kubernetes_service_ip(cidr: &str) -> Option<String> {
     let (net, len) = cidr.split_once('/')?;
-    let net: std::net::Ipv4Addr = net.parse().ok()?;
-    let len: u32 = len.parse().ok().filter(|l| (1..=30).contains(l))?;
-    let mask = u32::MAX << (32 - len);
-    Some(std::net::Ipv4Addr::from((u32::from(net) & mask) + 1).to_string())
+    let len: u32 = len.parse().ok()?;
+    if let Ok(net) = net.parse::<std::net::Ipv4Addr>() {
+        let len = Some(len).filter(|l| (1..=30).contains(l))?;
+        let mask = u32::MAX << (32 - len);
+        return Some(std::net::Ipv4Addr::from((u32::from(net) & mask) + 1).to_string());
+    }
+    // IPv6 (issue 19): a range of at least 4 addresses
+    let net: std::net::Ipv6Addr = net.parse().ok()?;
+    let len = Some(len).filter(|l| (1..=126).contains(l))?;
+    let mask = u128::MAX << (128 - len);
+    Some(std::net::Ipv6Addr::from((u128::from(net) & mask) + 1).to_string())
 }
 
 #[cfg(test)]
@@ -767,7 +774,11 @@ mod service_ip_tests {
             Some("198.19.254.1")
         );
         assert_eq!(kubernetes_service_ip("198.19.254.0/31"), None);
-        assert_eq!(kubernetes_service_ip("fd00::/108"), None);
+        assert_eq!(
+            kubernetes_service_ip("fd00:198:254::77/112").as_deref(),
+            Some("fd00:198:254::1")
+        );
+        assert_eq!(kubernetes_service_ip("fd00::/127"), None);
         assert_eq!(kubernetes_service_ip("x"), None);
     }
 }

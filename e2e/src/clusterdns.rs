@@ -11,7 +11,7 @@
 //! maps 53 to it), so it needs no capability. It forwards nothing: nodes resolve no names
 //! outside the cluster, so test traffic stays inside the test.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -28,23 +28,30 @@ const NAME: &str = "coredns";
 /// The field manager of the test environment's own objects.
 const MANAGER: &str = "hcp-olm-e2e";
 
-/// The cluster DNS address of a Service CIDR `a.b.c.d/n`: its tenth address, as kubeadm
-/// picks it.
-pub fn dns_ip(service_cidr: &str) -> Result<Ipv4Addr, NodeError> {
+/// The cluster DNS address of a Service CIDR `a.b.c.d/n` (or an IPv6 one, issue 19): its
+/// tenth address, as kubeadm picks it.
+pub fn dns_ip(service_cidr: &str) -> Result<IpAddr, NodeError> {
     let bad = || NodeError::Setup {
         node: "-".into(),
         problem: format!(
-            "service CIDR {service_cidr:?} is not an IPv4 CIDR of at least 16 addresses"
+            "service CIDR {service_cidr:?} is not an IPv4 or IPv6 CIDR of at least 16 addresses"
         ),
     };
     let (net, len) = service_cidr.split_once('/').ok_or_else(bad)?;
-    let net: Ipv4Addr = net.parse().map_err(|_| bad())?;
     let len: u32 = len.parse().map_err(|_| bad())?;
-    if len > 28 {
+    if let Ok(net) = net.parse::<Ipv4Addr>() {
+        if len > 28 {
+            return Err(bad());
+        }
+        let mask = u32::MAX.checked_shl(32 - len).unwrap_or(0);
+        return Ok(IpAddr::V4(Ipv4Addr::from((u32::from(net) & mask) + 10)));
+    }
+    let net: Ipv6Addr = net.parse().map_err(|_| bad())?;
+    if len > 124 {
         return Err(bad());
     }
-    let mask = u32::MAX.checked_shl(32 - len).unwrap_or(0);
-    Ok(Ipv4Addr::from((u32::from(net) & mask) + 10))
+    let mask = u128::MAX.checked_shl(128 - len).unwrap_or(0);
+    Ok(IpAddr::V6(Ipv6Addr::from((u128::from(net) & mask) + 10)))
 }
 
 /// Pushes the CoreDNS image (the pinned binary, user 65532) to `registry`; returns its
@@ -89,7 +96,7 @@ pub async fn deploy(
     image: &str,
     docker_config: &[u8],
     service_cidr: &str,
-) -> Result<Ipv4Addr, NodeError> {
+) -> Result<IpAddr, NodeError> {
     use base64::Engine as _;
     let ip = dns_ip(service_cidr)?;
     let sa = cluster
@@ -320,15 +327,20 @@ mod tests {
     fn dns_address_is_the_tenth_of_the_service_cidr() {
         assert_eq!(
             dns_ip("198.19.255.0/24").unwrap(),
-            Ipv4Addr::new(198, 19, 255, 10)
+            IpAddr::V4(Ipv4Addr::new(198, 19, 255, 10))
         );
         assert_eq!(
             dns_ip("198.19.255.77/24").unwrap(),
-            Ipv4Addr::new(198, 19, 255, 10)
+            IpAddr::V4(Ipv4Addr::new(198, 19, 255, 10))
         );
+        // the address the controller renders as an IPv6 guest's DNS (`[fd02::a]:53`)
+        assert_eq!(
+            dns_ip("fd02::/112").unwrap(),
+            "fd02::a".parse::<IpAddr>().unwrap()
+        );
+        assert!(dns_ip("fd02::/125").is_err());
         assert!(dns_ip("198.19.255.0/29").is_err());
         assert!(dns_ip("198.19.255.0/x").is_err());
-        assert!(dns_ip("fd00::/108").is_err());
         assert!(dns_ip("garbage").is_err());
     }
 }

@@ -28,7 +28,7 @@
 //! node's alone. (sigs.k8s.io/kube-network-policies needs the nftables `queue` expression,
 //! `CONFIG_NFT_QUEUE`, which the CI machines' kernels lack.)
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -93,6 +93,32 @@ const CNI_PLUGINS: &str = "/usr/lib/cni";
 
 /// Every node's pod CIDR is in this range (kube-proxy's `--cluster-cidr`).
 const POD_CIDRS: &str = "198.19.208.0/20";
+/// Every node's IPv6 pod CIDR (`fd00:198:208:<slot>::/64`) is in this range.
+const POD_CIDRS6: &str = "fd00:198:208::/48";
+
+/// The address families of a [`Site`] (issue 19).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SiteStack {
+    /// IPv4 only, as every site was before issue 19.
+    Ipv4,
+    /// IPv4 and IPv6: both on the veth to the host, a pod CIDR of each family, the node
+    /// address of each family (IPv4 first).
+    DualStack,
+    /// An IPv6 node: its node address and pod CIDR are IPv6 only, so its pods have no IPv4.
+    /// The veth to the host keeps its IPv4 pair for the node's own pulls from the test
+    /// registry (whose image references are `IPv4:port`); nothing of Kubernetes uses it.
+    Ipv6,
+}
+
+impl SiteStack {
+    fn has_v4_pods(self) -> bool {
+        self != SiteStack::Ipv6
+    }
+
+    fn has_v6(self) -> bool {
+        self != SiteStack::Ipv4
+    }
+}
 
 /// Binds ClusterRole `role` to `user` (idempotent).
 async fn bind(cluster: &Cluster, name: &str, role: &str, user: &str) -> Result<(), NodeError> {
@@ -183,6 +209,10 @@ pub struct Site {
     host_ip: Ipv4Addr,
     node_ip: Ipv4Addr,
     pod_cidr: String,
+    stack: SiteStack,
+    host_ip6: Option<Ipv6Addr>,
+    node_ip6: Option<Ipv6Addr>,
+    pod_cidr6: Option<String>,
     // last: released after the namespace and its addresses are gone
     slot: Slot,
 }
@@ -191,6 +221,14 @@ impl Site {
     /// Creates the namespace, the veth pair (host `198.19.200.4k+1/30`, node `…+2`) and the
     /// host's route to the node's pod CIDR (`198.19.(208+k).0/24`).
     pub fn create() -> Result<Self, NodeError> {
+        Self::create_with(SiteStack::Ipv4)
+    }
+
+    /// [`Site::create`] with the address families of `stack`. IPv6 (issue 19): host
+    /// `fd00:198:200:<slot>::1/64`, node `…::2/64` (no duplicate address detection), the
+    /// node's default IPv6 route via the host, IPv6 forwarding on in the node's namespace,
+    /// and the host's route to the node's IPv6 pod CIDR `fd00:198:208:<slot>::/64`.
+    pub fn create_with(stack: SiteStack) -> Result<Self, NodeError> {
         let slot = Slot::take("site", MAX_SITES)?;
         let k = slot.index();
         let base = 4 * k;
@@ -212,12 +250,23 @@ impl Site {
             "netns",
             netns.name(),
         ])?;
+        let (host_ip6, node_ip6, pod_cidr6) = if stack.has_v6() {
+            let h = Ipv6Addr::new(0xfd00, 0x198, 0x200, k as u16, 0, 0, 0, 1);
+            let n = Ipv6Addr::new(0xfd00, 0x198, 0x200, k as u16, 0, 0, 0, 2);
+            (Some(h), Some(n), Some(format!("fd00:198:208:{k:x}::/64")))
+        } else {
+            (None, None, None)
+        };
         let site = Self {
             netns,
             host_if,
             host_ip,
             node_ip,
             pod_cidr,
+            stack,
+            host_ip6,
+            node_ip6,
+            pod_cidr6,
             slot,
         };
         netns::run_ip(&[
@@ -233,15 +282,63 @@ impl Site {
         site.netns.ip(&["link", "set", &node_if, "up"])?;
         site.netns
             .ip(&["route", "add", "default", "via", &host_ip.to_string()])?;
-        netns::run_ip(&[
-            "route",
-            "add",
-            &site.pod_cidr,
-            "via",
-            &node_ip.to_string(),
-            "dev",
-            &site.host_if,
-        ])?;
+        if stack.has_v4_pods() {
+            netns::run_ip(&[
+                "route",
+                "add",
+                &site.pod_cidr,
+                "via",
+                &node_ip.to_string(),
+                "dev",
+                &site.host_if,
+            ])?;
+        }
+        if let (Some(h), Some(n), Some(pods6)) = (host_ip6, node_ip6, &site.pod_cidr6) {
+            netns::run_ip(&[
+                "-6",
+                "addr",
+                "add",
+                &format!("{h}/64"),
+                "dev",
+                &site.host_if,
+                "nodad",
+            ])?;
+            site.netns.ip(&[
+                "-6",
+                "addr",
+                "add",
+                &format!("{n}/64"),
+                "dev",
+                &node_if,
+                "nodad",
+            ])?;
+            site.netns
+                .ip(&["-6", "route", "add", "default", "via", &h.to_string()])?;
+            // the node routes its pods' IPv6 (the bridge plugin would turn it on at the
+            // first pod; on from the start, so the node's own routing never depends on it)
+            run(
+                "enabling IPv6 forwarding in the node's namespace",
+                Command::new("ip").args([
+                    "netns",
+                    "exec",
+                    site.netns.name(),
+                    "sysctl",
+                    "-q",
+                    "-w",
+                    "net.ipv6.conf.all.forwarding=1",
+                ]),
+            )?;
+            netns::run_ip(&[
+                "-6",
+                "route",
+                "add",
+                pods6,
+                "via",
+                &n.to_string(),
+                "dev",
+                &site.host_if,
+            ])?;
+        }
         Ok(site)
     }
 
@@ -261,9 +358,118 @@ impl Site {
         self.node_ip
     }
 
-    /// The node's pod CIDR (its CNI bridge's host-local range).
+    /// The node's pod CIDR (its CNI bridge's host-local range): the IPv4 one, or on an
+    /// IPv6 site ([`SiteStack::Ipv6`]) the IPv6 one.
     pub fn pod_cidr(&self) -> &str {
-        &self.pod_cidr
+        match (&self.stack, &self.pod_cidr6) {
+            (SiteStack::Ipv6, Some(p)) => p,
+            _ => &self.pod_cidr,
+        }
+    }
+
+    /// Lets the node send (or forward) IPv4 only to `allowed` (TCP), on loopback and to the
+    /// local multicast block 224.0.0.0/24 (the kernel's own IGMP reports when an interface
+    /// comes up, never routed): every other IPv4 packet leaving by its interfaces is counted
+    /// and dropped (nftables table
+    /// `ip hcp_olm_ipv4_fence` in the node's namespace). For an IPv6 site whose one IPv4 use
+    /// is pulling from the test registry ([`SiteStack::Ipv6`]); [`Site::ipv4_fenced`] reads
+    /// the count.
+    pub fn fence_ipv4(&self, allowed: std::net::SocketAddrV4) -> Result<(), NodeError> {
+        let rules = format!(
+            "table ip hcp_olm_ipv4_fence {{
+  counter fenced {{ }}
+  set seen {{ type ipv4_addr . inet_proto; flags dynamic; size 64; }}
+  chain node_out {{
+    type filter hook output priority filter; policy accept;
+    oifname \"lo\" accept
+    ip daddr 224.0.0.0/24 accept
+    ip daddr {ip} tcp dport {port} accept
+    update @seen {{ ip daddr . meta l4proto }} counter name fenced drop
+  }}
+  chain node_forward {{
+    type filter hook forward priority filter; policy accept;
+    update @seen {{ ip daddr . meta l4proto }} counter name fenced drop
+  }}
+}}
+",
+            ip = allowed.ip(),
+            port = allowed.port()
+        );
+        nft_in(self.netns.name(), &rules, "fencing the node's IPv4")
+    }
+
+    /// The IPv4 packets [`Site::fence_ipv4`] has dropped, and where they went
+    /// (`address . protocol` as nftables lists them).
+    pub fn ipv4_fenced(&self) -> Result<(u64, String), NodeError> {
+        let nft = |args: &[&str]| {
+            run(
+                "nft list",
+                Command::new("ip")
+                    .args(["netns", "exec", self.netns.name(), "nft", "list"])
+                    .args(args),
+            )
+        };
+        let out = nft(&["counter", "ip", "hcp_olm_ipv4_fence", "fenced"])?;
+        let packets = out
+            .split_whitespace()
+            .skip_while(|w| *w != "packets")
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| NodeError::Setup {
+                node: "-".into(),
+                problem: format!("no packet count in {out:?}"),
+            })?;
+        let seen = nft(&["set", "ip", "hcp_olm_ipv4_fence", "seen"])?;
+        let elements = seen
+            .split_once("elements = {")
+            .and_then(|(_, rest)| rest.split_once('}'))
+            .map(|(e, _)| e.split_whitespace().collect::<Vec<_>>().join(" "))
+            .unwrap_or_default();
+        Ok((packets, elements))
+    }
+
+    /// The site's address families.
+    pub fn stack(&self) -> SiteStack {
+        self.stack
+    }
+
+    /// The host's IPv6 end of the veth (sites with IPv6).
+    pub fn host_ip6(&self) -> Option<Ipv6Addr> {
+        self.host_ip6
+    }
+
+    /// The node's IPv6 address (sites with IPv6).
+    pub fn node_ip6(&self) -> Option<Ipv6Addr> {
+        self.node_ip6
+    }
+
+    /// The node's pod CIDRs, IPv4 first (one per family of the site).
+    pub fn pod_cidrs(&self) -> Vec<&str> {
+        let mut out = Vec::new();
+        if self.stack.has_v4_pods() {
+            out.push(self.pod_cidr.as_str());
+        }
+        out.extend(self.pod_cidr6.as_deref());
+        out
+    }
+
+    /// The node's addresses as the kubelet's `--node-ip` lists them (IPv4 first).
+    pub fn node_ips(&self) -> Vec<IpAddr> {
+        let mut out = Vec::new();
+        if self.stack.has_v4_pods() {
+            out.push(IpAddr::V4(self.node_ip));
+        }
+        out.extend(self.node_ip6.map(IpAddr::V6));
+        out
+    }
+
+    /// kube-proxy's `--cluster-cidr`: every node's pod range of each family of the site.
+    fn cluster_cidrs(&self) -> String {
+        match self.stack {
+            SiteStack::Ipv4 => POD_CIDRS.to_string(),
+            SiteStack::DualStack => format!("{POD_CIDRS},{POD_CIDRS6}"),
+            SiteStack::Ipv6 => POD_CIDRS6.to_string(),
+        }
     }
 
     /// The network namespace.
@@ -286,11 +492,16 @@ impl Drop for Site {
 /// the near node for the far node's address only, and masquerading of what leaves the near
 /// node by it. The far node learns no route back into the near site (its pods stay private),
 /// and the host, whose `ip_forward` stays off, forwards nothing between sites.
+///
+/// From an IPv6 site ([`SiteStack::Ipv6`]) to a site with IPv6 the path is IPv6 only (issue
+/// 19): `fd00:198:204:<k>::1/64` and `…::2/64`, the route for the far node's IPv6 address,
+/// masquerading in an `ip6` table.
 #[derive(Debug)]
 pub struct SiteLink {
     near: String,
     near_if: String,
     table: String,
+    family: &'static str,
     _slot: Slot,
 }
 
@@ -301,31 +512,56 @@ impl Site {
         let slot = Slot::take("link", MAX_LINKS)?;
         let k = slot.index();
         let base = 4 * k;
-        let near_ip = Ipv4Addr::new(198, 19, 204 + (base / 256) as u8, (base % 256) as u8 + 1);
-        let far_ip = Ipv4Addr::new(198, 19, 204 + (base / 256) as u8, (base % 256) as u8 + 2);
-        let (near_if, _) = netns::connect(
-            &self.netns,
-            &format!("{near_ip}/30"),
-            &far.netns,
-            &format!("{far_ip}/30"),
-        )?;
+        let v6 = match (self.stack, far.node_ip6) {
+            (SiteStack::Ipv6, Some(far_node)) => Some(far_node),
+            (SiteStack::Ipv6, None) => {
+                return Err(NodeError::Setup {
+                    node: "-".into(),
+                    problem: "an IPv6 site can reach only a site with IPv6".into(),
+                });
+            }
+            _ => None,
+        };
+        let (near_addr, far_addr, far_node, far_via, family) = match v6 {
+            Some(far_node) => {
+                let near_ip = Ipv6Addr::new(0xfd00, 0x198, 0x204, k as u16, 0, 0, 0, 1);
+                let far_ip = Ipv6Addr::new(0xfd00, 0x198, 0x204, k as u16, 0, 0, 0, 2);
+                (
+                    format!("{near_ip}/64"),
+                    format!("{far_ip}/64"),
+                    format!("{far_node}/128"),
+                    far_ip.to_string(),
+                    "ip6",
+                )
+            }
+            None => {
+                let near_ip =
+                    Ipv4Addr::new(198, 19, 204 + (base / 256) as u8, (base % 256) as u8 + 1);
+                let far_ip =
+                    Ipv4Addr::new(198, 19, 204 + (base / 256) as u8, (base % 256) as u8 + 2);
+                (
+                    format!("{near_ip}/30"),
+                    format!("{far_ip}/30"),
+                    format!("{}/32", far.node_ip),
+                    far_ip.to_string(),
+                    "ip",
+                )
+            }
+        };
+        let (near_if, _) = netns::connect(&self.netns, &near_addr, &far.netns, &far_addr)?;
         let link = SiteLink {
             near: self.netns.name().to_string(),
             near_if: near_if.clone(),
             table: format!("hcp_olm_link{k}"),
+            family,
             _slot: slot,
         };
-        self.netns.ip(&[
-            "route",
-            "add",
-            &format!("{}/32", far.node_ip),
-            "via",
-            &far_ip.to_string(),
-            "dev",
-            &near_if,
-        ])?;
+        // (IPv6: the pair's addresses pass duplicate address detection within a second or
+        // two; nothing uses the link before the near node is up, tens of seconds later)
+        self.netns
+            .ip(&["route", "add", &far_node, "via", &far_via, "dev", &near_if])?;
         let rules = format!(
-            "table ip {t} {{
+            "table {family} {t} {{
   chain post {{
     type nat hook postrouting priority srcnat; policy accept;
     oifname \"{near_if}\" masquerade
@@ -405,7 +641,7 @@ impl Drop for SiteLink {
                 "nft",
                 "delete",
                 "table",
-                "ip",
+                self.family,
                 &self.table,
             ])
             .output();
@@ -433,7 +669,7 @@ pub struct NodeOptions {
     pub plain_http: Vec<PlainHttpRegistry>,
     /// The cluster DNS address the kubelet gives pods (`clusterDNS`, domain `cluster.local`;
     /// [`crate::clusterdns`]); without it pods get the node's resolver, which resolves nothing.
-    pub cluster_dns: Option<Ipv4Addr>,
+    pub cluster_dns: Option<IpAddr>,
     /// A Docker config (`{"auths": …}`) the kubelet pulls every pod's images with, written
     /// to `/var/lib/kubelet/config.json` as OpenShift nodes carry the cluster's global pull
     /// secret; pods then need no `imagePullSecrets`.
@@ -718,7 +954,7 @@ impl RealNode {
         .map_err(io("writing containerd.toml"))?;
         std::fs::write(
             d.join("cni-conf/10-hcp-olm.conflist"),
-            cni_config(node.site.pod_cidr()),
+            cni_config(&node.site.pod_cidrs()),
         )
         .map_err(io("writing the CNI configuration"))?;
         if let Some(secret) = &opts.pull_secret {
@@ -727,12 +963,18 @@ impl RealNode {
             std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
                 .map_err(io("restricting the node's pull secret"))?;
         }
+        let node_ips = node.site.node_ips();
+        let node_ip_flag = node_ips
+            .iter()
+            .map(IpAddr::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
         let kubelet_yaml = d.join("kubelet.yaml");
         std::fs::write(
             &kubelet_yaml,
             kubelet_config(
                 &cgroup,
-                node.site.node_ip(),
+                node_ips[0],
                 &d.join("volume-plugins"),
                 opts.cluster_dns,
             ),
@@ -829,7 +1071,7 @@ impl RealNode {
                 format!("--config={}", kubelet_yaml.display()),
                 format!("--kubeconfig={}", identity.kubeconfig.display()),
                 format!("--hostname-override={name}"),
-                format!("--node-ip={}", node.site.node_ip()),
+                format!("--node-ip={node_ip_flag}"),
                 "--root-dir=/var/lib/kubelet".into(),
                 "--v=2".into(),
             ],
@@ -846,7 +1088,7 @@ impl RealNode {
                 format!("--kubeconfig={}", proxy_identity.kubeconfig.display()),
                 "--proxy-mode=nftables".into(),
                 format!("--hostname-override={name}"),
-                format!("--cluster-cidr={}", POD_CIDRS),
+                format!("--cluster-cidr={}", node.site.cluster_cidrs()),
                 "--conntrack-max-per-core=0".into(),
                 "--conntrack-tcp-timeout-established=0".into(),
                 "--conntrack-tcp-timeout-close-wait=0".into(),
@@ -1185,9 +1427,24 @@ state = "/run/containerd"
     )
 }
 
-/// The CNI configuration: a bridge with host-local addresses from the node's pod CIDR, no
-/// masquerading (the host routes the pod CIDR to the node).
-pub fn cni_config(pod_cidr: &str) -> String {
+/// The CNI configuration: a bridge with host-local addresses from the node's pod CIDRs (one
+/// range set per family, IPv4 first, a default route of each), no masquerading (the host
+/// routes the pod CIDRs to the node).
+pub fn cni_config(pod_cidrs: &[&str]) -> String {
+    let ranges: Vec<serde_json::Value> = pod_cidrs
+        .iter()
+        .map(|c| serde_json::json!([{"subnet": c}]))
+        .collect();
+    let routes: Vec<serde_json::Value> = pod_cidrs
+        .iter()
+        .map(|c| {
+            if c.contains(':') {
+                serde_json::json!({"dst": "::/0"})
+            } else {
+                serde_json::json!({"dst": "0.0.0.0/0"})
+            }
+        })
+        .collect();
     serde_json::json!({
         "cniVersion": "1.0.0",
         "name": "hcp-olm",
@@ -1200,8 +1457,8 @@ pub fn cni_config(pod_cidr: &str) -> String {
                 "hairpinMode": true,
                 "ipam": {
                     "type": "host-local",
-                    "ranges": [[{"subnet": pod_cidr}]],
-                    "routes": [{"dst": "0.0.0.0/0"}],
+                    "ranges": ranges,
+                    "routes": routes,
                 },
             },
             {"type": "portmap", "capabilities": {"portMappings": true}},
@@ -1214,9 +1471,9 @@ pub fn cni_config(pod_cidr: &str) -> String {
 /// shared host whose sysctls and firewall are not ours).
 pub fn kubelet_config(
     cgroup_root: &str,
-    node_ip: Ipv4Addr,
+    node_ip: IpAddr,
     volume_plugins: &Path,
-    cluster_dns: Option<Ipv4Addr>,
+    cluster_dns: Option<IpAddr>,
 ) -> String {
     let dns = cluster_dns
         .map(|ip| format!("clusterDNS: [\"{ip}\"]\nclusterDomain: cluster.local\n"))
@@ -1233,7 +1490,7 @@ protectKernelDefaults: false
 failSwapOn: false
 containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
 volumePluginDir: {volume_plugins}
-address: {node_ip}
+address: "{node_ip}"
 readOnlyPort: 0
 healthzPort: 0
 authentication:

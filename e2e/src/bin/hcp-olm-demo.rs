@@ -12,14 +12,24 @@
 //! exit status is 0 only if every step succeeded.
 //!
 //! Our binaries are taken from the directory of this executable (`make demo` builds them).
+//!
+//! `--guest ipv6` (`make demo DEMO_GUEST=ipv6`) runs the variant with an IPv6-only guest
+//! (issue 19; `hcp_olm_e2e::scenario::GuestStack::Ipv6`); `--guest ipv4` is the default.
 
 use std::io::IsTerminal as _;
 use std::sync::Arc;
 
-use hcp_olm_e2e::scenario::{self, Binaries, Finish};
+use hcp_olm_e2e::scenario::{self, Binaries, Finish, GuestStack};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
 async fn main() {
+    let stack = match guest_stack(std::env::args().skip(1)) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("hcp-olm-demo: {e}\nusage: hcp-olm-demo [--guest ipv4|ipv6]");
+            std::process::exit(64);
+        }
+    };
     let interactive = std::io::stdin().is_terminal();
     let bins = match Binaries::next_to_current_exe() {
         Ok(b) => b,
@@ -38,7 +48,7 @@ async fn main() {
     // Ctrl-C or SIGTERM during the steps: the run is dropped, and with it everything it
     // started (nodes and their pods by PID, sites, registry, control planes).
     let outcome = tokio::select! {
-        o = scenario::run(&bins, log.clone(), finish) => Some(o),
+        o = scenario::run_with(&bins, log.clone(), finish, stack) => Some(o),
         sig = interrupted() => {
             println!("demo: {sig} during the steps: tearing down");
             None
@@ -107,6 +117,21 @@ async fn main() {
             std::process::exit(1);
         }
     }
+}
+
+/// The guest's address families from the arguments: `--guest ipv4|ipv6` (or
+/// `--guest=…`); default IPv4.
+fn guest_stack(mut args: impl Iterator<Item = String>) -> Result<GuestStack, String> {
+    let mut stack = GuestStack::Ipv4;
+    while let Some(a) = args.next() {
+        let value = match a.strip_prefix("--guest=") {
+            Some(v) => v.to_string(),
+            None if a == "--guest" => args.next().ok_or("--guest needs a value")?,
+            None => return Err(format!("unknown argument {a:?}")),
+        };
+        stack = value.parse()?;
+    }
+    Ok(stack)
 }
 
 /// Waits for Ctrl-C (SIGINT) or SIGTERM; returns which. Without a way to listen for them it

@@ -12,11 +12,15 @@
 //!
 //! Nothing the controller rendered is rewritten; the nodes run it as it is or the step fails
 //! with the reason. The steps and their durations are recorded for the report.
+//!
+//! [`run_with`] `GuestStack::Ipv6` (issue 19) runs the same steps with an IPv6-only guest and
+//! a dual-stack management side, plus two checks of its own (see [`GuestStack::Ipv6`] and
+//! docs/test-environment.md, "The IPv6-only guest variant").
 
 pub mod catalogs;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,7 +28,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail, ensure};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret, Service};
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
 };
@@ -33,6 +37,7 @@ use crate::clusterdns;
 use crate::hcpimages;
 use crate::realnode::{
     ClusterControllers, HostRoute, NodeOptions, PlainHttpRegistry, RealNode, Site, SiteLink,
+    SiteStack,
 };
 use crate::registry::{Registry, TEST_USER_HASH, TEST_USER_PASSWORD};
 use crate::tools::fixtures_dir;
@@ -66,6 +71,33 @@ const INDEX_IMAGES: [&str; 3] = [
 /// The guest's Service network, apart from the management cluster's (198.19.224.0/24 +
 /// the management site's slot): the gateway tells them apart by range.
 const GUEST_SERVICE_CIDR: &str = "198.19.254.0/24";
+/// The IPv6-only guest's Service network ([`GuestStack::Ipv6`]).
+const GUEST_SERVICE_CIDR6: &str = "fd00:198:254::/112";
+
+/// The guest's address families (issue 19).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GuestStack {
+    /// The guest, its node and pods IPv4, as before issue 19.
+    Ipv4,
+    /// An IPv6-only guest: its API server's Service range IPv6 (its `kubernetes` Service and
+    /// every guest Service IPv6, the API server advertising an IPv6 address), its node's
+    /// address and pod CIDR IPv6 (pods have no IPv4), kube-proxy and CoreDNS serving IPv6,
+    /// its path to the management node IPv6, and the HostedCluster's `spec.networking`
+    /// IPv6 only. The management side becomes dual-stack (its API server `v4,v6`, its node
+    /// and pods both families), so the tunnel's Service gets an IPv6 NodePort.
+    Ipv6,
+}
+
+impl std::str::FromStr for GuestStack {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ipv4" => Ok(Self::Ipv4),
+            "ipv6" => Ok(Self::Ipv6),
+            other => Err(format!("unknown guest stack {other:?} (ipv4 or ipv6)")),
+        }
+    }
+}
 /// The nodes' names.
 const MGMT_NODE: &str = "mgmt-a";
 const GUEST_NODE: &str = "guest-a";
@@ -272,13 +304,18 @@ pub enum Finish {
 /// Runs the scenario. The world is returned (also on failure, when it got that far) so the
 /// caller can print diagnosis, keep it up, and tear it down.
 pub async fn run(bins: &Binaries, log: Log, finish: Finish) -> Outcome {
+    run_with(bins, log, finish, GuestStack::Ipv4).await
+}
+
+/// [`run`] with a guest of the address families `stack`.
+pub async fn run_with(bins: &Binaries, log: Log, finish: Finish, stack: GuestStack) -> Outcome {
     let mut steps = Steps {
         log: log.clone(),
         records: Vec::new(),
         current: None,
     };
     let mut world = None;
-    let result = run_steps(bins, &log, &mut steps, &mut world, finish).await;
+    let result = run_steps(bins, &log, &mut steps, &mut world, finish, stack).await;
     let failed = match result {
         Ok(()) => None,
         Err(e) => Some((steps.fail().unwrap_or_else(|| "setup".into()), e)),
@@ -459,7 +496,13 @@ async fn setup_crds(env: &Environment) -> Result<()> {
 
 /// The HostedCluster of the fixture, with this environment's networks: the guest's Service
 /// and pod CIDRs, and the management node's address for NodePort services.
-async fn create_hc(env: &Environment, node_address: Ipv4Addr, pod_cidr: &str) -> Result<()> {
+async fn create_hc(
+    env: &Environment,
+    node_address: IpAddr,
+    pod_cidr: &str,
+    service_cidr: &str,
+    machine_cidr: Option<&str>,
+) -> Result<()> {
     let text =
         std::fs::read_to_string(fixtures_dir().join("hypershift/examples/none-minimal.yaml"))?;
     let mut value = None;
@@ -480,7 +523,10 @@ async fn create_hc(env: &Environment, node_address: Ipv4Addr, pod_cidr: &str) ->
         }
     }
     v["spec"]["networking"]["clusterNetwork"] = serde_json::json!([{"cidr": pod_cidr}]);
-    v["spec"]["networking"]["serviceNetwork"] = serde_json::json!([{"cidr": GUEST_SERVICE_CIDR}]);
+    v["spec"]["networking"]["serviceNetwork"] = serde_json::json!([{"cidr": service_cidr}]);
+    if let Some(m) = machine_cidr {
+        v["spec"]["networking"]["machineNetwork"] = serde_json::json!([{"cidr": m}]);
+    }
     v["spec"]["release"]["image"] = RELEASE.into();
     let obj: DynamicObject = serde_json::from_value(v)?;
     let api: Api<DynamicObject> = Api::namespaced_with(env.management.client(), HC_NS, &hc_ar());
@@ -741,6 +787,7 @@ async fn run_steps(
     steps: &mut Steps,
     slot: &mut Option<World>,
     finish: Finish,
+    stack: GuestStack,
 ) -> Result<()> {
     use base64::Engine as _;
     steps.begin("sites, control planes, a registry that requires auth, a real node on each side (containerd, kubelet, kube-proxy, CoreDNS, controller-manager, scheduler)");
@@ -758,9 +805,21 @@ async fn run_steps(
         .context("the binaries' directory")?
         .to_path_buf();
     // The guest's site first: the HostedCluster names its pod network.
-    let msite = Site::create()?;
-    let gsite = Site::create()?;
+    let v6 = stack == GuestStack::Ipv6;
+    let (msite, gsite) = if v6 {
+        (
+            Site::create_with(SiteStack::DualStack)?,
+            Site::create_with(SiteStack::Ipv6)?,
+        )
+    } else {
+        (Site::create()?, Site::create()?)
+    };
     let guest_pod_cidr = gsite.pod_cidr().to_string();
+    let guest_service_cidr = if v6 {
+        GUEST_SERVICE_CIDR6
+    } else {
+        GUEST_SERVICE_CIDR
+    };
     let mut mo = ClusterOptions::new("management");
     mo.bind_address = msite.host_ip().into();
     // Real controllers run: pods get their ServiceAccount's pull secrets, as in every cluster.
@@ -769,10 +828,19 @@ async fn run_steps(
     // site slot, so concurrent runs (the demo beside the tests) never share the route.
     mo.service_cidr = format!("198.19.{}.0/24", 224 + msite.slot());
     let mgmt_service_cidr = mo.service_cidr.clone();
-    // The guest API server where the HCP pods reach it (HyperShift's kube-apiserver Service).
+    if v6 {
+        // dual-stack (IPv4 first, as the management cluster's Services stay IPv4): the
+        // tunnel's Service, rendered PreferDualStack, gets an IPv6 ClusterIP and NodePort
+        mo.service_cidr = format!("{mgmt_service_cidr},fd00:198:224:{:x}::/112", msite.slot());
+    }
+    // The guest API server where the HCP pods reach it (HyperShift's kube-apiserver Service);
+    // an IPv6-only guest's advertises an IPv6 address (the family of its Service range).
     let mut go = ClusterOptions::new("guest");
-    go.bind_address = msite.host_ip().into();
-    go.service_cidr = GUEST_SERVICE_CIDR.into();
+    go.bind_address = match msite.host_ip6() {
+        Some(a) if v6 => a.into(),
+        _ => msite.host_ip().into(),
+    };
+    go.service_cidr = guest_service_cidr.into();
     go.service_account_admission = true;
     // As HyperShift runs the guest API server: it dials an aggregated API's endpoints (the
     // HCP packageserver), never a guest ClusterIP, which only guest nodes can reach.
@@ -844,22 +912,37 @@ async fn run_steps(
         &mgmt_service_cidr,
         &mgmt_node.site().node_ip().to_string(),
     )?);
-    let mgmt_ip = mgmt_node.site().node_ip();
+    // where the guest's nodes reach the management node (the NodePort address the
+    // HostedCluster publishes): its IPv6 address for an IPv6-only guest
+    let mgmt_ip: IpAddr = match mgmt_node.site().node_ip6() {
+        Some(a) if v6 => a.into(),
+        _ => mgmt_node.site().node_ip().into(),
+    };
+    let guest_machine_cidr = gsite.node_ip6().filter(|_| v6).map(|a| format!("{}/64", a));
     world.mgmt_node = Some(mgmt_node);
     world._guest_controllers = Some(ClusterControllers::start(&world.env.guest)?);
-    let mut gopts = node_opts(GUEST_NODE, GUEST_SERVICE_CIDR)?;
+    let mut gopts = node_opts(GUEST_NODE, guest_service_cidr)?;
     // As OpenShift nodes carry the cluster's global pull secret.
     gopts.pull_secret = Some(docker_config.clone());
+    if v6 {
+        // The IPv6 node's one IPv4 use is its containerd pulling from the test registry
+        // (whose references are `IPv4:port`); everything else it would send by IPv4 is
+        // dropped and counted, and the IPv6 check below wants none.
+        let registry_addr: std::net::SocketAddrV4 = reg
+            .parse()
+            .with_context(|| format!("the registry address {reg}"))?;
+        gsite.fence_ipv4(registry_addr)?;
+    }
     world.guest_node = Some(RealNode::start(gsite, &world.env.guest, gopts).await?);
     clusterdns::deploy(
         &world.env.guest,
         &coredns,
         &docker_config,
-        GUEST_SERVICE_CIDR,
+        guest_service_cidr,
     )
     .await?;
     (log)(&format!(
-        "  management kubeconfig: {}\n  guest kubeconfig:      {}\n  registry {reg} (user reader), management node {mgmt_ip}, guest pod network {guest_pod_cidr}",
+        "  management kubeconfig: {}\n  guest kubeconfig:      {}\n  registry {reg} (user reader), management node {mgmt_ip}, guest ({stack:?}) pod network {guest_pod_cidr}, Service network {guest_service_cidr}",
         world.env.management.kubeconfig().display(),
         world.env.guest.kubeconfig().display()
     ));
@@ -893,7 +976,14 @@ async fn run_steps(
     Api::<Secret>::namespaced(env.management.client(), HCP_NS)
         .create(&PostParams::default(), &pull_secret)
         .await?;
-    create_hc(env, mgmt_ip, &guest_pod_cidr).await?;
+    create_hc(
+        env,
+        mgmt_ip,
+        &guest_pod_cidr,
+        guest_service_cidr,
+        guest_machine_cidr.as_deref(),
+    )
+    .await?;
     let kubeconfig = controller_kubeconfig(env).await?;
     let admin_port = crate::ports::free_port()?;
     let mut cmd = crate::process::command(&bins.controller);
@@ -1063,6 +1153,19 @@ async fn run_steps(
         (log)(&format!("  processes and their uids: {}", users.join(" ")));
     }
     steps.end();
+
+    if v6 {
+        steps.begin("the guest is IPv6-only: its Node, every pod and every Service IPv6 alone, no IPv4 from its node but image pulls; the tunnel's Service dual-stack, its published endpoint IPv6");
+        let node = world.guest_node.as_ref().context("guest node")?;
+        let (fenced, to) = node.site().ipv4_fenced()?;
+        ensure!(
+            fenced == 0,
+            "the guest node sent or forwarded {fenced} IPv4 packets other than its image pulls (to: {to})"
+        );
+        let found = ipv6_only_guest(&world.env).await?;
+        (log)(&format!("  {found}"));
+        steps.end();
+    }
 
     steps.begin("HostedOLM reports every component Available");
     {
@@ -1463,12 +1566,126 @@ async fn run_steps(
     if let Finish::AllWithTakeOver(soak) = finish {
         take_over_steps(world, log, steps, soak).await?;
     }
+    if v6 {
+        steps.begin("the guest node sent no IPv4 but its image pulls during the whole run");
+        let node = world.guest_node.as_ref().context("guest node")?;
+        let (fenced, to) = node.site().ipv4_fenced()?;
+        ensure!(
+            fenced == 0,
+            "the guest node sent or forwarded {fenced} IPv4 packets other than its image pulls (to: {to})"
+        );
+        steps.end();
+    }
     if finish != Finish::BeforeDelete {
         steps.begin("delete the HostedCluster: nothing of ours left in either cluster");
         delete_hosted_cluster(world, log).await?;
         steps.end();
     }
     Ok(())
+}
+
+/// The IPv6-only guest variant's own check ([`GuestStack::Ipv6`]), once what the controller
+/// rendered runs: the guest Node's addresses, every guest pod's addresses and every guest
+/// Service's families are IPv6 alone (so whatever reaches a guest pod or Service crossed the
+/// tunnel over IPv6, and the agent, an IPv6-only pod, reached the gateway over IPv6); the
+/// tunnel's Service has both families and the endpoint the agent was given (HostedOLM
+/// `status.tunnel.endpoint`) is an IPv6 address. Returns what it found, for the log.
+async fn ipv6_only_guest(env: &Environment) -> Result<String> {
+    let v6 = |a: &str| a.parse::<IpAddr>().is_ok_and(|a| a.is_ipv6());
+    let guest = env.guest.client();
+    let mut node_ips = Vec::new();
+    for n in Api::<Node>::all(guest.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+    {
+        let name = n.metadata.name.clone().unwrap_or_default();
+        let ips: Vec<String> = n
+            .status
+            .and_then(|s| s.addresses)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|a| a.type_ == "InternalIP")
+            .map(|a| a.address)
+            .collect();
+        ensure!(
+            !ips.is_empty() && ips.iter().all(|a| v6(a)),
+            "guest Node {name} has InternalIPs {ips:?}, not IPv6 alone"
+        );
+        node_ips.extend(ips);
+    }
+    ensure!(!node_ips.is_empty(), "the guest has no Node");
+    let pods = Api::<Pod>::all(guest.clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let mut pod_count = 0;
+    for p in &pods {
+        let name = format!(
+            "{}/{}",
+            p.metadata.namespace.as_deref().unwrap_or_default(),
+            p.metadata.name.as_deref().unwrap_or_default()
+        );
+        let ips: Vec<String> = p
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ips.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|i| i.ip)
+            .collect();
+        if ips.is_empty() {
+            continue;
+        }
+        ensure!(
+            ips.iter().all(|a| v6(a)),
+            "guest pod {name} has addresses {ips:?}, not IPv6 alone"
+        );
+        pod_count += 1;
+    }
+    ensure!(
+        pods.iter()
+            .any(|p| p.metadata.namespace.as_deref() == Some(AGENT_NS)),
+        "no guest agent pod"
+    );
+    let services = Api::<Service>::all(guest)
+        .list(&ListParams::default())
+        .await?;
+    for svc in &services.items {
+        let spec = svc.spec.clone().unwrap_or_default();
+        let families = spec.ip_families.unwrap_or_default();
+        ensure!(
+            families == ["IPv6"],
+            "guest Service {}/{} has ipFamilies {families:?}, not [IPv6]",
+            svc.metadata.namespace.as_deref().unwrap_or_default(),
+            svc.metadata.name.as_deref().unwrap_or_default()
+        );
+    }
+    let wg = Api::<Service>::namespaced(env.management.client(), HCP_NS)
+        .get("hcp-olm-tunnel-gateway-wg")
+        .await?
+        .spec
+        .unwrap_or_default();
+    let wg_ips = wg.cluster_ips.unwrap_or_default();
+    ensure!(
+        wg_ips.iter().any(|a| v6(a)),
+        "the tunnel's Service has ClusterIPs {wg_ips:?} (policy {:?}), none IPv6",
+        wg.ip_family_policy
+    );
+    let endpoint = hosted_olm(env).await?["status"]["tunnel"]["endpoint"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    ensure!(
+        endpoint
+            .parse::<std::net::SocketAddr>()
+            .is_ok_and(|a| a.is_ipv6()),
+        "the tunnel endpoint the agent is given is {endpoint:?}, not an IPv6 address"
+    );
+    Ok(format!(
+        "guest Node addresses {node_ips:?}; {pod_count} guest pods and {} guest Services, IPv6 alone; the tunnel's Service ClusterIPs {wg_ips:?}, endpoint {endpoint}",
+        services.items.len()
+    ))
 }
 
 /// Waits (bounded) until the guest user's CatalogSource is READY; `when` names the moment.
