@@ -215,6 +215,30 @@ pub(crate) async fn send_gso(
     }
 }
 
+/// Records a datagram of `len` bytes at `off` in the send buffer: it extends the last run of
+/// equal-sized datagrams (`(start, end, segment size)`) when it directly follows it and GSO
+/// allows (a shorter one may end a run; at most `max_segments` and [`GSO_MAX_BYTES`]), else
+/// starts a new run. Shared by this driver and the TUN driver.
+pub(crate) fn add_to_runs(
+    runs: &mut Vec<(usize, usize, usize)>,
+    off: usize,
+    len: usize,
+    max_segments: usize,
+) {
+    match runs.last_mut() {
+        Some((start, end, seg))
+            if *end == off
+                && len <= *seg
+                && (*end - *start) % *seg == 0
+                && (*end - *start) / *seg < max_segments
+                && off + len - *start <= GSO_MAX_BYTES =>
+        {
+            *end = off + len;
+        }
+        _ => runs.push((off, off + len, len)),
+    }
+}
+
 /// Encrypts `batch` into `wire` and sends it: one GSO send per run of equal-sized datagrams
 /// (a shorter one may end a run). Control messages (a handshake when there is no session)
 /// go to `out`.
@@ -236,18 +260,7 @@ async fn send_batch(
         let Ok(Some(len)) = peer.encapsulate_into(p, &mut wire[off..], out) else {
             continue;
         };
-        match runs.last_mut() {
-            Some((start, end, seg))
-                if *end == off
-                    && len <= *seg
-                    && (*end - *start) % *seg == 0
-                    && (*end - *start) / *seg < max_segments
-                    && off + len - *start <= GSO_MAX_BYTES =>
-            {
-                *end = off + len;
-            }
-            _ => runs.push((off, off + len, len)),
-        }
+        add_to_runs(&mut runs, off, len, max_segments);
         off += len;
     }
     let Some(to) = peer.endpoint() else { return };

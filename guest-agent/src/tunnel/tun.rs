@@ -27,7 +27,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tun_rs::{AsyncDevice, GROTable, IDEAL_BATCH_SIZE, VIRTIO_NET_HDR_LEN};
 
-use super::driver::{GSO_MAX_BYTES, SOCKET_BUFFER, TICK, send_gso, udp_state};
+use super::driver::{SOCKET_BUFFER, TICK, add_to_runs, send_gso, udp_state};
 use super::peer::{Keys, Output, Peer, PeerStatus};
 
 /// WireGuard's data-message overhead: 16-byte header and 16-byte tag (plus up to 15 padding).
@@ -190,20 +190,7 @@ async fn tun_to_peer(io: Arc<Io>, peer: Arc<Mutex<Peer>>, cancel: CancellationTo
                 let Ok(Some(len)) = p.encapsulate_into(&buf[..size], dst, &mut control) else {
                     continue;
                 };
-                // Extend the current run when the size matches (a shorter datagram may end
-                // a run, as GSO allows), else start a new one.
-                match runs.last_mut() {
-                    Some((start, end, seg))
-                        if *end == off
-                            && len <= *seg
-                            && (*end - *start) % *seg == 0
-                            && (*end - *start) / *seg < max_segments
-                            && off + len - *start <= GSO_MAX_BYTES =>
-                    {
-                        *end = off + len;
-                    }
-                    _ => runs.push((off, off + len, len)),
-                }
+                add_to_runs(&mut runs, off, len, max_segments);
                 off += len;
             }
             p.endpoint()
