@@ -41,24 +41,27 @@
 #   aggregate Mbit/s (all bytes / wall time) against one pair alone in the same rounds, and
 #   the UDP receive-buffer drops (`RcvbufErrors`) of every namespace over the leg:
 #     multi-bench: tunnels=8 aggregate_mbit(min/median/max)=.. single_mbit=.. aggregate_vs_single=.. udp_rcvbuf_drops=.. rmem_max=212992
-# Usage: [BENCH_LEGS=all|tun|multi] scripts/bench-tunnel.sh [ROUNDS] [SECONDS]
+# Usage: [BENCH_LEGS=all|tun|multi|catalog|dns] scripts/bench-tunnel.sh [ROUNDS] [SECONDS]
 #   BENCH_LEGS=all (default): every leg. BENCH_LEGS=tun: only the TUN legs (both families);
 #   the catalog, Konnectivity and DNS legs, their tool checks and builds are skipped (needs
 #   iperf3, wg, the pinned wireguard-go and the release hcp-olm-tunnel only).
 #   HCP_OLM_BENCH_GATEWAY / HCP_OLM_BENCH_AGENT: other gateway and agent binaries (an A/B run).
 #   BENCH_LEGS=multi: only the many-HCPs leg. BENCH_LEGS=catalog: the catalog legs (opm and
-#   catalog-server backends) and the many-HCPs leg, no TUN or DNS.
+#   catalog-server backends) and the many-HCPs leg, no TUN or DNS. BENCH_LEGS=dns: only the
+#   DNS leg; its last line is
+#   tunnel-bench: dns_cpu_vs_coredns=<r> dns_cpu_vs_dnsmasq=<r> (legs: dns)
+#   HCP_OLM_BENCH_DNS: another hcp-olm-dns binary (an A/B run).
 set -euo pipefail
 umask 077
 root="$(cd "$(dirname "$0")/.." && pwd)"
 rounds="${1:-3}"
 secs="${2:-6}"
 legs="${BENCH_LEGS:-all}"
-case "$legs" in all | tun | multi | catalog) ;; *) echo "bench-tunnel: BENCH_LEGS must be all, tun, multi or catalog, not '$legs'" >&2; exit 64 ;; esac
+case "$legs" in all | tun | multi | catalog | dns) ;; *) echo "bench-tunnel: BENCH_LEGS must be all, tun, multi, catalog or dns, not '$legs'" >&2; exit 64 ;; esac
 [[ "$rounds" -ge 3 ]] || { echo "bench-tunnel: at least 3 rounds" >&2; exit 64; }
 fail() { echo "bench-tunnel: FAILED: $*" >&2; exit 1; }
 need=(iperf3 wg ip python3)
-[[ $legs == all ]] && need+=(dnsperf dnsmasq)
+[[ $legs == all || $legs == dns ]] && need+=(dnsperf dnsmasq)
 [[ $legs == multi || $legs == catalog ]] && need+=(dnsmasq)
 for t in "${need[@]}"; do
   command -v "$t" >/dev/null || { echo "bench-tunnel: $t not installed" >&2; exit 1; }
@@ -66,7 +69,9 @@ done
 [[ $(id -u) == 0 ]] || { echo "bench-tunnel: needs root (network namespaces)" >&2; exit 1; }
 cd "$root"
 echo "bench-tunnel: building hcp-olm-tunnel (release; legs: $legs)" >&2
-if [[ $legs != tun ]]; then
+if [[ $legs == dns ]]; then
+  cargo build --release -q -p hcp-olm-guest-agent --bin hcp-olm-dns
+elif [[ $legs != tun ]]; then
   cargo build --release -q -p hcp-olm-guest-agent --bin hcp-olm-tunnel --bin hcp-olm-dns \
     --bin hcp-olm-gateway --bin hcp-olm-agent
   cargo build --release -q -p hcp-olm-cli --example catalog-rpc-bench
@@ -82,14 +87,15 @@ need_tools=(wireguard-go)
 [[ $legs == all ]] && need_tools=(opm proxy-server proxy-agent wireguard-go)
 [[ $legs == multi ]] && need_tools=(opm)
 [[ $legs == catalog ]] && need_tools=(opm proxy-server proxy-agent)
+[[ $legs == dns ]] && need_tools=()
 for b in "${need_tools[@]}"; do
   [[ -x "$tools/$b" ]] || { echo "bench-tunnel: $tools/$b missing: run 'make tools-bench'" >&2; exit 1; }
 done
 catalog="${HCP_OLM_BENCH_CATALOG:-$root/../shared/fixtures/catalogs/large}"
 tunnel="${CARGO_TARGET_DIR:-$root/target}/release/hcp-olm-tunnel"
-ourdns="${CARGO_TARGET_DIR:-$root/target}/release/hcp-olm-dns"
+ourdns="${HCP_OLM_BENCH_DNS:-${CARGO_TARGET_DIR:-$root/target}/release/hcp-olm-dns}"
 coredns="${HCP_OLM_TOOLS_DIR:-${HCP_OLM_CACHE:-$HOME/.cache/hcp-olm}/bin}/coredns"
-if [[ $legs == all ]]; then
+if [[ $legs == all || $legs == dns ]]; then
   [[ -x "$coredns" ]] || { echo "bench-tunnel: CoreDNS not built: run 'make tools-bench'" >&2; exit 1; }
 fi
 
@@ -513,9 +519,11 @@ cpu_ticks() {  # pid -> utime + stime in clock ticks
 
 dnsperf_qps() {  # port seconds label name pid -> "qps answers_per_cpu_second" (details on stderr)
   local out t0 t1
-  t0="$(cpu_ticks "$5")"
+  # the server under test must be the one answering: if it is not running (it failed to
+  # bind, or exited), its CPU time cannot be read and the run fails
+  t0="$(cpu_ticks "$5")" && [[ -n $t0 ]] || { echo "bench-tunnel: $4 (pid $5) is not running" >&2; return 1; }
   out="$(dnsperf -s 127.0.0.1 -p "$1" -d "$work/queries" -c 4 -l "$2" 2>&1)"
-  t1="$(cpu_ticks "$5")"
+  t1="$(cpu_ticks "$5")" && [[ -n $t1 ]] || { echo "bench-tunnel: $4 (pid $5) exited during the run" >&2; return 1; }
   local qps lat lost codes done_
   qps="$(awk '/Queries per second:/ {print $4}' <<<"$out")"
   lat="$(awk '/Average Latency/ {print $4}' <<<"$out")"
@@ -523,7 +531,7 @@ dnsperf_qps() {  # port seconds label name pid -> "qps answers_per_cpu_second" (
   done_="$(awk '/Queries completed:/ {print $3}' <<<"$out")"
   codes="$(awk -F': ' '/Response codes:/ {print $2}' <<<"$out" | sed 's/^ *//')"
   local per_cpu
-  per_cpu="$(python3 -c "t=($t1-$t0)/$(getconf CLK_TCK); print('%.0f' % (${done_:-0}/t) if t > 0 else 0)")"
+  per_cpu="$(python3 -c "t=($t1-$t0)/$(getconf CLK_TCK); print('%.0f' % (${done_:-0}/t) if t > 0 else 0)")" || return 1
   echo "bench-tunnel:   ${3:-run} port $1 ($4): ${qps:-0} qps, ${per_cpu} answers per server CPU-second, avg latency ${lat:-?} s, lost ${lost:-?}, codes ${codes:-?}" >&2
   # only answers count: a server that fails fast must not look fast
   if [[ -z "$qps" || "$codes" != NOERROR* ]] || [[ "$codes" == *SERVFAIL* || "$codes" == *NXDOMAIN* || "$codes" == *REFUSED* ]]; then
@@ -550,9 +558,9 @@ if [[ $legs == multi ]]; then
   exit 0
 fi
 
-keys
+[[ $legs == dns ]] || keys
 ours=() wggo=() ours6=() wggo6=()
-[[ $legs == catalog ]] && tun_rounds=0 || tun_rounds=$rounds
+[[ $legs == catalog || $legs == dns ]] && tun_rounds=0 || tun_rounds=$rounds
 for i in $(seq "$tun_rounds"); do
   for k in $(rotated "$i" 4); do
     case $k in
@@ -564,7 +572,7 @@ for i in $(seq "$tun_rounds"); do
   done
   echo "bench-tunnel: round $i: IPv4 wireguard-go ${w} Mbit/s, ours ${o} Mbit/s; IPv6 wireguard-go ${w6} Mbit/s, ours ${o6} Mbit/s (iperf3 single stream, ${secs}s)" >&2
 done
-if [[ $legs != catalog ]]; then
+if [[ $legs != catalog && $legs != dns ]]; then
   mo="$(median "${ours[@]}")" mw="$(median "${wggo[@]}")"
   mo6="$(median "${ours6[@]}")" mw6="$(median "${wggo6[@]}")"
   r_tun="$(ratio "$mo" "$mw")" r_tun6="$(ratio "$mo6" "$mw6")" r_v6v4="$(ratio "$mo6" "$mo")"
@@ -576,6 +584,7 @@ if [[ $legs == tun ]]; then
   exit 0
 fi
 
+if [[ $legs != dns ]]; then
 echo "bench-tunnel: catalog path: ListBundles of $(basename "$catalog") x3 and 500 GetPackage, per round" >&2
 catalog_setup
 declare -a c_m c_p s_m
@@ -609,6 +618,7 @@ if [[ $legs == catalog ]]; then
   echo "tunnel-bench: bulk_vs_konnectivity=$r_bulk_k bulk_vs_direct=$r_bulk_d rpc_p99_vs_konnectivity=$r_p99 multi_aggregate_vs_single=$(sed -n 's/.*aggregate_vs_single=\([^ ]*\).*/\1/p' <<<"$multi_line") multi_udp_rcvbuf_drops=$(sed -n 's/.*udp_rcvbuf_drops=\([^ ]*\).*/\1/p' <<<"$multi_line") (legs: catalog)"
   exit 0
 fi
+fi
 
 echo "bench-tunnel: DNS, cached answers (dnsperf -c 4, ${secs}s per run; ours with its per-client rate limit raised)" >&2
 dns_setup
@@ -633,4 +643,8 @@ dns_stop
   co_="$(median ${dc[0]})" cm="$(median ${dc[1]})" cc="$(median ${dc[2]})"
 }
 r_dns_c="$(ratio "$co_" "$cc")" r_dns_m="$(ratio "$co_" "$cm")"
+if [[ $legs == dns ]]; then
+  echo "tunnel-bench: dns_cpu_vs_coredns=$r_dns_c dns_cpu_vs_dnsmasq=$r_dns_m (legs: dns)"
+  exit 0
+fi
 echo "tunnel-bench: bulk_vs_konnectivity=$r_bulk_k bulk_vs_direct=$r_bulk_d rpc_p99_vs_konnectivity=$r_p99 tun_vs_wireguard_go=$r_tun dns_cpu_vs_coredns=$r_dns_c dns_cpu_vs_dnsmasq=$r_dns_m tun6_vs_wireguard_go=$r_tun6 multi_aggregate_vs_single=$(sed -n 's/.*aggregate_vs_single=\([^ ]*\).*/\1/p' <<<"$multi_line") multi_udp_rcvbuf_drops=$(sed -n 's/.*udp_rcvbuf_drops=\([^ ]*\).*/\1/p' <<<"$multi_line")"
