@@ -352,3 +352,95 @@ async fn lookup_ip_for_connect_targets_follows_the_table() {
         "{err}"
     );
 }
+
+/// The UDP listener reads and answers in batches (`recvmmsg`/`sendmmsg`): a burst of queries
+/// from several clients at once, more than one batch, is answered whole, each answer to the
+/// client that asked, with its own id and the owner's record. A datagram longer than the
+/// listener reads whole (4096 bytes) in the middle of the burst is dropped and counted as
+/// malformed, and costs no other query its answer.
+#[tokio::test]
+async fn a_burst_from_many_clients_is_answered_whole_and_an_oversized_datagram_is_dropped() {
+    const CLIENTS: u16 = 4;
+    const PER_CLIENT: u16 = 50;
+    let (guest, local) = upstreams(&[]).await;
+    let s = start_server(&split_config(local.addr, guest.addr, "")).await;
+    // Cached first, so the burst is answered inline by the batch loop.
+    udp(s.addr, GUEST_SVC, RecordType::A, None).await;
+    udp(s.addr, HCP_SVC, RecordType::A, None).await;
+    let dropped_before = s
+        .server
+        .metrics()
+        .malformed
+        .get_or_create(&MalformedLabels {
+            action: MalformedAction::dropped,
+        })
+        .get();
+
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        let c = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        c.connect(s.addr).await.unwrap();
+        clients.push(c);
+    }
+    let name_of = |id: u16| if id % 2 == 0 { GUEST_SVC } else { HCP_SVC };
+    for i in 0..PER_CLIENT {
+        for (k, c) in clients.iter().enumerate() {
+            let id = k as u16 * 1000 + i;
+            c.send(&query(id, name_of(id), RecordType::A, None))
+                .await
+                .unwrap();
+        }
+        if i == PER_CLIENT / 2 {
+            // a valid header and question, then 5000 bytes of trailing junk
+            let mut big = query(60_000, GUEST_SVC, RecordType::A, None);
+            big.resize(5000, 0);
+            clients[0].send(&big).await.unwrap();
+        }
+    }
+    for (k, c) in clients.iter().enumerate() {
+        let mut want: std::collections::BTreeSet<u16> =
+            (0..PER_CLIENT).map(|i| k as u16 * 1000 + i).collect();
+        let mut buf = vec![0u8; 65_535];
+        while !want.is_empty() {
+            let n = tokio::time::timeout(Duration::from_secs(5), c.recv(&mut buf))
+                .await
+                .unwrap_or_else(|_| panic!("client {k}: no answer for ids {want:?}"))
+                .unwrap();
+            let m = hickory_proto::op::Message::from_vec(&buf[..n]).unwrap();
+            let id = m.metadata.id;
+            assert_ne!(id, 60_000, "the oversized datagram was answered");
+            assert!(
+                want.remove(&id),
+                "client {k}: unexpected or repeated id {id}"
+            );
+            assert_eq!(m.metadata.response_code, ResponseCode::NoError);
+            let ip = if name_of(id) == GUEST_SVC {
+                "198.18.1.1"
+            } else {
+                "198.18.2.2"
+            };
+            assert_eq!(a_records(&m)[0].0, ip, "id {id}");
+        }
+    }
+    // nothing more arrives for the oversized one
+    let mut buf = vec![0u8; 65_535];
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), clients[0].recv(&mut buf))
+            .await
+            .is_err(),
+        "an answer beyond the burst"
+    );
+    let dropped = s
+        .server
+        .metrics()
+        .malformed
+        .get_or_create(&MalformedLabels {
+            action: MalformedAction::dropped,
+        })
+        .get();
+    assert_eq!(
+        dropped,
+        dropped_before + 1,
+        "the oversized datagram is counted"
+    );
+}

@@ -4,6 +4,7 @@
 
 pub mod file;
 pub mod metrics;
+mod udp_batch;
 mod upstream;
 
 use std::io;
@@ -24,8 +25,10 @@ use crate::dns::{Action, Engine, Forward, Reply, Transport};
 pub use metrics::DnsMetrics;
 pub use upstream::{GuestExchange, resolve};
 
-/// Receive loops per UDP socket (cache hits are answered inline by these loops).
-const UDP_WORKERS: usize = 2;
+/// Receive loops per UDP socket (cache hits are answered inline by these loops). One: each
+/// wakeup reads and answers a whole batch (`udp_batch`), and a second loop on the same socket
+/// would mostly wake up to find the queue already emptied.
+const UDP_WORKERS: usize = 1;
 /// Forwarded queries in flight per TCP connection (RFC 7766 pipelining).
 const TCP_PIPELINE: usize = 32;
 /// Client addresses whose rate-limit state is kept; when full, idle ones are forgotten and
@@ -326,29 +329,49 @@ impl DnsServer {
     }
 
     async fn udp_loop(self, socket: Arc<UdpSocket>) {
-        let mut buf = vec![0u8; 65_535];
+        use std::os::fd::AsRawFd;
+        use tokio::io::Interest;
+        let fd = socket.as_raw_fd();
+        let mut rx = udp_batch::Receiver::new();
+        let mut tx = udp_batch::Sender::new();
         loop {
-            let (n, peer) = tokio::select! {
+            tokio::select! {
                 _ = self.inner.cancel.cancelled() => return,
-                r = socket.recv_from(&mut buf) => match r {
-                    Ok(x) => x,
-                    Err(e) => {
-                        // ICMP errors from earlier sends surface here on some platforms.
-                        tracing::debug!(error = %e, "udp recv error");
-                        continue;
-                    }
+                r = socket.async_io(Interest::READABLE, || rx.recv(fd)) => if let Err(e) = r {
+                    // ICMP errors from earlier sends surface here on some platforms.
+                    tracing::debug!(error = %e, "udp recv error");
+                    continue;
                 },
-            };
-            match self.handle(&buf[..n], Transport::Udp, Some(peer.ip())) {
-                Handled::Done(None) => {}
-                Handled::Done(Some(r)) => send_udp(&socket, &r.bytes, peer).await,
-                Handled::Forward(f, permit) => {
-                    let this = self.clone();
-                    let socket = Arc::clone(&socket);
-                    self.inner.tracker.spawn(async move {
-                        let r = this.answer_forward(f, permit).await;
-                        send_udp(&socket, &r.bytes, peer).await;
-                    });
+            }
+            for (bytes, got) in rx.datagrams() {
+                let Some(peer) = got.peer else { continue };
+                if got.truncated {
+                    tracing::debug!(%peer, "udp query longer than {} bytes dropped", udp_batch::MAX_QUERY);
+                    self.inner.metrics.dropped();
+                    continue;
+                }
+                match self.handle(bytes, Transport::Udp, Some(peer.ip())) {
+                    Handled::Done(None) => {}
+                    Handled::Done(Some(r)) => tx.push(r.bytes, peer),
+                    Handled::Forward(f, permit) => {
+                        let this = self.clone();
+                        let socket = Arc::clone(&socket);
+                        self.inner.tracker.spawn(async move {
+                            let r = this.answer_forward(f, permit).await;
+                            send_udp(&socket, &r.bytes, peer).await;
+                        });
+                    }
+                }
+            }
+            while !tx.is_empty() {
+                let sent = tokio::select! {
+                    _ = self.inner.cancel.cancelled() => return,
+                    r = socket.async_io(Interest::WRITABLE, || tx.send(fd)) => r,
+                };
+                if let Err(e) = sent {
+                    // The first answer's own failure (an unreachable peer): drop it, go on.
+                    let peer = tx.drop_first();
+                    tracing::debug!(?peer, error = %e, "udp send failed");
                 }
             }
         }
