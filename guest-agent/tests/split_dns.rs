@@ -382,7 +382,13 @@ async fn a_burst_from_many_clients_is_answered_whole_and_an_oversized_datagram_i
         c.connect(s.addr).await.unwrap();
         clients.push(c);
     }
-    let name_of = |id: u16| if id % 2 == 0 { GUEST_SVC } else { HCP_SVC };
+    let name_of = |id: u16| {
+        if id.is_multiple_of(2) {
+            GUEST_SVC
+        } else {
+            HCP_SVC
+        }
+    };
     for i in 0..PER_CLIENT {
         for (k, c) in clients.iter().enumerate() {
             let id = k as u16 * 1000 + i;

@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -53,11 +54,28 @@ pub struct CachedAnswer {
     pub stored: Instant,
     /// Lifetime in seconds from `stored`.
     pub ttl: u32,
+    /// Set when the cache replaces or evicts this entry, so a holder of the `Arc` (the
+    /// engine's reply memo) can tell it is no longer the cached answer without a lookup.
+    retired: AtomicBool,
 }
 
 impl CachedAnswer {
     fn expires(&self) -> Instant {
         self.stored + Duration::from_secs(u64::from(self.ttl))
+    }
+
+    fn retire(&self) {
+        self.retired.store(true, Ordering::Relaxed);
+    }
+
+    /// Whole seconds since it was stored, while it is still the cache's fresh entry for its
+    /// key (not expired, replaced or evicted); what [`Cache::get_fresh`] would return for it.
+    pub fn fresh_elapsed(&self, now: Instant) -> Option<u32> {
+        if self.retired.load(Ordering::Relaxed) || now >= self.expires() {
+            return None;
+        }
+        let elapsed = now.saturating_duration_since(self.stored).as_secs();
+        Some(u32::try_from(elapsed).unwrap_or(u32::MAX))
     }
 }
 
@@ -187,26 +205,37 @@ impl Cache {
             additionals,
             stored: now,
             ttl,
+            retired: AtomicBool::new(false),
         });
         let mut shard = lock(self.shard(&key));
         shard.failures.remove(&key);
         if shard.answers.len() >= self.per_shard && !shard.answers.contains_key(&key) {
             self.evict(&mut shard, now);
         }
-        shard.answers.insert(key, entry);
+        if let Some(old) = shard.answers.insert(key, entry) {
+            old.retire();
+        }
         c
     }
 
     fn evict(&self, shard: &mut Shard, now: Instant) {
         let max_stale = self.max_stale;
-        shard.answers.retain(|_, e| e.expires() + max_stale > now);
+        shard.answers.retain(|_, e| {
+            let keep = e.expires() + max_stale > now;
+            if !keep {
+                e.retire();
+            }
+            keep
+        });
         shard.failures.retain(|_, until| *until > now);
         if shard.answers.len() >= self.per_shard {
             // Still full of live entries: drop an arbitrary eighth (HashMap order is random).
             let drop_n = (self.per_shard / 8).max(1);
             let victims: Vec<CacheKey> = shard.answers.keys().take(drop_n).cloned().collect();
             for k in victims {
-                shard.answers.remove(&k);
+                if let Some(e) = shard.answers.remove(&k) {
+                    e.retire();
+                }
             }
         }
     }
@@ -215,13 +244,10 @@ impl Cache {
     pub fn get_fresh(&self, key: &CacheKey, now: Instant) -> Option<Hit> {
         let shard = lock(self.shard(key));
         let entry = shard.answers.get(key)?;
-        if now >= entry.expires() {
-            return None;
-        }
-        let elapsed = now.saturating_duration_since(entry.stored).as_secs();
+        let elapsed = entry.fresh_elapsed(now)?;
         Some(Hit {
             entry: Arc::clone(entry),
-            elapsed: u32::try_from(elapsed).unwrap_or(u32::MAX),
+            elapsed,
         })
     }
 
@@ -415,5 +441,64 @@ mod tests {
         }
         assert!(c.len() <= 64, "len {}", c.len());
         assert!(!c.is_empty());
+    }
+
+    /// The engine's reply memo trusts `fresh_elapsed` instead of a lookup: it must say "no
+    /// longer fresh" exactly when the cache would no longer return that entry (replaced,
+    /// evicted or expired).
+    #[test]
+    fn fresh_elapsed_agrees_with_the_cache_after_replacement_and_eviction() {
+        // 16 entries in all: one per shard, so every insert into a used shard evicts.
+        let c = Cache::new(CacheSpec {
+            max_entries: 16,
+            max_stale: 0,
+            ..spec()
+        });
+        let t0 = Instant::now();
+        let mut held = Vec::new();
+        for i in 0..64 {
+            let k = key(&format!("n{i}.example."));
+            c.insert(
+                k.clone(),
+                ResponseCode::NoError,
+                vec![a("x.example.", 30)],
+                vec![],
+                vec![],
+                t0,
+            );
+            let hit = c.get_fresh(&k, t0).expect("just stored");
+            held.push((k, hit.entry));
+        }
+        // a replacement of one that is still cached
+        let (k, _) = held
+            .iter()
+            .rev()
+            .find(|(k, _)| c.get_fresh(k, t0).is_some())
+            .unwrap()
+            .clone();
+        c.insert(
+            k.clone(),
+            ResponseCode::NoError,
+            vec![a("x.example.", 30)],
+            vec![],
+            vec![],
+            t0,
+        );
+        held.push((k.clone(), c.get_fresh(&k, t0).unwrap().entry));
+        let mut evicted_or_replaced = 0;
+        for at in [
+            t0,
+            t0 + Duration::from_secs(5),
+            t0 + Duration::from_secs(31),
+        ] {
+            for (k, e) in &held {
+                let cached = c.get_fresh(k, at).is_some_and(|h| Arc::ptr_eq(&h.entry, e));
+                assert_eq!(e.fresh_elapsed(at).is_some(), cached, "{k:?}");
+                if at == t0 && !cached {
+                    evicted_or_replaced += 1;
+                }
+            }
+        }
+        assert!(evicted_or_replaced >= 48, "{evicted_or_replaced}");
     }
 }

@@ -162,7 +162,6 @@ struct MemoShard {
 
 #[derive(Debug)]
 struct Memo {
-    key: CacheKey,
     entry: std::sync::Arc<CachedAnswer>,
     elapsed: u32,
     reply: Vec<u8>,
@@ -306,7 +305,7 @@ impl Engine {
         }
         if let Some(hit) = self.cache.get_fresh(&pending.key, now) {
             let reply = self.reply_from_cache(&pending, &hit.entry, Some(hit.elapsed));
-            self.memo_store(bytes, transport, &pending.key, hit, &reply);
+            self.memo_store(bytes, transport, hit, &reply);
             return Action::Reply(reply);
         }
         if self.is_impossible_search_expansion(&pending.key.name) {
@@ -343,8 +342,9 @@ impl Engine {
             Transport::Tcp => &shard.tcp,
         };
         let m = map.get(body)?;
-        let hit = self.cache.get_fresh(&m.key, now)?;
-        if !std::sync::Arc::ptr_eq(&hit.entry, &m.entry) || hit.elapsed != m.elapsed {
+        // Still the cache's fresh entry, in the same second: the memoized reply is what the
+        // slow path would build (no cache lookup needed, see `CachedAnswer::fresh_elapsed`).
+        if m.entry.fresh_elapsed(now)? != m.elapsed {
             return None;
         }
         let mut reply = m.reply.clone();
@@ -361,7 +361,6 @@ impl Engine {
         &self,
         bytes: &[u8],
         transport: Transport,
-        key: &CacheKey,
         hit: super::cache::Hit,
         reply: &Reply,
     ) {
@@ -379,7 +378,6 @@ impl Engine {
         map.insert(
             body.to_vec(),
             Memo {
-                key: key.clone(),
                 entry: hit.entry,
                 elapsed: hit.elapsed,
                 reply: reply.bytes.clone(),

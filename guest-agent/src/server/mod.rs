@@ -195,7 +195,7 @@ impl DnsServer {
     /// Handle one client message end to end (used by listeners and by in-process callers such
     /// as the gateway resolving CONNECT targets). `None` means drop.
     pub async fn answer(&self, bytes: &[u8], transport: Transport) -> Option<Reply> {
-        match self.handle(bytes, transport, None) {
+        match self.handle(bytes, transport, None, std::time::Instant::now()) {
             Handled::Done(r) => r,
             Handled::Forward(f, permit) => Some(self.answer_forward(f, permit).await),
         }
@@ -255,7 +255,14 @@ impl DnsServer {
 
     /// `client`: the source address of a listener's query (checked against
     /// `clients.allowed` and the rate limit); None for in-process callers.
-    fn handle(&self, bytes: &[u8], transport: Transport, client: Option<IpAddr>) -> Handled {
+    /// `now`: one reading of the clock for a whole receive batch.
+    fn handle(
+        &self,
+        bytes: &[u8],
+        transport: Transport,
+        client: Option<IpAddr>,
+        now: std::time::Instant,
+    ) -> Handled {
         let i = &self.inner;
         if let Some(ip) = client {
             let ip = match ip {
@@ -267,15 +274,12 @@ impl DnsServer {
                 i.metrics.clients_refused.inc();
                 return Handled::Done(i.engine.refused_reply(bytes));
             }
-            if !i.limiter.allow(ip, std::time::Instant::now()) {
+            if !i.limiter.allow(ip, now) {
                 i.metrics.rate_limited.inc();
                 return Handled::Done(None);
             }
         }
-        match i
-            .engine
-            .handle_query(bytes, transport, std::time::Instant::now())
-        {
+        match i.engine.handle_query(bytes, transport, now) {
             Action::Reply(r) => {
                 i.metrics.observe(&r.outcome);
                 Handled::Done(Some(r))
@@ -343,6 +347,7 @@ impl DnsServer {
                     continue;
                 },
             }
+            let now = std::time::Instant::now();
             for (bytes, got) in rx.datagrams() {
                 let Some(peer) = got.peer else { continue };
                 if got.truncated {
@@ -350,7 +355,7 @@ impl DnsServer {
                     self.inner.metrics.dropped();
                     continue;
                 }
-                match self.handle(bytes, Transport::Udp, Some(peer.ip())) {
+                match self.handle(bytes, Transport::Udp, Some(peer.ip()), now) {
                     Handled::Done(None) => {}
                     Handled::Done(Some(r)) => tx.push(r.bytes, peer),
                     Handled::Forward(f, permit) => {
@@ -446,7 +451,12 @@ impl DnsServer {
                 Ok(Ok(_)) => {}
                 _ => break,
             }
-            match self.handle(&buf[..n], Transport::Tcp, Some(client)) {
+            match self.handle(
+                &buf[..n],
+                Transport::Tcp,
+                Some(client),
+                std::time::Instant::now(),
+            ) {
                 Handled::Done(None) => {
                     // Garbage on a stream: the framing can no longer be trusted.
                     break;
