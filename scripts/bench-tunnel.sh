@@ -513,8 +513,8 @@ EOF_
   sleep 1.5
 }
 
-cpu_ticks() {  # pid -> utime + stime in clock ticks
-  awk '{print $14 + $15}' "/proc/$1/stat"
+cpu_ticks() {  # pid -> utime + stime in clock ticks; fails for a process gone or a zombie
+  awk '$3 == "Z" {exit 1} {print $14 + $15}' "/proc/$1/stat"
 }
 
 dnsperf_qps() {  # port seconds label name pid -> "qps answers_per_cpu_second" (details on stderr)
@@ -531,7 +531,8 @@ dnsperf_qps() {  # port seconds label name pid -> "qps answers_per_cpu_second" (
   done_="$(awk '/Queries completed:/ {print $3}' <<<"$out")"
   codes="$(awk -F': ' '/Response codes:/ {print $2}' <<<"$out" | sed 's/^ *//')"
   local per_cpu
-  per_cpu="$(python3 -c "t=($t1-$t0)/$(getconf CLK_TCK); print('%.0f' % (${done_:-0}/t) if t > 0 else 0)")" || return 1
+  # no CPU time at all means the process measured is not the one that answered
+  per_cpu="$(python3 -c "t=($t1-$t0)/$(getconf CLK_TCK); assert t > 0, 'no server CPU time'; print('%.0f' % (${done_:-0}/t))")" || return 1
   echo "bench-tunnel:   ${3:-run} port $1 ($4): ${qps:-0} qps, ${per_cpu} answers per server CPU-second, avg latency ${lat:-?} s, lost ${lost:-?}, codes ${codes:-?}" >&2
   # only answers count: a server that fails fast must not look fast
   if [[ -z "$qps" || "$codes" != NOERROR* ]] || [[ "$codes" == *SERVFAIL* || "$codes" == *NXDOMAIN* || "$codes" == *REFUSED* ]]; then

@@ -65,13 +65,13 @@ impl CachedAnswer {
     }
 
     fn retire(&self) {
-        self.retired.store(true, Ordering::Relaxed);
+        self.retired.store(true, Ordering::Release);
     }
 
     /// Whole seconds since it was stored, while it is still the cache's fresh entry for its
     /// key (not expired, replaced or evicted); what [`Cache::get_fresh`] would return for it.
     pub fn fresh_elapsed(&self, now: Instant) -> Option<u32> {
-        if self.retired.load(Ordering::Relaxed) || now >= self.expires() {
+        if self.retired.load(Ordering::Acquire) || now >= self.expires() {
             return None;
         }
         let elapsed = now.saturating_duration_since(self.stored).as_secs();
@@ -492,9 +492,12 @@ mod tests {
             t0 + Duration::from_secs(31),
         ] {
             for (k, e) in &held {
-                let cached = c.get_fresh(k, at).is_some_and(|h| Arc::ptr_eq(&h.entry, e));
-                assert_eq!(e.fresh_elapsed(at).is_some(), cached, "{k:?}");
-                if at == t0 && !cached {
+                let cached = c
+                    .get_fresh(k, at)
+                    .filter(|h| Arc::ptr_eq(&h.entry, e))
+                    .map(|h| h.elapsed);
+                assert_eq!(e.fresh_elapsed(at), cached, "{k:?}");
+                if at == t0 && cached.is_none() {
                     evicted_or_replaced += 1;
                 }
             }

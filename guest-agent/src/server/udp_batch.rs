@@ -154,6 +154,11 @@ impl Sender {
         .map_err(io::Error::from)?
         .count();
         drop(iovs);
+        if sent == 0 {
+            // not expected from the kernel; an error makes the caller drop one answer, so
+            // the send loop always ends
+            return Err(io::Error::other("sendmmsg sent nothing"));
+        }
         self.queue.drain(..sent);
         Ok(sent)
     }
@@ -183,5 +188,79 @@ mod tests {
         ] {
             assert_eq!(to_std(&SockaddrStorage::from(a)), Some(a));
         }
+    }
+
+    /// `sendmmsg` reports an error only for the first message of a call: an answer that
+    /// cannot be sent (here to an IPv6 peer from an IPv4 socket) costs only itself, the
+    /// answers before and after it arrive.
+    #[test]
+    fn an_unsendable_answer_costs_only_itself() {
+        use std::os::fd::AsRawFd;
+        let server = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        server.set_nonblocking(true).unwrap();
+        let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        client
+            .set_read_timeout(Some(std::time::Duration::from_secs(2)))
+            .unwrap();
+        let to = client.local_addr().unwrap();
+        let mut tx = Sender::new();
+        tx.push(b"first".to_vec(), to);
+        tx.push(b"lost".to_vec(), "[::1]:53".parse().unwrap());
+        tx.push(b"third".to_vec(), to);
+        let fd = server.as_raw_fd();
+        let mut errors = 0;
+        while !tx.is_empty() {
+            match tx.send(fd) {
+                Ok(n) => assert!(n > 0),
+                Err(_) => {
+                    errors += 1;
+                    assert_eq!(tx.drop_first(), Some("[::1]:53".parse().unwrap()));
+                }
+            }
+        }
+        assert_eq!(errors, 1);
+        let mut buf = [0u8; 16];
+        for want in [&b"first"[..], b"third"] {
+            let n = client.recv(&mut buf).unwrap();
+            assert_eq!(&buf[..n], want);
+        }
+    }
+
+    /// Two datagrams queued, read with one call; one longer than [`MAX_QUERY`] is marked.
+    #[test]
+    fn a_batch_is_read_with_its_peers_and_truncation() {
+        use std::os::fd::AsRawFd;
+        let server = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        server.set_nonblocking(true).unwrap();
+        let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        client
+            .send_to(b"small", server.local_addr().unwrap())
+            .unwrap();
+        client
+            .send_to(&vec![7u8; MAX_QUERY + 100], server.local_addr().unwrap())
+            .unwrap();
+        let mut rx = Receiver::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        let mut got = Vec::new();
+        while got.len() < 2 && std::time::Instant::now() < deadline {
+            match rx.recv(server.as_raw_fd()) {
+                Ok(_) => got.extend(rx.datagrams().map(|(b, r)| (b.to_vec(), r))),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(std::time::Duration::from_millis(5))
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].0, b"small");
+        assert!(!got[0].1.truncated);
+        assert_eq!(got[0].1.peer, Some(client.local_addr().unwrap()));
+        assert_eq!(got[1].0.len(), MAX_QUERY);
+        assert!(got[1].1.truncated);
+        // nothing left
+        assert_eq!(
+            rx.recv(server.as_raw_fd()).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
     }
 }
