@@ -379,6 +379,10 @@ fn pm_ar() -> ApiResource {
     )
 }
 
+/// The agent's persistent keepalive as the controller renders it
+/// (`KEEPALIVE_SECONDS` in controlplane/src/render/tunnel.rs).
+const KEEPALIVE_AS_RENDERED: Duration = Duration::from_secs(10);
+
 async fn until<F, Fut>(what: &str, secs: u64, mut f: F) -> Result<()>
 where
     F: FnMut() -> Fut,
@@ -1394,7 +1398,13 @@ async fn run_steps(
         let restarted_after = killed.elapsed();
         // The new process holds a session and has relayed OLM's calls into the guest (its
         // own counters, read inside its pod's network namespace), and the guest's
-        // CatalogSource says READY.
+        // CatalogSource says READY. It takes the session over with a handshake offer when the
+        // agent's next keepalive (every 10 s as rendered) reaches it first; when the kubelet
+        // took longer than that to restart it (seen on a loaded machine), the agent's own
+        // handshake (after 15 s of unanswered data) may come first, and either path counts.
+        // The offer itself is covered without that race by
+        // `proxy_e2e::replicas_forward_to_the_session_holder_and_survive_its_kill`.
+        let offer_expected = restarted_after < KEEPALIVE_AS_RENDERED;
         let pid = restarted[0];
         until("the restarted gateway serves OLM and the guest catalog is READY", 90, || async move {
             let metrics = gateway_metrics(pid)?;
@@ -1414,18 +1424,23 @@ async fn run_steps(
                 .await
                 .map_err(|e| e.to_string())?;
             let state = m.get(USER_SOURCE).cloned().unwrap_or_default();
-            if handshake > 0.0 && offers >= 1.0 && relayed >= 1.0 && state == "READY" {
+            if handshake > 0.0
+                && (offers >= 1.0 || !offer_expected)
+                && relayed >= 1.0
+                && state == "READY"
+            {
                 Ok(())
             } else {
                 Err(format!(
-                    "handshake {handshake}, handshakes offered {offers}, relayed socks connections {relayed}, {USER_SOURCE} {state}"
+                    "handshake {handshake}, handshakes offered {offers} (expected: {offer_expected}, the kubelet restarted the gateway after {:.1} s), relayed socks connections {relayed}, {USER_SOURCE} {state}",
+                    restarted_after.as_secs_f64()
                 ))
             }
         })
         .await?;
         let served_after = killed.elapsed();
         (log)(&format!(
-            "  gateway kill -9 -> restarted by the kubelet after {:.1} s, served again after {:.1} s; {USER_SOURCE} states since the kill (s, state): {:?}",
+            "  gateway kill -9 -> restarted by the kubelet after {:.1} s (handshake offer expected: {offer_expected}), served again after {:.1} s; {USER_SOURCE} states since the kill (s, state): {:?}",
             restarted_after.as_secs_f64(),
             served_after.as_secs_f64(),
             states_since(&seen, since(killed))
