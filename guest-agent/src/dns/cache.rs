@@ -455,9 +455,7 @@ mod tests {
             ..spec()
         });
         let t0 = Instant::now();
-        let mut held = Vec::new();
-        for i in 0..64 {
-            let k = key(&format!("n{i}.example."));
+        let store = |k: &CacheKey| {
             c.insert(
                 k.clone(),
                 ResponseCode::NoError,
@@ -466,6 +464,11 @@ mod tests {
                 vec![],
                 t0,
             );
+        };
+        let mut held = Vec::new();
+        for i in 0..64 {
+            let k = key(&format!("n{i}.example."));
+            store(&k);
             let hit = c.get_fresh(&k, t0).expect("just stored");
             held.push((k, hit.entry));
         }
@@ -476,14 +479,7 @@ mod tests {
             .find(|(k, _)| c.get_fresh(k, t0).is_some())
             .unwrap()
             .clone();
-        c.insert(
-            k.clone(),
-            ResponseCode::NoError,
-            vec![a("x.example.", 30)],
-            vec![],
-            vec![],
-            t0,
-        );
+        store(&k);
         held.push((k.clone(), c.get_fresh(&k, t0).unwrap().entry));
         let mut evicted_or_replaced = 0;
         for at in [

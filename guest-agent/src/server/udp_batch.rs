@@ -98,9 +98,11 @@ fn to_std(a: &SockaddrStorage) -> Option<SocketAddr> {
         .map(|v6| SocketAddr::V6(SocketAddrV6::from(*v6)))
 }
 
-/// Send side: answers queued in order and sent from the front, [`BATCH`] per call.
+/// Send side: answers queued in order and sent from the front, [`BATCH`] per call. The
+/// peers are kept in the form `sendmmsg` takes, converted once when queued.
 pub struct Sender {
-    queue: Vec<(Vec<u8>, SocketAddr)>,
+    answers: Vec<Vec<u8>>,
+    peers: Vec<Option<SockaddrStorage>>,
 }
 
 impl Default for Sender {
@@ -112,16 +114,18 @@ impl Default for Sender {
 impl Sender {
     pub fn new() -> Self {
         Self {
-            queue: Vec::with_capacity(BATCH),
+            answers: Vec::with_capacity(BATCH),
+            peers: Vec::with_capacity(BATCH),
         }
     }
 
     pub fn push(&mut self, bytes: Vec<u8>, peer: SocketAddr) {
-        self.queue.push((bytes, peer));
+        self.answers.push(bytes);
+        self.peers.push(Some(SockaddrStorage::from(peer)));
     }
 
     pub fn is_empty(&self) -> bool {
-        self.queue.is_empty()
+        self.answers.is_empty()
     }
 
     /// Sends from the front of the queue, up to [`BATCH`] answers, without blocking, and
@@ -129,17 +133,13 @@ impl Sender {
     /// the first answer's own (`WouldBlock` when the socket buffer is full); the caller waits
     /// or drops that answer with [`Sender::drop_first`].
     pub fn send(&mut self, fd: RawFd) -> io::Result<usize> {
-        let n = self.queue.len().min(BATCH);
+        let n = self.answers.len().min(BATCH);
         if n == 0 {
             return Ok(0);
         }
-        let iovs: Vec<[IoSlice<'_>; 1]> = self.queue[..n]
+        let iovs: Vec<[IoSlice<'_>; 1]> = self.answers[..n]
             .iter()
-            .map(|(b, _)| [IoSlice::new(b)])
-            .collect();
-        let addrs: Vec<Option<SockaddrStorage>> = self.queue[..n]
-            .iter()
-            .map(|(_, p)| Some(SockaddrStorage::from(*p)))
+            .map(|b| [IoSlice::new(b)])
             .collect();
         let none: [ControlMessage<'_>; 0] = [];
         let mut hdrs = MultiHeaders::<SockaddrStorage>::preallocate(n, None);
@@ -147,30 +147,30 @@ impl Sender {
             fd,
             &mut hdrs,
             iovs.iter(),
-            addrs,
+            &self.peers[..n],
             none,
             MsgFlags::MSG_DONTWAIT,
         )
         .map_err(io::Error::from)?
         .count();
-        drop(iovs);
         if sent == 0 {
             // not expected from the kernel; an error makes the caller drop one answer, so
             // the send loop always ends
             return Err(io::Error::other("sendmmsg sent nothing"));
         }
-        self.queue.drain(..sent);
+        self.answers.drain(..sent);
+        self.peers.drain(..sent);
         Ok(sent)
     }
 
     /// Gives up on the first queued answer (its send failed for a reason of its own, such as
     /// an unreachable peer); returns its peer for the log.
     pub fn drop_first(&mut self) -> Option<SocketAddr> {
-        if self.queue.is_empty() {
-            None
-        } else {
-            Some(self.queue.remove(0).1)
+        if self.answers.is_empty() {
+            return None;
         }
+        self.answers.remove(0);
+        self.peers.remove(0).as_ref().and_then(to_std)
     }
 }
 
@@ -178,6 +178,14 @@ impl Sender {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A non-blocking server socket and a client socket, both on 127.0.0.1.
+    fn loopback_pair() -> (std::net::UdpSocket, std::net::UdpSocket) {
+        let server = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        server.set_nonblocking(true).unwrap();
+        let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        (server, client)
+    }
 
     #[test]
     fn addresses_round_trip_both_families() {
@@ -196,9 +204,7 @@ mod tests {
     #[test]
     fn an_unsendable_answer_costs_only_itself() {
         use std::os::fd::AsRawFd;
-        let server = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        server.set_nonblocking(true).unwrap();
-        let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let (server, client) = loopback_pair();
         client
             .set_read_timeout(Some(std::time::Duration::from_secs(2)))
             .unwrap();
@@ -230,9 +236,7 @@ mod tests {
     #[test]
     fn a_batch_is_read_with_its_peers_and_truncation() {
         use std::os::fd::AsRawFd;
-        let server = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        server.set_nonblocking(true).unwrap();
-        let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let (server, client) = loopback_pair();
         client
             .send_to(b"small", server.local_addr().unwrap())
             .unwrap();
