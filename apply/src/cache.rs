@@ -170,6 +170,9 @@ struct Kind {
     /// The server answered 404 for the kind (not served, e.g. a CRD not installed): it
     /// is read from the API server, and [`WatchCache::settled`] does not wait for it.
     unserved: Arc<AtomicBool>,
+    /// More objects matched than the cache's limit: the watch stopped, the store was
+    /// emptied, and the kind is read from the API server for the cache's lifetime.
+    overflowed: Arc<AtomicBool>,
 }
 
 enum Overlay {
@@ -265,6 +268,28 @@ impl WatchCache {
         field_manager: &str,
         on_change: Option<OnChange>,
     ) -> Self {
+        Self::start_limited(
+            client,
+            kinds,
+            label_selector,
+            field_manager,
+            on_change,
+            usize::MAX,
+        )
+    }
+
+    /// [`Self::start_with`] holding at most `limit` objects per kind. Where someone else
+    /// decides how many objects match (a guest's users can label anything as ours), this
+    /// bounds the memory: a kind with more gives up its watch and store at once and is read
+    /// from the API server instead (as without a cache), for as long as this cache lives.
+    pub fn start_limited(
+        client: &kube::Client,
+        kinds: &[ApiResource],
+        label_selector: &str,
+        field_manager: &str,
+        on_change: Option<OnChange>,
+        limit: usize,
+    ) -> Self {
         let mut out = Self {
             kinds: Vec::new(),
             overlay: Mutex::new(HashMap::new()),
@@ -278,6 +303,8 @@ impl WatchCache {
             let synced = Arc::new(AtomicBool::new(false));
             let unserved = Arc::new(AtomicBool::new(false));
             let not_served = unserved.clone();
+            let overflowed = Arc::new(AtomicBool::new(false));
+            let overflow = overflowed.clone();
             // Api over PartialObjectMeta: list and watch ask for metadata only.
             let api: Api<Meta> = Api::all_with(client.clone(), resource);
             let flag = synced.clone();
@@ -296,7 +323,11 @@ impl WatchCache {
                         Ok(watcher::Event::Init) => relist = Some(Objects::new()),
                         Ok(watcher::Event::InitApply(m)) => {
                             let (k, e) = Entry::of(&m.metadata, &manager, &strings);
-                            relist.get_or_insert_with(Objects::new).insert(k, e);
+                            let objects = relist.get_or_insert_with(Objects::new);
+                            objects.insert(k, e);
+                            if objects.len() > limit {
+                                break;
+                            }
                         }
                         Ok(watcher::Event::InitDone) => {
                             *write(&store) = relist.take().unwrap_or_default();
@@ -308,7 +339,14 @@ impl WatchCache {
                         }
                         Ok(watcher::Event::Apply(m)) => {
                             let (k, e) = Entry::of(&m.metadata, &manager, &strings);
-                            write(&store).insert(k, e);
+                            let len = {
+                                let mut objects = write(&store);
+                                objects.insert(k, e);
+                                objects.len()
+                            };
+                            if len > limit {
+                                break;
+                            }
                             if let Some(f) = &on_change {
                                 f(&m.metadata);
                             }
@@ -333,12 +371,20 @@ impl WatchCache {
                         Err(e) => tracing::debug!(kind = %kind, error = %e, "metadata watch"),
                     }
                 }
+                // Only the limit ends the loop (the watcher itself retries for ever).
+                flag.store(false, Ordering::Release);
+                overflow.store(true, Ordering::Release);
+                *write(&store) = Objects::new();
+                drop(relist);
+                strings.purge();
+                tracing::warn!(kind = %kind, limit, "more objects match than the cache holds; read from the API server instead");
             }));
             out.kinds.push(Kind {
                 resource: resource.clone(),
                 objects,
                 synced,
                 unserved,
+                overflowed,
             });
         }
         out
@@ -357,11 +403,23 @@ impl WatchCache {
         self.kinds.iter().all(|k| k.synced.load(Ordering::Acquire))
     }
 
-    /// True when every kind has completed its first list or is not served.
+    /// True when every kind has completed its first list, is not served, or holds more
+    /// objects than the limit.
     pub fn settled(&self) -> bool {
+        self.kinds.iter().all(|k| {
+            k.synced.load(Ordering::Acquire)
+                || k.unserved.load(Ordering::Acquire)
+                || k.overflowed.load(Ordering::Acquire)
+        })
+    }
+
+    /// The kinds that gave up for holding more objects than the limit.
+    pub fn overflowed(&self) -> Vec<String> {
         self.kinds
             .iter()
-            .all(|k| k.synced.load(Ordering::Acquire) || k.unserved.load(Ordering::Acquire))
+            .filter(|k| k.overflowed.load(Ordering::Acquire))
+            .map(|k| k.resource.kind.clone())
+            .collect()
     }
 
     /// The metadata of one object as `{"metadata": ...}`: `Some(None)` when it does not

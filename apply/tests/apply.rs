@@ -447,3 +447,88 @@ async fn a_watch_cache_answers_converged_passes_without_requests() -> Result<()>
     );
     Ok(())
 }
+
+/// Where someone else decides how many objects carry our label (a guest's users), a
+/// limited cache holds at most `limit` per kind: a kind with more gives up its watch and
+/// store (the applier reads it from the API server, as without a cache) while the other
+/// kinds are still answered from memory; the same happens when the limit is crossed after
+/// the first list. The API server's own counters show which kind is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limited_cache_gives_up_a_kind_with_too_many_objects() -> Result<()> {
+    let cluster = Cluster::start(ClusterOptions::new("apply5")).await?;
+    cluster
+        .install_crds(&[fixtures_dir().join("crds/olm/operators.coreos.com_catalogsources.yaml")])
+        .await?;
+    cluster.ensure_namespace("apply-test").await?;
+    let client = cluster.client();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "apply-test");
+    let flood = |i: usize| {
+        serde_json::from_value::<ConfigMap>(json!({
+            "metadata": { "name": format!("flood-{i}"), "labels": labels() },
+            "data": { "a": "1" }
+        }))
+    };
+    // Four ConfigMaps beside ours: over a limit of 4 once ours is there.
+    for i in 0..4 {
+        cms.create(&PostParams::default(), &flood(i)?).await?;
+    }
+    let resources: Vec<ApiResource> = kinds().into_iter().map(|(r, _)| r).collect();
+    let cache = std::sync::Arc::new(hcp_olm_apply::cache::WatchCache::start_limited(
+        &client,
+        &resources,
+        "app.kubernetes.io/managed-by=apply-test",
+        "hcp-olm-test",
+        None,
+        4,
+    ));
+    ensure!(
+        cache.wait_settled(std::time::Duration::from_secs(30)).await,
+        "cache not settled: {cache:?}"
+    );
+    ensure!(cache.overflowed().is_empty(), "{:?}", cache.overflowed());
+    let applier = Applier::new(client.clone(), "hcp-olm-test").with_cache(Some(cache.clone()));
+    let first = applier.apply(&targets(1)).await;
+    ensure!(first.errors.is_empty(), "{:?}", first.errors);
+    // The watch delivers our ConfigMap: five of the kind, over the limit.
+    eventually("the ConfigMap kind gives up", || {
+        cache.overflowed() == ["ConfigMap"]
+    })
+    .await?;
+    let cm_resource = &targets(1)[0].resource;
+    ensure!(
+        cache.get(cm_resource, Some("apply-test"), "cfg").is_none(),
+        "a given-up kind must not answer"
+    );
+    // Every other kind still answers from memory; the ConfigMap is read (1 GET) and left.
+    eventually("the other kinds hold ours", || cache.len() == 4).await?;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let cm_reads = || cluster.api_requests(&["GET", "LIST"], &["configmaps"]);
+    let other = &RESOURCES[1..];
+    let (c0, o0) = (
+        cm_reads().await?,
+        cluster.api_requests(&["GET", "LIST"], other).await?,
+    );
+    let r = applier.apply(&targets(1)).await;
+    assert_eq!((r.writes(), r.reads), (0, 1));
+    assert_eq!(
+        (
+            cm_reads().await? - c0,
+            cluster.api_requests(&["GET", "LIST"], other).await? - o0
+        ),
+        (1, 0)
+    );
+
+    // Over the limit at the first list: that kind never holds anything.
+    let fresh = hcp_olm_apply::cache::WatchCache::start_limited(
+        &client,
+        &resources,
+        "app.kubernetes.io/managed-by=apply-test",
+        "hcp-olm-test",
+        None,
+        4,
+    );
+    ensure!(fresh.wait_settled(std::time::Duration::from_secs(30)).await);
+    assert_eq!(fresh.overflowed(), ["ConfigMap"]);
+    eventually("the others are listed", || fresh.len() == 4).await?;
+    Ok(())
+}

@@ -581,24 +581,38 @@ async fn reconcile_converges_prunes_and_cleans_up() -> Result<()> {
             .filter(|(_, v)| *v > 0)
             .collect::<BTreeMap<&'static str, u64>>()
     };
-    let r0 = management_reads(&env.management).await?;
+    let (r0, gr0) = (
+        management_reads(&env.management).await?,
+        reads_of(&env.guest, GUEST_READ_RESOURCES).await?,
+    );
     reconcile(&ctx, &env, name).await?;
     let without = delta(&r0, &management_reads(&env.management).await?);
+    let guest_without = delta(&gr0, &reads_of(&env.guest, GUEST_READ_RESOURCES).await?);
     ctx.start_mgmt_cache(std::time::Duration::from_secs(30), None)
         .await;
     let cache = ctx.mgmt_cache().context("cache")?;
     ensure!(cache.settled(), "management cache not settled: {cache:?}");
     // The first pass with the caches reads each Secret's data once (kept while its
-    // resourceVersion stays); the pass after it is measured.
+    // resourceVersion stays) and opens the guest's session with its cache; the pass after
+    // the guest cache has its first lists is measured.
     let warm = management_reads(&env.management).await?;
     reconcile(&ctx, &env, name).await?;
     let first = delta(&warm, &management_reads(&env.management).await?);
-    let (r0, w0, g0) = (
+    let guest_cache = ctx
+        .guests
+        .cache(&format!("{HC_NS}/{name}"))
+        .context("no guest cache after a pass with caches on")?;
+    ensure!(
+        guest_cache
+            .wait_settled(std::time::Duration::from_secs(30))
+            .await,
+        "guest cache not settled: {guest_cache:?}"
+    );
+    reconcile(&ctx, &env, name).await?;
+    let (r0, w0, gr0) = (
         management_reads(&env.management).await?,
         env.management.api_writes(RESOURCES).await?,
-        env.guest
-            .api_requests(&["GET", "LIST"], GUEST_READ_RESOURCES)
-            .await?,
+        reads_of(&env.guest, GUEST_READ_RESOURCES).await?,
     );
     let sent = made.lock().unwrap_or_else(|p| p.into_inner()).len();
     let cached = reconcile(&ctx, &env, name).await?;
@@ -623,14 +637,34 @@ async fn reconcile_converges_prunes_and_cleans_up() -> Result<()> {
     // (a refused watch is retried by relisting the whole kind, for ever).
     let stores = ctx.stores().context("stores")?;
     assert_eq!(stores.watch_errors(), Vec::new(), "failed store watches");
-    // The guest side still reads what it compares (no per-guest watches yet).
+    // The guest: the applier and pruner answer from the guest's cache. What is still read
+    // each pass: the OLM CRD (whether the guest answers), OperatorHub/cluster, our
+    // CatalogSources' status, the deprecated marketplace source, installed operators' CSV
+    // metadata, Subscriptions (their defaults), and the guest agent's Deployment status.
+    let guest_with = delta(&gr0, &reads_of(&env.guest, GUEST_READ_RESOURCES).await?);
     eprintln!(
-        "converged pass, guest reads: {}",
-        env.guest
-            .api_requests(&["GET", "LIST"], GUEST_READ_RESOURCES)
-            .await?
-            - g0
+        "converged pass, guest reads: without cache {} {guest_without:?}; with it {} {guest_with:?}",
+        guest_without.values().sum::<u64>(),
+        guest_with.values().sum::<u64>()
     );
+    for applier_only in [
+        "apiservices",
+        "endpoints",
+        "endpointslices",
+        "services",
+        "secrets",
+        "serviceaccounts",
+    ] {
+        ensure!(
+            guest_without.contains_key(applier_only),
+            "guest {applier_only} not read without cache: {guest_without:?}"
+        );
+        ensure!(
+            !guest_with.contains_key(applier_only),
+            "guest {applier_only} read with the guest cache: {guest_with:?}"
+        );
+    }
+    ensure!(guest_cache.overflowed().is_empty());
     eprintln!(
         "converged pass, management reads: without cache {} {without:?}; first with cache {} {first:?}; then {} {with:?}",
         without.values().sum::<u64>(),
@@ -1650,6 +1684,15 @@ const GUEST_READ_RESOURCES: &[&str] = &[
     "subscriptions",
     "clusterserviceversions",
 ];
+
+/// GET and LIST requests of each of `resources` so far, as the API server counts them.
+async fn reads_of(c: &Cluster, resources: &[&'static str]) -> Result<BTreeMap<&'static str, u64>> {
+    let mut out = BTreeMap::new();
+    for r in resources {
+        out.insert(*r, c.api_requests(&["GET", "LIST"], &[r]).await?);
+    }
+    Ok(out)
+}
 
 /// GET and LIST requests per resource so far, as the API server counts them.
 async fn management_reads(c: &Cluster) -> Result<BTreeMap<&'static str, u64>> {
@@ -5735,4 +5778,91 @@ async fn shared_catalogs_follow_the_running_controller() -> Result<()> {
     let _ = stop_tx.send(());
     runner.await?;
     result
+}
+
+/// Established TCP connections of this process to `port` on loopback (from /proc: the
+/// sockets among our file descriptors whose remote port is `port`).
+fn connections_to(port: u16) -> Result<usize> {
+    let mut ours = std::collections::HashSet::new();
+    for fd in std::fs::read_dir("/proc/self/fd")? {
+        if let Ok(target) = std::fs::read_link(fd?.path())
+            && let Some(inode) = target
+                .to_str()
+                .and_then(|t| t.strip_prefix("socket:["))
+                .and_then(|t| t.strip_suffix(']'))
+        {
+            ours.insert(inode.to_string());
+        }
+    }
+    let mut n = 0;
+    for table in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
+        for line in std::fs::read_to_string(table)?.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let remote_port = f
+                .get(2)
+                .and_then(|r| r.rsplit(':').next())
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            if remote_port == Some(port) && f.get(3) == Some(&"01") && ours.contains(f[9]) {
+                n += 1;
+            }
+        }
+    }
+    Ok(n)
+}
+
+/// A guest session's client speaks HTTP/2 to a real kube-apiserver: the cache's nine
+/// watches and the pass's requests share one TLS connection (with HTTP/1.1 each watch
+/// holds one of its own), and the cache answers once synced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_session_shares_one_connection() -> Result<()> {
+    use hcp_olm_controlplane::runtime::guest;
+    let guest_cluster = Cluster::start(hcp_olm_e2e::cluster::ClusterOptions::new("gsess")).await?;
+    let kc = kube::config::Kubeconfig::read_from(guest_cluster.kubeconfig())?;
+    let config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await?;
+    let before = connections_to(guest_cluster.port())?;
+    let client = guest::client(
+        &config,
+        std::time::Duration::from_secs(10),
+        std::time::Duration::from_secs(60),
+    )
+    .map_err(anyhow::Error::msg)?;
+    let sessions = guest::Sessions::default();
+    sessions.enable_caches();
+    let kinds: Vec<ApiResource> = guest_kinds().into_iter().map(|(r, _)| r).collect();
+    let session = sessions.open(
+        "hc/one",
+        guest::digest(b"kubeconfig"),
+        client,
+        &kinds,
+        "app.kubernetes.io/managed-by=hcp-olm",
+        "hcp-olm",
+    );
+    let cache = session.cache.clone().context("caches on, no cache")?;
+    ensure!(
+        cache.wait_settled(std::time::Duration::from_secs(30)).await,
+        "{cache:?}"
+    );
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(session.client.clone())
+        .get("default")
+        .await?;
+    let during = connections_to(guest_cluster.port())?;
+    assert_eq!(
+        during - before,
+        1,
+        "connections for a session's watches and requests"
+    );
+    // Same bytes: the same session; other bytes: a new one.
+    ensure!(
+        sessions
+            .get("hc/one", &guest::digest(b"kubeconfig"))
+            .is_some()
+    );
+    ensure!(sessions.get("hc/one", &guest::digest(b"changed")).is_none());
+    sessions.close("hc/one");
+    drop(cache);
+    drop(session);
+    ensure!(sessions.is_empty());
+    Ok(())
 }

@@ -16,6 +16,7 @@
 pub mod controller;
 pub mod events;
 pub mod facts;
+pub mod guest;
 pub mod leader;
 pub mod metrics;
 pub mod pods;
@@ -128,6 +129,8 @@ pub struct Context {
     /// The HCP namespaces the shared catalogs' live NetworkPolicies admitted when this
     /// process first looked (see [`shared::confirmed_users`]).
     pub shared_admitted: shared::AdmittedAtStart,
+    /// Each guest's client and cache, kept across passes (see [`guest`]).
+    pub guests: guest::Sessions,
 }
 
 /// How long a discovery answer is reused (a ServiceMonitor or SCC kind installed later is
@@ -154,6 +157,7 @@ impl Context {
                 .build(),
             shared_digests: shared::SharedDigests::default(),
             shared_admitted: shared::AdmittedAtStart::default(),
+            guests: guest::Sessions::default(),
         }
     }
 
@@ -318,6 +322,8 @@ impl Context {
     /// the API server. `wake`, when given, is called after a cache or store holds a change
     /// (the controller maps it to HostedClusters to reconcile).
     pub async fn start_mgmt_cache(&self, timeout: Duration, wake: Option<stores::Wake>) {
+        // Guests get caches of their own, started with each guest's session.
+        self.guests.enable_caches();
         // Our kinds in HCP namespaces, and namespaces we create (the shared catalogs'), so
         // a converged shared-catalog pass reads nothing either.
         let kinds: Vec<_> = reconcile::hcp_kinds()
@@ -363,6 +369,7 @@ impl Context {
 
     /// Stops the management cache (reads go to the API server again).
     pub fn stop_mgmt_cache(&self) {
+        self.guests.stop();
         *self.mgmt_cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
         *self.stores.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }

@@ -1,6 +1,7 @@
 //! One reconcile of one HostedCluster, and the finalizer cleanup.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use hcp_olm_apply::{Applier, Policy, Report, Target};
@@ -14,11 +15,11 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 
-use super::pods;
 use super::stores::Lookup;
 use super::{
     ADMIN_KUBECONFIG_KEY, Context, Error, FIELD_MANAGER, FINALIZER, facts, kube_err, secrets,
 };
+use super::{guest, pods};
 use crate::hostedcluster::HostedCluster;
 use crate::hostedolm::{
     CatalogPlacement, ComponentStatus, HostedClusterRef, HostedOLM, HostedOLMSpec, HostedOLMStatus,
@@ -286,11 +287,30 @@ impl GuestAccess {
     }
 }
 
-/// A client for the guest from the HostedCluster's admin kubeconfig Secret.
+/// The guest's session (client and, while the controller loop runs, cache) from the
+/// HostedCluster's admin kubeconfig Secret: the open one while the Secret's bytes are the
+/// same, else a new one (see [`super::guest`]).
 pub async fn guest_client(
     ctx: &Context,
     hc: &HostedCluster,
-) -> Result<Result<kube::Client, GuestAccess>, Error> {
+) -> Result<Result<Arc<guest::Session>, GuestAccess>, Error> {
+    let cluster = format!(
+        "{}/{}",
+        hc.metadata.namespace.as_deref().unwrap_or_default(),
+        hc.metadata.name.as_deref().unwrap_or_default()
+    );
+    let access = guest_access(ctx, hc, &cluster).await;
+    if !matches!(access, Ok(Ok(_))) {
+        ctx.guests.close(&cluster);
+    }
+    access
+}
+
+async fn guest_access(
+    ctx: &Context,
+    hc: &HostedCluster,
+    cluster: &str,
+) -> Result<Result<Arc<guest::Session>, GuestAccess>, Error> {
     let Some((ns, name)) = hc.admin_kubeconfig_secret() else {
         return Ok(Err(GuestAccess::NotPublished));
     };
@@ -310,6 +330,10 @@ pub async fn guest_client(
             "Secret {ns}/{name} has no key {ADMIN_KUBECONFIG_KEY:?}"
         ))));
     };
+    let digest = guest::digest(&bytes.0);
+    if let Some(open) = ctx.guests.get(cluster, &digest) {
+        return Ok(Ok(open));
+    }
     let invalid = |e: String| GuestAccess::Invalid(format!("Secret {ns}/{name}: {e}"));
     // Untrusted: only inline material, checked before anything is dialled or run.
     match hcp_olm_kubeconfig_check::check(&bytes.0) {
@@ -326,17 +350,26 @@ pub async fn guest_client(
         Ok(kc) => kc,
         Err(e) => return Ok(Err(invalid(e))),
     };
-    let mut config =
-        match kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await {
-            Ok(c) => c,
-            Err(e) => return Ok(Err(invalid(e.to_string()))),
-        };
+    let config = match kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await
+    {
+        Ok(c) => c,
+        Err(e) => return Ok(Err(invalid(e.to_string()))),
+    };
     // A guest API server that does not answer must not hold a reconcile slot for
     // minutes.
-    config.connect_timeout = Some(GUEST_CONNECT_TIMEOUT);
-    config.read_timeout = Some(GUEST_READ_TIMEOUT);
-    config.write_timeout = Some(GUEST_READ_TIMEOUT);
-    Ok(kube::Client::try_from(config).map_err(|e| invalid(e.to_string())))
+    let client = match guest::client(&config, GUEST_CONNECT_TIMEOUT, GUEST_READ_TIMEOUT) {
+        Ok(c) => c,
+        Err(e) => return Ok(Err(invalid(e))),
+    };
+    let kinds: Vec<ApiResource> = guest_kinds().into_iter().map(|(r, _)| r).collect();
+    Ok(Ok(ctx.guests.open(
+        cluster,
+        digest,
+        client,
+        &kinds,
+        &format!("{}={}", labels::MANAGED_BY_KEY, labels::MANAGED_BY),
+        FIELD_MANAGER,
+    )))
 }
 
 async fn ensure_finalizer(ctx: &Context, hc: &HostedCluster, add: bool) -> Result<bool, Error> {
@@ -794,8 +827,8 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     }
 
     // Guest access first: without it nothing can be rendered usefully.
-    let guest = match guest_client(ctx, hc).await? {
-        Ok(c) => c,
+    let session = match guest_client(ctx, hc).await? {
+        Ok(s) => s,
         Err(access) => {
             tracing::info!(cluster = %format!("{ns}/{name}"), reason = access.reason(), "no guest access");
             let st = HostedOLMStatus {
@@ -809,6 +842,8 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
             return Ok(o);
         }
     };
+
+    let guest = session.client.clone();
 
     let olm_overridden = holm.spec.images.as_ref().is_some_and(|i| i.olm.is_some());
     // Registry lookups use this HostedCluster's pull secret (HyperShift's copy in the
@@ -918,6 +953,8 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
             let access =
                 GuestAccess::Unreachable(format!("the guest API server does not answer: {e}"));
             tracing::info!(cluster = %valid.cluster.key(), error = %e, "guest unreachable");
+            // Its watches would only retry: a new session once it answers again.
+            ctx.guests.close(&format!("{ns}/{name}"));
             let st = HostedOLMStatus {
                 observed_generation: generation,
                 conditions: access.conditions(generation, &now_t),
@@ -1104,7 +1141,8 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
         }
     }
 
-    let guest_applier = Applier::new(guest.clone(), FIELD_MANAGER);
+    let guest_applier =
+        Applier::new(guest.clone(), FIELD_MANAGER).with_cache(session.cache.clone());
     let guest_targets: Vec<Target> = desired.guest.iter().map(target).collect();
     let mut guest_report = guest_applier.apply(&guest_targets).await;
     guest_report.merge(
@@ -2138,9 +2176,11 @@ pub async fn cleanup(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error
         return Ok(out);
     }
     let selector = selector_for(&ns, &name);
-    match guest_client(ctx, hc).await? {
-        Ok(guest) => {
-            let r = Applier::new(guest, FIELD_MANAGER)
+    let guest = guest_client(ctx, hc).await?;
+    ctx.guests.close(&format!("{ns}/{name}"));
+    match guest {
+        Ok(session) => {
+            let r = Applier::new(session.client.clone(), FIELD_MANAGER)
                 .prune(&guest_kinds(), None, &selector, &[])
                 .await;
             out.guest_writes = writes(&r);

@@ -1,0 +1,190 @@
+//! One connection and one watch-fed metadata cache per guest, kept across passes.
+//!
+//! A pass used to build a new client from the admin kubeconfig (a TCP and TLS handshake to
+//! the guest API server each time) and to read back every object it compares: one GET per
+//! desired guest object and one LIST per kind we prune. A [`Session`] keeps the client for
+//! as long as the kubeconfig Secret's bytes stay the same, and, while the controller loop
+//! runs, a [`WatchCache`] of our objects in that guest, so a converged pass's applier and
+//! pruner ask the guest nothing.
+//!
+//! Bounds (every guest is a hostile tenant's cluster):
+//! - connections: one per guest. The client speaks HTTP/2 where the server offers it
+//!   (ALPN; a kube-apiserver does), so the cache's watches (one per kind we render) and the
+//!   pass's requests share one TLS connection instead of one each; keep-alive PINGs find a
+//!   dead peer in [`KEEPALIVE_INTERVAL`] + [`KEEPALIVE_TIMEOUT`].
+//! - memory: metadata only (trimmed to a few hundred bytes per object, no spec, no data)
+//!   of objects carrying our managed-by label, at most [`CACHE_LIMIT_PER_KIND`] per kind; a
+//!   guest whose users label more than that as ours loses the cache for that kind (it is
+//!   read from the API server, as without a cache) and costs no more memory.
+//! - lifetime: a session ends when the kubeconfig changes, when the guest stops answering
+//!   (its watches would only retry), and when the HostedCluster is cleaned up.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hcp_olm_apply::cache::WatchCache;
+use kube::client::ConfigExt;
+use sha2::{Digest, Sha256};
+
+/// Our objects of one kind a guest's cache holds at most (a guest renders a few dozen).
+pub const CACHE_LIMIT_PER_KIND: usize = 1_000;
+/// HTTP/2 PING interval on an idle guest connection.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+/// How long a PING may go unanswered before the connection is closed.
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A guest's client and cache.
+pub struct Session {
+    digest: [u8; 32],
+    pub client: kube::Client,
+    /// Our objects in the guest (None while caches are off: every read goes to the guest).
+    pub cache: Option<Arc<WatchCache>>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("cache", &self.cache)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The SHA-256 of a kubeconfig's bytes: a session is reused only for the same bytes.
+pub fn digest(kubeconfig: &[u8]) -> [u8; 32] {
+    Sha256::digest(kubeconfig).into()
+}
+
+/// Sessions per HostedCluster (`namespace/name`).
+#[derive(Clone, Default)]
+pub struct Sessions {
+    map: Arc<Mutex<HashMap<String, Arc<Session>>>>,
+    caches: Arc<AtomicBool>,
+}
+
+impl Sessions {
+    /// New sessions start a watch cache from now on (the controller loop turns this on
+    /// with the management cache; one-off passes and tests without it read the guest).
+    pub fn enable_caches(&self) {
+        self.caches.store(true, Ordering::Release);
+    }
+
+    /// No new session starts a cache, and every open session ends (their watches stop).
+    pub fn stop(&self) {
+        self.caches.store(false, Ordering::Release);
+        self.lock().clear();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Session>>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The session of `cluster` when it was made from the same kubeconfig bytes (and has a
+    /// cache when caches are on).
+    pub fn get(&self, cluster: &str, digest: &[u8; 32]) -> Option<Arc<Session>> {
+        let caches = self.caches.load(Ordering::Acquire);
+        self.lock()
+            .get(cluster)
+            .filter(|s| s.digest == *digest && s.cache.is_some() == caches)
+            .cloned()
+    }
+
+    /// A new session for `cluster` (replacing, and so ending, any other).
+    pub fn open(
+        &self,
+        cluster: &str,
+        digest: [u8; 32],
+        client: kube::Client,
+        kinds: &[kube::api::ApiResource],
+        label_selector: &str,
+        field_manager: &str,
+    ) -> Arc<Session> {
+        let cache = self.caches.load(Ordering::Acquire).then(|| {
+            Arc::new(WatchCache::start_limited(
+                &client,
+                kinds,
+                label_selector,
+                field_manager,
+                None,
+                CACHE_LIMIT_PER_KIND,
+            ))
+        });
+        let s = Arc::new(Session {
+            digest,
+            client,
+            cache,
+        });
+        self.lock().insert(cluster.to_string(), s.clone());
+        s
+    }
+
+    /// Ends the session of `cluster` (its watches stop once the last pass using it ends).
+    pub fn close(&self, cluster: &str) {
+        if self.lock().remove(cluster).is_some() {
+            tracing::debug!(cluster, "guest session closed");
+        }
+    }
+
+    /// Open sessions, for metrics and tests.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// True when no session is open.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The cache of `cluster`'s session, for tests.
+    pub fn cache(&self, cluster: &str) -> Option<Arc<WatchCache>> {
+        self.lock().get(cluster).and_then(|s| s.cache.clone())
+    }
+}
+
+/// A client for one guest from its (checked) kubeconfig: kube's own stack (base URI, auth,
+/// extra headers) over a connector that offers HTTP/2, with a bound on connecting and on
+/// waiting for a response's head.
+///
+/// Not `kube::Client::try_from`: kube's client offers only HTTP/1.1, where each watch holds
+/// a connection of its own.
+pub fn client(
+    config: &kube::Config,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+) -> Result<kube::Client, String> {
+    use hyper_util::client::legacy::connect::HttpConnector;
+    use tower::ServiceBuilder;
+
+    let tls = config.rustls_client_config().map_err(|e| e.to_string())?;
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_connect_timeout(Some(connect_timeout));
+    http.set_nodelay(true);
+    let mut https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http();
+    if let Some(name) = &config.tls_server_name {
+        let name = rustls::pki_types::ServerName::try_from(name.clone())
+            .map_err(|e| format!("tls-server-name {name:?}: {e}"))?;
+        https = https.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
+    }
+    let https = https.enable_http1().enable_http2().wrap_connector(http);
+    let http_client =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .timer(hyper_util::rt::TokioTimer::new())
+            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+            .http2_keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .http2_keep_alive_while_idle(true)
+            .build(https);
+    let auth = config.auth_layer().map_err(|e| e.to_string())?;
+    let headers = config.extra_headers_layer().map_err(|e| e.to_string())?;
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(auth)
+        .layer(headers)
+        .map_err(tower::BoxError::from)
+        .timeout(response_timeout)
+        .service(http_client);
+    Ok(kube::Client::new(service, config.default_namespace.clone()))
+}
