@@ -9,14 +9,21 @@
 //! - GET of one object (404 `Status` when absent) and of collections, with equality
 //!   `labelSelector`s and an optional namespace;
 //! - PATCH (server-side apply and JSON merge patch), POST, PUT, DELETE;
+//! - WATCH of collections (`?watch=true`), as the controller's guest caches use it: events
+//!   after the `resourceVersion` asked for, from a history of the last
+//!   [`WATCH_HISTORY`] writes per guest (older: an `ERROR` event with a 410 `Status`, so
+//!   the client lists again, as a kube-apiserver answers "too old resource version"),
+//!   ended after `timeoutSeconds`; watches are counted apart from other requests, as the
+//!   benchmark leaves a real API server's WATCH verb out;
+//! - HTTP/2 (ALPN `h2`) and HTTP/1.1;
 //! - the guest OLM CRDs, read-only and shared by every guest (parsed from the fixture files).
 //!
 //! An applied object is stored as sent, plus `uid`, `resourceVersion`, `creationTimestamp`,
 //! `generation` and, for server-side apply, a `managedFields` entry of the applying field
 //! manager built from the applied object (maps by field, lists owned whole: close enough to
 //! the real fieldsV1 for the controller's "is this object already as desired" check, which
-//! reads only its own manager's fields); there is no validation, defaulting, admission or
-//! watch, and no second manager's fields. A stored Deployment reports itself rolled out
+//! reads only its own manager's fields); there is no validation, defaulting or admission,
+//! and no second manager's fields. A stored Deployment reports itself rolled out
 //! (`status` with every replica ready at its generation): the stand-in also stands in for
 //! the guest's deployment controller and kubelets, so "converged" can mean Available as it
 //! does on a real cluster with running pods. Every write is
@@ -30,21 +37,70 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
-use hyper::body::{Bytes, Incoming};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Bytes, Frame, Incoming};
 use serde_json::{Value, json};
 
 type Key = (String, String, Option<String>, String); // group, plural, namespace, name
+type Body = BoxBody<Bytes, Infallible>;
 
-#[derive(Default)]
+/// Writes per guest a watch can resume after (see the module docs).
+pub const WATCH_HISTORY: usize = 256;
+
+/// One change, as a watch reports it.
+struct Change {
+    rv: u64,
+    key: Key,
+    kind: &'static str,
+    object: Value,
+}
+
 struct Guest {
     objects: Mutex<BTreeMap<Key, Value>>,
+    /// The last [`WATCH_HISTORY`] changes (written under the `objects` lock, so in
+    /// resourceVersion order), and the newest resourceVersion no longer in it.
+    history: Mutex<(std::collections::VecDeque<Arc<Change>>, u64)>,
+    changes: tokio::sync::broadcast::Sender<Arc<Change>>,
     writes: AtomicU64,
     /// Writes by `plural[/subresource]`.
     by_resource: Mutex<BTreeMap<String, u64>>,
 }
 
+impl Default for Guest {
+    fn default() -> Self {
+        Self {
+            objects: Mutex::default(),
+            history: Mutex::default(),
+            changes: tokio::sync::broadcast::channel(WATCH_HISTORY).0,
+            writes: AtomicU64::new(0),
+            by_resource: Mutex::default(),
+        }
+    }
+}
+
 impl Guest {
+    /// Records a change for watches; called with the `objects` lock held.
+    fn publish(&self, rv: u64, key: Key, kind: &'static str, object: Value) {
+        let change = Arc::new(Change {
+            rv,
+            key,
+            kind,
+            object,
+        });
+        {
+            let mut h = self.history.lock().unwrap_or_else(|e| e.into_inner());
+            h.0.push_back(change.clone());
+            while h.0.len() > WATCH_HISTORY {
+                if let Some(old) = h.0.pop_front() {
+                    h.1 = old.rv;
+                }
+            }
+        }
+        // No receiver: nobody watches.
+        let _ = self.changes.send(change);
+    }
+
     fn wrote(&self, p: &Path) {
         self.writes.fetch_add(1, Ordering::Relaxed);
         let key = match &p.subresource {
@@ -61,10 +117,11 @@ impl Guest {
 }
 
 struct Shared {
-    guests: Vec<Guest>,
+    guests: Vec<Arc<Guest>>,
     crds: HashMap<String, Value>,
     next_rv: AtomicU64,
     requests: AtomicU64,
+    watches: AtomicU64,
 }
 
 /// A running stand-in serving `count` virtual guests.
@@ -135,18 +192,19 @@ impl GuestStandIn {
                     .map_err(|e| io(e.to_string()))?,
             )
             .map_err(|e| io(e.to_string()))?;
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
-            guests: (0..count).map(|_| Guest::default()).collect(),
+            guests: (0..count).map(|_| Arc::new(Guest::default())).collect(),
             crds: crds
                 .into_iter()
                 .filter_map(|c| Some((c["metadata"]["name"].as_str()?.to_string(), c)))
                 .collect(),
             next_rv: AtomicU64::new(1),
             requests: AtomicU64::new(0),
+            watches: AtomicU64::new(0),
         });
         let s = shared.clone();
         let task = tokio::spawn(async move {
@@ -165,9 +223,11 @@ impl GuestStandIn {
                         let s = s.clone();
                         async move { Ok::<_, Infallible>(handle(&s, req).await) }
                     });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-                        .await;
+                    let _ = hyper_util::server::conn::auto::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    )
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                    .await;
                 });
             }
         });
@@ -237,9 +297,14 @@ impl GuestStandIn {
         out
     }
 
-    /// Requests of any verb over all guests.
+    /// Requests of any verb but WATCH over all guests.
     pub fn total_requests(&self) -> u64 {
         self.shared.requests.load(Ordering::Relaxed)
+    }
+
+    /// WATCH requests over all guests.
+    pub fn total_watches(&self) -> u64 {
+        self.shared.watches.load(Ordering::Relaxed)
     }
 
     /// The object guest `i` holds, as stored.
@@ -296,15 +361,15 @@ fn rolled_out(d: &mut Value) {
     });
 }
 
-fn reply(code: StatusCode, body: &Value) -> Response<Full<Bytes>> {
+fn reply(code: StatusCode, body: &Value) -> Response<Body> {
     Response::builder()
         .status(code)
         .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
+        .body(Full::new(Bytes::from(body.to_string())).boxed())
         .expect("static response parts are valid")
 }
 
-fn status(code: StatusCode, reason: &str, message: String) -> Response<Full<Bytes>> {
+fn status(code: StatusCode, reason: &str, message: String) -> Response<Body> {
     reply(
         code,
         &json!({
@@ -479,10 +544,116 @@ fn merge_patch(target: &mut Value, patch: &Value) {
     }
 }
 
-async fn handle(s: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> {
-    s.requests.fetch_add(1, Ordering::Relaxed);
+/// A query parameter's (undecoded) value.
+fn query_param<'a>(query: Option<&'a str>, name: &str) -> Option<&'a str> {
+    query
+        .unwrap_or_default()
+        .split('&')
+        .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+}
+
+fn event_line(kind: &str, object: &Value) -> Bytes {
+    let mut line = json!({"type": kind, "object": object}).to_string();
+    line.push('\n');
+    Bytes::from(line)
+}
+
+/// A WATCH of the collection `p` (see the module docs).
+fn watch(s: &Shared, guest: &Arc<Guest>, p: Path, query: Option<&str>) -> Response<Body> {
+    s.watches.fetch_add(1, Ordering::Relaxed);
+    let sel = label_selector(query);
+    let since: u64 = query_param(query, "resourceVersion")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let timeout = std::time::Duration::from_secs(
+        query_param(query, "timeoutSeconds")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1800),
+    );
+    let matches = move |key: &Key, object: &Value| {
+        key.0 == p.group
+            && key.1 == p.plural
+            && (p.namespace.is_none() || key.2 == p.namespace)
+            && selector_matches(&sel, object)
+    };
+    // Under the objects lock: no write between the history read and the subscription.
+    let (backlog, expired, mut live) = {
+        let objects = guest.objects.lock().unwrap_or_else(|e| e.into_inner());
+        let history = guest.history.lock().unwrap_or_else(|e| e.into_inner());
+        if since == 0 {
+            let all = objects
+                .iter()
+                .filter(|(k, o)| matches(k, o))
+                .map(|(_, o)| event_line("ADDED", o))
+                .collect();
+            (all, false, guest.changes.subscribe())
+        } else if since < history.1 {
+            let gone = json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+                "message": format!("too old resource version: {since} ({})", history.1),
+                "reason": "Expired", "code": 410});
+            (
+                vec![event_line("ERROR", &gone)],
+                true,
+                guest.changes.subscribe(),
+            )
+        } else {
+            let newer = history
+                .0
+                .iter()
+                .filter(|c| c.rv > since && matches(&c.key, &c.object))
+                .map(|c| event_line(c.kind, &c.object))
+                .collect();
+            (newer, false, guest.changes.subscribe())
+        }
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(64);
+    tokio::spawn(async move {
+        for line in backlog {
+            if tx.send(Ok(Frame::data(line))).await.is_err() {
+                return;
+            }
+        }
+        if expired {
+            return;
+        }
+        let until = tokio::time::Instant::now() + timeout;
+        loop {
+            let change = tokio::select! {
+                c = live.recv() => c,
+                () = tokio::time::sleep_until(until) => return,
+                () = tx.closed() => return,
+            };
+            // Lagged: end the watch; the client resumes from its last resourceVersion.
+            let Ok(c) = change else { return };
+            if c.rv > since
+                && matches(&c.key, &c.object)
+                && tx
+                    .send(Ok(Frame::data(event_line(c.kind, &c.object))))
+                    .await
+                    .is_err()
+            {
+                return;
+            }
+        }
+    });
+    let body = StreamBody::new(futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|f| (f, rx))
+    }));
+    Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "application/json")
+        .body(BodyExt::boxed(body))
+        .expect("static response parts are valid")
+}
+
+async fn handle(s: &Shared, req: Request<Incoming>) -> Response<Body> {
     let method = req.method().clone();
     let uri = req.uri().clone();
+    let watching =
+        method == Method::GET && matches!(query_param(uri.query(), "watch"), Some("true" | "1"));
+    if !watching {
+        s.requests.fetch_add(1, Ordering::Relaxed);
+    }
     let content_type = req
         .headers()
         .get("content-type")
@@ -499,6 +670,16 @@ async fn handle(s: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let Some(guest) = s.guests.get(p.guest) else {
         return status(StatusCode::NOT_FOUND, "NotFound", "no such guest".into());
     };
+    if watching {
+        if p.name.is_some() {
+            return status(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "MethodNotAllowed",
+                "the stand-in watches collections only".into(),
+            );
+        }
+        return watch(s, guest, p, uri.query());
+    }
     let body = match req.into_body().collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string()),
@@ -557,14 +738,19 @@ async fn handle(s: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> {
                 .map(|(_, o)| o)
                 .filter(|o| selector_matches(&sel, o))
                 .collect();
-            let rv = s.next_rv.load(Ordering::Relaxed).to_string();
+            // The last resourceVersion given out: this guest's writes take theirs under
+            // the lock held here, so every one up to it is in this list.
+            let rv = (s.next_rv.load(Ordering::Relaxed) - 1).to_string();
             reply(
                 StatusCode::OK,
                 &json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": rv}, "items": items}),
             )
         }
         (Method::DELETE, Some(name)) => match objects.remove(&key(name)) {
-            Some(_) => {
+            Some(mut gone) => {
+                let rv = s.next_rv.fetch_add(1, Ordering::Relaxed);
+                gone["metadata"]["resourceVersion"] = rv.to_string().into();
+                guest.publish(rv, key(name), "DELETED", gone);
                 guest.wrote(&p);
                 status(StatusCode::OK, "", format!("deleted {name}"))
             }
@@ -628,7 +814,8 @@ async fn handle(s: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> {
                         .map(str::to_string)
                 })
                 .unwrap_or_else(|| "2026-01-01T00:00:00Z".to_string());
-            let rv = s.next_rv.fetch_add(1, Ordering::Relaxed).to_string();
+            let rv_n = s.next_rv.fetch_add(1, Ordering::Relaxed);
+            let rv = rv_n.to_string();
             let applied_by = content_type
                 .contains("apply-patch")
                 .then(|| field_manager(uri.query()))
@@ -659,7 +846,13 @@ async fn handle(s: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> {
             if p.group == "apps" && p.plural == "deployments" {
                 rolled_out(&mut new);
             }
-            objects.insert(k, new.clone());
+            objects.insert(k.clone(), new.clone());
+            guest.publish(
+                rv_n,
+                k,
+                if old.is_some() { "MODIFIED" } else { "ADDED" },
+                new.clone(),
+            );
             guest.wrote(&p);
             let code = if old.is_some() {
                 StatusCode::OK
@@ -700,5 +893,142 @@ mod tests {
             label_selector(Some("labelSelector=a%3Db%2Cc%3Dd&limit=5")),
             [("a".into(), "b".into()), ("c".into(), "d".into())]
         );
+    }
+
+    async fn client_of(standin: &GuestStandIn, i: usize) -> kube::Client {
+        let kc = kube::config::Kubeconfig::from_yaml(&standin.kubeconfig(i)).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .unwrap();
+        kube::Client::try_from(config).unwrap()
+    }
+
+    fn cm(name: &str, label: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": name, "namespace": "ns", "labels": {"app": label}},
+               "data": {"a": "1"}})
+    }
+
+    /// kube's watcher over the stand-in: the first list, then a write, a change and a
+    /// deletion of selected objects arrive as events (an unselected one and another guest's
+    /// do not); watches are counted apart from other requests.
+    #[tokio::test]
+    async fn a_watch_sees_what_is_written_after_the_list() {
+        use futures::StreamExt as _;
+        use k8s_openapi::api::core::v1::ConfigMap;
+        use kube::api::{Api, DeleteParams, Patch, PatchParams};
+        use kube::runtime::watcher;
+        let standin = GuestStandIn::start(2, Vec::new()).await.unwrap();
+        let (c0, c1) = (client_of(&standin, 0).await, client_of(&standin, 1).await);
+        let api: Api<ConfigMap> = Api::namespaced(c0, "ns");
+        let other: Api<ConfigMap> = Api::namespaced(c1, "ns");
+        let pp = PatchParams::apply("test");
+        api.patch("before", &pp, &Patch::Apply(cm("before", "x")))
+            .await
+            .unwrap();
+        let requests0 = standin.total_requests();
+        let mut events = Box::pin(watcher(
+            Api::<ConfigMap>::all(api.clone().into_client()),
+            watcher::Config::default().labels("app=x"),
+        ));
+        let mut next = async || {
+            tokio::time::timeout(std::time::Duration::from_secs(10), events.next())
+                .await
+                .expect("an event within 10 s")
+                .expect("the stream goes on")
+                .expect("no watch error")
+        };
+        let name = |e: &watcher::Event<ConfigMap>| match e {
+            watcher::Event::Init => "init".to_string(),
+            watcher::Event::InitApply(o) => format!("list {}", o.metadata.name.as_deref().unwrap()),
+            watcher::Event::InitDone => "listed".to_string(),
+            watcher::Event::Apply(o) => format!(
+                "apply {} {}",
+                o.metadata.name.as_deref().unwrap(),
+                o.data.as_ref().unwrap()["a"]
+            ),
+            watcher::Event::Delete(o) => format!("delete {}", o.metadata.name.as_deref().unwrap()),
+        };
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            seen.push(name(&next().await));
+        }
+        // The watch is open once the list is done; give the request a moment to arrive.
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        other
+            .patch("theirs", &pp, &Patch::Apply(cm("theirs", "x")))
+            .await
+            .unwrap();
+        api.patch("unselected", &pp, &Patch::Apply(cm("unselected", "y")))
+            .await
+            .unwrap();
+        api.patch("after", &pp, &Patch::Apply(cm("after", "x")))
+            .await
+            .unwrap();
+        let mut changed = cm("after", "x");
+        changed["data"]["a"] = "2".into();
+        api.patch("after", &pp, &Patch::Apply(changed))
+            .await
+            .unwrap();
+        api.delete("before", &DeleteParams::default())
+            .await
+            .unwrap();
+        for _ in 0..3 {
+            seen.push(name(&next().await));
+        }
+        assert_eq!(
+            seen,
+            [
+                "init",
+                "list before",
+                "listed",
+                "apply after 1",
+                "apply after 2",
+                "delete before"
+            ]
+        );
+        assert!(standin.total_watches() >= 1);
+        // The list and five writes; the watch is not among them.
+        assert_eq!(standin.total_requests() - requests0, 6);
+    }
+
+    /// A watch from a resourceVersion older than the history gets a 410 ERROR event, as a
+    /// kube-apiserver's "too old resource version" (the client then lists again).
+    #[tokio::test]
+    async fn a_watch_from_beyond_the_history_is_told_to_list_again() {
+        use futures::StreamExt as _;
+        use k8s_openapi::api::core::v1::ConfigMap;
+        use kube::api::{Api, Patch, PatchParams, WatchEvent, WatchParams};
+        let standin = GuestStandIn::start(1, Vec::new()).await.unwrap();
+        let api: Api<ConfigMap> = Api::namespaced(client_of(&standin, 0).await, "ns");
+        let pp = PatchParams::apply("test");
+        // resourceVersions 1.. : a few more writes than the history keeps.
+        for i in 0..WATCH_HISTORY + 5 {
+            api.patch(
+                &format!("c{i}"),
+                &pp,
+                &Patch::Apply(cm(&format!("c{i}"), "x")),
+            )
+            .await
+            .unwrap();
+        }
+        let mut s = Box::pin(api.watch(&WatchParams::default(), "1").await.unwrap());
+        match s.next().await {
+            Some(Ok(WatchEvent::Error(e))) => assert_eq!(e.code, 410),
+            other => panic!("expected a 410 ERROR event, got {other:?}"),
+        }
+        // From the newest write on: nothing old, the next write arrives.
+        let list = api.list(&Default::default()).await.unwrap();
+        let rv = list.metadata.resource_version.unwrap();
+        let mut s = Box::pin(api.watch(&WatchParams::default(), &rv).await.unwrap());
+        api.patch("new", &pp, &Patch::Apply(cm("new", "x")))
+            .await
+            .unwrap();
+        match tokio::time::timeout(std::time::Duration::from_secs(10), s.next()).await {
+            Ok(Some(Ok(WatchEvent::Added(o)))) => {
+                assert_eq!(o.metadata.name.as_deref(), Some("new"))
+            }
+            other => panic!("expected the new object, got {other:?}"),
+        }
     }
 }

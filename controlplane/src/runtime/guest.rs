@@ -17,12 +17,14 @@
 //!   guest whose users label more than that as ours loses the cache for that kind (it is
 //!   read from the API server, as without a cache) and costs no more memory.
 //! - lifetime: a session ends when the kubeconfig changes, when the guest stops answering
-//!   (its watches would only retry), and when the HostedCluster is cleaned up.
+//!   (its watches would only retry), when the HostedCluster is cleaned up, and when no pass
+//!   has used it for [`IDLE_TTL`] (a HostedCluster deleted without our finalizer, or one
+//!   whose passes stop before the guest, e.g. while HyperShift's own OLM runs).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hcp_olm_apply::cache::WatchCache;
 use kube::client::ConfigExt;
@@ -35,9 +37,17 @@ pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
 /// How long a PING may go unanswered before the connection is closed.
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A session no pass has used for this long is ended (at most a minute later); five
+/// times the default resync interval.
+pub const IDLE_TTL: Duration = Duration::from_secs(25 * 60);
+
+/// How often idle sessions are looked for.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
 /// A guest's client and cache.
 pub struct Session {
     digest: [u8; 32],
+    used: Mutex<Instant>,
     pub client: kube::Client,
     /// Our objects in the guest (None while caches are off: every read goes to the guest).
     pub cache: Option<Arc<WatchCache>>,
@@ -61,6 +71,7 @@ pub fn digest(kubeconfig: &[u8]) -> [u8; 32] {
 pub struct Sessions {
     map: Arc<Mutex<HashMap<String, Arc<Session>>>>,
     caches: Arc<AtomicBool>,
+    swept: Arc<Mutex<Option<Instant>>>,
 }
 
 impl Sessions {
@@ -83,11 +94,35 @@ impl Sessions {
     /// The session of `cluster` when it was made from the same kubeconfig bytes (and has a
     /// cache when caches are on).
     pub fn get(&self, cluster: &str, digest: &[u8; 32]) -> Option<Arc<Session>> {
+        self.sweep(Instant::now(), IDLE_TTL);
         let caches = self.caches.load(Ordering::Acquire);
-        self.lock()
+        let s = self
+            .lock()
             .get(cluster)
             .filter(|s| s.digest == *digest && s.cache.is_some() == caches)
-            .cloned()
+            .cloned()?;
+        *s.used.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        Some(s)
+    }
+
+    /// Ends the sessions unused for `ttl` at `now`, when the last look was [`SWEEP_EVERY`]
+    /// ago or more.
+    fn sweep(&self, now: Instant, ttl: Duration) {
+        {
+            let mut swept = self.swept.lock().unwrap_or_else(|p| p.into_inner());
+            if swept.is_some_and(|at| now.saturating_duration_since(at) < SWEEP_EVERY) {
+                return;
+            }
+            *swept = Some(now);
+        }
+        self.lock().retain(|cluster, s| {
+            let used = *s.used.lock().unwrap_or_else(|p| p.into_inner());
+            let keep = now.saturating_duration_since(used) < ttl;
+            if !keep {
+                tracing::debug!(cluster = %cluster, "guest session idle; closed");
+            }
+            keep
+        });
     }
 
     /// A new session for `cluster` (replacing, and so ending, any other).
@@ -112,6 +147,7 @@ impl Sessions {
         });
         let s = Arc::new(Session {
             digest,
+            used: Mutex::new(Instant::now()),
             client,
             cache,
         });
@@ -187,4 +223,52 @@ pub fn client(
         .timeout(response_timeout)
         .service(http_client);
     Ok(kube::Client::new(service, config.default_namespace.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(sessions: &Sessions, cluster: &str, used: Instant) {
+        // A client that is never used: no request leaves it.
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let client = client(&config, Duration::from_secs(1), Duration::from_secs(1)).unwrap();
+        let s = sessions.open(cluster, digest(cluster.as_bytes()), client, &[], "", "test");
+        *s.used.lock().unwrap() = used;
+    }
+
+    /// Sessions no pass used for the TTL end at the next sweep; used ones stay; sweeps run
+    /// at most once per SWEEP_EVERY.
+    #[tokio::test]
+    async fn idle_sessions_end_and_used_ones_stay() {
+        let sessions = Sessions::default();
+        let t0 = Instant::now();
+        session(&sessions, "ns/idle", t0);
+        session(&sessions, "ns/used", t0);
+        let later = t0 + IDLE_TTL + Duration::from_secs(1);
+        *sessions.lock()["ns/used"].used.lock().unwrap() = later;
+        sessions.sweep(later, IDLE_TTL);
+        let mut left: Vec<String> = sessions.lock().keys().cloned().collect();
+        left.sort();
+        assert_eq!(left, ["ns/used"]);
+        // Within SWEEP_EVERY of the last sweep nothing is looked at.
+        *sessions.lock()["ns/used"].used.lock().unwrap() = t0;
+        sessions.sweep(later + Duration::from_secs(1), IDLE_TTL);
+        assert_eq!(sessions.len(), 1);
+        sessions.sweep(later + SWEEP_EVERY, IDLE_TTL);
+        assert!(sessions.is_empty());
+    }
+
+    /// A session is reused only for the same kubeconfig bytes and cache mode.
+    #[tokio::test]
+    async fn a_session_is_reused_only_for_the_same_bytes_and_cache_mode() {
+        let sessions = Sessions::default();
+        session(&sessions, "ns/a", Instant::now());
+        assert!(sessions.get("ns/a", &digest(b"ns/a")).is_some());
+        assert!(sessions.get("ns/a", &digest(b"other")).is_none());
+        sessions.enable_caches();
+        assert!(sessions.get("ns/a", &digest(b"ns/a")).is_none());
+        sessions.stop();
+        assert!(sessions.is_empty());
+    }
 }
