@@ -32,7 +32,7 @@ use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::core::{ObjectMeta, PartialObjectMeta};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use serde_json::Value;
 
 use crate::compare;
@@ -44,6 +44,42 @@ pub type OnChange = Arc<dyn Fn(&ObjectMeta) + Send + Sync>;
 
 /// How long what we wrote overrides the store at most.
 pub const OVERLAY_TTL: Duration = Duration::from_secs(30);
+
+/// Bounds of a cache where someone else decides what matches (a guest's users can label
+/// anything as ours). A kind that crosses one gives up its watch and store for the cache's
+/// lifetime and is read from the API server instead (as without a cache).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Objects held per kind.
+    pub objects_per_kind: usize,
+    /// Bytes of all entries of the cache together (names, labels, annotations we keep).
+    pub bytes: usize,
+    /// Bytes of one entry: metadata larger than this (long labels) is refused before any
+    /// of it is kept.
+    pub entry_bytes: usize,
+    /// Changes per kind per minute after the first list (each one is decoded and hashed).
+    pub events_per_minute: u32,
+}
+
+impl Limits {
+    /// No bound (the management cluster's cache: only we and HyperShift write there).
+    pub const NONE: Self = Self {
+        objects_per_kind: usize::MAX,
+        bytes: usize::MAX,
+        entry_bytes: usize::MAX,
+        events_per_minute: u32::MAX,
+    };
+}
+
+/// Why a kind gave up.
+fn exceeded(what: &'static str, kind: &str, limits: &Limits) {
+    tracing::warn!(kind = %kind, limit = what, ?limits, "a cache bound was crossed; this kind is read from the API server instead");
+}
+
+/// Backoff between a failed watch and the next list: doubles from 1 s to 60 s, reset by a
+/// complete list.
+const RETRY_MIN: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(60);
 
 type Meta = PartialObjectMeta<DynamicObject>;
 
@@ -124,6 +160,41 @@ impl Entry {
             digest,
         };
         (key, entry)
+    }
+
+    /// Bytes this entry keeps (an estimate: strings plus a fixed overhead).
+    fn bytes(&self, key: &EntryKey) -> usize {
+        96 + key.1.len()
+            + key.0.as_ref().map_or(0, |n| n.len())
+            + self.uid.as_ref().map_or(0, |u| u.len())
+            + self.resource_version.as_ref().map_or(0, |r| r.len())
+            + self.hash.as_ref().map_or(0, |h| h.len())
+            + self.digest.len()
+            + self
+                .labels
+                .iter()
+                .map(|(k, v)| 32 + k.len() + v.len())
+                .sum::<usize>()
+    }
+
+    /// What an entry for `meta` would keep, before anything is kept or interned.
+    fn would_keep(meta: &ObjectMeta) -> usize {
+        96 + meta.name.as_ref().map_or(0, |n| n.len())
+            + meta.namespace.as_ref().map_or(0, |n| n.len())
+            + meta.uid.as_ref().map_or(0, |u| u.len())
+            + meta.resource_version.as_ref().map_or(0, |r| r.len())
+            + meta
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(compare::DESIRED_HASH_ANNOTATION))
+                .map_or(0, |h| h.len())
+            + 64
+            + meta
+                .labels
+                .iter()
+                .flatten()
+                .map(|(k, v)| 32 + k.len() + v.len())
+                .sum::<usize>()
     }
 
     /// The trimmed metadata this entry stands for (as [`trim`] leaves it).
@@ -248,6 +319,24 @@ fn rv(meta: &ObjectMeta) -> Option<u64> {
     meta.resource_version.as_deref()?.parse().ok()
 }
 
+/// Counts one change in the (start, changes) window of a minute.
+fn count(window: &mut (Instant, u32)) {
+    if window.0.elapsed() >= Duration::from_secs(60) {
+        *window = (Instant::now(), 0);
+    }
+    window.1 += 1;
+}
+
+/// Drops unused interned strings every 256 changes (labels replaced by a change stay
+/// interned until then; between lists that would grow with every relabelling).
+fn purge_now(strings: &Interner, since: &mut u32) {
+    *since += 1;
+    if *since >= 256 {
+        strings.purge();
+        *since = 0;
+    }
+}
+
 impl WatchCache {
     /// Starts one metadata watch per kind in `kinds` over all namespaces, selecting
     /// `label_selector`. Must be called within a tokio runtime.
@@ -274,21 +363,21 @@ impl WatchCache {
             label_selector,
             field_manager,
             on_change,
-            usize::MAX,
+            Limits::NONE,
         )
     }
 
-    /// [`Self::start_with`] holding at most `limit` objects per kind. Where someone else
-    /// decides how many objects match (a guest's users can label anything as ours), this
-    /// bounds the memory: a kind with more gives up its watch and store at once and is read
-    /// from the API server instead (as without a cache), for as long as this cache lives.
+    /// [`Self::start_with`] within `limits`. Where someone else decides what matches (a
+    /// guest's users can label anything as ours), this bounds the memory and the work: a
+    /// kind that crosses a bound gives up its watch and store at once and is read from the
+    /// API server instead (as without a cache), for as long as this cache lives.
     pub fn start_limited(
         client: &kube::Client,
         kinds: &[ApiResource],
         label_selector: &str,
         field_manager: &str,
         on_change: Option<OnChange>,
-        limit: usize,
+        limits: Limits,
     ) -> Self {
         let mut out = Self {
             kinds: Vec::new(),
@@ -297,6 +386,7 @@ impl WatchCache {
             tasks: Vec::new(),
         };
         let strings = Arc::new(Interner::default());
+        let used = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         for resource in kinds {
             let objects: Arc<std::sync::RwLock<Objects>> = Arc::default();
             let store = objects.clone();
@@ -312,72 +402,141 @@ impl WatchCache {
             let on_change = on_change.clone();
             let manager = field_manager.to_string();
             let strings = strings.clone();
-            let stream =
-                watcher(api, watcher::Config::default().labels(label_selector)).default_backoff();
+            let used = used.clone();
+            let config = watcher::Config::default().labels(label_selector);
             out.tasks.push(tokio::spawn(async move {
-                futures::pin_mut!(stream);
-                // A (re)list is collected here and replaces the store once complete.
-                let mut relist: Option<Objects> = None;
-                while let Some(ev) = stream.next().await {
-                    match ev {
-                        Ok(watcher::Event::Init) => relist = Some(Objects::new()),
-                        Ok(watcher::Event::InitApply(m)) => {
-                            let (k, e) = Entry::of(&m.metadata, &manager, &strings);
-                            let objects = relist.get_or_insert_with(Objects::new);
-                            objects.insert(k, e);
-                            if objects.len() > limit {
+                // This kind's share of `used`.
+                let mut mine = 0usize;
+                let mut retry = RETRY_MIN;
+                let mut window = (Instant::now(), 0u32);
+                let mut since_purge = 0u32;
+                // A bound crossed ends both loops.
+                let crossed: &'static str = 'watch: loop {
+                    let stream = watcher(api.clone(), config.clone());
+                    futures::pin_mut!(stream);
+                    // A (re)list is collected here and replaces the store once complete.
+                    let mut relist: Option<(Objects, usize)> = None;
+                    while let Some(ev) = stream.next().await {
+                        match ev {
+                            Ok(watcher::Event::Init) => relist = Some((Objects::new(), 0)),
+                            Ok(watcher::Event::InitApply(m)) => {
+                                let size = Entry::would_keep(&m.metadata);
+                                if size > limits.entry_bytes {
+                                    break 'watch "entry_bytes";
+                                }
+                                let (k, e) = Entry::of(&m.metadata, &manager, &strings);
+                                let (objects, bytes) =
+                                    relist.get_or_insert_with(|| (Objects::new(), 0));
+                                *bytes += e.bytes(&k);
+                                if let Some(old) = objects.insert(k.clone(), e) {
+                                    *bytes -= old.bytes(&k);
+                                }
+                                if objects.len() > limits.objects_per_kind {
+                                    break 'watch "objects_per_kind";
+                                }
+                                // Others' share plus this list so far.
+                                let others = used.load(Ordering::Acquire) - mine;
+                                if others.saturating_add(*bytes) > limits.bytes {
+                                    break 'watch "bytes";
+                                }
+                            }
+                            Ok(watcher::Event::InitDone) => {
+                                let (objects, bytes) = relist.take().unwrap_or_default();
+                                *write(&store) = objects;
+                                used.fetch_add(bytes, Ordering::AcqRel);
+                                used.fetch_sub(mine, Ordering::AcqRel);
+                                mine = bytes;
+                                strings.purge();
+                                since_purge = 0;
+                                retry = RETRY_MIN;
+                                window = (Instant::now(), 0);
+                                not_served.store(false, Ordering::Release);
+                                if !flag.swap(true, Ordering::AcqRel) {
+                                    tracing::debug!(kind = %kind, "metadata cache synced");
+                                }
+                            }
+                            Ok(watcher::Event::Apply(m) | watcher::Event::Delete(m))
+                                if window.0.elapsed() < Duration::from_secs(60)
+                                    && window.1 >= limits.events_per_minute =>
+                            {
+                                drop(m);
+                                break 'watch "events_per_minute";
+                            }
+                            Ok(watcher::Event::Apply(m)) => {
+                                count(&mut window);
+                                if Entry::would_keep(&m.metadata) > limits.entry_bytes {
+                                    break 'watch "entry_bytes";
+                                }
+                                let (k, e) = Entry::of(&m.metadata, &manager, &strings);
+                                let (len, delta) = {
+                                    let mut objects = write(&store);
+                                    let added = e.bytes(&k);
+                                    let removed =
+                                        objects.insert(k.clone(), e).map_or(0, |o| o.bytes(&k));
+                                    (objects.len(), added as isize - removed as isize)
+                                };
+                                mine = mine.saturating_add_signed(delta);
+                                if delta >= 0 {
+                                    used.fetch_add(delta.unsigned_abs(), Ordering::AcqRel);
+                                } else {
+                                    used.fetch_sub(delta.unsigned_abs(), Ordering::AcqRel);
+                                }
+                                if len > limits.objects_per_kind {
+                                    break 'watch "objects_per_kind";
+                                }
+                                if used.load(Ordering::Acquire) > limits.bytes {
+                                    break 'watch "bytes";
+                                }
+                                purge_now(&strings, &mut since_purge);
+                                // A watch that failed and resumed is whole again once it
+                                // delivers.
+                                flag.store(true, Ordering::Release);
+                                if let Some(f) = &on_change {
+                                    f(&m.metadata);
+                                }
+                            }
+                            Ok(watcher::Event::Delete(m)) => {
+                                count(&mut window);
+                                let k: EntryKey = (
+                                    m.metadata.namespace.as_deref().map(Arc::from),
+                                    Box::from(m.metadata.name.as_deref().unwrap_or_default()),
+                                );
+                                if let Some(old) = write(&store).remove(&k) {
+                                    let b = old.bytes(&k);
+                                    mine = mine.saturating_sub(b);
+                                    used.fetch_sub(b, Ordering::AcqRel);
+                                }
+                                purge_now(&strings, &mut since_purge);
+                                flag.store(true, Ordering::Release);
+                                if let Some(f) = &on_change {
+                                    f(&m.metadata);
+                                }
+                            }
+                            Err(e) => {
+                                // Events may have been missed: nothing is answered from
+                                // this kind until a new list is complete.
+                                flag.store(false, Ordering::Release);
+                                if let watcher::Error::InitialListFailed(kube::Error::Api(s)) = &e
+                                    && s.code == 404
+                                {
+                                    not_served.store(true, Ordering::Release);
+                                } else {
+                                    tracing::debug!(kind = %kind, error = %e, "metadata watch");
+                                }
                                 break;
                             }
                         }
-                        Ok(watcher::Event::InitDone) => {
-                            *write(&store) = relist.take().unwrap_or_default();
-                            strings.purge();
-                            not_served.store(false, Ordering::Release);
-                            if !flag.swap(true, Ordering::AcqRel) {
-                                tracing::debug!(kind = %kind, "metadata cache synced");
-                            }
-                        }
-                        Ok(watcher::Event::Apply(m)) => {
-                            let (k, e) = Entry::of(&m.metadata, &manager, &strings);
-                            let len = {
-                                let mut objects = write(&store);
-                                objects.insert(k, e);
-                                objects.len()
-                            };
-                            if len > limit {
-                                break;
-                            }
-                            if let Some(f) = &on_change {
-                                f(&m.metadata);
-                            }
-                        }
-                        Ok(watcher::Event::Delete(m)) => {
-                            let k: EntryKey = (
-                                m.metadata.namespace.as_deref().map(Arc::from),
-                                Box::from(m.metadata.name.as_deref().unwrap_or_default()),
-                            );
-                            write(&store).remove(&k);
-                            if let Some(f) = &on_change {
-                                f(&m.metadata);
-                            }
-                        }
-                        Err(watcher::Error::InitialListFailed(kube::Error::Api(s)))
-                            if s.code == 404 =>
-                        {
-                            not_served.store(true, Ordering::Release);
-                        }
-                        // The watcher relists on its own (with backoff); a kind the server
-                        // does not serve stays unsynced, i.e. read from the API server.
-                        Err(e) => tracing::debug!(kind = %kind, error = %e, "metadata watch"),
                     }
-                }
-                // Only the limit ends the loop (the watcher itself retries for ever).
+                    // The watch failed (or its stream ended): list again after a pause.
+                    tokio::time::sleep(retry).await;
+                    retry = (retry * 2).min(RETRY_MAX);
+                };
                 flag.store(false, Ordering::Release);
                 overflow.store(true, Ordering::Release);
                 *write(&store) = Objects::new();
-                drop(relist);
+                used.fetch_sub(mine, Ordering::AcqRel);
                 strings.purge();
-                tracing::warn!(kind = %kind, limit, "more objects match than the cache holds; read from the API server instead");
+                exceeded(crossed, &kind, &limits);
             }));
             out.kinds.push(Kind {
                 resource: resource.clone(),

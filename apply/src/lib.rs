@@ -338,7 +338,15 @@ impl Applier {
                     continue;
                 }
                 let api = self.api(resource, ns.as_deref());
-                match api.delete(&name, &DeleteParams::background()).await {
+                // Only the object as listed: one changed since (relabelled away from us,
+                // or replaced by another of the same name) is left for the next pass to
+                // look at again, even when the list came from a cache that lags.
+                let mut dp = DeleteParams::background();
+                dp.preconditions = Some(kube::api::Preconditions {
+                    uid: meta.uid.clone(),
+                    resource_version: meta.resource_version.clone(),
+                });
+                match api.delete(&name, &dp).await {
                     Ok(_) => {
                         tracing::debug!(object = %id, "pruned");
                         if let Some(c) = &self.cache {
@@ -347,6 +355,9 @@ impl Applier {
                         report.deleted.push(id);
                     }
                     Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(kube::Error::Api(s)) if s.code == 409 => {
+                        tracing::debug!(object = %id, "changed since listed; not pruned this pass");
+                    }
                     Err(source) => report.errors.push(ObjectError {
                         verb: "delete",
                         id,

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::{Result, ensure};
+use hcp_olm_apply::cache::Limits;
 use hcp_olm_apply::{Applier, Policy, Target};
 use hcp_olm_e2e::tools::fixtures_dir;
 use hcp_olm_e2e::{Cluster, ClusterOptions};
@@ -473,13 +474,17 @@ async fn a_limited_cache_gives_up_a_kind_with_too_many_objects() -> Result<()> {
         cms.create(&PostParams::default(), &flood(i)?).await?;
     }
     let resources: Vec<ApiResource> = kinds().into_iter().map(|(r, _)| r).collect();
+    let four = Limits {
+        objects_per_kind: 4,
+        ..Limits::NONE
+    };
     let cache = std::sync::Arc::new(hcp_olm_apply::cache::WatchCache::start_limited(
         &client,
         &resources,
         "app.kubernetes.io/managed-by=apply-test",
         "hcp-olm-test",
         None,
-        4,
+        four,
     ));
     ensure!(
         cache.wait_settled(std::time::Duration::from_secs(30)).await,
@@ -519,16 +524,69 @@ async fn a_limited_cache_gives_up_a_kind_with_too_many_objects() -> Result<()> {
     );
 
     // Over the limit at the first list: that kind never holds anything.
-    let fresh = hcp_olm_apply::cache::WatchCache::start_limited(
-        &client,
-        &resources,
-        "app.kubernetes.io/managed-by=apply-test",
-        "hcp-olm-test",
-        None,
-        4,
-    );
+    let limited = |limits| {
+        hcp_olm_apply::cache::WatchCache::start_limited(
+            &client,
+            &resources,
+            "app.kubernetes.io/managed-by=apply-test",
+            "hcp-olm-test",
+            None,
+            limits,
+        )
+    };
+    let fresh = limited(four);
     ensure!(fresh.wait_settled(std::time::Duration::from_secs(30)).await);
     assert_eq!(fresh.overflowed(), ["ConfigMap"]);
     eventually("the others are listed", || fresh.len() == 4).await?;
+    // The watch task of a given-up kind has ended: a new ConfigMap changes nothing.
+    cms.create(&PostParams::default(), &flood(4)?).await?;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(fresh.len(), 4);
+
+    // Long labels: an object whose metadata would take more than `entry_bytes` is refused
+    // before any of it is kept, and its kind gives up.
+    let mut long = flood(5)?;
+    long.metadata
+        .labels
+        .get_or_insert_default()
+        .extend((0..8).map(|i| (format!("example.com/long-{i}"), "v".repeat(63))));
+    cms.create(&PostParams::default(), &long).await?;
+    let small = limited(Limits {
+        entry_bytes: 1024,
+        ..Limits::NONE
+    });
+    ensure!(small.wait_settled(std::time::Duration::from_secs(30)).await);
+    assert_eq!(small.overflowed(), ["ConfigMap"]);
+
+    // A stream of changes: more than `events_per_minute` after the first list gives up.
+    let busy = limited(Limits {
+        events_per_minute: 3,
+        ..Limits::NONE
+    });
+    ensure!(busy.wait_settled(std::time::Duration::from_secs(30)).await);
+    ensure!(busy.overflowed().is_empty(), "{:?}", busy.overflowed());
+    for i in 0..4 {
+        let mut cm = cms.get("flood-0").await?;
+        cm.data
+            .get_or_insert_default()
+            .insert("n".into(), i.to_string());
+        cms.replace("flood-0", &PostParams::default(), &cm).await?;
+    }
+    eventually("a busy kind gives up", || {
+        busy.overflowed() == ["ConfigMap"]
+    })
+    .await?;
+
+    // A byte budget for the whole cache: the kind whose list crosses it gives up.
+    let tight = limited(Limits {
+        bytes: 2048,
+        ..Limits::NONE
+    });
+    ensure!(tight.wait_settled(std::time::Duration::from_secs(30)).await);
+    ensure!(
+        tight.overflowed().contains(&"ConfigMap".to_string()),
+        "{:?}",
+        tight.overflowed()
+    );
     Ok(())
 }

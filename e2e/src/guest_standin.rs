@@ -54,6 +54,25 @@ struct Change {
     key: Key,
     kind: &'static str,
     object: Value,
+    /// The object before a MODIFIED change (a watch with a label selector sees an object
+    /// that stops matching as DELETED, one that starts matching as ADDED).
+    before: Option<Value>,
+}
+
+impl Change {
+    /// The event type a watch selecting `matches` sees for this change, if any.
+    fn seen_as(&self, matches: impl Fn(&Key, &Value) -> bool) -> Option<&'static str> {
+        let now = matches(&self.key, &self.object);
+        let was = self.before.as_ref().is_some_and(|b| matches(&self.key, b));
+        match (self.kind, was, now) {
+            ("MODIFIED", true, true) => Some("MODIFIED"),
+            ("MODIFIED", false, true) => Some("ADDED"),
+            ("MODIFIED", true, false) => Some("DELETED"),
+            ("MODIFIED", false, false) => None,
+            (kind, _, true) => Some(kind),
+            _ => None,
+        }
+    }
 }
 
 struct Guest {
@@ -81,12 +100,13 @@ impl Default for Guest {
 
 impl Guest {
     /// Records a change for watches; called with the `objects` lock held.
-    fn publish(&self, rv: u64, key: Key, kind: &'static str, object: Value) {
+    fn publish(&self, rv: u64, key: Key, kind: &'static str, object: Value, before: Option<Value>) {
         let change = Arc::new(Change {
             rv,
             key,
             kind,
             object,
+            before,
         });
         {
             let mut h = self.history.lock().unwrap_or_else(|e| e.into_inner());
@@ -600,8 +620,8 @@ fn watch(s: &Shared, guest: &Arc<Guest>, p: Path, query: Option<&str>) -> Respon
             let newer = history
                 .0
                 .iter()
-                .filter(|c| c.rv > since && matches(&c.key, &c.object))
-                .map(|c| event_line(c.kind, &c.object))
+                .filter(|c| c.rv > since)
+                .filter_map(|c| Some(event_line(c.seen_as(&matches)?, &c.object)))
                 .collect();
             (newer, false, guest.changes.subscribe())
         }
@@ -626,9 +646,9 @@ fn watch(s: &Shared, guest: &Arc<Guest>, p: Path, query: Option<&str>) -> Respon
             // Lagged: end the watch; the client resumes from its last resourceVersion.
             let Ok(c) = change else { return };
             if c.rv > since
-                && matches(&c.key, &c.object)
+                && let Some(kind) = c.seen_as(&matches)
                 && tx
-                    .send(Ok(Frame::data(event_line(c.kind, &c.object))))
+                    .send(Ok(Frame::data(event_line(kind, &c.object))))
                     .await
                     .is_err()
             {
@@ -750,7 +770,7 @@ async fn handle(s: &Shared, req: Request<Incoming>) -> Response<Body> {
             Some(mut gone) => {
                 let rv = s.next_rv.fetch_add(1, Ordering::Relaxed);
                 gone["metadata"]["resourceVersion"] = rv.to_string().into();
-                guest.publish(rv, key(name), "DELETED", gone);
+                guest.publish(rv, key(name), "DELETED", gone, None);
                 guest.wrote(&p);
                 status(StatusCode::OK, "", format!("deleted {name}"))
             }
@@ -847,12 +867,8 @@ async fn handle(s: &Shared, req: Request<Incoming>) -> Response<Body> {
                 rolled_out(&mut new);
             }
             objects.insert(k.clone(), new.clone());
-            guest.publish(
-                rv_n,
-                k,
-                if old.is_some() { "MODIFIED" } else { "ADDED" },
-                new.clone(),
-            );
+            let kind = if old.is_some() { "MODIFIED" } else { "ADDED" };
+            guest.publish(rv_n, k, kind, new.clone(), old.clone());
             guest.wrote(&p);
             let code = if old.is_some() {
                 StatusCode::OK
@@ -973,7 +989,14 @@ mod tests {
         api.delete("before", &DeleteParams::default())
             .await
             .unwrap();
-        for _ in 0..3 {
+        // Relabelled: out of the selection (DELETED), back in (ADDED).
+        api.patch("after", &pp, &Patch::Apply(cm("after", "z")))
+            .await
+            .unwrap();
+        api.patch("unselected", &pp, &Patch::Apply(cm("unselected", "x")))
+            .await
+            .unwrap();
+        for _ in 0..5 {
             seen.push(name(&next().await));
         }
         assert_eq!(
@@ -984,12 +1007,14 @@ mod tests {
                 "listed",
                 "apply after 1",
                 "apply after 2",
-                "delete before"
+                "delete before",
+                "delete after",
+                "apply unselected 1"
             ]
         );
         assert!(standin.total_watches() >= 1);
-        // The list and five writes; the watch is not among them.
-        assert_eq!(standin.total_requests() - requests0, 6);
+        // The list and seven writes; the watch is not among them.
+        assert_eq!(standin.total_requests() - requests0, 8);
     }
 
     /// A watch from a resourceVersion older than the history gets a 410 ERROR event, as a

@@ -12,10 +12,12 @@
 //!   (ALPN; a kube-apiserver does), so the cache's watches (one per kind we render) and the
 //!   pass's requests share one TLS connection instead of one each; keep-alive PINGs find a
 //!   dead peer in [`KEEPALIVE_INTERVAL`] + [`KEEPALIVE_TIMEOUT`].
-//! - memory: metadata only (trimmed to a few hundred bytes per object, no spec, no data)
-//!   of objects carrying our managed-by label, at most [`CACHE_LIMIT_PER_KIND`] per kind; a
-//!   guest whose users label more than that as ours loses the cache for that kind (it is
-//!   read from the API server, as without a cache) and costs no more memory.
+//! - memory and work: metadata only (trimmed: no spec, no data, no managedFields) of objects
+//!   carrying our managed-by label, within [`CACHE_LIMITS`]: 256 KiB per guest, 500 objects
+//!   per kind, 4 KiB per object (checked before anything of it is kept), 600 changes per
+//!   kind per minute. A guest whose users cross a bound (label many objects as ours, long
+//!   labels, a stream of changes) loses the cache for that kind, which is then read from
+//!   the API server as without a cache, and costs no more memory or decoding.
 //! - lifetime: a session ends when the kubeconfig changes, when the guest stops answering
 //!   (its watches would only retry), when the HostedCluster is cleaned up, and when no pass
 //!   has used it for [`IDLE_TTL`] (a HostedCluster deleted without our finalizer, or one
@@ -26,12 +28,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hcp_olm_apply::cache::WatchCache;
+use hcp_olm_apply::cache::{Limits, WatchCache};
 use kube::client::ConfigExt;
 use sha2::{Digest, Sha256};
 
-/// Our objects of one kind a guest's cache holds at most (a guest renders a few dozen).
-pub const CACHE_LIMIT_PER_KIND: usize = 1_000;
+/// What a guest's cache holds and takes at most (a guest holds a few dozen objects of ours,
+/// a few hundred bytes each, and changes them a few times per pass).
+pub const CACHE_LIMITS: Limits = Limits {
+    objects_per_kind: 500,
+    bytes: 256 * 1024,
+    entry_bytes: 4 * 1024,
+    events_per_minute: 600,
+};
 /// HTTP/2 PING interval on an idle guest connection.
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
 /// How long a PING may go unanswered before the connection is closed.
@@ -142,7 +150,7 @@ impl Sessions {
                 label_selector,
                 field_manager,
                 None,
-                CACHE_LIMIT_PER_KIND,
+                CACHE_LIMITS,
             ))
         });
         let s = Arc::new(Session {
@@ -153,6 +161,16 @@ impl Sessions {
         });
         self.lock().insert(cluster.to_string(), s.clone());
         s
+    }
+
+    /// A session for one use that is not kept and has no cache (cleanup).
+    pub fn detached(digest: [u8; 32], client: kube::Client) -> Arc<Session> {
+        Arc::new(Session {
+            digest,
+            used: Mutex::new(Instant::now()),
+            client,
+            cache: None,
+        })
     }
 
     /// Ends the session of `cluster` (its watches stop once the last pass using it ends).
@@ -197,9 +215,13 @@ pub fn client(
     http.enforce_http(false);
     http.set_connect_timeout(Some(connect_timeout));
     http.set_nodelay(true);
+    // Where h2 is not offered (each watch then holds an HTTP/1.1 connection), TCP
+    // keep-alive still finds a half-open one.
+    http.set_keepalive(Some(KEEPALIVE_INTERVAL));
+    // Guest kubeconfigs name https servers only (kubeconfig-check); never plain text here.
     let mut https = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
-        .https_or_http();
+        .https_only();
     if let Some(name) = &config.tls_server_name {
         let name = rustls::pki_types::ServerName::try_from(name.clone())
             .map_err(|e| format!("tls-server-name {name:?}: {e}"))?;
@@ -215,8 +237,19 @@ pub fn client(
             .build(https);
     let auth = config.auth_layer().map_err(|e| e.to_string())?;
     let headers = config.extra_headers_layer().map_err(|e| e.to_string())?;
+    // As kube's own client: 429, 503 and 504 are retried (a CRD's storage just created
+    // answers 429 for a moment), here at most 5 times within about 10 s, ignoring a guest's
+    // Retry-After.
+    let retry = kube::client::retry::RetryPolicy::new(
+        Duration::from_millis(50),
+        Duration::from_secs(5),
+        5,
+        false,
+    )
+    .map_err(|e| e.to_string())?;
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
+        .layer(tower::retry::RetryLayer::new(retry))
         .option_layer(auth)
         .layer(headers)
         .map_err(tower::BoxError::from)

@@ -446,6 +446,8 @@ pub enum Error {
     Keys(String),
     #[error("HostedCluster {0} has no namespace or name")]
     Identity(String),
+    #[error("the pass took longer than {0:?} and was stopped; it is retried")]
+    PassTimeout(Duration),
 }
 
 impl Error {
@@ -456,6 +458,7 @@ impl Error {
             Error::Render(_) => "RenderError",
             Error::Cert(_) => "CertError",
             Error::Apply { .. } => "ApplyFailed",
+            Error::PassTimeout(_) => "PassTimeout",
             Error::Keys(_) => "TunnelKeysError",
             Error::Identity(_) => "MissingClusterIdentity",
         }

@@ -290,17 +290,20 @@ impl GuestAccess {
 /// The guest's session (client and, while the controller loop runs, cache) from the
 /// HostedCluster's admin kubeconfig Secret: the open one while the Secret's bytes are the
 /// same, else a new one (see [`super::guest`]).
+/// `keep`: false for a last use (cleanup): the open session, else a client that is not
+/// kept and starts no cache.
 pub async fn guest_client(
     ctx: &Context,
     hc: &HostedCluster,
+    keep: bool,
 ) -> Result<Result<Arc<guest::Session>, GuestAccess>, Error> {
     let cluster = format!(
         "{}/{}",
         hc.metadata.namespace.as_deref().unwrap_or_default(),
         hc.metadata.name.as_deref().unwrap_or_default()
     );
-    let access = guest_access(ctx, hc, &cluster).await;
-    if !matches!(access, Ok(Ok(_))) {
+    let access = guest_access(ctx, hc, &cluster, keep).await;
+    if !keep || !matches!(access, Ok(Ok(_))) {
         ctx.guests.close(&cluster);
     }
     access
@@ -310,6 +313,7 @@ async fn guest_access(
     ctx: &Context,
     hc: &HostedCluster,
     cluster: &str,
+    keep: bool,
 ) -> Result<Result<Arc<guest::Session>, GuestAccess>, Error> {
     let Some((ns, name)) = hc.admin_kubeconfig_secret() else {
         return Ok(Err(GuestAccess::NotPublished));
@@ -361,6 +365,9 @@ async fn guest_access(
         Ok(c) => c,
         Err(e) => return Ok(Err(invalid(e))),
     };
+    if !keep {
+        return Ok(Ok(guest::Sessions::detached(digest, client)));
+    }
     let kinds: Vec<ApiResource> = guest_kinds().into_iter().map(|(r, _)| r).collect();
     Ok(Ok(ctx.guests.open(
         cluster,
@@ -655,8 +662,25 @@ fn writes(r: &Report) -> usize {
 pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error> {
     // On the heap: the whole pass is a large state machine (debug builds especially), and
     // whoever awaits it (a test's block_on, a 2 MiB worker thread) keeps only a pointer.
-    Box::pin(reconcile_pass(ctx, hc)).await
+    // Bounded as a whole: a guest API server (the tenant's, or one the kubeconfig points
+    // at) that sends a response head and then stalls the body while answering HTTP/2 PINGs
+    // would otherwise hold a reconcile slot for ever. The guest session goes with it.
+    match tokio::time::timeout(PASS_TIMEOUT, Box::pin(reconcile_pass(ctx, hc))).await {
+        Ok(r) => r,
+        Err(_) => {
+            ctx.guests.close(&format!(
+                "{}/{}",
+                hc.metadata.namespace.as_deref().unwrap_or_default(),
+                hc.metadata.name.as_deref().unwrap_or_default()
+            ));
+            Err(Error::PassTimeout(PASS_TIMEOUT))
+        }
+    }
 }
+
+/// The longest one pass may take (a pass that converges takes well under a second; one that
+/// creates everything, seconds; registry lookups are bounded separately).
+pub const PASS_TIMEOUT: Duration = Duration::from_secs(300);
 
 async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error> {
     if hc.metadata.deletion_timestamp.is_some() {
@@ -827,7 +851,7 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     }
 
     // Guest access first: without it nothing can be rendered usefully.
-    let session = match guest_client(ctx, hc).await? {
+    let session = match guest_client(ctx, hc, true).await? {
         Ok(s) => s,
         Err(access) => {
             tracing::info!(cluster = %format!("{ns}/{name}"), reason = access.reason(), "no guest access");
@@ -2176,9 +2200,7 @@ pub async fn cleanup(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error
         return Ok(out);
     }
     let selector = selector_for(&ns, &name);
-    let guest = guest_client(ctx, hc).await?;
-    ctx.guests.close(&format!("{ns}/{name}"));
-    match guest {
+    match guest_client(ctx, hc, false).await? {
         Ok(session) => {
             let r = Applier::new(session.client.clone(), FIELD_MANAGER)
                 .prune(&guest_kinds(), None, &selector, &[])
