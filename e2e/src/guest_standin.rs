@@ -7,7 +7,8 @@
 //! CA; the kubeconfig carries inline material only, as the controller requires of guest
 //! kubeconfigs), one virtual guest per path prefix `/guests/<i>`:
 //! - GET of one object (404 `Status` when absent) and of collections, with equality
-//!   `labelSelector`s and an optional namespace;
+//!   `labelSelector`s and an optional namespace; metadata only where the client asks for
+//!   `PartialObjectMetadata`;
 //! - PATCH (server-side apply and JSON merge patch), POST, PUT, DELETE;
 //! - WATCH of collections (`?watch=true`), as the controller's guest caches use it: events
 //!   after the `resourceVersion` asked for, from a history of the last
@@ -572,6 +573,16 @@ fn query_param<'a>(query: Option<&'a str>, name: &str) -> Option<&'a str> {
         .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
 }
 
+/// `object` as a response shows it: whole, or its metadata only.
+fn shown(object: &Value, metadata_only: bool) -> Value {
+    if metadata_only {
+        json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+               "metadata": object["metadata"]})
+    } else {
+        object.clone()
+    }
+}
+
 fn event_line(kind: &str, object: &Value) -> Bytes {
     let mut line = json!({"type": kind, "object": object}).to_string();
     line.push('\n');
@@ -579,7 +590,13 @@ fn event_line(kind: &str, object: &Value) -> Bytes {
 }
 
 /// A WATCH of the collection `p` (see the module docs).
-fn watch(s: &Shared, guest: &Arc<Guest>, p: Path, query: Option<&str>) -> Response<Body> {
+fn watch(
+    s: &Shared,
+    guest: &Arc<Guest>,
+    p: Path,
+    query: Option<&str>,
+    metadata_only: bool,
+) -> Response<Body> {
     s.watches.fetch_add(1, Ordering::Relaxed);
     let sel = label_selector(query);
     let since: u64 = query_param(query, "resourceVersion")
@@ -604,7 +621,7 @@ fn watch(s: &Shared, guest: &Arc<Guest>, p: Path, query: Option<&str>) -> Respon
             let all = objects
                 .iter()
                 .filter(|(k, o)| matches(k, o))
-                .map(|(_, o)| event_line("ADDED", o))
+                .map(|(_, o)| event_line("ADDED", &shown(o, metadata_only)))
                 .collect();
             (all, false, guest.changes.subscribe())
         } else if since < history.1 {
@@ -621,7 +638,12 @@ fn watch(s: &Shared, guest: &Arc<Guest>, p: Path, query: Option<&str>) -> Respon
                 .0
                 .iter()
                 .filter(|c| c.rv > since)
-                .filter_map(|c| Some(event_line(c.seen_as(&matches)?, &c.object)))
+                .filter_map(|c| {
+                    Some(event_line(
+                        c.seen_as(&matches)?,
+                        &shown(&c.object, metadata_only),
+                    ))
+                })
                 .collect();
             (newer, false, guest.changes.subscribe())
         }
@@ -648,7 +670,10 @@ fn watch(s: &Shared, guest: &Arc<Guest>, p: Path, query: Option<&str>) -> Respon
             if c.rv > since
                 && let Some(kind) = c.seen_as(&matches)
                 && tx
-                    .send(Ok(Frame::data(event_line(kind, &c.object))))
+                    .send(Ok(Frame::data(event_line(
+                        kind,
+                        &shown(&c.object, metadata_only),
+                    ))))
                     .await
                     .is_err()
             {
@@ -674,6 +699,13 @@ async fn handle(s: &Shared, req: Request<Incoming>) -> Response<Body> {
     if !watching {
         s.requests.fetch_add(1, Ordering::Relaxed);
     }
+    // A metadata-only list or watch (kube's `list_metadata`, `PartialObjectMeta` watches):
+    // answered with each object's metadata only, as a kube-apiserver does.
+    let metadata_only = req
+        .headers()
+        .get("accept")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("as=PartialObjectMetadata"));
     let content_type = req
         .headers()
         .get("content-type")
@@ -698,7 +730,7 @@ async fn handle(s: &Shared, req: Request<Incoming>) -> Response<Body> {
                 "the stand-in watches collections only".into(),
             );
         }
-        return watch(s, guest, p, uri.query());
+        return watch(s, guest, p, uri.query(), metadata_only);
     }
     let body = match req.into_body().collect().await {
         Ok(b) => b.to_bytes(),
@@ -748,7 +780,7 @@ async fn handle(s: &Shared, req: Request<Incoming>) -> Response<Body> {
         },
         (Method::GET, None) => {
             let sel = label_selector(uri.query());
-            let items: Vec<&Value> = objects
+            let items: Vec<Value> = objects
                 .iter()
                 .filter(|((g, pl, ns, _), _)| {
                     *g == p.group
@@ -757,6 +789,7 @@ async fn handle(s: &Shared, req: Request<Incoming>) -> Response<Body> {
                 })
                 .map(|(_, o)| o)
                 .filter(|o| selector_matches(&sel, o))
+                .map(|o| shown(o, metadata_only))
                 .collect();
             // The last resourceVersion given out: this guest's writes take theirs under
             // the lock held here, so every one up to it is in this list.
