@@ -164,37 +164,39 @@ impl Entry {
 
     /// Bytes this entry keeps (an estimate: strings plus a fixed overhead).
     fn bytes(&self, key: &EntryKey) -> usize {
-        96 + key.1.len()
-            + key.0.as_ref().map_or(0, |n| n.len())
-            + self.uid.as_ref().map_or(0, |u| u.len())
-            + self.resource_version.as_ref().map_or(0, |r| r.len())
-            + self.hash.as_ref().map_or(0, |h| h.len())
-            + self.digest.len()
-            + self
-                .labels
-                .iter()
-                .map(|(k, v)| 32 + k.len() + v.len())
-                .sum::<usize>()
+        footprint(
+            [
+                Some(key.1.as_ref()),
+                key.0.as_deref(),
+                self.uid.as_deref(),
+                self.resource_version.as_deref(),
+                self.hash.as_deref(),
+                Some(self.digest.as_ref()),
+            ],
+            self.labels.iter().map(|(k, v)| (k.as_ref(), v.as_ref())),
+        )
     }
 
-    /// What an entry for `meta` would keep, before anything is kept or interned.
+    /// What an entry for `meta` would keep ([`Self::bytes`]), before anything is kept or
+    /// interned (the digest counted at its SHA-256 hex length).
     fn would_keep(meta: &ObjectMeta) -> usize {
-        96 + meta.name.as_ref().map_or(0, |n| n.len())
-            + meta.namespace.as_ref().map_or(0, |n| n.len())
-            + meta.uid.as_ref().map_or(0, |u| u.len())
-            + meta.resource_version.as_ref().map_or(0, |r| r.len())
-            + meta
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(compare::DESIRED_HASH_ANNOTATION))
-                .map_or(0, |h| h.len())
-            + 64
-            + meta
-                .labels
+        footprint(
+            [
+                meta.name.as_deref(),
+                meta.namespace.as_deref(),
+                meta.uid.as_deref(),
+                meta.resource_version.as_deref(),
+                meta.annotations
+                    .as_ref()
+                    .and_then(|a| a.get(compare::DESIRED_HASH_ANNOTATION))
+                    .map(String::as_str),
+                Some(DIGEST_SIZED),
+            ],
+            meta.labels
                 .iter()
                 .flatten()
-                .map(|(k, v)| 32 + k.len() + v.len())
-                .sum::<usize>()
+                .map(|(k, v)| (k.as_str(), v.as_str())),
+        )
     }
 
     /// The trimmed metadata this entry stands for (as [`trim`] leaves it).
@@ -319,12 +321,37 @@ fn rv(meta: &ObjectMeta) -> Option<u64> {
     meta.resource_version.as_deref()?.parse().ok()
 }
 
-/// Counts one change in the (start, changes) window of a minute.
-fn count(window: &mut (Instant, u32)) {
+/// A string as long as a fields digest (SHA-256 in hex), for estimates before one exists.
+const DIGEST_SIZED: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// The estimate behind [`Entry::bytes`]: the strings, 32 bytes per label, 96 per entry.
+fn footprint<'a>(
+    strings: [Option<&str>; 6],
+    labels: impl Iterator<Item = (&'a str, &'a str)>,
+) -> usize {
+    96 + strings.iter().flatten().map(|s| s.len()).sum::<usize>()
+        + labels.map(|(k, v)| 32 + k.len() + v.len()).sum::<usize>()
+}
+
+/// Counts one change in the (start, changes) window of a minute; true when it is one more
+/// than `limit` allows.
+fn over_budget(window: &mut (Instant, u32), limit: u32) -> bool {
     if window.0.elapsed() >= Duration::from_secs(60) {
         *window = (Instant::now(), 0);
     }
-    window.1 += 1;
+    window.1 = window.1.saturating_add(1);
+    window.1 > limit
+}
+
+/// Sets this kind's share of the cache's bytes (`mine`) to `now`, keeping `used` (every
+/// kind's shares) in step.
+fn account(used: &std::sync::atomic::AtomicUsize, mine: &mut usize, now: usize) {
+    if now >= *mine {
+        used.fetch_add(now - *mine, Ordering::AcqRel);
+    } else {
+        used.fetch_sub(*mine - now, Ordering::AcqRel);
+    }
+    *mine = now;
 }
 
 /// Drops unused interned strings every 256 changes (labels replaced by a change stay
@@ -443,9 +470,7 @@ impl WatchCache {
                             Ok(watcher::Event::InitDone) => {
                                 let (objects, bytes) = relist.take().unwrap_or_default();
                                 *write(&store) = objects;
-                                used.fetch_add(bytes, Ordering::AcqRel);
-                                used.fetch_sub(mine, Ordering::AcqRel);
-                                mine = bytes;
+                                account(&used, &mut mine, bytes);
                                 strings.purge();
                                 since_purge = 0;
                                 retry = RETRY_MIN;
@@ -455,32 +480,23 @@ impl WatchCache {
                                     tracing::debug!(kind = %kind, "metadata cache synced");
                                 }
                             }
-                            Ok(watcher::Event::Apply(m) | watcher::Event::Delete(m))
-                                if window.0.elapsed() < Duration::from_secs(60)
-                                    && window.1 >= limits.events_per_minute =>
-                            {
-                                drop(m);
-                                break 'watch "events_per_minute";
-                            }
                             Ok(watcher::Event::Apply(m)) => {
-                                count(&mut window);
+                                if over_budget(&mut window, limits.events_per_minute) {
+                                    break 'watch "events_per_minute";
+                                }
                                 if Entry::would_keep(&m.metadata) > limits.entry_bytes {
                                     break 'watch "entry_bytes";
                                 }
                                 let (k, e) = Entry::of(&m.metadata, &manager, &strings);
-                                let (len, delta) = {
+                                let added = e.bytes(&k);
+                                let (len, removed) = {
                                     let mut objects = write(&store);
-                                    let added = e.bytes(&k);
                                     let removed =
                                         objects.insert(k.clone(), e).map_or(0, |o| o.bytes(&k));
-                                    (objects.len(), added as isize - removed as isize)
+                                    (objects.len(), removed)
                                 };
-                                mine = mine.saturating_add_signed(delta);
-                                if delta >= 0 {
-                                    used.fetch_add(delta.unsigned_abs(), Ordering::AcqRel);
-                                } else {
-                                    used.fetch_sub(delta.unsigned_abs(), Ordering::AcqRel);
-                                }
+                                let now = mine + added - removed;
+                                account(&used, &mut mine, now);
                                 if len > limits.objects_per_kind {
                                     break 'watch "objects_per_kind";
                                 }
@@ -496,15 +512,16 @@ impl WatchCache {
                                 }
                             }
                             Ok(watcher::Event::Delete(m)) => {
-                                count(&mut window);
+                                if over_budget(&mut window, limits.events_per_minute) {
+                                    break 'watch "events_per_minute";
+                                }
                                 let k: EntryKey = (
                                     m.metadata.namespace.as_deref().map(Arc::from),
                                     Box::from(m.metadata.name.as_deref().unwrap_or_default()),
                                 );
                                 if let Some(old) = write(&store).remove(&k) {
-                                    let b = old.bytes(&k);
-                                    mine = mine.saturating_sub(b);
-                                    used.fetch_sub(b, Ordering::AcqRel);
+                                    let now = mine - old.bytes(&k);
+                                    account(&used, &mut mine, now);
                                 }
                                 purge_now(&strings, &mut since_purge);
                                 flag.store(true, Ordering::Release);
@@ -534,7 +551,7 @@ impl WatchCache {
                 flag.store(false, Ordering::Release);
                 overflow.store(true, Ordering::Release);
                 *write(&store) = Objects::new();
-                used.fetch_sub(mine, Ordering::AcqRel);
+                account(&used, &mut mine, 0);
                 strings.purge();
                 exceeded(crossed, &kind, &limits);
             }));

@@ -88,17 +88,23 @@ fn targets(replicas: i32) -> Vec<Target> {
     ]
 }
 
+/// A real API server with the CatalogSource CRD and the `apply-test` namespace.
+async fn test_cluster(name: &str) -> Result<Cluster> {
+    let cluster = Cluster::start(ClusterOptions::new(name)).await?;
+    cluster
+        .install_crds(&[fixtures_dir().join("crds/olm/operators.coreos.com_catalogsources.yaml")])
+        .await?;
+    cluster.ensure_namespace("apply-test").await?;
+    Ok(cluster)
+}
+
 fn kinds() -> Vec<(ApiResource, bool)> {
     targets(1).into_iter().map(|t| (t.resource, true)).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn converged_pass_writes_nothing_changes_write_once_prune_removes_only_ours() -> Result<()> {
-    let cluster = Cluster::start(ClusterOptions::new("apply")).await?;
-    cluster
-        .install_crds(&[fixtures_dir().join("crds/olm/operators.coreos.com_catalogsources.yaml")])
-        .await?;
-    cluster.ensure_namespace("apply-test").await?;
+    let cluster = test_cluster("apply").await?;
     let client = cluster.client();
     let applier = Applier::new(client.clone(), "hcp-olm-test");
 
@@ -324,11 +330,7 @@ async fn eventually(what: &str, mut check: impl FnMut() -> bool) -> Result<()> {
 /// Reads and writes are counted by the API server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_cache_answers_converged_passes_without_requests() -> Result<()> {
-    let cluster = Cluster::start(ClusterOptions::new("apply4")).await?;
-    cluster
-        .install_crds(&[fixtures_dir().join("crds/olm/operators.coreos.com_catalogsources.yaml")])
-        .await?;
-    cluster.ensure_namespace("apply-test").await?;
+    let cluster = test_cluster("apply4").await?;
     let client = cluster.client();
     let resources: Vec<ApiResource> = kinds().into_iter().map(|(r, _)| r).collect();
     let cache = std::sync::Arc::new(hcp_olm_apply::cache::WatchCache::start(
@@ -456,11 +458,7 @@ async fn a_watch_cache_answers_converged_passes_without_requests() -> Result<()>
 /// the first list. The API server's own counters show which kind is read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limited_cache_gives_up_a_kind_with_too_many_objects() -> Result<()> {
-    let cluster = Cluster::start(ClusterOptions::new("apply5")).await?;
-    cluster
-        .install_crds(&[fixtures_dir().join("crds/olm/operators.coreos.com_catalogsources.yaml")])
-        .await?;
-    cluster.ensure_namespace("apply-test").await?;
+    let cluster = test_cluster("apply5").await?;
     let client = cluster.client();
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "apply-test");
     let flood = |i: usize| {

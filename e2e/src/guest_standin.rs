@@ -952,6 +952,14 @@ mod tests {
         kube::Client::try_from(config).unwrap()
     }
 
+    /// Server-side applies ConfigMap `name` labelled `app=label`.
+    async fn put(api: &kube::Api<k8s_openapi::api::core::v1::ConfigMap>, name: &str, label: &str) {
+        let pp = kube::api::PatchParams::apply("test");
+        api.patch(name, &pp, &kube::api::Patch::Apply(cm(name, label)))
+            .await
+            .unwrap();
+    }
+
     fn cm(name: &str, label: &str) -> Value {
         json!({"apiVersion": "v1", "kind": "ConfigMap",
                "metadata": {"name": name, "namespace": "ns", "labels": {"app": label}},
@@ -972,9 +980,7 @@ mod tests {
         let api: Api<ConfigMap> = Api::namespaced(c0, "ns");
         let other: Api<ConfigMap> = Api::namespaced(c1, "ns");
         let pp = PatchParams::apply("test");
-        api.patch("before", &pp, &Patch::Apply(cm("before", "x")))
-            .await
-            .unwrap();
+        put(&api, "before", "x").await;
         let requests0 = standin.total_requests();
         let mut events = Box::pin(watcher(
             Api::<ConfigMap>::all(api.clone().into_client()),
@@ -1004,16 +1010,9 @@ mod tests {
         }
         // The watch is open once the list is done; give the request a moment to arrive.
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        other
-            .patch("theirs", &pp, &Patch::Apply(cm("theirs", "x")))
-            .await
-            .unwrap();
-        api.patch("unselected", &pp, &Patch::Apply(cm("unselected", "y")))
-            .await
-            .unwrap();
-        api.patch("after", &pp, &Patch::Apply(cm("after", "x")))
-            .await
-            .unwrap();
+        put(&other, "theirs", "x").await;
+        put(&api, "unselected", "y").await;
+        put(&api, "after", "x").await;
         let mut changed = cm("after", "x");
         changed["data"]["a"] = "2".into();
         api.patch("after", &pp, &Patch::Apply(changed))
@@ -1023,12 +1022,8 @@ mod tests {
             .await
             .unwrap();
         // Relabelled: out of the selection (DELETED), back in (ADDED).
-        api.patch("after", &pp, &Patch::Apply(cm("after", "z")))
-            .await
-            .unwrap();
-        api.patch("unselected", &pp, &Patch::Apply(cm("unselected", "x")))
-            .await
-            .unwrap();
+        put(&api, "after", "z").await;
+        put(&api, "unselected", "x").await;
         for _ in 0..5 {
             seen.push(name(&next().await));
         }
@@ -1056,19 +1051,12 @@ mod tests {
     async fn a_watch_from_beyond_the_history_is_told_to_list_again() {
         use futures::StreamExt as _;
         use k8s_openapi::api::core::v1::ConfigMap;
-        use kube::api::{Api, Patch, PatchParams, WatchEvent, WatchParams};
+        use kube::api::{Api, WatchEvent, WatchParams};
         let standin = GuestStandIn::start(1, Vec::new()).await.unwrap();
         let api: Api<ConfigMap> = Api::namespaced(client_of(&standin, 0).await, "ns");
-        let pp = PatchParams::apply("test");
         // resourceVersions 1.. : a few more writes than the history keeps.
         for i in 0..WATCH_HISTORY + 5 {
-            api.patch(
-                &format!("c{i}"),
-                &pp,
-                &Patch::Apply(cm(&format!("c{i}"), "x")),
-            )
-            .await
-            .unwrap();
+            put(&api, &format!("c{i}"), "x").await;
         }
         let mut s = Box::pin(api.watch(&WatchParams::default(), "1").await.unwrap());
         match s.next().await {
@@ -1079,9 +1067,7 @@ mod tests {
         let list = api.list(&Default::default()).await.unwrap();
         let rv = list.metadata.resource_version.unwrap();
         let mut s = Box::pin(api.watch(&WatchParams::default(), &rv).await.unwrap());
-        api.patch("new", &pp, &Patch::Apply(cm("new", "x")))
-            .await
-            .unwrap();
+        put(&api, "new", "x").await;
         match tokio::time::timeout(std::time::Duration::from_secs(10), s.next()).await {
             Ok(Some(Ok(WatchEvent::Added(o)))) => {
                 assert_eq!(o.metadata.name.as_deref(), Some("new"))

@@ -186,6 +186,15 @@ fn now_time(now: OffsetDateTime) -> Time {
     )
 }
 
+/// `namespace/name` of a HostedCluster (the guest sessions' key).
+fn cluster_key(hc: &HostedCluster) -> String {
+    format!(
+        "{}/{}",
+        hc.metadata.namespace.as_deref().unwrap_or_default(),
+        hc.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
 fn identity(hc: &HostedCluster) -> Result<(String, String, String), Error> {
     match (
         hc.metadata.namespace.clone(),
@@ -297,11 +306,7 @@ pub async fn guest_client(
     hc: &HostedCluster,
     keep: bool,
 ) -> Result<Result<Arc<guest::Session>, GuestAccess>, Error> {
-    let cluster = format!(
-        "{}/{}",
-        hc.metadata.namespace.as_deref().unwrap_or_default(),
-        hc.metadata.name.as_deref().unwrap_or_default()
-    );
+    let cluster = cluster_key(hc);
     let access = guest_access(ctx, hc, &cluster, keep).await;
     if !keep || !matches!(access, Ok(Ok(_))) {
         ctx.guests.close(&cluster);
@@ -668,11 +673,7 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
     match tokio::time::timeout(PASS_TIMEOUT, Box::pin(reconcile_pass(ctx, hc))).await {
         Ok(r) => r,
         Err(_) => {
-            ctx.guests.close(&format!(
-                "{}/{}",
-                hc.metadata.namespace.as_deref().unwrap_or_default(),
-                hc.metadata.name.as_deref().unwrap_or_default()
-            ));
+            ctx.guests.close(&cluster_key(hc));
             Err(Error::PassTimeout(PASS_TIMEOUT))
         }
     }
