@@ -30,8 +30,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, ApiResource, DynamicObject};
-use kube::core::{ObjectMeta, PartialObjectMeta};
+use kube::api::ApiResource;
+use kube::core::ObjectMeta;
 use kube::runtime::watcher;
 use serde_json::Value;
 
@@ -80,8 +80,6 @@ fn exceeded(what: &'static str, kind: &str, limits: &Limits) {
 /// complete list.
 const RETRY_MIN: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(60);
-
-type Meta = PartialObjectMeta<DynamicObject>;
 
 fn read(objects: &std::sync::RwLock<Objects>) -> std::sync::RwLockReadGuard<'_, Objects> {
     objects.read().unwrap_or_else(|p| p.into_inner())
@@ -422,15 +420,15 @@ impl WatchCache {
             let not_served = unserved.clone();
             let overflowed = Arc::new(AtomicBool::new(false));
             let overflow = overflowed.clone();
-            // Api over PartialObjectMeta: list and watch ask for metadata only.
-            let api: Api<Meta> = Api::all_with(client.clone(), resource);
+            let client = client.clone();
+            let resource_ = resource.clone();
             let flag = synced.clone();
             let kind = resource.kind.clone();
             let on_change = on_change.clone();
             let manager = field_manager.to_string();
             let strings = strings.clone();
             let used = used.clone();
-            let config = watcher::Config::default().labels(label_selector);
+            let selector = label_selector.to_string();
             out.tasks.push(tokio::spawn(async move {
                 // This kind's share of `used`.
                 let mut mine = 0usize;
@@ -439,7 +437,12 @@ impl WatchCache {
                 let mut since_purge = 0u32;
                 // A bound crossed ends both loops.
                 let crossed: &'static str = 'watch: loop {
-                    let stream = watcher(api.clone(), config.clone());
+                    let stream = crate::watch::metadata(
+                        client.clone(),
+                        &resource_,
+                        &selector,
+                        crate::watch::Options::default(),
+                    );
                     futures::pin_mut!(stream);
                     // A (re)list is collected here and replaces the store once complete.
                     let mut relist: Option<(Objects, usize)> = None;
@@ -529,13 +532,14 @@ impl WatchCache {
                                     f(&m.metadata);
                                 }
                             }
+                            Err(crate::watch::WatchError::TooLarge { .. }) => {
+                                break 'watch "event_bytes";
+                            }
                             Err(e) => {
                                 // Events may have been missed: nothing is answered from
                                 // this kind until a new list is complete.
                                 flag.store(false, Ordering::Release);
-                                if let watcher::Error::InitialListFailed(kube::Error::Api(s)) = &e
-                                    && s.code == 404
-                                {
+                                if e.not_served() {
                                     not_served.store(true, Ordering::Release);
                                 } else {
                                     tracing::debug!(kind = %kind, error = %e, "metadata watch");

@@ -13,6 +13,7 @@
 
 pub mod cache;
 pub mod compare;
+pub mod watch;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

@@ -588,3 +588,148 @@ async fn a_limited_cache_gives_up_a_kind_with_too_many_objects() -> Result<()> {
     );
     Ok(())
 }
+
+/// Our list-then-watch against a real kube-apiserver: paged lists, a watch the server ends
+/// (`timeoutSeconds`) is resumed from the last version without listing again, deletions
+/// arrive, and a list page or an event over its size bound is an error of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metadata_watch_pages_resumes_and_bounds_sizes() -> Result<()> {
+    use futures::StreamExt;
+    use hcp_olm_apply::watch::{self, Options, WatchError};
+    use kube::runtime::watcher::Event;
+    let cluster = test_cluster("apply6").await?;
+    let client = cluster.client();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "apply-test");
+    let cm = |name: &str, note: usize| {
+        serde_json::from_value::<ConfigMap>(json!({
+            "metadata": { "name": name, "labels": labels(),
+                          "annotations": { "note": "n".repeat(note) } },
+        }))
+    };
+    for i in 0..5 {
+        cms.create(&PostParams::default(), &cm(&format!("w-{i}"), 10)?)
+            .await?;
+    }
+    let resource = targets(1)[0].resource.clone();
+    let selector = "app.kubernetes.io/managed-by=apply-test";
+    let options = Options {
+        page: 2,
+        timeout_s: 2,
+        ..Options::default()
+    };
+    // Read in the background, as the cache does, so the watch is open (and ended by the
+    // server) while nothing happens.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let reader = tokio::spawn(async move {
+        let stream = watch::metadata(client, &resource, selector, options);
+        futures::pin_mut!(stream);
+        while let Some(ev) = stream.next().await {
+            if tx.send(ev).is_err() {
+                break;
+            }
+        }
+    });
+    let mut next = async || {
+        tokio::time::timeout(std::time::Duration::from_secs(20), rx.recv())
+            .await
+            .map_err(|_| anyhow::anyhow!("no event within 20 s"))?
+            .ok_or_else(|| anyhow::anyhow!("the stream ended"))?
+            .map_err(anyhow::Error::from)
+    };
+    // Three pages of two: Init, five objects, InitDone.
+    ensure!(matches!(next().await?, Event::Init));
+    let mut listed = Vec::new();
+    loop {
+        match next().await? {
+            Event::InitApply(m) => listed.push(m.metadata.name.unwrap_or_default()),
+            Event::InitDone => break,
+            e => anyhow::bail!("unexpected during the list: {e:?}"),
+        }
+    }
+    listed.sort();
+    assert_eq!(listed, ["w-0", "w-1", "w-2", "w-3", "w-4"]);
+    let lists = || cluster.api_requests(&["LIST"], &["configmaps"]);
+    let lists0 = lists().await?;
+    // Past the server's end of the watch: changes still arrive, with no new list.
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    cms.create(&PostParams::default(), &cm("w-5", 10)?).await?;
+    match next().await? {
+        Event::Apply(m) => assert_eq!(m.metadata.name.as_deref(), Some("w-5")),
+        e => anyhow::bail!("expected w-5 added: {e:?}"),
+    }
+    cms.delete("w-0", &Default::default()).await?;
+    match next().await? {
+        Event::Delete(m) => assert_eq!(m.metadata.name.as_deref(), Some("w-0")),
+        e => anyhow::bail!("expected w-0 deleted: {e:?}"),
+    }
+    // A LIST with watch=true counts as a WATCH in the server's metrics (once it has ended):
+    // no list since, and more than one watch ended by the server (after 2 s each).
+    assert_eq!(
+        lists().await?,
+        lists0,
+        "a resumed watch must not list again"
+    );
+    let watches = cluster.api_requests(&["WATCH"], &["configmaps"]).await?;
+    ensure!(
+        watches >= 2,
+        "the watch was not resumed: {watches} watches ended"
+    );
+    reader.abort();
+    let client = cluster.client();
+    let resource = targets(1)[0].resource.clone();
+
+    // An event over its bound.
+    let small = Options {
+        max_event_bytes: 2048,
+        ..Options::default()
+    };
+    let stream = watch::metadata(client.clone(), &resource, selector, small);
+    futures::pin_mut!(stream);
+    loop {
+        match stream.next().await {
+            Some(Ok(Event::InitDone)) => break,
+            Some(Ok(_)) => {}
+            other => anyhow::bail!("the list did not complete: {other:?}"),
+        }
+    }
+    cms.create(&PostParams::default(), &cm("big", 4096)?)
+        .await?;
+    let got = tokio::time::timeout(std::time::Duration::from_secs(20), stream.next()).await?;
+    ensure!(
+        matches!(got, Some(Err(WatchError::TooLarge { .. }))),
+        "{got:?}"
+    );
+    ensure!(
+        stream.next().await.is_none(),
+        "the stream ends after an error"
+    );
+    // A list page over its bound.
+    let tiny_page = Options {
+        max_page_bytes: 4096,
+        ..Options::default()
+    };
+    let stream = watch::metadata(client.clone(), &resource, selector, tiny_page);
+    futures::pin_mut!(stream);
+    let got = stream.next().await;
+    ensure!(
+        matches!(got, Some(Err(WatchError::TooLarge { .. }))),
+        "{got:?}"
+    );
+    // A kind the server does not serve.
+    let missing = ApiResource {
+        group: "example.com".into(),
+        version: "v1".into(),
+        api_version: "example.com/v1".into(),
+        kind: "Missing".into(),
+        plural: "missings".into(),
+    };
+    let stream = watch::metadata(client.clone(), &missing, selector, Options::default());
+    futures::pin_mut!(stream);
+    let got = stream.next().await;
+    ensure!(
+        got.as_ref()
+            .is_some_and(|r| r.as_ref().is_err_and(|e| e.not_served())),
+        "{got:?}"
+    );
+    Ok(())
+}
