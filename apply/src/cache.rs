@@ -437,6 +437,7 @@ impl WatchCache {
                 let mut since_purge = 0u32;
                 // A bound crossed ends both loops.
                 let crossed: &'static str = 'watch: loop {
+                    let started = Instant::now();
                     let stream = crate::watch::metadata(
                         client.clone(),
                         &resource_,
@@ -476,7 +477,6 @@ impl WatchCache {
                                 account(&used, &mut mine, bytes);
                                 strings.purge();
                                 since_purge = 0;
-                                retry = RETRY_MIN;
                                 window = (Instant::now(), 0);
                                 not_served.store(false, Ordering::Release);
                                 if !flag.swap(true, Ordering::AcqRel) {
@@ -548,7 +548,12 @@ impl WatchCache {
                             }
                         }
                     }
-                    // The watch failed (or its stream ended): list again after a pause.
+                    // The watch failed (or its stream ended): list again after a pause,
+                    // which grows unless the watch had lasted (a server that answers the
+                    // list and then ends every watch at once is not listed every second).
+                    if started.elapsed() > RETRY_MAX {
+                        retry = RETRY_MIN;
+                    }
                     tokio::time::sleep(retry).await;
                     retry = (retry * 2).min(RETRY_MAX);
                 };

@@ -13,6 +13,7 @@
 
 pub mod cache;
 pub mod compare;
+pub mod projected;
 pub mod watch;
 
 use std::collections::{BTreeMap, BTreeSet};

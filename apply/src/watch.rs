@@ -27,6 +27,8 @@ use kube::runtime::watcher;
 
 type Meta = PartialObjectMeta<DynamicObject>;
 
+/// A watch the server ends sooner than this is an error (see `State::read`).
+const MIN_WATCH: std::time::Duration = std::time::Duration::from_secs(1);
 /// Largest error body read, in bytes.
 const MAX_ERROR_BYTES: usize = 64 << 10;
 
@@ -107,45 +109,108 @@ enum Phase {
     Done,
 }
 
-struct State {
+struct State<T> {
     client: kube::Client,
     request: Request,
-    selector: String,
+    selector: Selector,
+    /// Metadata only (`PartialObjectMetadata`), or whole objects.
+    metadata_only: bool,
     options: Options,
     phase: Phase,
     /// Decoded events not yet yielded.
-    ready: VecDeque<watcher::Event<Meta>>,
+    ready: VecDeque<watcher::Event<T>>,
     /// The open watch response and the partial line it left.
     body: Option<(kube::client::Body, Vec<u8>)>,
     /// The last resourceVersion seen on the open watch.
     version: String,
+    /// When the open watch was opened.
+    opened: std::time::Instant,
 }
 
-/// The metadata of `resource`'s objects carrying `selector`, as list-then-watch events (see
-/// the module docs).
+/// What a watch selects: one namespace or all, by labels and fields (`metadata.name=x`).
+#[derive(Clone, Debug, Default)]
+pub struct Selector {
+    pub namespace: Option<String>,
+    pub labels: String,
+    pub fields: String,
+}
+
+impl Selector {
+    /// All namespaces, by labels.
+    pub fn labels(labels: &str) -> Self {
+        Self {
+            labels: labels.to_string(),
+            ..Self::default()
+        }
+    }
+}
+
+fn collection_url(resource: &ApiResource, namespace: Option<&str>) -> String {
+    let ns = namespace
+        .map(|n| format!("namespaces/{n}/"))
+        .unwrap_or_default();
+    if resource.group.is_empty() {
+        format!("/api/{}/{ns}{}", resource.version, resource.plural)
+    } else {
+        format!(
+            "/apis/{}/{}/{ns}{}",
+            resource.group, resource.version, resource.plural
+        )
+    }
+}
+
+/// The metadata of `resource`'s objects carrying the labels `selector`, in all namespaces,
+/// as list-then-watch events (see the module docs).
 pub fn metadata(
     client: kube::Client,
     resource: &ApiResource,
     selector: &str,
     options: Options,
 ) -> impl futures::Stream<Item = Result<watcher::Event<Meta>, WatchError>> + Send + use<> {
-    let url = if resource.group.is_empty() {
-        format!("/api/{}/{}", resource.version, resource.plural)
-    } else {
-        format!(
-            "/apis/{}/{}/{}",
-            resource.group, resource.version, resource.plural
-        )
-    };
+    start(client, resource, Selector::labels(selector), true, options)
+}
+
+/// [`metadata`] with any [`Selector`].
+pub fn metadata_selected(
+    client: kube::Client,
+    resource: &ApiResource,
+    selector: Selector,
+    options: Options,
+) -> impl futures::Stream<Item = Result<watcher::Event<Meta>, WatchError>> + Send + use<> {
+    start(client, resource, selector, true, options)
+}
+
+/// Whole objects of `resource` selected by `selector`, as list-then-watch events.
+pub fn objects(
+    client: kube::Client,
+    resource: &ApiResource,
+    selector: Selector,
+    options: Options,
+) -> impl futures::Stream<Item = Result<watcher::Event<DynamicObject>, WatchError>> + Send + use<> {
+    start(client, resource, selector, false, options)
+}
+
+fn start<T>(
+    client: kube::Client,
+    resource: &ApiResource,
+    selector: Selector,
+    metadata_only: bool,
+    options: Options,
+) -> impl futures::Stream<Item = Result<watcher::Event<T>, WatchError>> + Send + use<T>
+where
+    T: kube::Resource + serde::de::DeserializeOwned + Clone + Send + 'static,
+{
     let state = State {
         client,
-        request: Request::new(url),
-        selector: selector.to_string(),
+        request: Request::new(collection_url(resource, selector.namespace.as_deref())),
+        selector,
+        metadata_only,
         options,
         phase: Phase::List(None),
         ready: VecDeque::new(),
         body: None,
         version: String::new(),
+        opened: std::time::Instant::now(),
     };
     futures::stream::unfold(state, |mut s| async move {
         let item = s.next().await?;
@@ -157,8 +222,11 @@ pub fn metadata(
     })
 }
 
-impl State {
-    async fn next(&mut self) -> Option<Result<watcher::Event<Meta>, WatchError>> {
+impl<T> State<T>
+where
+    T: kube::Resource + serde::de::DeserializeOwned + Clone + Send + 'static,
+{
+    async fn next(&mut self) -> Option<Result<watcher::Event<T>, WatchError>> {
         loop {
             if let Some(ev) = self.ready.pop_front() {
                 if self.ready.is_empty() {
@@ -184,18 +252,21 @@ impl State {
 
     async fn list_page(&mut self, token: Option<String>) -> Result<(), WatchError> {
         let mut lp = ListParams::default()
-            .labels(&self.selector)
+            .labels(&self.selector.labels)
+            .fields(&self.selector.fields)
             .limit(self.options.page);
         if let Some(t) = &token {
             lp = lp.continue_token(t);
         }
-        let req = self
-            .request
-            .list_metadata(&lp)
-            .map_err(|e| WatchError::List(e.to_string()))?;
+        let req = if self.metadata_only {
+            self.request.list_metadata(&lp)
+        } else {
+            self.request.list(&lp)
+        }
+        .map_err(|e| WatchError::List(e.to_string()))?;
         let res = send(&self.client, req, "list").await?;
         let bytes = read_limited(res.into_body(), self.options.max_page_bytes, "list page").await?;
-        let page: ObjectList<Meta> =
+        let page: ObjectList<T> =
             serde_json::from_slice(&bytes).map_err(|error| WatchError::Decode {
                 what: "list page",
                 error,
@@ -218,14 +289,18 @@ impl State {
 
     async fn open(&mut self, version: String) -> Result<(), WatchError> {
         let wp = WatchParams::default()
-            .labels(&self.selector)
+            .labels(&self.selector.labels)
+            .fields(&self.selector.fields)
             .timeout(self.options.timeout_s);
-        let req = self
-            .request
-            .watch_metadata(&wp, &version)
-            .map_err(|e| WatchError::Watch(e.to_string()))?;
+        let req = if self.metadata_only {
+            self.request.watch_metadata(&wp, &version)
+        } else {
+            self.request.watch(&wp, &version)
+        }
+        .map_err(|e| WatchError::Watch(e.to_string()))?;
         let res = send(&self.client, req, "watch").await?;
         self.body = Some((res.into_body(), Vec::new()));
+        self.opened = std::time::Instant::now();
         self.version = version;
         self.phase = Phase::Reading;
         Ok(())
@@ -240,12 +315,20 @@ impl State {
         };
         let frame = match body.frame().await {
             None => None,
-            Some(Ok(f)) => f.into_data().ok(),
+            Some(Ok(f)) => match f.into_data() {
+                Ok(d) => Some(d),
+                // Trailers: read on.
+                Err(_) => return Ok(()),
+            },
             Some(Err(e)) => {
                 // A connection ended mid-watch: resume from the last version (as the
-                // server's own timeout would), rather than list everything again.
+                // server's own timeout would), rather than list everything again; unless
+                // it ended at once (see below).
                 tracing::debug!(error = %e, "watch stream ended");
                 self.body = None;
+                if self.opened.elapsed() < MIN_WATCH {
+                    return Err(WatchError::Watch(format!("the watch failed at once: {e}")));
+                }
                 self.phase = Phase::Watch(std::mem::take(&mut self.version));
                 return Ok(());
             }
@@ -254,10 +337,17 @@ impl State {
             if self.body.take().is_some_and(|(_, p)| !p.is_empty()) {
                 tracing::debug!("watch ended within an event");
             }
+            // A server that ends every watch at once would otherwise be asked again at
+            // once, for ever: that is an error (the caller pauses and lists again).
+            if self.opened.elapsed() < MIN_WATCH {
+                return Err(WatchError::Watch(format!(
+                    "the server ended the watch within {MIN_WATCH:?}"
+                )));
+            }
             self.phase = Phase::Watch(std::mem::take(&mut self.version));
             return Ok(());
         };
-        let mut events = Vec::new();
+        let mut events: Vec<WatchEvent<T>> = Vec::new();
         split_lines(partial, chunk, self.options.max_event_bytes, |line| {
             events.push(decode(line)?);
             Ok(())
@@ -265,13 +355,13 @@ impl State {
         for ev in events {
             match ev {
                 WatchEvent::Added(m) | WatchEvent::Modified(m) => {
-                    if let Some(v) = &m.metadata.resource_version {
+                    if let Some(v) = &m.meta().resource_version {
                         self.version.clone_from(v);
                     }
                     self.ready.push_back(watcher::Event::Apply(m));
                 }
                 WatchEvent::Deleted(m) => {
-                    if let Some(v) = &m.metadata.resource_version {
+                    if let Some(v) = &m.meta().resource_version {
                         self.version.clone_from(v);
                     }
                     self.ready.push_back(watcher::Event::Delete(m));
@@ -328,7 +418,7 @@ async fn send(
     })
 }
 
-fn decode(line: &[u8]) -> Result<WatchEvent<Meta>, WatchError> {
+fn decode<T: serde::de::DeserializeOwned>(line: &[u8]) -> Result<WatchEvent<T>, WatchError> {
     serde_json::from_slice(line).map_err(|error| WatchError::Decode {
         what: "watch event",
         error,
@@ -467,5 +557,71 @@ mod tests {
             "{}",
             std::mem::size_of_val(&s)
         );
+    }
+
+    /// A hostile server (a stand-in: a real API server does not do this) that answers the
+    /// list and then ends every watch at once: the stream reports an error instead of
+    /// asking again at once for ever.
+    #[tokio::test]
+    async fn a_server_that_ends_every_watch_at_once_is_an_error() {
+        use futures::StreamExt;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let watches = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = watches.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut sock, _)) = listener.accept().await else {
+                    return;
+                };
+                let counted = counted.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 8192];
+                    loop {
+                        let Ok(n) = sock.read(&mut buf).await else {
+                            return;
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        let head = String::from_utf8_lossy(&buf[..n]).to_string();
+                        let body = if head.contains("watch=true") {
+                            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            String::new()
+                        } else {
+                            r#"{"apiVersion":"v1","kind":"List","metadata":{"resourceVersion":"5"},"items":[]}"#.to_string()
+                        };
+                        let reply = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                            body.len()
+                        );
+                        if sock.write_all(reply.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        let r = ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&());
+        let s = metadata(client, &r, "a=b", Options::default());
+        futures::pin_mut!(s);
+        let mut seen = Vec::new();
+        let until = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        while let Ok(Some(ev)) = tokio::time::timeout_at(until, s.next()).await {
+            let err = ev.is_err();
+            seen.push(ev.map(|_| ()).map_err(|e| e.to_string()));
+            if err {
+                break;
+            }
+        }
+        assert!(
+            seen.last()
+                .is_some_and(|e| e.as_ref().is_err_and(|e| e.contains("ended the watch"))),
+            "{seen:?}"
+        );
+        assert_eq!(watches.load(std::sync::atomic::Ordering::Relaxed), 1);
     }
 }

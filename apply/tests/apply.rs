@@ -733,3 +733,139 @@ async fn a_metadata_watch_pages_resumes_and_bounds_sizes() -> Result<()> {
     );
     Ok(())
 }
+
+/// A projected store against a real kube-apiserver: whole objects or metadata, selected by
+/// namespace, labels (`!key` included) and fields; keeps only the projection; follows
+/// changes and deletions; answers nothing before its first list; and gives up (answers
+/// nothing) once a bound is crossed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_projected_store_keeps_selected_fields_within_bounds() -> Result<()> {
+    use hcp_olm_apply::projected::{Limits, Projected};
+    use hcp_olm_apply::watch::Selector;
+    let cluster = test_cluster("apply7").await?;
+    let client = cluster.client();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "apply-test");
+    let cm = |name: &str, labels: serde_json::Value, data: &str| {
+        serde_json::from_value::<ConfigMap>(json!({
+            "metadata": { "name": name, "labels": labels },
+            "data": { "v": data, "other": "x".repeat(100) }
+        }))
+    };
+    cms.create(
+        &PostParams::default(),
+        &cm("a", json!({ "k": "1" }), "one")?,
+    )
+    .await?;
+    cms.create(
+        &PostParams::default(),
+        &cm("b", json!({ "k": "1", "copy": "y" }), "two")?,
+    )
+    .await?;
+    let resource = targets(1)[0].resource.clone();
+    let limits = Limits {
+        objects: 10,
+        entry_bytes: 1024,
+        bytes: 4096,
+        events_per_minute: 100,
+    };
+    fn keep_v(o: &serde_json::Value) -> Option<serde_json::Value> {
+        o["data"]["v"].as_str().map(|v| json!({ "v": v }))
+    }
+    let selector = Selector {
+        namespace: Some("apply-test".into()),
+        labels: "k=1,!copy".into(),
+        fields: String::new(),
+    };
+    let store = Projected::start(&client, &resource, selector, false, keep_v, limits);
+    ensure!(
+        store.get(Some("apply-test"), "a").is_none(),
+        "answers before its list"
+    );
+    ensure!(store.wait_settled(std::time::Duration::from_secs(30)).await);
+    assert_eq!(
+        store.get(Some("apply-test"), "a"),
+        Some(Some(json!({ "v": "one" })))
+    );
+    assert_eq!(store.get(Some("apply-test"), "b"), Some(None), "!copy");
+    let mut a = cms.get("a").await?;
+    a.data
+        .get_or_insert_default()
+        .insert("v".into(), "uno".into());
+    cms.replace("a", &PostParams::default(), &a).await?;
+    eventually("a change arrives", || {
+        store.get(Some("apply-test"), "a") == Some(Some(json!({ "v": "uno" })))
+    })
+    .await?;
+    cms.delete("a", &Default::default()).await?;
+    eventually("a deletion arrives", || {
+        store.get(Some("apply-test"), "a") == Some(None)
+    })
+    .await?;
+    // By name, metadata only: existence.
+    fn exists(_: &serde_json::Value) -> Option<serde_json::Value> {
+        Some(json!({}))
+    }
+    let by_name = Projected::start(
+        &client,
+        &resource,
+        Selector {
+            namespace: Some("apply-test".into()),
+            labels: String::new(),
+            fields: "metadata.name=b".into(),
+        },
+        true,
+        exists,
+        limits,
+    );
+    ensure!(
+        by_name
+            .wait_settled(std::time::Duration::from_secs(30))
+            .await
+    );
+    assert_eq!(by_name.list().map(|l| l.len()), Some(1));
+    assert_eq!(by_name.get(Some("apply-test"), "b"), Some(Some(json!({}))));
+    // Bounds: a projection over entry_bytes, and more objects than allowed.
+    fn keep_all(o: &serde_json::Value) -> Option<serde_json::Value> {
+        Some(o["data"].clone())
+    }
+    let all = Selector {
+        namespace: Some("apply-test".into()),
+        ..Selector::default()
+    };
+    let small = Projected::start(
+        &client,
+        &resource,
+        all.clone(),
+        false,
+        keep_all,
+        Limits {
+            entry_bytes: 64,
+            ..limits
+        },
+    );
+    ensure!(small.wait_settled(std::time::Duration::from_secs(30)).await);
+    ensure!(small.gave_up() && small.get(Some("apply-test"), "b").is_none());
+    let few = Projected::start(
+        &client,
+        &resource,
+        all,
+        true,
+        exists,
+        Limits {
+            objects: 2,
+            ..limits
+        },
+    );
+    ensure!(few.wait_settled(std::time::Duration::from_secs(30)).await);
+    ensure!(!few.gave_up(), "{few:?}");
+    for i in 0..2 {
+        cms.create(
+            &PostParams::default(),
+            &cm(&format!("n{i}"), json!({}), "n")?,
+        )
+        .await?;
+    }
+    eventually("too many objects give up", || few.gave_up()).await?;
+    ensure!(few.list().is_none());
+    Ok(())
+}

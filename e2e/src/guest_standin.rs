@@ -447,11 +447,23 @@ fn parse_path(path: &str) -> Option<Path> {
     })
 }
 
-fn selector_matches(selector: &[(String, String)], obj: &Value) -> bool {
-    selector.iter().all(|(k, v)| {
-        obj["metadata"]["labels"][k.as_str()]
-            .as_str()
-            .is_some_and(|l| l == v)
+/// One term of a label or field selector, as far as the stand-in understands them.
+#[derive(Debug, PartialEq, Eq)]
+enum Term {
+    /// `key=value`
+    Label(String, String),
+    /// `!key`
+    NoLabel(String),
+    /// `metadata.name=value` (field selector)
+    Name(String),
+}
+
+fn selector_matches(selector: &[Term], obj: &Value) -> bool {
+    let labels = &obj["metadata"]["labels"];
+    selector.iter().all(|t| match t {
+        Term::Label(k, v) => labels[k.as_str()].as_str().is_some_and(|l| l == v),
+        Term::NoLabel(k) => labels.get(k.as_str()).is_none(),
+        Term::Name(n) => obj["metadata"]["name"].as_str() == Some(n.as_str()),
     })
 }
 
@@ -500,16 +512,30 @@ fn fields_of(v: &Value, top: bool) -> Value {
     Value::Object(out)
 }
 
-fn label_selector(query: Option<&str>) -> Vec<(String, String)> {
+/// The `labelSelector` (`k=v`, `k==v`, `!k`) and `fieldSelector` (`metadata.name=x`) terms
+/// of a query; other terms are ignored (everything matches them).
+fn label_selector(query: Option<&str>) -> Vec<Term> {
     let mut out = Vec::new();
     for pair in query.unwrap_or_default().split('&') {
-        let Some(("labelSelector", v)) = pair.split_once('=') else {
+        let Some((which, v)) = pair.split_once('=') else {
             continue;
         };
         let v = percent_decode(v);
         for term in v.split(',').filter(|t| !t.is_empty()) {
-            if let Some((k, val)) = term.split_once('=') {
-                out.push((k.trim_end_matches('=').to_string(), val.to_string()));
+            match (which, term.split_once('=')) {
+                ("labelSelector", Some((k, val))) => out.push(Term::Label(
+                    k.trim_end_matches('=').to_string(),
+                    val.trim_start_matches('=').to_string(),
+                )),
+                ("labelSelector", None) => {
+                    if let Some(k) = term.strip_prefix('!') {
+                        out.push(Term::NoLabel(k.to_string()));
+                    }
+                }
+                ("fieldSelector", Some((f, val))) if f.trim_end_matches('=') == "metadata.name" => {
+                    out.push(Term::Name(val.trim_start_matches('=').to_string()));
+                }
+                _ => {}
             }
         }
     }
@@ -744,11 +770,20 @@ async fn handle(s: &Shared, req: Request<Incoming>) -> Response<Body> {
                 Some(c) => reply(StatusCode::OK, c),
                 None => status(StatusCode::NOT_FOUND, "NotFound", format!("crd {n}")),
             },
-            (&Method::GET, None) => reply(
-                StatusCode::OK,
-                &json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinitionList",
-                        "metadata": {}, "items": s.crds.values().collect::<Vec<_>>()}),
-            ),
+            (&Method::GET, None) => {
+                let sel = label_selector(uri.query());
+                let items: Vec<Value> = s
+                    .crds
+                    .values()
+                    .filter(|c| selector_matches(&sel, c))
+                    .map(|c| shown(c, metadata_only))
+                    .collect();
+                reply(
+                    StatusCode::OK,
+                    &json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinitionList",
+                            "metadata": {}, "items": items}),
+                )
+            }
             _ => status(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "MethodNotAllowed",
@@ -940,7 +975,19 @@ mod tests {
         assert_eq!((p.group.as_str(), p.name), ("apiregistration.k8s.io", None));
         assert_eq!(
             label_selector(Some("labelSelector=a%3Db%2Cc%3Dd&limit=5")),
-            [("a".into(), "b".into()), ("c".into(), "d".into())]
+            [
+                Term::Label("a".into(), "b".into()),
+                Term::Label("c".into(), "d".into())
+            ]
+        );
+        assert_eq!(
+            label_selector(Some(
+                "labelSelector=%21olm.copiedFrom&fieldSelector=metadata.name%3Dx&limit=5"
+            )),
+            [
+                Term::NoLabel("olm.copiedFrom".into()),
+                Term::Name("x".into())
+            ]
         );
     }
 

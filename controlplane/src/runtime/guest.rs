@@ -18,8 +18,10 @@
 //!   kind per minute. A guest whose users cross a bound (label many objects as ours, long
 //!   labels, a stream of changes) loses the cache for that kind, which is then read from
 //!   the API server as without a cache, and costs no more memory or decoding.
-//! - cost: measured at about 0.33 MiB of controller RSS per guest at 1,000 guests
-//!   (docs/controller-bench.md), against a guest API request per compared object per pass.
+//! - cost: measured in controller RSS at 1,000 guests (docs/controller-bench.md), against a
+//!   guest API request per compared object per pass.
+//! - status reads: [`super::guest_reads`] keeps what a pass reports (five more watches,
+//!   projections only, bounded the same way).
 //! - lifetime: a session ends when the kubeconfig changes, when the guest stops answering
 //!   (its watches would only retry), when the HostedCluster is cleaned up, and when no pass
 //!   has used it for [`IDLE_TTL`] (a HostedCluster deleted without our finalizer, or one
@@ -31,6 +33,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hcp_olm_apply::cache::{Limits, WatchCache};
+
+use super::guest_reads::GuestReads;
 use kube::client::ConfigExt;
 use sha2::{Digest, Sha256};
 
@@ -61,6 +65,8 @@ pub struct Session {
     pub client: kube::Client,
     /// Our objects in the guest (None while caches are off: every read goes to the guest).
     pub cache: Option<Arc<WatchCache>>,
+    /// What a pass reads back for status (None while caches are off).
+    pub reads: Option<Arc<GuestReads>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -145,7 +151,9 @@ impl Sessions {
         label_selector: &str,
         field_manager: &str,
     ) -> Arc<Session> {
-        let cache = self.caches.load(Ordering::Acquire).then(|| {
+        let caching = self.caches.load(Ordering::Acquire);
+        let reads = caching.then(|| Arc::new(GuestReads::start(&client)));
+        let cache = caching.then(|| {
             Arc::new(WatchCache::start_limited(
                 &client,
                 kinds,
@@ -160,6 +168,7 @@ impl Sessions {
             used: Mutex::new(Instant::now()),
             client,
             cache,
+            reads,
         });
         self.lock().insert(cluster.to_string(), s.clone());
         s
@@ -172,6 +181,7 @@ impl Sessions {
             used: Mutex::new(Instant::now()),
             client,
             cache: None,
+            reads: None,
         })
     }
 
@@ -190,6 +200,11 @@ impl Sessions {
     /// True when no session is open.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The status stores of `cluster`'s session, for tests.
+    pub fn reads(&self, cluster: &str) -> Option<Arc<GuestReads>> {
+        self.lock().get(cluster).and_then(|s| s.reads.clone())
     }
 
     /// The cache of `cluster`'s session, for tests.

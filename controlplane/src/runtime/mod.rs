@@ -17,6 +17,7 @@ pub mod controller;
 pub mod events;
 pub mod facts;
 pub mod guest;
+pub mod guest_reads;
 pub mod leader;
 pub mod metrics;
 pub mod pods;

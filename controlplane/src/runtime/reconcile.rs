@@ -966,9 +966,17 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
 
     // The first request to the guest: when it does not answer, say so in status and
     // leave everything as it is.
+    // Known from the session's watch while it is whole (which also says the guest answers;
+    // see guest_reads), else asked.
+    let reads = session.reads.clone();
+    let known_crd = reads.as_ref().and_then(|r| r.crd.get(None, GUEST_OLM_CRD));
     let crds: Api<CustomResourceDefinition> = Api::all(guest.clone());
-    let guest_olm_crds_ready = match crds.get_opt(GUEST_OLM_CRD).await {
-        Ok(c) => c.is_some(),
+    let crd = match known_crd {
+        Some(c) => Ok(c.is_some()),
+        None => crds.get_opt(GUEST_OLM_CRD).await.map(|c| c.is_some()),
+    };
+    let guest_olm_crds_ready = match crd {
+        Ok(ready) => ready,
         Err(kube::Error::Api(s)) => {
             return Err(kube_err(format!("reading guest CRD {GUEST_OLM_CRD}"))(
                 kube::Error::Api(s),
@@ -1191,8 +1199,15 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     let guest_writes = writes(&guest_report)
         + subscription_writes
         + usize::from(
-            delete_deprecated_marketplace(&guest)
-                .await
+            delete_deprecated_marketplace(
+                &guest,
+                reads.as_ref().and_then(|r| {
+                    r.deprecated
+                        .get(Some(names::MARKETPLACE_NAMESPACE), DEPRECATED_MARKETPLACE)
+                        .map(|o| o.is_some())
+                }),
+            )
+            .await
                 .inspect_err(|e| tracing::warn!(cluster = %input.valid.cluster.key(), error = %e, "deleting the deprecated redhat-marketplace CatalogSource"))
                 .unwrap_or(false),
         );
@@ -1208,9 +1223,15 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
         report_error("management", &hcp_report).or_else(|| report_error("guest", &guest_report));
 
     // Read back what status reports.
-    let guest_sources = read_guest_catalog_sources(&guest, &selector).await;
-    let installed = read_installed_operators(&guest).await;
-    let components = read_components(ctx, &guest, &hcp_ns, &desired).await?;
+    let guest_sources = match reads.as_ref().and_then(|r| r.sources.list()) {
+        Some(kept) => sources_from(kept, &selector),
+        None => read_guest_catalog_sources(&guest, &selector).await,
+    };
+    let installed = match reads.as_ref().and_then(|r| r.csvs.list()) {
+        Some(kept) => operators_from(kept),
+        None => read_installed_operators(&guest).await,
+    };
+    let components = read_components(ctx, &guest, reads.as_deref(), &hcp_ns, &desired).await?;
     let all_available = components.iter().all(|c| c.available);
     let st = build_status(
         &input,
@@ -1342,6 +1363,35 @@ async fn read_guest_catalog_sources(
     }
 }
 
+/// Our CatalogSources carrying every `selector` label, from the session's store.
+fn sources_from(
+    kept: Vec<(hcp_olm_apply::projected::Key, Value)>,
+    selector: &BTreeMap<String, String>,
+) -> BTreeMap<String, Value> {
+    kept.into_iter()
+        .filter(|(_, v)| {
+            selector
+                .iter()
+                .all(|(k, want)| v["metadata"]["labels"][k].as_str() == Some(want.as_str()))
+        })
+        .map(|((_, name), v)| (name, v))
+        .collect()
+}
+
+/// Installed operators from the session's CSV store (at most [`MAX_TRACKED_OPERATORS`]).
+fn operators_from(kept: Vec<(hcp_olm_apply::projected::Key, Value)>) -> Vec<InstalledOperator> {
+    kept.into_iter()
+        .filter_map(|((ns, csv), v)| {
+            Some(InstalledOperator {
+                namespace: ns.unwrap_or_default(),
+                csv,
+                max_openshift_version: Some(v["max"].as_str()?.to_string()),
+            })
+        })
+        .take(MAX_TRACKED_OPERATORS)
+        .collect()
+}
+
 /// Installed CSVs and their `olm.maxOpenShiftVersion` property.
 /// CSVs read per page, and the most installed operators tracked for `Upgradeable` (a guest
 /// user can create any number of CSVs; only metadata is read, a page at a time, and at most
@@ -1366,27 +1416,8 @@ async fn read_installed_operators(guest: &kube::Client) -> Vec<InstalledOperator
         };
         for o in page.items {
             // Copied CSVs (olm.copiedFrom) are not separate installs.
-            if o.metadata
-                .labels
-                .as_ref()
-                .is_some_and(|l| l.contains_key("olm.copiedFrom"))
-            {
-                continue;
-            }
-            let max = o
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get("operatorframework.io/properties"))
-                .and_then(|p| serde_json::from_str::<Value>(p).ok())
-                .and_then(|p| {
-                    p["properties"].as_array()?.iter().find_map(|prop| {
-                        (prop["type"] == "olm.maxOpenShiftVersion").then(|| match &prop["value"] {
-                            Value::String(s) => s.clone(),
-                            other => other.to_string(),
-                        })
-                    })
-                });
+            let meta = serde_json::to_value(&o.metadata).unwrap_or_default();
+            let max = super::guest_reads::max_openshift_version(&meta);
             if max.is_none() {
                 continue;
             }
@@ -1713,7 +1744,11 @@ pub const DEPRECATED_MARKETPLACE: &str = "redhat-marketplace";
 
 /// Delete `openshift-marketplace/redhat-marketplace` in the guest when it exists (a read
 /// when it does not). True when it was deleted.
-async fn delete_deprecated_marketplace(guest: &kube::Client) -> Result<bool, Error> {
+/// `known`: whether it exists, when the session's store knows.
+async fn delete_deprecated_marketplace(
+    guest: &kube::Client,
+    known: Option<bool>,
+) -> Result<bool, Error> {
     let api: Api<DynamicObject> = Api::namespaced_with(
         guest.clone(),
         names::MARKETPLACE_NAMESPACE,
@@ -1729,8 +1764,15 @@ async fn delete_deprecated_marketplace(guest: &kube::Client) -> Result<bool, Err
             names::MARKETPLACE_NAMESPACE
         )
     };
-    match api.get_metadata_opt(DEPRECATED_MARKETPLACE).await {
-        Ok(Some(_)) => {}
+    let exists = match known {
+        Some(e) => Ok(e.then_some(())),
+        None => api
+            .get_metadata_opt(DEPRECATED_MARKETPLACE)
+            .await
+            .map(|o| o.map(|_| ())),
+    };
+    match exists {
+        Ok(Some(())) => {}
         Ok(None) => return Ok(false),
         Err(kube::Error::Api(s)) if s.code == 404 => return Ok(false),
         Err(e) => return Err(kube_err(what())(e)),
@@ -1917,6 +1959,7 @@ fn explain(c: &mut ComponentStatus, problem: Option<pods::Problem>) {
 async fn read_components(
     ctx: &Context,
     guest: &kube::Client,
+    reads: Option<&super::guest_reads::GuestReads>,
     hcp_ns: &str,
     desired: &Desired,
 ) -> Result<Vec<ComponentStatus>, Error> {
@@ -1988,7 +2031,15 @@ async fn read_components(
     for o in desired.guest.iter().filter(|o| o.kind == "Deployment") {
         let ns = o.namespace.as_deref().unwrap_or_default();
         let api: Api<Deployment> = Api::namespaced(guest.clone(), ns);
-        match api.get_opt(&o.name).await {
+        // From the session's store while it knows (only the status fields it keeps).
+        let known = reads
+            .and_then(|r| r.deployments.get(Some(ns), &o.name))
+            .map(|kept| kept.and_then(|v| serde_json::from_value::<Deployment>(v).ok()));
+        let live = match known {
+            Some(d) => Ok(d),
+            None => api.get_opt(&o.name).await,
+        };
+        match live {
             Ok(live) => {
                 let mut c = component_status(&o.name, &o.body, live.as_ref());
                 if c.reason == "PodsNotReady" {
