@@ -59,6 +59,8 @@ pub struct Limits {
     pub entry_bytes: usize,
     /// Changes per kind per minute after the first list (each one is decoded and hashed).
     pub events_per_minute: u32,
+    /// Sizes of what the watches read (list pages, events).
+    pub watch: crate::watch::Options,
 }
 
 impl Limits {
@@ -68,6 +70,7 @@ impl Limits {
         bytes: usize::MAX,
         entry_bytes: usize::MAX,
         events_per_minute: u32::MAX,
+        watch: crate::watch::Options::DEFAULT,
     };
 }
 
@@ -76,8 +79,8 @@ fn exceeded(what: &'static str, kind: &str, limits: &Limits) {
     tracing::warn!(kind = %kind, limit = what, ?limits, "a cache bound was crossed; this kind is read from the API server instead");
 }
 
-/// Backoff between a failed watch and the next list: doubles from 1 s to 60 s, reset by a
-/// complete list.
+/// Backoff between a failed watch and the next list: doubles from 1 s to 60 s, reset once
+/// a watch has lasted longer than 60 s.
 const RETRY_MIN: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(60);
 
@@ -438,12 +441,8 @@ impl WatchCache {
                 // A bound crossed ends both loops.
                 let crossed: &'static str = 'watch: loop {
                     let started = Instant::now();
-                    let stream = crate::watch::metadata(
-                        client.clone(),
-                        &resource_,
-                        &selector,
-                        crate::watch::Options::default(),
-                    );
+                    let stream =
+                        crate::watch::metadata(client.clone(), &resource_, &selector, limits.watch);
                     futures::pin_mut!(stream);
                     // A (re)list is collected here and replaces the store once complete.
                     let mut relist: Option<(Objects, usize)> = None;
@@ -532,8 +531,8 @@ impl WatchCache {
                                     f(&m.metadata);
                                 }
                             }
-                            Err(crate::watch::WatchError::TooLarge { .. }) => {
-                                break 'watch "event_bytes";
+                            Err(crate::watch::WatchError::TooLarge { what, .. }) => {
+                                break 'watch what;
                             }
                             Err(e) => {
                                 // Events may have been missed: nothing is answered from
@@ -548,6 +547,8 @@ impl WatchCache {
                             }
                         }
                     }
+                    // Nothing is answered from a stream that ended until a new list.
+                    flag.store(false, Ordering::Release);
                     // The watch failed (or its stream ended): list again after a pause,
                     // which grows unless the watch had lasted (a server that answers the
                     // list and then ends every watch at once is not listed every second).

@@ -39,6 +39,8 @@ pub struct Limits {
     pub bytes: usize,
     /// Changes per minute after the first list.
     pub events_per_minute: u32,
+    /// Sizes of what the watch reads (list pages, events).
+    pub watch: watch::Options,
 }
 
 /// (namespace, name).
@@ -225,23 +227,17 @@ async fn run(
         // Both kinds of stream as one: (key, object as JSON) per event.
         let mut stream: futures::stream::BoxStream<'static, Result<Ev, watch::WatchError>> =
             if metadata_only {
-                watch::metadata_selected(
-                    client.clone(),
-                    &resource,
-                    selector.clone(),
-                    watch::Options::default(),
-                )
-                .map(|r| r.map(|e| as_json(e, |m| (key_of(&m.metadata), serde_json::to_value(m)))))
-                .boxed()
+                watch::metadata_selected(client.clone(), &resource, selector.clone(), limits.watch)
+                    .map(|r| {
+                        r.map(|e| as_json(e, |m| (key_of(&m.metadata), serde_json::to_value(m))))
+                    })
+                    .boxed()
             } else {
-                watch::objects(
-                    client.clone(),
-                    &resource,
-                    selector.clone(),
-                    watch::Options::default(),
-                )
-                .map(|r| r.map(|e| as_json(e, |o| (key_of(&o.metadata), serde_json::to_value(o)))))
-                .boxed()
+                watch::objects(client.clone(), &resource, selector.clone(), limits.watch)
+                    .map(|r| {
+                        r.map(|e| as_json(e, |o| (key_of(&o.metadata), serde_json::to_value(o))))
+                    })
+                    .boxed()
             };
         let mut relist: Option<(Store, usize)> = None;
         let mut window = (Instant::now(), 0u32);
@@ -314,7 +310,7 @@ async fn run(
                     }
                 }
                 Ok(Ev::Undecodable) => {}
-                Err(watch::WatchError::TooLarge { .. }) => break 'watch "event_bytes",
+                Err(watch::WatchError::TooLarge { what, .. }) => break 'watch what,
                 Err(e) => {
                     // Changes may have been missed: nothing is answered until a new list.
                     synced.store(false, Ordering::Release);

@@ -767,6 +767,7 @@ async fn a_projected_store_keeps_selected_fields_within_bounds() -> Result<()> {
         entry_bytes: 1024,
         bytes: 4096,
         events_per_minute: 100,
+        watch: hcp_olm_apply::watch::Options::UNTRUSTED,
     };
     fn keep_v(o: &serde_json::Value) -> Option<serde_json::Value> {
         o["data"]["v"].as_str().map(|v| json!({ "v": v }))

@@ -513,7 +513,8 @@ fn fields_of(v: &Value, top: bool) -> Value {
 }
 
 /// The `labelSelector` (`k=v`, `k==v`, `!k`) and `fieldSelector` (`metadata.name=x`) terms
-/// of a query; other terms are ignored (everything matches them).
+/// of a query. Other terms are not understood: set-based ones are ignored (everything
+/// matches them), and `k!=v` reads as a label `k!` (nothing matches it).
 fn label_selector(query: Option<&str>) -> Vec<Term> {
     let mut out = Vec::new();
     for pair in query.unwrap_or_default().split('&') {

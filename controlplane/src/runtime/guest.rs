@@ -45,6 +45,7 @@ pub const CACHE_LIMITS: Limits = Limits {
     bytes: 256 * 1024,
     entry_bytes: 4 * 1024,
     events_per_minute: 600,
+    watch: hcp_olm_apply::watch::Options::UNTRUSTED,
 };
 /// HTTP/2 PING interval on an idle guest connection.
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);

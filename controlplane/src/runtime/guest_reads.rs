@@ -31,6 +31,7 @@ pub const LIMITS: Limits = Limits {
     entry_bytes: 8 * 1024,
     bytes: 64 * 1024,
     events_per_minute: 600,
+    watch: hcp_olm_apply::watch::Options::UNTRUSTED,
 };
 
 /// The CSV annotation that lists an operator's properties.

@@ -2032,9 +2032,12 @@ async fn read_components(
         let ns = o.namespace.as_deref().unwrap_or_default();
         let api: Api<Deployment> = Api::namespaced(guest.clone(), ns);
         // From the session's store while it knows (only the status fields it keeps).
-        let known = reads
-            .and_then(|r| r.deployments.get(Some(ns), &o.name))
-            .map(|kept| kept.and_then(|v| serde_json::from_value::<Deployment>(v).ok()));
+        // A projection that does not decode is asked for instead.
+        let known = match reads.and_then(|r| r.deployments.get(Some(ns), &o.name)) {
+            Some(Some(v)) => serde_json::from_value::<Deployment>(v).ok().map(Some),
+            Some(None) => Some(None),
+            None => None,
+        };
         let live = match known {
             Some(d) => Ok(d),
             None => api.get_opt(&o.name).await,
