@@ -5870,6 +5870,15 @@ async fn a_guest_session_shares_one_connection() -> Result<()> {
         cache.wait_settled(std::time::Duration::from_secs(30)).await,
         "{cache:?}"
     );
+    // And the five status stores' watches (fourteen watches in all).
+    let reads = session
+        .reads
+        .clone()
+        .context("caches on, no status stores")?;
+    ensure!(
+        reads.wait_settled(std::time::Duration::from_secs(30)).await,
+        "{reads:?}"
+    );
     Api::<k8s_openapi::api::core::v1::Namespace>::all(session.client.clone())
         .get("default")
         .await?;
@@ -5888,6 +5897,7 @@ async fn a_guest_session_shares_one_connection() -> Result<()> {
     ensure!(sessions.get("hc/one", &guest::digest(b"changed")).is_none());
     sessions.close("hc/one");
     drop(cache);
+    drop(reads);
     drop(session);
     ensure!(sessions.is_empty());
     Ok(())

@@ -11,9 +11,11 @@
 //!
 //! One watch each ([`Projected`]), keeping only those fields. Each answers once its first
 //! list is complete and while its watch is whole; otherwise the pass reads the guest as
-//! before. A watch stays whole only while the guest answers (HTTP/2 PINGs end a dead
-//! connection within 30 s), so "the CRD is in the store" also says the guest answered
-//! recently: an unreachable guest is still reported, at most that much later.
+//! before. A watch stays whole only while its connection does (HTTP/2 PINGs end a dead one
+//! within 30 s; over HTTP/1.1 TCP keep-alive takes minutes), so "the CRD is in the store"
+//! also says the guest's connection is alive: an unreachable guest is still reported, that
+//! much later. A guest that serves watches while its reads fail is not seen until its
+//! watches end (docs/controller.md).
 //!
 //! Bounds per guest (a hostile tenant's cluster): [`LIMITS`] per watch, so at most 5 ×
 //! 64 KiB of projections; a store that crosses one gives up and the pass reads the guest.
