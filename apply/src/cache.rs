@@ -81,8 +81,8 @@ fn exceeded(what: &'static str, kind: &str, limits: &Limits) {
 
 /// Backoff between a failed watch and the next list: doubles from 1 s to 60 s, reset once
 /// a watch has lasted longer than 60 s.
-const RETRY_MIN: Duration = Duration::from_secs(1);
-const RETRY_MAX: Duration = Duration::from_secs(60);
+pub(crate) const RETRY_MIN: Duration = Duration::from_secs(1);
+pub(crate) const RETRY_MAX: Duration = Duration::from_secs(60);
 
 fn read(objects: &std::sync::RwLock<Objects>) -> std::sync::RwLockReadGuard<'_, Objects> {
     objects.read().unwrap_or_else(|p| p.into_inner())
@@ -336,7 +336,7 @@ fn footprint<'a>(
 
 /// Counts one change in the (start, changes) window of a minute; true when it is one more
 /// than `limit` allows.
-fn over_budget(window: &mut (Instant, u32), limit: u32) -> bool {
+pub(crate) fn over_budget(window: &mut (Instant, u32), limit: u32) -> bool {
     if window.0.elapsed() >= Duration::from_secs(60) {
         *window = (Instant::now(), 0);
     }

@@ -23,6 +23,7 @@ use kube::api::ApiResource;
 use kube::runtime::watcher;
 use serde_json::Value;
 
+use crate::cache::{RETRY_MAX, RETRY_MIN, over_budget};
 use crate::watch::{self, Selector};
 
 /// Makes the projection kept of an object (`None`: keep nothing for it).
@@ -48,10 +49,6 @@ pub type Key = (Option<String>, String);
 
 /// The kept projections and their sizes as JSON.
 type Store = BTreeMap<Key, (Value, usize)>;
-
-/// Backoff between a failed watch and the next list.
-const RETRY_MIN: Duration = Duration::from_secs(1);
-const RETRY_MAX: Duration = Duration::from_secs(60);
 
 /// What one watch keeps.
 pub struct Projected {
@@ -83,15 +80,6 @@ fn key_of(meta: &kube::core::ObjectMeta) -> Key {
         meta.namespace.clone(),
         meta.name.clone().unwrap_or_default(),
     )
-}
-
-/// Counts one change in the (start, changes) window of a minute; true when over `limit`.
-fn over_budget(window: &mut (Instant, u32), limit: u32) -> bool {
-    if window.0.elapsed() >= Duration::from_secs(60) {
-        *window = (Instant::now(), 0);
-    }
-    window.1 = window.1.saturating_add(1);
-    window.1 > limit
 }
 
 impl Projected {
