@@ -56,6 +56,9 @@ pub struct Projected {
     objects: Arc<RwLock<Store>>,
     synced: Arc<AtomicBool>,
     gave_up: Arc<AtomicBool>,
+    /// The server answered 404 for the kind (not served, e.g. a CRD not installed yet):
+    /// the pass reads the API server, and [`Projected::wait_settled`] does not wait.
+    unserved: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -97,6 +100,7 @@ impl Projected {
         let objects: Arc<RwLock<Store>> = Arc::default();
         let synced = Arc::new(AtomicBool::new(false));
         let gave_up = Arc::new(AtomicBool::new(false));
+        let unserved = Arc::new(AtomicBool::new(false));
         let what = format!(
             "{} {}{}{}",
             resource.kind,
@@ -112,8 +116,7 @@ impl Projected {
             keep,
             limits,
             objects.clone(),
-            synced.clone(),
-            gave_up.clone(),
+            [synced.clone(), gave_up.clone(), unserved.clone()],
             what.clone(),
         ));
         Self {
@@ -121,6 +124,7 @@ impl Projected {
             objects,
             synced,
             gave_up,
+            unserved,
             task,
         }
     }
@@ -163,13 +167,23 @@ impl Projected {
         )
     }
 
-    /// Waits until the store is synced or has given up, at most `timeout`.
+    /// True when the server does not serve the kind (its last list answered 404).
+    pub fn unserved(&self) -> bool {
+        self.unserved.load(Ordering::Acquire)
+    }
+
+    /// True once the store is synced, has given up, or its kind is not served.
+    pub fn settled(&self) -> bool {
+        self.synced() || self.gave_up() || self.unserved()
+    }
+
+    /// Waits until the store is [settled](Self::settled), at most `timeout`.
     pub async fn wait_settled(&self, timeout: Duration) -> bool {
         let until = Instant::now() + timeout;
-        while !(self.synced() || self.gave_up()) && Instant::now() < until {
+        while !self.settled() && Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        self.synced() || self.gave_up()
+        self.settled()
     }
 }
 
@@ -203,8 +217,7 @@ async fn run(
     keep: Keep,
     limits: Limits,
     objects: Arc<RwLock<Store>>,
-    synced: Arc<AtomicBool>,
-    gave_up: Arc<AtomicBool>,
+    [synced, gave_up, unserved]: [Arc<AtomicBool>; 3],
     what: String,
 ) {
     let mut retry = RETRY_MIN;
@@ -255,6 +268,7 @@ async fn run(
                     let (list, bytes) = relist.take().unwrap_or_default();
                     *objects.write().unwrap_or_else(|p| p.into_inner()) = list;
                     used = bytes;
+                    unserved.store(false, Ordering::Release);
                     synced.store(true, Ordering::Release);
                     window = (Instant::now(), 0);
                 }
@@ -302,6 +316,9 @@ async fn run(
                 Err(e) => {
                     // Changes may have been missed: nothing is answered until a new list.
                     synced.store(false, Ordering::Release);
+                    if e.not_served() {
+                        unserved.store(true, Ordering::Release);
+                    }
                     tracing::debug!(what = %what, error = %e, "projected watch");
                     break;
                 }

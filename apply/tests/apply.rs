@@ -868,5 +868,20 @@ async fn a_projected_store_keeps_selected_fields_within_bounds() -> Result<()> {
     }
     eventually("too many objects give up", || few.gave_up()).await?;
     ensure!(few.list().is_none());
+    // A kind the server does not serve: settled (nothing to wait for), answering nothing.
+    let missing = ApiResource {
+        group: "example.com".into(),
+        version: "v1".into(),
+        api_version: "example.com/v1".into(),
+        kind: "Missing".into(),
+        plural: "missings".into(),
+    };
+    let unserved = Projected::start(&client, &missing, Selector::default(), true, exists, limits);
+    ensure!(
+        unserved
+            .wait_settled(std::time::Duration::from_secs(30))
+            .await
+    );
+    ensure!(unserved.unserved() && unserved.get(None, "x").is_none());
     Ok(())
 }

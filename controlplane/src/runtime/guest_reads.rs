@@ -182,7 +182,8 @@ impl GuestReads {
         }
     }
 
-    /// Waits until every store is synced or has given up (tests).
+    /// Waits until every store is synced, has given up or finds its kind not served
+    /// (tests).
     pub async fn wait_settled(&self, timeout: std::time::Duration) -> bool {
         let mut all = true;
         for p in [
