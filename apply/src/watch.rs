@@ -175,20 +175,6 @@ impl Selector {
     }
 }
 
-fn collection_url(resource: &ApiResource, namespace: Option<&str>) -> String {
-    let ns = namespace
-        .map(|n| format!("namespaces/{n}/"))
-        .unwrap_or_default();
-    if resource.group.is_empty() {
-        format!("/api/{}/{ns}{}", resource.version, resource.plural)
-    } else {
-        format!(
-            "/apis/{}/{}/{ns}{}",
-            resource.group, resource.version, resource.plural
-        )
-    }
-}
-
 /// The metadata of `resource`'s objects carrying the labels `selector`, in all namespaces,
 /// as list-then-watch events (see the module docs).
 pub fn metadata(
@@ -232,7 +218,10 @@ where
 {
     let state = State {
         client,
-        request: Request::new(collection_url(resource, selector.namespace.as_deref())),
+        request: Request::new(<DynamicObject as kube::Resource>::url_path(
+            resource,
+            selector.namespace.as_deref(),
+        )),
         selector,
         metadata_only,
         options,

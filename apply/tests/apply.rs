@@ -89,6 +89,17 @@ fn targets(replicas: i32) -> Vec<Target> {
 }
 
 /// A real API server with the CatalogSource CRD and the `apply-test` namespace.
+/// A kind no API server here serves.
+fn missing_kind() -> ApiResource {
+    ApiResource {
+        group: "example.com".into(),
+        version: "v1".into(),
+        api_version: "example.com/v1".into(),
+        kind: "Missing".into(),
+        plural: "missings".into(),
+    }
+}
+
 async fn test_cluster(name: &str) -> Result<Cluster> {
     let cluster = Cluster::start(ClusterOptions::new(name)).await?;
     cluster
@@ -716,13 +727,7 @@ async fn a_metadata_watch_pages_resumes_and_bounds_sizes() -> Result<()> {
         "{got:?}"
     );
     // A kind the server does not serve.
-    let missing = ApiResource {
-        group: "example.com".into(),
-        version: "v1".into(),
-        api_version: "example.com/v1".into(),
-        kind: "Missing".into(),
-        plural: "missings".into(),
-    };
+    let missing = missing_kind();
     let stream = watch::metadata(client.clone(), &missing, selector, Options::default());
     futures::pin_mut!(stream);
     let got = stream.next().await;
@@ -869,13 +874,7 @@ async fn a_projected_store_keeps_selected_fields_within_bounds() -> Result<()> {
     eventually("too many objects give up", || few.gave_up()).await?;
     ensure!(few.list().is_none());
     // A kind the server does not serve: settled (nothing to wait for), answering nothing.
-    let missing = ApiResource {
-        group: "example.com".into(),
-        version: "v1".into(),
-        api_version: "example.com/v1".into(),
-        kind: "Missing".into(),
-        plural: "missings".into(),
-    };
+    let missing = missing_kind();
     let unserved = Projected::start(&client, &missing, Selector::default(), true, exists, limits);
     ensure!(
         unserved
