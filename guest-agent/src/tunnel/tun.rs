@@ -36,6 +36,10 @@ const WG_OVERHEAD: usize = 32 + 16;
 const SLACK: usize = 64;
 /// A receive buffer holds one GRO super-datagram.
 const RX_BUF: usize = 65_536;
+/// The capacity of a TUN write buffer: one coalesced TCP/UDP super-packet (as wireguard-go
+/// sizes its buffers). `tun-rs` only coalesces a segment into a buffer whose capacity holds
+/// the merged packet; a buffer sized for one packet made every segment its own TUN write.
+const TUN_WRITE_CAPACITY: usize = 65_535;
 
 /// Options of the TUN driver.
 #[derive(Debug, Clone, Copy)]
@@ -215,7 +219,7 @@ async fn peer_to_tun(io: Arc<Io>, peer: Arc<Mutex<Peer>>, cancel: CancellationTo
     let batch = quinn_udp::BATCH_SIZE;
     let mut rx: Vec<Vec<u8>> = vec![vec![0u8; RX_BUF]; batch];
     let mut meta = vec![RecvMeta::default(); batch];
-    let mut out: Vec<Vec<u8>> = vec![vec![0u8; pkt_len]; IDEAL_BATCH_SIZE];
+    let mut out = tun_write_buffers(offset, pkt_len);
     let mut gro = GROTable::default();
     let mut control = Vec::new();
     loop {
@@ -301,6 +305,19 @@ fn decrypt_batch(
     k
 }
 
+/// The buffers decrypted packets are written from: `pkt_len` long (a packet and the
+/// virtio-net header), with room to coalesce a super-packet in place (`vec![v; n]` would
+/// clone only the length, not the capacity).
+fn tun_write_buffers(offset: usize, pkt_len: usize) -> Vec<Vec<u8>> {
+    (0..IDEAL_BATCH_SIZE)
+        .map(|_| {
+            let mut b = Vec::with_capacity(2 * offset + TUN_WRITE_CAPACITY);
+            b.resize(pkt_len, 0);
+            b
+        })
+        .collect()
+}
+
 async fn write_tun(io: &Io, gro: &mut GROTable, bufs: &mut [Vec<u8>], offset: usize) {
     let r = if io.opts.offload {
         io.device.send_multiple(gro, bufs, offset).await.map(|_| ())
@@ -349,5 +366,75 @@ async fn timers(
         };
         io.control(&mut control).await;
         status.send_replace(s);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An IPv4/TCP segment of one flow: 20-byte IP header, 20-byte TCP header (ACK), payload.
+    fn segment(seq: u32, payload: usize) -> Vec<u8> {
+        let total = 40 + payload;
+        let mut p = vec![0u8; total];
+        p[0] = 0x45;
+        p[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+        p[6] = 0x40; // don't fragment
+        p[8] = 64;
+        p[9] = 6;
+        p[12..16].copy_from_slice(&[198, 18, 47, 1]);
+        p[16..20].copy_from_slice(&[198, 18, 47, 2]);
+        let ip_sum = tun_rs::checksum(&p[..20], 0);
+        p[10..12].copy_from_slice(&(!ip_sum).to_be_bytes());
+        p[20..22].copy_from_slice(&40000u16.to_be_bytes());
+        p[22..24].copy_from_slice(&5201u16.to_be_bytes());
+        p[24..28].copy_from_slice(&seq.to_be_bytes());
+        p[28..32].copy_from_slice(&1u32.to_be_bytes());
+        p[32] = 5 << 4;
+        p[33] = 0x10; // ACK (PSH may only end a coalesced run)
+        p[34..36].copy_from_slice(&64240u16.to_be_bytes());
+        p[40..].fill(0xab);
+        // TCP checksum over the pseudo-header (tun-rs checks it before coalescing)
+        let mut pseudo = Vec::with_capacity(12 + total - 20);
+        pseudo.extend_from_slice(&p[12..20]);
+        pseudo.extend_from_slice(&[0, 6]);
+        pseudo.extend_from_slice(&((total - 20) as u16).to_be_bytes());
+        pseudo.extend_from_slice(&p[20..]);
+        let tcp_sum = tun_rs::checksum(&pseudo, 0);
+        p[36..38].copy_from_slice(&(!tcp_sum).to_be_bytes());
+        p
+    }
+
+    /// The write buffers let `tun-rs` coalesce a flow's consecutive segments into one TUN
+    /// write (GRO). With buffers of one packet's capacity (the code before) the kernel got
+    /// every 1,380-byte segment as its own write and ran TCP's receive path per segment.
+    #[test]
+    fn decrypted_segments_of_a_flow_coalesce_into_one_tun_write() {
+        let (offset, mtu) = (VIRTIO_NET_HDR_LEN, 1420);
+        let pkt_len = offset + mtu + SLACK;
+        let mut bufs = tun_write_buffers(offset, pkt_len);
+        let payload = mtu - 40;
+        let n = 8;
+        for (i, b) in bufs.iter_mut().take(n).enumerate() {
+            let p = segment(1 + (i * payload) as u32, payload);
+            b.truncate(offset);
+            b.extend_from_slice(&p);
+        }
+        let mut to_write = Vec::new();
+        tun_rs::handle_gro(
+            &mut bufs[..n],
+            offset,
+            &mut Default::default(),
+            &mut Default::default(),
+            false,
+            &mut to_write,
+        )
+        .expect("gro");
+        assert_eq!(
+            to_write.len(),
+            1,
+            "one write for one flow, got {to_write:?}"
+        );
+        assert_eq!(bufs[to_write[0]].len(), offset + 40 + n * payload);
     }
 }
