@@ -321,9 +321,13 @@ EOF_
 }
 # Sequential small RPCs (GetPackage) per run: p99 is the 20th slowest of 2,000.
 RPC_CALLS=2000
+# ListBundles streams per run; the run's Mbit/s is from their median time. (It was 3 before
+# 2026-11-27 night: a 2.2 MB stream takes 10-20 ms through the fast backend, and the median of
+# three such short streams moved by +-15% between runs of the same build.)
+LB_REPS=15
 rpc_bench() {  # label netns addr proxy -> "mbit p99" (figures on stderr)
   local out
-  out="$(ip netns exec "$2" timeout 300 "$rel/examples/catalog-rpc-bench" "$3" "$4" 3 "$RPC_CALLS" 2>>"$work/catalog.log" | tail -1)"
+  out="$(ip netns exec "$2" timeout 300 "$rel/examples/catalog-rpc-bench" "$3" "$4" "$LB_REPS" "$RPC_CALLS" 2>>"$work/catalog.log" | tail -1)"
   echo "bench-tunnel:   $1: ${out:-failed}" >&2
   [[ -n "$out" ]] || grep -E -m6 "panicked|rror" "$work/catalog.log" | cut -c1-300 | sed 's/^/bench-tunnel:     /' >&2
   local mbit p99
@@ -590,7 +594,7 @@ if [[ $legs == tun ]]; then
 fi
 
 if [[ $legs != dns ]]; then
-echo "bench-tunnel: catalog path: ListBundles of $(basename "$catalog") x3 and $RPC_CALLS GetPackage, per round" >&2
+echo "bench-tunnel: catalog path: ListBundles of $(basename "$catalog") x$LB_REPS and $RPC_CALLS GetPackage, per round" >&2
 catalog_setup
 declare -a c_m c_p s_m s_p
 names=(ours konnectivity direct)
