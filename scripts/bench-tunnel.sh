@@ -48,6 +48,7 @@
 #   the catalog, Konnectivity and DNS legs, their tool checks and builds are skipped (needs
 #   iperf3, wg, the pinned wireguard-go and the release hcp-olm-tunnel only).
 #   HCP_OLM_BENCH_GATEWAY / HCP_OLM_BENCH_AGENT: other gateway and agent binaries (an A/B run).
+#   HCP_OLM_BENCH_TUNNEL: another hcp-olm-tunnel binary for the TUN legs (an A/B run).
 #   BENCH_LEGS=multi: only the many-HCPs leg. BENCH_LEGS=catalog: the catalog legs (opm and
 #   catalog-server backends) and the many-HCPs leg, no TUN or DNS. BENCH_LEGS=dns: only the
 #   DNS leg; its last line is
@@ -94,7 +95,7 @@ for b in "${need_tools[@]}"; do
   [[ -x "$tools/$b" ]] || { echo "bench-tunnel: $tools/$b missing: run 'make tools-bench'" >&2; exit 1; }
 done
 catalog="${HCP_OLM_BENCH_CATALOG:-$root/../shared/fixtures/catalogs/large}"
-tunnel="${CARGO_TARGET_DIR:-$root/target}/release/hcp-olm-tunnel"
+tunnel="${HCP_OLM_BENCH_TUNNEL:-${CARGO_TARGET_DIR:-$root/target}/release/hcp-olm-tunnel}"
 ourdns="${HCP_OLM_BENCH_DNS:-${CARGO_TARGET_DIR:-$root/target}/release/hcp-olm-dns}"
 coredns="${HCP_OLM_TOOLS_DIR:-${HCP_OLM_CACHE:-$HOME/.cache/hcp-olm}/bin}/coredns"
 if [[ $legs == all || $legs == dns ]]; then
@@ -322,8 +323,9 @@ EOF_
 # Sequential small RPCs (GetPackage) per run: p99 is the 20th slowest of 2,000.
 RPC_CALLS=2000
 # ListBundles streams per run; the run's Mbit/s is from their median time. (It was 3 before
-# 2026-11-27 night: a 2.2 MB stream takes 10-20 ms through the fast backend, and the median of
-# three such short streams moved by +-15% between runs of the same build.)
+# 2026-11-27 night: a 2.2 MB stream takes 8-45 ms through the fast backend, depending on the
+# path and the machine, and the median of three such short streams moved by about 15% between
+# runs of the same build.)
 LB_REPS=15
 rpc_bench() {  # label netns addr proxy -> "mbit p99" (figures on stderr)
   local out

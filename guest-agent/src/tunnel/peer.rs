@@ -1071,24 +1071,24 @@ fn alternates(keys: &Keys) -> Vec<(PrivateKey, RateLimiter)> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::tunnel::packet;
     use std::net::Ipv4Addr;
 
     const GW: &str = "198.18.40.1:51820";
-    const GUEST: &str = "198.18.40.2:40000";
+    pub(crate) const GUEST: &str = "198.18.40.2:40000";
     const GUEST2: &str = "198.18.40.6:40001";
-    const GUEST_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 41, 2);
-    const GW_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 41, 1);
+    pub(crate) const GUEST_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 41, 2);
+    pub(crate) const GW_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 41, 1);
 
     fn sa(s: &str) -> SocketAddr {
         s.parse().unwrap()
     }
 
-    struct Pair {
-        guest: Peer,
-        gw: Peer,
+    pub(crate) struct Pair {
+        pub(crate) guest: Peer,
+        pub(crate) gw: Peer,
         gw_key: PrivateKey,
         guest_key: PrivateKey,
         guest_addr: SocketAddr,
@@ -1305,7 +1305,9 @@ mod tests {
         assert_eq!(replica.counters().solicited, 2);
     }
 
-    fn established() -> Pair {
+    /// Two peers with a session (the guest dialled the gateway); also used by the TUN
+    /// driver's tests.
+    pub(crate) fn established() -> Pair {
         let mut p = pair();
         let mut out = Vec::new();
         p.guest.send_packet(&ping(1), &mut out).unwrap();

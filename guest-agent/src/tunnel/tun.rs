@@ -9,7 +9,10 @@
 //!   datagrams) through `quinn-udp`.
 //! - peer → TUN: `recvmmsg` with UDP GRO fills up to 32 × 64 KiB buffers per call; each
 //!   datagram is decrypted straight into a TUN write buffer, and the batch is written with
-//!   `tun-rs`'s GRO coalescing (TCP segments of one flow become one write).
+//!   `tun-rs`'s GRO coalescing (TCP segments of one flow become one write; UDP datagrams
+//!   too where the kernel has UDP segmentation offload for TUN, 6.2 and later). A device that
+//!   refuses writes (some kernels had GRO-on-TUN regressions) is reported as a warning, at
+//!   most once a minute, naming the way out: `[tun] offload = false`.
 //!
 //! The engine stays I/O-free: this module only moves bytes and holds the [`Peer`] behind a
 //! mutex that is never held across an `.await`.
@@ -36,10 +39,14 @@ const WG_OVERHEAD: usize = 32 + 16;
 const SLACK: usize = 64;
 /// A receive buffer holds one GRO super-datagram.
 const RX_BUF: usize = 65_536;
-/// The capacity of a TUN write buffer: one coalesced TCP/UDP super-packet (as wireguard-go
-/// sizes its buffers). `tun-rs` only coalesces a segment into a buffer whose capacity holds
-/// the merged packet; a buffer sized for one packet made every segment its own TUN write.
-const TUN_WRITE_CAPACITY: usize = 65_535;
+/// The largest packet a TUN write buffer may grow to by coalescing (GRO): a buffer's capacity
+/// is this plus twice the virtio-net header, which is what `tun-rs` requires of a buffer it
+/// coalesces into (it bounds the merged packet only by the capacity, so this is the upper limit
+/// too: an IP packet's 16-bit length). A buffer sized for one packet made every segment its
+/// own TUN write.
+const MAX_SUPER_PACKET: usize = 65_535;
+/// Failed TUN writes are logged as a warning at most this often.
+const WRITE_WARNING_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Options of the TUN driver.
 #[derive(Debug, Clone, Copy)]
@@ -219,9 +226,11 @@ async fn peer_to_tun(io: Arc<Io>, peer: Arc<Mutex<Peer>>, cancel: CancellationTo
     let batch = quinn_udp::BATCH_SIZE;
     let mut rx: Vec<Vec<u8>> = vec![vec![0u8; RX_BUF]; batch];
     let mut meta = vec![RecvMeta::default(); batch];
-    let mut out = tun_write_buffers(offset, pkt_len);
+    let mut out = tun_write_buffers(offset, pkt_len, io.opts.offload);
     let mut gro = GROTable::default();
     let mut control = Vec::new();
+    // Failed device writes, and when the last warning about them was logged.
+    let (mut write_errors, mut warned) = (0u64, None);
     loop {
         let n = {
             let mut iovs: Vec<IoSliceMut<'_>> = rx.iter_mut().map(|b| IoSliceMut::new(b)).collect();
@@ -257,8 +266,20 @@ async fn peer_to_tun(io: Arc<Io>, peer: Arc<Mutex<Peer>>, cancel: CancellationTo
                     &mut control,
                 )
             };
-            if k > 0 {
-                write_tun(&io, &mut gro, &mut out[..k], offset).await;
+            if k > 0
+                && let Err(e) = write_tun(&io, &mut gro, &mut out[..k], offset).await
+            {
+                write_errors += 1;
+                if warned.is_none_or(|t: Instant| t.elapsed() >= WRITE_WARNING_EVERY) {
+                    warned = Some(Instant::now());
+                    tracing::warn!(
+                        error = %e,
+                        write_errors,
+                        offload = io.opts.offload,
+                        "the TUN device refused a write (its packets are lost); if this \
+                         persists with offload on, set [tun] offload = false"
+                    );
+                }
             }
         }
         io.control(&mut control).await;
@@ -306,20 +327,31 @@ fn decrypt_batch(
 }
 
 /// The buffers decrypted packets are written from: `pkt_len` long (a packet and the
-/// virtio-net header), with room to coalesce a super-packet in place (`vec![v; n]` would
-/// clone only the length, not the capacity).
-fn tun_write_buffers(offset: usize, pkt_len: usize) -> Vec<Vec<u8>> {
+/// virtio-net header), and with offload room to coalesce a super-packet in place (`vec![v; n]`
+/// would clone only the length, not the capacity). 128 buffers of 64 KiB capacity: 8 MiB of
+/// address space; pages become resident as super-packets reach them, and stay so.
+fn tun_write_buffers(offset: usize, pkt_len: usize, offload: bool) -> Vec<Vec<u8>> {
+    let capacity = if offload {
+        2 * offset + MAX_SUPER_PACKET
+    } else {
+        pkt_len
+    };
     (0..IDEAL_BATCH_SIZE)
         .map(|_| {
-            let mut b = Vec::with_capacity(2 * offset + TUN_WRITE_CAPACITY);
+            let mut b = Vec::with_capacity(capacity);
             b.resize(pkt_len, 0);
             b
         })
         .collect()
 }
 
-async fn write_tun(io: &Io, gro: &mut GROTable, bufs: &mut [Vec<u8>], offset: usize) {
-    let r = if io.opts.offload {
+async fn write_tun(
+    io: &Io,
+    gro: &mut GROTable,
+    bufs: &mut [Vec<u8>],
+    offset: usize,
+) -> std::io::Result<()> {
+    if io.opts.offload {
         io.device.send_multiple(gro, bufs, offset).await.map(|_| ())
     } else {
         let mut r = Ok(());
@@ -329,9 +361,6 @@ async fn write_tun(io: &Io, gro: &mut GROTable, bufs: &mut [Vec<u8>], offset: us
             }
         }
         r
-    };
-    if let Err(e) = r {
-        tracing::debug!(error = %e, "tun write failed");
     }
 }
 
@@ -372,9 +401,12 @@ async fn timers(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tunnel::peer::tests::{GUEST, GUEST_IP, GW_IP, established};
+    use std::net::Ipv4Addr;
 
-    /// An IPv4/TCP segment of one flow: 20-byte IP header, 20-byte TCP header (ACK), payload.
-    fn segment(seq: u32, payload: usize) -> Vec<u8> {
+    /// An IPv4/TCP segment of one flow, `src` → `dst`: 20-byte IP header, 20-byte TCP header
+    /// (ACK), payload, valid checksums (tun-rs checks them before coalescing).
+    fn segment(src: Ipv4Addr, dst: Ipv4Addr, seq: u32, payload: usize) -> Vec<u8> {
         let total = 40 + payload;
         let mut p = vec![0u8; total];
         p[0] = 0x45;
@@ -382,8 +414,8 @@ mod tests {
         p[6] = 0x40; // don't fragment
         p[8] = 64;
         p[9] = 6;
-        p[12..16].copy_from_slice(&[198, 18, 47, 1]);
-        p[16..20].copy_from_slice(&[198, 18, 47, 2]);
+        p[12..16].copy_from_slice(&src.octets());
+        p[16..20].copy_from_slice(&dst.octets());
         let ip_sum = tun_rs::checksum(&p[..20], 0);
         p[10..12].copy_from_slice(&(!ip_sum).to_be_bytes());
         p[20..22].copy_from_slice(&40000u16.to_be_bytes());
@@ -394,7 +426,6 @@ mod tests {
         p[33] = 0x10; // ACK (PSH may only end a coalesced run)
         p[34..36].copy_from_slice(&64240u16.to_be_bytes());
         p[40..].fill(0xab);
-        // TCP checksum over the pseudo-header (tun-rs checks it before coalescing)
         let mut pseudo = Vec::with_capacity(12 + total - 20);
         pseudo.extend_from_slice(&p[12..20]);
         pseudo.extend_from_slice(&[0, 6]);
@@ -405,36 +436,87 @@ mod tests {
         p
     }
 
-    /// The write buffers let `tun-rs` coalesce a flow's consecutive segments into one TUN
-    /// write (GRO). With buffers of one packet's capacity (the code before) the kernel got
-    /// every 1,380-byte segment as its own write and ran TCP's receive path per segment.
+    /// Segments of one flow, encrypted by the guest and received by the gateway, go through
+    /// the driver's own decryption (`decrypt_batch` into `tun_write_buffers`) and come out as
+    /// one TUN write (GRO), batch after batch, with every buffer keeping its capacity. With
+    /// buffers of one packet's capacity (the code before) tun-rs could not coalesce: 8
+    /// segments were 8 writes, and the receiving kernel ran TCP's receive path per segment.
     #[test]
     fn decrypted_segments_of_a_flow_coalesce_into_one_tun_write() {
         let (offset, mtu) = (VIRTIO_NET_HDR_LEN, 1420);
         let pkt_len = offset + mtu + SLACK;
-        let mut bufs = tun_write_buffers(offset, pkt_len);
-        let payload = mtu - 40;
-        let n = 8;
-        for (i, b) in bufs.iter_mut().take(n).enumerate() {
-            let p = segment(1 + (i * payload) as u32, payload);
-            b.truncate(offset);
-            b.extend_from_slice(&p);
+        let capacity = 2 * offset + MAX_SUPER_PACKET;
+        let mut pair = established();
+        let mut out = tun_write_buffers(offset, pkt_len, true);
+        let (payload, n) = (mtu - 40, 8);
+        let mut control = Vec::new();
+        for round in 0..3 {
+            let mut rx = Vec::new();
+            for i in 0..n {
+                let seq = 1 + ((round * n + i) * payload) as u32;
+                let p = segment(GUEST_IP, GW_IP, seq, payload);
+                let mut d = vec![0u8; p.len() + WG_OVERHEAD];
+                let len = pair
+                    .guest
+                    .encapsulate_into(&p, &mut d, &mut control)
+                    .expect("encapsulate")
+                    .expect("a data message");
+                d.truncate(len);
+                rx.push(d);
+            }
+            let meta: Vec<RecvMeta> = rx
+                .iter()
+                .map(|d| {
+                    let mut m = RecvMeta::default();
+                    (m.addr, m.len, m.stride) = (GUEST.parse().unwrap(), d.len(), d.len());
+                    m
+                })
+                .collect();
+            let mut pos = (0, 0);
+            let k = decrypt_batch(
+                &mut pair.gw,
+                &rx,
+                &meta,
+                &mut pos,
+                Instant::now(),
+                &mut out,
+                offset,
+                pkt_len,
+                &mut control,
+            );
+            assert_eq!(k, n, "round {round}: every segment decrypted");
+            // (tables start empty per write batch, as `send_multiple` resets them)
+            let mut to_write = Vec::new();
+            tun_rs::handle_gro(
+                &mut out[..k],
+                offset,
+                &mut Default::default(),
+                &mut Default::default(),
+                false,
+                &mut to_write,
+            )
+            .expect("gro");
+            assert_eq!(
+                to_write.len(),
+                1,
+                "round {round}: one write, got {to_write:?}"
+            );
+            assert_eq!(out[to_write[0]].len(), offset + 40 + n * payload);
+            assert!(
+                out.iter().all(|b| b.capacity() == capacity),
+                "round {round}: a buffer lost its capacity"
+            );
         }
-        let mut to_write = Vec::new();
-        tun_rs::handle_gro(
-            &mut bufs[..n],
-            offset,
-            &mut Default::default(),
-            &mut Default::default(),
-            false,
-            &mut to_write,
-        )
-        .expect("gro");
-        assert_eq!(
-            to_write.len(),
-            1,
-            "one write for one flow, got {to_write:?}"
+        assert!(control.is_empty(), "no control messages: {control:?}");
+    }
+
+    /// Without offload nothing is coalesced, and buffers hold one packet.
+    #[test]
+    fn without_offload_buffers_hold_one_packet() {
+        let out = tun_write_buffers(0, 1420 + SLACK, false);
+        assert!(
+            out.iter()
+                .all(|b| b.capacity() == 1420 + SLACK && b.len() == 1420 + SLACK)
         );
-        assert_eq!(bufs[to_write[0]].len(), offset + 40 + n * payload);
     }
 }
