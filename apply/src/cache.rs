@@ -81,8 +81,28 @@ fn exceeded(what: &'static str, kind: &str, limits: &Limits) {
 
 /// Backoff between a failed watch and the next list: doubles from 1 s to 60 s, reset once
 /// a watch has lasted longer than 60 s.
-pub(crate) const RETRY_MIN: Duration = Duration::from_secs(1);
-pub(crate) const RETRY_MAX: Duration = Duration::from_secs(60);
+const RETRY_MIN: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// The pause before listing again after a watch ended ([`RETRY_MIN`] to [`RETRY_MAX`]). It
+/// grows unless the watch had lasted, so a server that answers the list and then ends every
+/// watch at once is not listed every second. Shared with [`crate::projected`].
+pub(crate) struct Backoff(Duration);
+
+impl Backoff {
+    pub(crate) fn new() -> Self {
+        Self(RETRY_MIN)
+    }
+
+    /// Sleeps after a watch that was opened at `started`.
+    pub(crate) async fn pause(&mut self, started: Instant) {
+        if started.elapsed() > RETRY_MAX {
+            self.0 = RETRY_MIN;
+        }
+        tokio::time::sleep(self.0).await;
+        self.0 = (self.0 * 2).min(RETRY_MAX);
+    }
+}
 
 fn read(objects: &std::sync::RwLock<Objects>) -> std::sync::RwLockReadGuard<'_, Objects> {
     objects.read().unwrap_or_else(|p| p.into_inner())
@@ -435,14 +455,18 @@ impl WatchCache {
             out.tasks.push(tokio::spawn(async move {
                 // This kind's share of `used`.
                 let mut mine = 0usize;
-                let mut retry = RETRY_MIN;
+                let mut backoff = Backoff::new();
                 let mut window = (Instant::now(), 0u32);
                 let mut since_purge = 0u32;
                 // A bound crossed ends both loops.
                 let crossed: &'static str = 'watch: loop {
                     let started = Instant::now();
-                    let stream =
-                        crate::watch::metadata(client.clone(), &resource_, &selector, limits.watch);
+                    let stream = crate::watch::metadata(
+                        client.clone(),
+                        &resource_,
+                        crate::watch::Selector::labels(&selector),
+                        limits.watch,
+                    );
                     futures::pin_mut!(stream);
                     // A (re)list is collected here and replaces the store once complete.
                     let mut relist: Option<(Objects, usize)> = None;
@@ -549,14 +573,8 @@ impl WatchCache {
                     }
                     // Nothing is answered from a stream that ended until a new list.
                     flag.store(false, Ordering::Release);
-                    // The watch failed (or its stream ended): list again after a pause,
-                    // which grows unless the watch had lasted (a server that answers the
-                    // list and then ends every watch at once is not listed every second).
-                    if started.elapsed() > RETRY_MAX {
-                        retry = RETRY_MIN;
-                    }
-                    tokio::time::sleep(retry).await;
-                    retry = (retry * 2).min(RETRY_MAX);
+                    // The watch failed (or its stream ended): list again after a pause.
+                    backoff.pause(started).await;
                 };
                 flag.store(false, Ordering::Release);
                 overflow.store(true, Ordering::Release);

@@ -23,7 +23,7 @@ use kube::api::ApiResource;
 use kube::runtime::watcher;
 use serde_json::Value;
 
-use crate::cache::{RETRY_MAX, RETRY_MIN, over_budget};
+use crate::cache::{Backoff, over_budget};
 use crate::watch::{self, Selector};
 
 /// Makes the projection kept of an object (`None`: keep nothing for it).
@@ -220,7 +220,7 @@ async fn run(
     [synced, gave_up, unserved]: [Arc<AtomicBool>; 3],
     what: String,
 ) {
-    let mut retry = RETRY_MIN;
+    let mut backoff = Backoff::new();
     // Bytes of the store (see `weight`).
     let mut used = 0usize;
     let crossed: &'static str = 'watch: loop {
@@ -228,7 +228,7 @@ async fn run(
         // Both kinds of stream as one: (key, object as JSON) per event.
         let mut stream: futures::stream::BoxStream<'static, Result<Ev, watch::WatchError>> =
             if metadata_only {
-                watch::metadata_selected(client.clone(), &resource, selector.clone(), limits.watch)
+                watch::metadata(client.clone(), &resource, selector.clone(), limits.watch)
                     .map(|r| {
                         r.map(|e| as_json(e, |m| (key_of(&m.metadata), serde_json::to_value(m))))
                     })
@@ -325,12 +325,7 @@ async fn run(
             }
         }
         synced.store(false, Ordering::Release);
-        // The pause grows unless the watch had lasted (see cache.rs).
-        if started.elapsed() > RETRY_MAX {
-            retry = RETRY_MIN;
-        }
-        tokio::time::sleep(retry).await;
-        retry = (retry * 2).min(RETRY_MAX);
+        backoff.pause(started).await;
     };
     synced.store(false, Ordering::Release);
     gave_up.store(true, Ordering::Release);

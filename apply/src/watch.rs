@@ -175,19 +175,9 @@ impl Selector {
     }
 }
 
-/// The metadata of `resource`'s objects carrying the labels `selector`, in all namespaces,
-/// as list-then-watch events (see the module docs).
+/// The metadata of `resource`'s objects selected by `selector`, as list-then-watch events
+/// (see the module docs).
 pub fn metadata(
-    client: kube::Client,
-    resource: &ApiResource,
-    selector: &str,
-    options: Options,
-) -> impl futures::Stream<Item = Result<watcher::Event<Meta>, WatchError>> + Send + use<> {
-    start(client, resource, Selector::labels(selector), true, options)
-}
-
-/// [`metadata`] with any [`Selector`].
-pub fn metadata_selected(
     client: kube::Client,
     resource: &ApiResource,
     selector: Selector,
@@ -661,7 +651,7 @@ mod tests {
         let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
         let client = kube::Client::try_from(config).unwrap();
         let r = ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&());
-        let s = metadata(client, &r, "a=b", Options::default());
+        let s = metadata(client, &r, Selector::labels("a=b"), Options::default());
         assert!(
             std::mem::size_of_val(&s) <= 640,
             "{}",
@@ -716,7 +706,7 @@ mod tests {
         let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
         let client = kube::Client::try_from(config).unwrap();
         let r = ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&());
-        let s = metadata(client, &r, "a=b", Options::default());
+        let s = metadata(client, &r, Selector::labels("a=b"), Options::default());
         futures::pin_mut!(s);
         let mut seen = Vec::new();
         let until = tokio::time::Instant::now() + std::time::Duration::from_secs(5);

@@ -606,7 +606,7 @@ async fn a_limited_cache_gives_up_a_kind_with_too_many_objects() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_metadata_watch_pages_resumes_and_bounds_sizes() -> Result<()> {
     use futures::StreamExt;
-    use hcp_olm_apply::watch::{self, Options, WatchError};
+    use hcp_olm_apply::watch::{self, Options, Selector, WatchError};
     use kube::runtime::watcher::Event;
     let cluster = test_cluster("apply6").await?;
     let client = cluster.client();
@@ -632,7 +632,7 @@ async fn a_metadata_watch_pages_resumes_and_bounds_sizes() -> Result<()> {
     // server) while nothing happens.
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let reader = tokio::spawn(async move {
-        let stream = watch::metadata(client, &resource, selector, options);
+        let stream = watch::metadata(client, &resource, Selector::labels(selector), options);
         futures::pin_mut!(stream);
         while let Some(ev) = stream.next().await {
             if tx.send(ev).is_err() {
@@ -694,7 +694,7 @@ async fn a_metadata_watch_pages_resumes_and_bounds_sizes() -> Result<()> {
         max_event_bytes: 2048,
         ..Options::default()
     };
-    let stream = watch::metadata(client.clone(), &resource, selector, small);
+    let stream = watch::metadata(client.clone(), &resource, Selector::labels(selector), small);
     futures::pin_mut!(stream);
     loop {
         match stream.next().await {
@@ -719,7 +719,12 @@ async fn a_metadata_watch_pages_resumes_and_bounds_sizes() -> Result<()> {
         max_page_bytes: 4096,
         ..Options::default()
     };
-    let stream = watch::metadata(client.clone(), &resource, selector, tiny_page);
+    let stream = watch::metadata(
+        client.clone(),
+        &resource,
+        Selector::labels(selector),
+        tiny_page,
+    );
     futures::pin_mut!(stream);
     let got = stream.next().await;
     ensure!(
@@ -728,7 +733,12 @@ async fn a_metadata_watch_pages_resumes_and_bounds_sizes() -> Result<()> {
     );
     // A kind the server does not serve.
     let missing = missing_kind();
-    let stream = watch::metadata(client.clone(), &missing, selector, Options::default());
+    let stream = watch::metadata(
+        client.clone(),
+        &missing,
+        Selector::labels(selector),
+        Options::default(),
+    );
     futures::pin_mut!(stream);
     let got = stream.next().await;
     ensure!(

@@ -683,11 +683,7 @@ async fn reconcile_converges_prunes_and_cleans_up() -> Result<()> {
         "guest reads of a converged pass with the guest cache and status stores"
     );
     ensure!(
-        !(guest_reads.crd.gave_up()
-            || guest_reads.sources.gave_up()
-            || guest_reads.deprecated.gave_up()
-            || guest_reads.csvs.gave_up()
-            || guest_reads.deployments.gave_up()),
+        !guest_reads.all().iter().any(|p| p.gave_up()),
         "{guest_reads:?}"
     );
     ensure!(guest_cache.overflowed().is_empty());

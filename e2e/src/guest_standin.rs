@@ -515,7 +515,7 @@ fn fields_of(v: &Value, top: bool) -> Value {
 /// The `labelSelector` (`k=v`, `k==v`, `!k`) and `fieldSelector` (`metadata.name=x`) terms
 /// of a query. Other terms are not understood: set-based ones are ignored (everything
 /// matches them), and `k!=v` reads as a label `k!` (nothing matches it).
-fn label_selector(query: Option<&str>) -> Vec<Term> {
+fn selector_terms(query: Option<&str>) -> Vec<Term> {
     let mut out = Vec::new();
     for pair in query.unwrap_or_default().split('&') {
         let Some((which, v)) = pair.split_once('=') else {
@@ -625,7 +625,7 @@ fn watch(
     metadata_only: bool,
 ) -> Response<Body> {
     s.watches.fetch_add(1, Ordering::Relaxed);
-    let sel = label_selector(query);
+    let sel = selector_terms(query);
     let since: u64 = query_param(query, "resourceVersion")
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
@@ -772,7 +772,7 @@ async fn handle(s: &Shared, req: Request<Incoming>) -> Response<Body> {
                 None => status(StatusCode::NOT_FOUND, "NotFound", format!("crd {n}")),
             },
             (&Method::GET, None) => {
-                let sel = label_selector(uri.query());
+                let sel = selector_terms(uri.query());
                 let items: Vec<Value> = s
                     .crds
                     .values()
@@ -815,7 +815,7 @@ async fn handle(s: &Shared, req: Request<Incoming>) -> Response<Body> {
             None => not_found(name),
         },
         (Method::GET, None) => {
-            let sel = label_selector(uri.query());
+            let sel = selector_terms(uri.query());
             let items: Vec<Value> = objects
                 .iter()
                 .filter(|((g, pl, ns, _), _)| {
@@ -975,14 +975,14 @@ mod tests {
         let p = parse_path("/guests/1/apis/apiregistration.k8s.io/v1/apiservices").unwrap();
         assert_eq!((p.group.as_str(), p.name), ("apiregistration.k8s.io", None));
         assert_eq!(
-            label_selector(Some("labelSelector=a%3Db%2Cc%3Dd&limit=5")),
+            selector_terms(Some("labelSelector=a%3Db%2Cc%3Dd&limit=5")),
             [
                 Term::Label("a".into(), "b".into()),
                 Term::Label("c".into(), "d".into())
             ]
         );
         assert_eq!(
-            label_selector(Some(
+            selector_terms(Some(
                 "labelSelector=%21olm.copiedFrom&fieldSelector=metadata.name%3Dx&limit=5"
             )),
             [

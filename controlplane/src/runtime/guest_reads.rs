@@ -83,13 +83,10 @@ pub fn keep_source(o: &Value) -> Option<Value> {
     }))
 }
 
-/// The `olm.maxOpenShiftVersion` a CSV declares (as a string), if any; nothing for a copy.
-pub fn max_openshift_version(meta: &Value) -> Option<String> {
-    if meta["labels"].get("olm.copiedFrom").is_some() {
-        return None;
-    }
-    let props: Value =
-        serde_json::from_str(meta["annotations"][PROPERTIES_ANNOTATION].as_str()?).ok()?;
+/// The `olm.maxOpenShiftVersion` a CSV declares (as a string) in its
+/// [`PROPERTIES_ANNOTATION`], if any.
+pub fn max_openshift_version(properties: &str) -> Option<String> {
+    let props: Value = serde_json::from_str(properties).ok()?;
     props["properties"].as_array()?.iter().find_map(|prop| {
         (prop["type"] == "olm.maxOpenShiftVersion").then(|| match &prop["value"] {
             Value::String(s) => s.clone(),
@@ -98,8 +95,14 @@ pub fn max_openshift_version(meta: &Value) -> Option<String> {
     })
 }
 
+/// A CSV's `olm.maxOpenShiftVersion`; nothing for a copy (not a separate install).
 fn keep_csv(o: &Value) -> Option<Value> {
-    max_openshift_version(&o["metadata"]).map(|m| json!({ "max": m }))
+    let meta = &o["metadata"];
+    if meta["labels"].get("olm.copiedFrom").is_some() {
+        return None;
+    }
+    max_openshift_version(meta["annotations"][PROPERTIES_ANNOTATION].as_str()?)
+        .map(|m| json!({ "max": m }))
 }
 
 /// What component status reads of a Deployment.
@@ -182,17 +185,22 @@ impl GuestReads {
         }
     }
 
-    /// Waits until every store is synced, has given up or finds its kind not served
-    /// (tests).
-    pub async fn wait_settled(&self, timeout: std::time::Duration) -> bool {
-        let mut all = true;
-        for p in [
+    /// The five stores.
+    pub fn all(&self) -> [&Projected; 5] {
+        [
             &self.crd,
             &self.sources,
             &self.deprecated,
             &self.csvs,
             &self.deployments,
-        ] {
+        ]
+    }
+
+    /// Waits until every store is synced, has given up or finds its kind not served
+    /// (tests).
+    pub async fn wait_settled(&self, timeout: std::time::Duration) -> bool {
+        let mut all = true;
+        for p in self.all() {
             all &= p.wait_settled(timeout).await;
         }
         all

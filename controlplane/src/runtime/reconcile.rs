@@ -1416,8 +1416,19 @@ async fn read_installed_operators(guest: &kube::Client) -> Vec<InstalledOperator
         };
         for o in page.items {
             // Copied CSVs (olm.copiedFrom) are not separate installs.
-            let meta = serde_json::to_value(&o.metadata).unwrap_or_default();
-            let max = super::guest_reads::max_openshift_version(&meta);
+            if o.metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key("olm.copiedFrom"))
+            {
+                continue;
+            }
+            let max = o
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(super::guest_reads::PROPERTIES_ANNOTATION))
+                .and_then(|p| super::guest_reads::max_openshift_version(p));
             if max.is_none() {
                 continue;
             }
