@@ -94,6 +94,12 @@ need_tools=(wireguard-go)
 for b in "${need_tools[@]}"; do
   [[ -x "$tools/$b" ]] || { echo "bench-tunnel: $tools/$b missing: run 'make tools-bench'" >&2; exit 1; }
 done
+# Binaries other than this tree's builds (an A/B run) are named in the last line.
+builds=""
+for v in HCP_OLM_BENCH_TUNNEL HCP_OLM_BENCH_GATEWAY HCP_OLM_BENCH_AGENT HCP_OLM_BENCH_DNS; do
+  if [[ -n "${!v:-}" ]]; then builds+=" ${v#HCP_OLM_BENCH_}=${!v}"; fi
+done
+if [[ -n $builds ]]; then builds=" (other builds:${builds})"; fi
 catalog="${HCP_OLM_BENCH_CATALOG:-$root/../shared/fixtures/catalogs/large}"
 tunnel="${HCP_OLM_BENCH_TUNNEL:-${CARGO_TARGET_DIR:-$root/target}/release/hcp-olm-tunnel}"
 ourdns="${HCP_OLM_BENCH_DNS:-${CARGO_TARGET_DIR:-$root/target}/release/hcp-olm-dns}"
@@ -565,7 +571,7 @@ rotated() { local i=$1 n=$2 k; for k in $(seq 0 $((n - 1))); do echo $(( (i - 1 
 
 if [[ $legs == multi ]]; then
   multi_leg
-  echo "tunnel-bench: ${multi_line#multi-bench: } (legs: multi)"
+  echo "tunnel-bench: ${multi_line#multi-bench: } (legs: multi)$builds"
   exit 0
 fi
 
@@ -591,7 +597,7 @@ if [[ $legs != catalog && $legs != dns ]]; then
   echo "tun6-bench: ours_mbit(min/median/max)=$(spread "${ours6[@]}") wireguard_go_mbit=$(spread "${wggo6[@]}") tun6_vs_wireguard_go=$r_tun6 ours_v6_vs_v4=$r_v6v4" >&2
 fi
 if [[ $legs == tun ]]; then
-  echo "tunnel-bench: tun_vs_wireguard_go=$r_tun tun6_vs_wireguard_go=$r_tun6 ours_v6_vs_v4=$r_v6v4 (legs: tun)"
+  echo "tunnel-bench: tun_vs_wireguard_go=$r_tun tun6_vs_wireguard_go=$r_tun6 ours_v6_vs_v4=$r_v6v4 (legs: tun)$builds"
   exit 0
 fi
 
@@ -627,7 +633,7 @@ multi_leg
 }
 r_bulk_k="$(ratio "$so" "$sk")" r_bulk_d="$(ratio "$so" "$sd")" r_p99="$(ratio "$spo" "$spk")" r_p99_opm="$(ratio "$po" "$pk")"
 if [[ $legs == catalog ]]; then
-  echo "tunnel-bench: bulk_vs_konnectivity=$r_bulk_k bulk_vs_direct=$r_bulk_d rpc_p99_vs_konnectivity=$r_p99 rpc_p99_opm_vs_konnectivity=$r_p99_opm multi_aggregate_vs_single=$(sed -n 's/.*aggregate_vs_single=\([^ ]*\).*/\1/p' <<<"$multi_line") multi_udp_rcvbuf_drops=$(sed -n 's/.*udp_rcvbuf_drops=\([^ ]*\).*/\1/p' <<<"$multi_line") (legs: catalog)"
+  echo "tunnel-bench: bulk_vs_konnectivity=$r_bulk_k bulk_vs_direct=$r_bulk_d rpc_p99_vs_konnectivity=$r_p99 rpc_p99_opm_vs_konnectivity=$r_p99_opm multi_aggregate_vs_single=$(sed -n 's/.*aggregate_vs_single=\([^ ]*\).*/\1/p' <<<"$multi_line") multi_udp_rcvbuf_drops=$(sed -n 's/.*udp_rcvbuf_drops=\([^ ]*\).*/\1/p' <<<"$multi_line") (legs: catalog)$builds"
   exit 0
 fi
 fi
@@ -656,7 +662,7 @@ dns_stop
 }
 r_dns_c="$(ratio "$co_" "$cc")" r_dns_m="$(ratio "$co_" "$cm")"
 if [[ $legs == dns ]]; then
-  echo "tunnel-bench: dns_cpu_vs_coredns=$r_dns_c dns_cpu_vs_dnsmasq=$r_dns_m (legs: dns)"
+  echo "tunnel-bench: dns_cpu_vs_coredns=$r_dns_c dns_cpu_vs_dnsmasq=$r_dns_m (legs: dns)$builds"
   exit 0
 fi
-echo "tunnel-bench: bulk_vs_konnectivity=$r_bulk_k bulk_vs_direct=$r_bulk_d rpc_p99_vs_konnectivity=$r_p99 rpc_p99_opm_vs_konnectivity=$r_p99_opm tun_vs_wireguard_go=$r_tun dns_cpu_vs_coredns=$r_dns_c dns_cpu_vs_dnsmasq=$r_dns_m tun6_vs_wireguard_go=$r_tun6 multi_aggregate_vs_single=$(sed -n 's/.*aggregate_vs_single=\([^ ]*\).*/\1/p' <<<"$multi_line") multi_udp_rcvbuf_drops=$(sed -n 's/.*udp_rcvbuf_drops=\([^ ]*\).*/\1/p' <<<"$multi_line")"
+echo "tunnel-bench: bulk_vs_konnectivity=$r_bulk_k bulk_vs_direct=$r_bulk_d rpc_p99_vs_konnectivity=$r_p99 rpc_p99_opm_vs_konnectivity=$r_p99_opm tun_vs_wireguard_go=$r_tun dns_cpu_vs_coredns=$r_dns_c dns_cpu_vs_dnsmasq=$r_dns_m tun6_vs_wireguard_go=$r_tun6 multi_aggregate_vs_single=$(sed -n 's/.*aggregate_vs_single=\([^ ]*\).*/\1/p' <<<"$multi_line") multi_udp_rcvbuf_drops=$(sed -n 's/.*udp_rcvbuf_drops=\([^ ]*\).*/\1/p' <<<"$multi_line")$builds"
