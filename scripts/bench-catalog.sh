@@ -6,7 +6,7 @@
 # Usage: scripts/bench-catalog.sh [CATALOG_DIR] [GETBUNDLE_SAMPLES]
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-catalog="${1:-$root/../shared/fixtures/catalogs/large}"
+catalog="${1:-$("$root/scripts/fixture-catalog.sh" large)}"
 samples="${2:-2000}"
 tools="${HCP_OLM_TOOLS_DIR:-${HCP_OLM_CACHE:-$HOME/.cache/hcp-olm}/bin}"
 opm="$tools/opm"

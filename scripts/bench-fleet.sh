@@ -18,7 +18,7 @@ n="${1:-${BENCH_N:-50}}"
 rounds="${2:-${BENCH_ROUNDS:-3}}"
 calls="${FLEET_CALLS:-200}"
 interval="${FLEET_INTERVAL_MS:-50}"
-catalog="${FLEET_CATALOG:-$root/../shared/fixtures/catalogs/large}"
+catalog="${FLEET_CATALOG:-$("$root/scripts/fixture-catalog.sh" large)}"
 tools="${HCP_OLM_TOOLS_DIR:-${HCP_OLM_CACHE:-$HOME/.cache/hcp-olm}/bin}"
 opm="$tools/opm"
 if [[ ! -x "$opm" ]]; then

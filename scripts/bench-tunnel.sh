@@ -100,7 +100,7 @@ for v in HCP_OLM_BENCH_TUNNEL HCP_OLM_BENCH_GATEWAY HCP_OLM_BENCH_AGENT HCP_OLM_
   if [[ -n "${!v:-}" ]]; then builds+=" ${v#HCP_OLM_BENCH_}=${!v}"; fi
 done
 if [[ -n $builds ]]; then builds=" (other builds:${builds})"; fi
-catalog="${HCP_OLM_BENCH_CATALOG:-$root/../shared/fixtures/catalogs/large}"
+catalog="${HCP_OLM_BENCH_CATALOG:-$("$root/scripts/fixture-catalog.sh" large)}"
 tunnel="${HCP_OLM_BENCH_TUNNEL:-${CARGO_TARGET_DIR:-$root/target}/release/hcp-olm-tunnel}"
 ourdns="${HCP_OLM_BENCH_DNS:-${CARGO_TARGET_DIR:-$root/target}/release/hcp-olm-dns}"
 coredns="${HCP_OLM_TOOLS_DIR:-${HCP_OLM_CACHE:-$HOME/.cache/hcp-olm}/bin}/coredns"

@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+/// A fixture catalog (or file) of this repository's `fixtures/catalogs`.
 fn fixture(name: &str) -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/fixtures/catalogs")
+    hcp_olm_e2e::tools::fixtures_dir()
+        .join("catalogs")
         .join(name)
 }
 

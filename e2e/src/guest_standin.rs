@@ -164,7 +164,7 @@ impl Drop for GuestStandIn {
 
 impl GuestStandIn {
     /// Binds 127.0.0.1 on a free port and serves `count` guests that all "serve" the given
-    /// CRDs (JSON objects, e.g. parsed from `shared/fixtures/crds`).
+    /// CRDs (JSON objects, e.g. parsed from `fixtures/crds`).
     pub async fn start(count: usize, crds: Vec<Value>) -> std::io::Result<Self> {
         use rustls::pki_types::pem::PemObject;
         use rustls::pki_types::{CertificateDer, PrivateKeyDer};

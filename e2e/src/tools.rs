@@ -80,11 +80,77 @@ pub fn repo_file(p: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(p)
 }
 
-/// The shared fixtures directory: `$HCP_OLM_SHARED/fixtures`, else `shared/fixtures` beside the
-/// repository checkout (CI clones the repository with `shared/` next to it).
+/// The fixtures directory of this repository (`fixtures/`: real public catalogs, CRDs and
+/// HostedCluster examples; provenance in `fixtures/README.md`). A plain clone has everything
+/// the tests, the demo and the benchmarks read; nothing beside the checkout is looked at.
 pub fn fixtures_dir() -> PathBuf {
-    let shared = std::env::var_os("HCP_OLM_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared"));
-    shared.join("fixtures")
+    repo_file("fixtures")
+}
+
+/// Errors unpacking a fixture catalog.
+#[derive(Debug, thiserror::Error)]
+pub enum FixtureError {
+    #[error("fixture catalog `{name}`: neither {dir} nor {archive} exists")]
+    Missing {
+        name: String,
+        dir: PathBuf,
+        archive: PathBuf,
+    },
+    #[error("unpacking fixture catalog {archive} into {into}: {source}")]
+    Unpack {
+        archive: PathBuf,
+        into: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// The directory of fixture catalog `name` (`small`, `large`, `large-bundle-object`). Small
+/// catalogs are kept as directories; the large ones as `fixtures/catalogs/<name>.tar.gz`,
+/// unpacked once into `<target dir>/fixtures/<name>-<sha256 prefix of the archive>` and reused
+/// (concurrent test processes each unpack into a temporary directory and the first rename
+/// wins, so nobody reads a half-written catalog).
+pub fn fixture_catalog(name: &str) -> Result<PathBuf, FixtureError> {
+    use sha2::{Digest, Sha256};
+    let catalogs = fixtures_dir().join("catalogs");
+    let dir = catalogs.join(name);
+    if dir.is_dir() {
+        return Ok(dir);
+    }
+    let archive = catalogs.join(format!("{name}.tar.gz"));
+    let bytes = std::fs::read(&archive).map_err(|_| FixtureError::Missing {
+        name: name.to_string(),
+        dir: dir.clone(),
+        archive: archive.clone(),
+    })?;
+    let digest = Sha256::digest(&bytes);
+    let short: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+    let root = current_target_dir().join("fixtures");
+    let into = root.join(format!("{name}-{short}"));
+    let unpacked = into.join(name);
+    if unpacked.is_dir() {
+        return Ok(unpacked);
+    }
+    let err = |source| FixtureError::Unpack {
+        archive: archive.clone(),
+        into: into.clone(),
+        source,
+    };
+    std::fs::create_dir_all(&root).map_err(err)?;
+    let tmp = tempfile::tempdir_in(&root).map_err(err)?;
+    tar::Archive::new(flate2::read::GzDecoder::new(bytes.as_slice()))
+        .unpack(tmp.path())
+        .map_err(err)?;
+    if !tmp.path().join(name).is_dir() {
+        return Err(err(std::io::Error::other(format!(
+            "the archive holds no top-level directory `{name}`"
+        ))));
+    }
+    match std::fs::rename(tmp.path(), &into) {
+        // the directory is ours now: not removed when `tmp` would be dropped
+        Ok(()) => drop(tmp.keep()),
+        // another process renamed its copy first; ours is removed with `tmp`
+        Err(_) if unpacked.is_dir() => {}
+        Err(e) => return Err(err(e)),
+    }
+    Ok(unpacked)
 }

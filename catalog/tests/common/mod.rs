@@ -113,11 +113,10 @@ pub async fn wait_serving(process: &ManagedProcess, port: u16, limit: Duration) 
     }
 }
 
-/// Path of a shared fixture catalog.
+/// Path of a fixture catalog of this repository (`fixtures/catalogs`; the large ones are
+/// unpacked once from their archives).
 pub fn fixture(name: &str) -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/fixtures/catalogs")
-        .join(name)
+    hcp_olm_e2e::tools::fixture_catalog(name).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A directory of symlinks to the packages of `catalog` that form a valid

@@ -13,10 +13,7 @@ use hcp_olm_controlplane::validate::{self, ControllerDefaults, ReleaseFacts, Val
 use time::OffsetDateTime;
 
 pub fn examples_dir() -> PathBuf {
-    PathBuf::from(
-        std::env::var("HCP_OLM_FIXTURES").unwrap_or_else(|_| "/work/shared/fixtures".into()),
-    )
-    .join("hypershift/examples")
+    hcp_olm_e2e::tools::fixtures_dir().join("hypershift/examples")
 }
 
 pub fn load_hc(file: &str) -> HostedCluster {
