@@ -5898,3 +5898,168 @@ async fn a_guest_session_shares_one_connection() -> Result<()> {
     ensure!(sessions.is_empty());
     Ok(())
 }
+
+mod hostile_guest;
+
+/// The controller Deployment's memory limit (manifests/controller/deployment.yaml), bytes.
+fn controller_memory_limit() -> Result<u64> {
+    let d: Deployment = serde_yaml_ng::from_str(&std::fs::read_to_string(repo_file(
+        "manifests/controller/deployment.yaml",
+    ))?)?;
+    let limit = d
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|s| s.containers.into_iter().next())
+        .and_then(|c| c.resources?.limits?.remove("memory"))
+        .context("the controller Deployment has no memory limit")?;
+    let mib: u64 = limit
+        .0
+        .strip_suffix("Mi")
+        .context("memory limit in Mi")?
+        .parse()?;
+    Ok(mib << 20)
+}
+
+/// Security (issue 35, item 1): a HostedCluster's owner points the admin kubeconfig at a
+/// server of their own (a named STAND-IN, `hostile_guest::Hostile`: its watches fail and
+/// every other request is answered `200` with an endless JSON body). While the controller
+/// reconciles it over and over (the fallback reads of a pass whose watches are not synced),
+/// this process's RSS stays under a bound, the hostile cluster's status names the bound
+/// (`Degraded=True GuestResponseTooLarge`), and another HostedCluster on a real guest API
+/// server converges. On the old code the CRD GET buffered the endless body: RSS crossed the
+/// bound within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn security_a_hostile_guests_endless_answers_cost_other_clusters_nothing() -> Result<()> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const MIB: u64 = 1 << 20;
+    /// Growth of this process's RSS allowed while the attack runs (the controller reads at
+    /// most four 8 MiB answers at a time; this bound leaves room for decoding).
+    const GROWTH_BOUND: u64 = 128 * MIB;
+    let _serial = SERIAL.lock().await;
+    let limit = controller_memory_limit()?;
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    let ctx = Arc::new(ctx(controller_client(&env).await?));
+    // As the controller loop runs it: watches first, the pass's own reads where they are
+    // not synced (the hostile server's never are).
+    ctx.guests.enable_caches();
+    let hostile = hostile_guest::Hostile::start(hostile_guest::Mode::Endless).await?;
+    put_secret(
+        &env.management,
+        HC_NS,
+        "hostile-kubeconfig",
+        "kubeconfig",
+        hostile.kubeconfig().into_bytes(),
+    )
+    .await?;
+    create_hc(&env, "hostile", "hostile-kubeconfig").await?;
+    put_kubeconfig_secret(&env, "normal-kubeconfig").await?;
+    create_hc(&env, "normal", "normal-kubeconfig").await?;
+    let base = hostile_guest::rss()?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let attack = {
+        let (ctx, stop) = (ctx.clone(), stop.clone());
+        let hc = get_hc(&env, "hostile").await?;
+        tokio::spawn(async move {
+            let mut passes = Vec::new();
+            // Bounded in count (200 passes) and by `stop`.
+            for _ in 0..200 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                passes.push(reconcile_one(&ctx, &hc).await.map(|o| o.state));
+                // As a requeue would, only sooner.
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            passes
+        })
+    };
+    let normal = {
+        let (ctx, env) = (ctx.clone(), &env);
+        let started = std::time::Instant::now();
+        async move {
+            let o = converge(&ctx, env, "normal", &[&env.management, &env.guest]).await?;
+            Ok::<_, anyhow::Error>((o, started.elapsed()))
+        }
+    };
+    tokio::pin!(normal);
+    let started = std::time::Instant::now();
+    let mut peak = base;
+    let mut converged = None;
+    // Sampled every 20 ms for at least 30 s of attack and until the normal cluster
+    // converged; at most 180 s.
+    loop {
+        tokio::select! {
+            r = &mut normal, if converged.is_none() => converged = Some(r?),
+            () = tokio::time::sleep(std::time::Duration::from_millis(20)) => {}
+        }
+        peak = peak.max(hostile_guest::rss()?);
+        if peak.saturating_sub(base) > GROWTH_BOUND {
+            stop.store(true, Ordering::Relaxed);
+            attack.abort();
+            anyhow::bail!(
+                "RSS grew by {} MiB (bound {} MiB; peak {} MiB) while the hostile guest streamed {} MiB: its answers are read without a bound",
+                peak.saturating_sub(base) / MIB,
+                GROWTH_BOUND / MIB,
+                peak / MIB,
+                hostile.streamed() / MIB
+            );
+        }
+        if converged.is_some() && started.elapsed() >= std::time::Duration::from_secs(30) {
+            break;
+        }
+        ensure!(
+            started.elapsed() < std::time::Duration::from_secs(180),
+            "the normal cluster did not converge within 180 s beside the hostile one"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    let passes = attack.await?;
+    let (o, took) = converged.context("converged")?;
+    eprintln!(
+        "RSS under attack: peak {:.1} MiB, growth {:.1} MiB over {:.1} MiB (bound {} MiB; Deployment limit {} MiB); hostile guest streamed {:.1} MiB over {} reads in {} passes; normal cluster converged in {:.1} s ({:?})",
+        peak as f64 / MIB as f64,
+        peak.saturating_sub(base) as f64 / MIB as f64,
+        base as f64 / MIB as f64,
+        GROWTH_BOUND / MIB,
+        limit / MIB,
+        hostile.streamed() as f64 / MIB as f64,
+        hostile.reads(),
+        passes.len(),
+        took.as_secs_f64(),
+        o.state
+    );
+    ensure!(
+        peak < limit,
+        "peak RSS {peak} over the Deployment's limit {limit}"
+    );
+    ensure!(hostile.reads() > 0, "the hostile server was never read");
+    ensure!(
+        o.state == State::Applied
+            || matches!(&o.state, State::Waiting(w) if w != "GuestResponseTooLarge"),
+        "normal: {o:?}"
+    );
+    for p in &passes {
+        ensure!(
+            matches!(p, Ok(State::Waiting(w)) if w == "GuestResponseTooLarge"),
+            "hostile pass: {p:?}"
+        );
+    }
+    let holm = holm_of(&env, "hostile").await?;
+    let d = condition(&holm, "Degraded").context("Degraded")?;
+    eprintln!("hostile: Degraded {} {}: {}", d.status, d.reason, d.message);
+    ensure!(d.status == "True" && d.reason == "GuestResponseTooLarge");
+    ensure!(
+        d.message
+            .contains(&hcp_olm_controlplane::runtime::guest::RESPONSE_BYTES.to_string())
+            && d.message.contains(GUEST_CRD_PATH),
+        "the message names the bound and the request: {}",
+        d.message
+    );
+    Ok(())
+}
+
+const GUEST_CRD_PATH: &str =
+    "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/catalogsources.operators.coreos.com";

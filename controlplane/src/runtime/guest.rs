@@ -47,6 +47,13 @@ pub const CACHE_LIMITS: Limits = Limits {
     events_per_minute: 600,
     watch: hcp_olm_apply::watch::Options::UNTRUSTED,
 };
+/// Largest body of a guest answer that is not a watch, in bytes: a watch's list page is
+/// bounded the same ([`hcp_olm_apply::watch::Options::UNTRUSTED`]), so the fallback reads
+/// of a pass cost no more than the watches they stand in for. A kube-apiserver's object is
+/// at most 1.5 MiB (etcd's limit), and our reads are of single objects, label-selected
+/// lists of ours and pages of at most 100 items.
+pub const RESPONSE_BYTES: usize = hcp_olm_apply::watch::Options::UNTRUSTED.max_page_bytes;
+
 /// HTTP/2 PING interval on an idle guest connection.
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
 /// How long a PING may go unanswered before the connection is closed.
@@ -216,7 +223,11 @@ impl Sessions {
 
 /// A client for one guest from its (checked) kubeconfig: kube's own stack (base URI, auth,
 /// extra headers) over a connector that offers HTTP/2, with a bound on connecting and on
-/// waiting for a response's head.
+/// waiting for a response's head, and, for every request that is not a watch, a bound on
+/// the whole answer: [`RESPONSE_BYTES`] of body and `response_timeout` from sending the
+/// request to the body's end ([`hcp_olm_apply::bounded`]; issue 35: kube reads a whole
+/// body into memory, so one endless answer grew the controller until it was OOM-killed).
+/// Watches keep their own per-event and per-page bounds and their long lifetimes.
 ///
 /// Not `kube::Client::try_from`: kube's client offers only HTTP/1.1, where each watch holds
 /// a connection of its own.
@@ -275,6 +286,12 @@ pub fn client(
         .layer(headers)
         .map_err(tower::BoxError::from)
         .timeout(response_timeout)
+        .layer(hcp_olm_apply::bounded::BoundLayer::new(
+            hcp_olm_apply::bounded::Bounds {
+                max_bytes: RESPONSE_BYTES,
+                deadline: response_timeout,
+            },
+        ))
         .service(http_client);
     Ok(kube::Client::new(service, config.default_namespace.clone()))
 }
