@@ -27,8 +27,19 @@ async fn client_for(
     let config =
         kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
             .await?;
-    let _ = lab;
-    guest::client(&config, Duration::from_secs(10), response_timeout).map_err(anyhow::Error::msg)
+    let policy = if lab {
+        guest::ServerPolicy::allowing(&["127.0.0.0/8"]).map_err(anyhow::Error::msg)?
+    } else {
+        guest::ServerPolicy::default()
+    };
+    guest::client(
+        &config,
+        Duration::from_secs(10),
+        response_timeout,
+        &policy,
+        None,
+    )
+    .map_err(anyhow::Error::msg)
 }
 
 const MIB: u64 = 1 << 20;
@@ -126,5 +137,62 @@ async fn security_a_trickled_guest_answer_ends_at_its_deadline() -> Result<()> {
         "ended after {took:?}, deadline {deadline:?}"
     );
     ensure!(hostile.reads() >= 1);
+    Ok(())
+}
+
+/// The guest kubeconfig's `server:` is chosen by the HostedCluster's owner. With the
+/// controller's defaults, a server at 127.0.0.1 and one whose name (`localhost`) resolves
+/// to a loopback address are refused with an error naming the address, and nothing is
+/// dialled (the stand-in counts connections). On the old code both were dialled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn security_guest_servers_at_loopback_are_not_dialled() -> Result<()> {
+    let hostile = Hostile::start(Mode::Trickle).await?;
+    for server in [
+        format!("https://127.0.0.1:{}", hostile.port()),
+        format!("https://localhost:{}", hostile.port()),
+    ] {
+        let before = hostile.connections();
+        let refused = match client_for(
+            &hostile.kubeconfig_for(&server),
+            Duration::from_secs(5),
+            false,
+        )
+        .await
+        {
+            // The IP literal: refused before a client exists.
+            Err(e) => e.to_string(),
+            Ok(client) => {
+                let api: Api<CustomResourceDefinition> = Api::all(client);
+                let r = tokio::time::timeout(
+                    Duration::from_secs(10),
+                    api.get_opt("catalogsources.operators.coreos.com"),
+                )
+                .await;
+                match r {
+                    Ok(Err(e)) => {
+                        let chain: Vec<String> = std::iter::successors(
+                            Some(&e as &(dyn std::error::Error + 'static)),
+                            |e| e.source(),
+                        )
+                        .map(ToString::to_string)
+                        .collect();
+                        chain.join(": ")
+                    }
+                    other => format!("not refused: {other:?}"),
+                }
+            }
+        };
+        let dialled = hostile.connections() - before;
+        eprintln!("{server}: {refused} ({dialled} connections)");
+        ensure!(
+            dialled == 0,
+            "{server}: dialled ({dialled} connections): {refused}"
+        );
+        ensure!(
+            refused.contains("refused")
+                && (refused.contains("127.0.0.1") || refused.contains("::1")),
+            "{server}: {refused}"
+        );
+    }
     Ok(())
 }

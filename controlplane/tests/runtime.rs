@@ -402,6 +402,10 @@ fn ctx(client: kube::Client) -> Context {
         client,
         Config {
             olm_image: Some(OLM_IMAGE.into()),
+            guest_servers: hcp_olm_controlplane::runtime::guest::ServerPolicy::allowing(&[
+                "127.0.0.0/8",
+            ])
+            .expect("a CIDR"),
             ..Default::default()
         },
     )
@@ -842,6 +846,7 @@ async fn run_subcommand_reconciles_and_stops_on_sigterm() -> Result<()> {
     let port = hcp_olm_e2e::ports::free_port()?;
     let log = tempfile::NamedTempFile::new()?;
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-olm-controller"))
+        .env("HCP_OLM_GUEST_SERVER_ALLOWED_CIDRS", "127.0.0.0/8")
         .args([
             "run",
             "--admin-addr",
@@ -1298,6 +1303,7 @@ fn spawn_controller(
 ) -> Result<std::process::Child> {
     Ok(
         std::process::Command::new(env!("CARGO_BIN_EXE_hcp-olm-controller"))
+            .env("HCP_OLM_GUEST_SERVER_ALLOWED_CIDRS", "127.0.0.0/8")
             .args([
                 "run",
                 "--admin-addr",
@@ -1568,6 +1574,10 @@ async fn catalog_digests_refresh_from_a_real_registry() -> Result<()> {
         Config {
             olm_image: Some(OLM_IMAGE.into()),
             oci: Some(oci.clone()),
+            guest_servers: hcp_olm_controlplane::runtime::guest::ServerPolicy::allowing(&[
+                "127.0.0.0/8",
+            ])
+            .expect("a CIDR"),
             ..Default::default()
         },
     )
@@ -2243,6 +2253,10 @@ async fn ipv6_guests_get_a_dual_stack_tunnel_service() -> Result<()> {
         controller_client(&env).await?,
         Config {
             olm_image: Some(OLM_IMAGE.into()),
+            guest_servers: hcp_olm_controlplane::runtime::guest::ServerPolicy::allowing(&[
+                "127.0.0.0/8",
+            ])
+            .expect("a CIDR"),
             ..Default::default()
         },
     )
@@ -2342,6 +2356,10 @@ async fn release_payload_images_and_tunnel_endpoint() -> Result<()> {
         Config {
             olm_image: None,
             oci: Some(oci.clone()),
+            guest_servers: hcp_olm_controlplane::runtime::guest::ServerPolicy::allowing(&[
+                "127.0.0.0/8",
+            ])
+            .expect("a CIDR"),
             ..Default::default()
         },
     )
@@ -2836,6 +2854,7 @@ async fn uninstall_removes_our_objects_and_releases_hosted_clusters() -> Result<
         )
         .await?;
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-olm-controller"))
+        .env("HCP_OLM_GUEST_SERVER_ALLOWED_CIDRS", "127.0.0.0/8")
         .arg("uninstall")
         .env("KUBECONFIG", env.management.kubeconfig())
         .output()?;
@@ -2878,6 +2897,7 @@ async fn uninstall_removes_our_objects_and_releases_hosted_clusters() -> Result<
     .await?;
     // A second run finds nothing to do and still succeeds.
     let again = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-olm-controller"))
+        .env("HCP_OLM_GUEST_SERVER_ALLOWED_CIDRS", "127.0.0.0/8")
         .arg("uninstall")
         .env("KUBECONFIG", env.management.kubeconfig())
         .output()?;
@@ -5145,6 +5165,10 @@ async fn shared_catalogs_are_shared_isolated_and_reference_counted() -> Result<(
         Config {
             olm_image: Some(OLM_IMAGE.into()),
             oci: Some(oci.clone()),
+            guest_servers: hcp_olm_controlplane::runtime::guest::ServerPolicy::allowing(&[
+                "127.0.0.0/8",
+            ])
+            .expect("a CIDR"),
             ..Default::default()
         },
     )
@@ -5269,6 +5293,10 @@ async fn shared_catalogs_are_shared_isolated_and_reference_counted() -> Result<(
         Config {
             olm_image: Some(OLM_IMAGE.into()),
             oci: Some(oci.clone()),
+            guest_servers: hcp_olm_controlplane::runtime::guest::ServerPolicy::allowing(&[
+                "127.0.0.0/8",
+            ])
+            .expect("a CIDR"),
             ..Default::default()
         },
     )
@@ -5573,6 +5601,10 @@ async fn shared_catalogs_require_each_clusters_own_pull_secret() -> Result<()> {
             olm_image: Some(OLM_IMAGE.into()),
             oci: Some(oci.clone()),
             controller_registry_credentials: true,
+            guest_servers: hcp_olm_controlplane::runtime::guest::ServerPolicy::allowing(&[
+                "127.0.0.0/8",
+            ])
+            .expect("a CIDR"),
             ..Default::default()
         },
     )
@@ -5734,6 +5766,10 @@ async fn shared_catalogs_follow_the_running_controller() -> Result<()> {
             Config {
                 olm_image: Some(OLM_IMAGE.into()),
                 oci: Some(oci.clone()),
+                guest_servers: hcp_olm_controlplane::runtime::guest::ServerPolicy::allowing(&[
+                    "127.0.0.0/8",
+                ])
+                .expect("a CIDR"),
                 ..Default::default()
             },
         )
@@ -5848,6 +5884,8 @@ async fn a_guest_session_shares_one_connection() -> Result<()> {
         &config,
         std::time::Duration::from_secs(10),
         std::time::Duration::from_secs(60),
+        &guest::ServerPolicy::allowing(&["127.0.0.0/8"]).map_err(anyhow::Error::msg)?,
+        None,
     )
     .map_err(anyhow::Error::msg)?;
     let sessions = guest::Sessions::default();
@@ -6063,3 +6101,64 @@ async fn security_a_hostile_guests_endless_answers_cost_other_clusters_nothing()
 
 const GUEST_CRD_PATH: &str =
     "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/catalogsources.operators.coreos.com";
+
+/// Security (issue 35, item 1: the guest kubeconfig's `server:`): the admin kubeconfig
+/// Secret is in the HostedCluster's namespace, so its owner chooses the server. With the
+/// controller's defaults (`--guest-server-allowed-cidrs` unset), a server at 127.0.0.1 and
+/// one whose name (`localhost`) resolves to it are refused, `Degraded=True
+/// GuestServerRefused` naming the address, and nothing is dialled (the STAND-IN
+/// `hostile_guest::Hostile` counts connections). On the old code the controller dialled
+/// both.
+#[tokio::test]
+async fn security_guest_servers_at_internal_addresses_are_not_dialled() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    // The controller's defaults (no CIDR allowed), as production runs it.
+    let mut config = Config::default();
+    config.olm_image = Some(OLM_IMAGE.into());
+    let ctx = Context::new(controller_client(&env).await?, config);
+    let hostile = hostile_guest::Hostile::start(hostile_guest::Mode::Trickle).await?;
+    for (name, server) in [
+        ("loopback", format!("https://127.0.0.1:{}", hostile.port())),
+        ("rebound", format!("https://localhost:{}", hostile.port())),
+    ] {
+        let secret = format!("{name}-kubeconfig");
+        put_secret(
+            &env.management,
+            HC_NS,
+            &secret,
+            "kubeconfig",
+            hostile.kubeconfig_for(&server).into_bytes(),
+        )
+        .await?;
+        create_hc(&env, name, &secret).await?;
+        let before = hostile.connections();
+        // Bounded: the old code dialled and then waited on the trickled answer.
+        let hc = get_hc(&env, name).await?;
+        let o = tokio::time::timeout(std::time::Duration::from_secs(15), reconcile_one(&ctx, &hc))
+            .await;
+        let dialled = hostile.connections() - before;
+        ensure!(
+            dialled == 0,
+            "{name}: the controller dialled {server} ({dialled} connections; pass: {o:?})"
+        );
+        let o = o.context("a refused server takes no time")??;
+        let holm = holm_of(&env, name).await?;
+        let d = condition(&holm, "Degraded").context("Degraded")?;
+        eprintln!(
+            "{name} ({server}): {o:?}; Degraded {} {}: {}",
+            d.status, d.reason, d.message
+        );
+        ensure!(
+            d.status == "True"
+                && d.reason == "GuestServerRefused"
+                && (d.message.contains("127.0.0.1") || d.message.contains("::1")),
+            "{name}: Degraded {} {} {:?}",
+            d.status,
+            d.reason,
+            d.message
+        );
+    }
+    Ok(())
+}

@@ -219,6 +219,9 @@ pub enum GuestAccess {
     Unsafe(String),
     /// The guest API server did not answer (connection refused, timeout, TLS).
     Unreachable(String),
+    /// The kubeconfig's server is at an address the controller does not dial
+    /// ([`guest::ServerPolicy`]).
+    ServerRefused(String),
     /// An answer of the guest API server crossed its bound in bytes or time (see
     /// [`guest::RESPONSE_BOUNDS`]); the message names the bound and the request.
     ResponseBound(hcp_olm_apply::bounded::BoundError),
@@ -287,6 +290,10 @@ impl GuestAccess {
                 c(PROGRESSING, false, "AsExpected", String::new()),
                 c(DEGRADED, true, "GuestUnreachable", msg.clone()),
             ),
+            GuestAccess::ServerRefused(msg) => (
+                c(PROGRESSING, false, "AsExpected", String::new()),
+                c(DEGRADED, true, "GuestServerRefused", msg.clone()),
+            ),
             GuestAccess::ResponseBound(b) => (
                 c(PROGRESSING, false, "AsExpected", String::new()),
                 c(
@@ -304,6 +311,9 @@ impl GuestAccess {
                 "GuestUnreachable",
                 match self {
                     GuestAccess::Unreachable(_) => "the guest API server does not answer".into(),
+                    GuestAccess::ServerRefused(_) => {
+                        "the guest API server's address is refused".into()
+                    }
                     GuestAccess::ResponseBound(_) => {
                         "the guest API server's answers cross their bounds".into()
                     }
@@ -322,6 +332,7 @@ impl GuestAccess {
             GuestAccess::Invalid(_) => "GuestKubeconfigInvalid",
             GuestAccess::Unsafe(_) => "GuestKubeconfigUnsafe",
             GuestAccess::Unreachable(_) => "GuestUnreachable",
+            GuestAccess::ServerRefused(_) => "GuestServerRefused",
             GuestAccess::ResponseBound(b) => bound_reason(b),
         }
     }
@@ -397,9 +408,21 @@ async fn guest_access(
     };
     // A guest API server that does not answer must not hold a reconcile slot for
     // minutes.
-    let client = match guest::client(&config, GUEST_CONNECT_TIMEOUT, GUEST_READ_TIMEOUT) {
+    let client = match guest::client(
+        &config,
+        GUEST_CONNECT_TIMEOUT,
+        GUEST_READ_TIMEOUT,
+        &ctx.config.guest_servers,
+        hc.hcp_namespace().as_deref(),
+    ) {
         Ok(c) => c,
-        Err(e) => return Ok(Err(invalid(e))),
+        Err(guest::ClientError::Refused(r)) => {
+            tracing::warn!(cluster, error = %r, "guest API server refused");
+            return Ok(Err(GuestAccess::ServerRefused(format!(
+                "Secret {ns}/{name}: {r}"
+            ))));
+        }
+        Err(guest::ClientError::Invalid(e)) => return Ok(Err(invalid(e))),
     };
     if !keep {
         return Ok(Ok(guest::Sessions::detached(digest, client)));
@@ -1015,8 +1038,12 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
         }
         Err(e) => {
             tracing::info!(cluster = %valid.cluster.key(), error = %e, "guest unreachable");
+            let refused = guest::find_source::<guest::ServerRefused>(&e);
             let access = match guest_bound(&e) {
                 Some(b) => GuestAccess::ResponseBound(b),
+                None if refused.is_some() => {
+                    GuestAccess::ServerRefused(refused.map(ToString::to_string).unwrap_or_default())
+                }
                 None => {
                     GuestAccess::Unreachable(format!("the guest API server does not answer: {e}"))
                 }
