@@ -11,6 +11,7 @@
 //! - Errors are collected per object; one failing object does not stop the rest.
 //! - Pruning lists each given kind by label selector and deletes what is not desired.
 
+pub mod bounded;
 pub mod cache;
 pub mod compare;
 pub mod projected;
@@ -19,7 +20,8 @@ pub mod watch;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
 use serde_json::Value;
 
 /// How an object is written.
@@ -159,6 +161,8 @@ pub struct Applier {
     field_manager: String,
     cache: Option<Arc<cache::WatchCache>>,
     keep_written: Vec<String>,
+    /// How prune lists are read (pages, items, bytes).
+    list: watch::Options,
 }
 
 impl std::fmt::Debug for Applier {
@@ -177,7 +181,16 @@ impl Applier {
             field_manager: field_manager.to_string(),
             cache: None,
             keep_written: Vec::new(),
+            list: watch::Options::DEFAULT,
         }
+    }
+
+    /// Reads prune lists with `options` (e.g. [`watch::Options::UNTRUSTED`] for a guest):
+    /// paged, each page bounded in items and bytes as a watch's is, at most
+    /// `options.max_pages` pages.
+    pub fn with_list_options(mut self, options: watch::Options) -> Self {
+        self.list = options;
+        self
     }
 
     /// Returns the written objects of these kinds in [`Report::written`] (e.g. so a caller
@@ -191,6 +204,50 @@ impl Applier {
     pub fn with_cache(mut self, cache: Option<Arc<cache::WatchCache>>) -> Self {
         self.cache = cache;
         self
+    }
+
+    /// Every page of a metadata list, bounded as [`Self::with_list_options`] says. A 404
+    /// comes back as kube's `Api` error, so callers tell "not served" apart.
+    async fn list_all(
+        &self,
+        resource: &ApiResource,
+        selector: &watch::Selector,
+        report: &mut Report,
+    ) -> Result<Vec<ObjectMeta>, kube::Error> {
+        type Meta = kube::core::PartialObjectMeta<DynamicObject>;
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        for _ in 0..self.list.max_pages {
+            report.reads += 1;
+            let (meta, items) = watch::list_page::<Meta>(
+                &self.client,
+                resource,
+                selector,
+                true,
+                self.list,
+                token.as_deref(),
+            )
+            .await
+            .map_err(|e| match e {
+                watch::WatchError::Status { code, message, .. } => kube::Error::Api(
+                    kube::core::Status::failure(&message, "")
+                        .with_code(code)
+                        .boxed(),
+                ),
+                other => kube::Error::Service(Box::new(other)),
+            })?;
+            out.extend(items.into_iter().map(|o| o.metadata));
+            match meta.continue_.filter(|c| !c.is_empty()) {
+                Some(c) => token = Some(c),
+                None => return Ok(out),
+            }
+        }
+        Err(kube::Error::Service(Box::new(
+            watch::WatchError::TooLarge {
+                what: "list (pages)",
+                limit: self.list.max_pages as usize,
+            },
+        )))
     }
 
     fn api(&self, resource: &ApiResource, namespace: Option<&str>) -> Api<DynamicObject> {
@@ -304,12 +361,7 @@ impl Applier {
             .map(|(k, v)| format!("{k}={v}"))
             .collect::<Vec<_>>()
             .join(",");
-        let lp = ListParams::default().labels(&label_selector);
         for (resource, namespaced) in kinds {
-            let api: Api<DynamicObject> = match (namespaced, namespace) {
-                (true, Some(ns)) => Api::namespaced_with(self.client.clone(), ns, resource),
-                _ => Api::all_with(self.client.clone(), resource),
-            };
             let cached = self
                 .cache
                 .as_ref()
@@ -317,9 +369,13 @@ impl Applier {
             let items = match cached {
                 Some(items) => items,
                 None => {
-                    report.reads += 1;
-                    match api.list_metadata(&lp).await {
-                        Ok(list) => list.items.into_iter().map(|o| o.metadata).collect(),
+                    let selector = watch::Selector {
+                        namespace: namespace.filter(|_| *namespaced).map(str::to_string),
+                        labels: label_selector.clone(),
+                        fields: String::new(),
+                    };
+                    match self.list_all(resource, &selector, &mut report).await {
+                        Ok(items) => items,
                         Err(kube::Error::Api(s)) if s.code == 404 => continue,
                         Err(source) => {
                             report.errors.push(ObjectError {

@@ -103,6 +103,9 @@ pub enum WatchError {
     /// A list page or watch event crossed its size bound.
     #[error("{what} larger than {limit} bytes")]
     TooLarge { what: &'static str, limit: usize },
+    /// The answer crossed the byte or time bound of the client's [`crate::bounded`] layer.
+    #[error("{0}")]
+    Bound(#[from] crate::bounded::BoundError),
     #[error("decoding {what}: {error}")]
     Decode {
         what: &'static str,
@@ -424,6 +427,45 @@ where
     }
 }
 
+/// One page of a list (not a watch), read as the watches read theirs: `options.page` items
+/// asked for and at most that many decoded (decoding stops there), at most
+/// `options.max_page_bytes` bytes, `continue_` from the previous page. For reads of an
+/// untrusted server outside a watch (with [`Options::UNTRUSTED`]), where kube's `Api::list`
+/// would decode any number of items (a page of `{},{},…` costs far more memory than its
+/// bytes).
+pub async fn list_page<T>(
+    client: &kube::Client,
+    resource: &ApiResource,
+    selector: &Selector,
+    metadata_only: bool,
+    options: Options,
+    continue_: Option<&str>,
+) -> Result<(kube::core::ListMeta, Vec<T>), WatchError>
+where
+    T: serde::de::DeserializeOwned,
+{
+    let request = Request::new(<DynamicObject as kube::Resource>::url_path(
+        resource,
+        selector.namespace.as_deref(),
+    ));
+    let mut lp = ListParams::default()
+        .labels(&selector.labels)
+        .fields(&selector.fields)
+        .limit(options.page);
+    if let Some(t) = continue_ {
+        lp = lp.continue_token(t);
+    }
+    let req = if metadata_only {
+        request.list_metadata(&lp)
+    } else {
+        request.list(&lp)
+    }
+    .map_err(|e| WatchError::List(e.to_string()))?;
+    let res = send(client, req, "list").await?;
+    let bytes = read_limited(res.into_body(), options.max_page_bytes, "list page").await?;
+    decode_page::<T>(&bytes, options.page as usize)
+}
+
 async fn send(
     client: &kube::Client,
     mut req: http::Request<Vec<u8>>,
@@ -436,9 +478,10 @@ async fn send(
     let res = client
         .send(req.map(kube::client::Body::from))
         .await
-        .map_err(|e| match what {
-            "list" => WatchError::List(e.to_string()),
-            _ => WatchError::Watch(e.to_string()),
+        .map_err(|e| match (crate::bounded::find(&e), what) {
+            (Some(b), _) => WatchError::Bound(b.clone()),
+            (None, "list") => WatchError::List(e.to_string()),
+            (None, _) => WatchError::Watch(e.to_string()),
         })?;
     let code = res.status().as_u16();
     if res.status().is_success() {
@@ -592,7 +635,10 @@ async fn read_limited(
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
             Err(WatchError::TooLarge { what, limit: max })
         }
-        Err(e) => Err(WatchError::List(format!("reading {what}: {e}"))),
+        Err(e) => Err(match crate::bounded::find(e.as_ref()) {
+            Some(b) => WatchError::Bound(b.clone()),
+            None => WatchError::List(format!("reading {what}: {e}")),
+        }),
     }
 }
 

@@ -68,7 +68,49 @@ enum Command {
     /// Remove everything hcp-olm created, in every guest and HCP namespace, and release
     /// every HostedCluster from the hcp-olm.io/cleanup finalizer. Stop the controller
     /// first (scale it to 0); delete manifests/ afterwards. Uses the ambient kubeconfig.
-    Uninstall,
+    Uninstall(GuestServerArgs),
+}
+
+/// Which addresses a guest kubeconfig's `server:` may lead the controller to.
+#[derive(clap::Args, Clone, Debug, Default)]
+struct GuestServerArgs {
+    /// The management cluster's internal ranges (pod, service and node networks, comma
+    /// separated CIDRs): a guest kubeconfig's server there is refused
+    /// (`Degraded=True GuestServerRefused`) unless it is the HCP's own API server
+    /// (`kube-apiserver.<hcp-namespace>.svc`). Loopback, link-local, unspecified,
+    /// multicast and broadcast addresses are always refused.
+    #[arg(
+        long,
+        env = "HCP_OLM_GUEST_SERVER_REFUSED_CIDRS",
+        value_delimiter = ',',
+        value_parser = parse_cidr
+    )]
+    guest_server_refused_cidrs: Vec<ipnet::IpNet>,
+    /// TEST AND LAB ONLY: CIDRs a guest kubeconfig's server may be in whatever the rules
+    /// above say (the test environments run guest API servers on 127.0.0.1: 127.0.0.0/8).
+    /// Default empty; never set it in production: it lets a HostedCluster's owner point
+    /// the controller at those addresses.
+    #[arg(
+        long,
+        env = "HCP_OLM_GUEST_SERVER_ALLOWED_CIDRS",
+        value_delimiter = ',',
+        value_parser = parse_cidr
+    )]
+    guest_server_allowed_cidrs: Vec<ipnet::IpNet>,
+}
+
+impl GuestServerArgs {
+    fn policy(&self) -> hcp_olm_controlplane::runtime::guest::ServerPolicy {
+        hcp_olm_controlplane::runtime::guest::ServerPolicy {
+            internal: self.guest_server_refused_cidrs.clone(),
+            allowed: self.guest_server_allowed_cidrs.clone(),
+        }
+    }
+}
+
+/// One CIDR of the guest server flags (a bare address is one host).
+fn parse_cidr(s: &str) -> Result<ipnet::IpNet, String> {
+    hcp_olm_controlplane::runtime::guest::parse_cidrs(&[s]).map(|mut v| v.remove(0))
 }
 
 #[derive(clap::Args)]
@@ -109,6 +151,8 @@ struct RunArgs {
     /// own and never change this.
     #[arg(long, value_parser = parse_mirror)]
     registry_mirror: Vec<(String, String)>,
+    #[command(flatten)]
+    guest_servers: GuestServerArgs,
     /// hcp-olm-catalog-server image, the gRPC server of the catalog pods in the HCP
     /// namespace (default: quay.io/hcp-olm/hcp-olm-catalog-server:v<this version>). A
     /// HostedOLM spec.images.catalogServer wins.
@@ -253,9 +297,9 @@ fn run(cli: Cli) -> anyhow::Result<Result<(), InputError>> {
             print!("{}", hostedolm::crd_yaml().context("serializing the CRD")?);
             Ok(Ok(()))
         }
-        Command::Uninstall => {
+        Command::Uninstall(servers) => {
             let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-            rt.block_on(uninstall())
+            rt.block_on(uninstall(servers))
         }
         Command::Render {
             hosted_cluster,
@@ -327,12 +371,20 @@ fn run(cli: Cli) -> anyhow::Result<Result<(), InputError>> {
     }
 }
 
-async fn uninstall() -> anyhow::Result<Result<(), InputError>> {
+async fn uninstall(servers: GuestServerArgs) -> anyhow::Result<Result<(), InputError>> {
     use hcp_olm_controlplane::runtime;
+    let guest_servers = servers.policy();
     let client = kube::Client::try_default()
         .await
         .context("connecting to the management cluster")?;
-    let ctx = runtime::Context::new(client, runtime::Config::default()).with_events(None);
+    let ctx = runtime::Context::new(
+        client,
+        runtime::Config {
+            guest_servers,
+            ..runtime::Config::default()
+        },
+    )
+    .with_events(None);
     let report = runtime::uninstall::uninstall(&ctx)
         .await
         .context("uninstall")?;
@@ -405,6 +457,10 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<Result<(), InputError>>
     }
     defaults.catalog_sharing = args.catalog_sharing;
     let controller_registry_credentials = args.pull_secret_file.is_some();
+    let guest_servers = args.guest_servers.policy();
+    if !guest_servers.allowed.is_empty() {
+        tracing::warn!(allowed = ?guest_servers.allowed, "--guest-server-allowed-cidrs is set: guest API servers there are dialled (test and lab set-ups only)");
+    }
     let oci = if args.registry_lookups {
         let pull_secret = match &args.pull_secret_file {
             Some(p) => {
@@ -437,6 +493,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<Result<(), InputError>>
                 shared_utilities_image: args.shared_catalog_utilities_image,
                 shared_pull_secret: args.shared_catalog_pull_secret,
                 controller_registry_credentials,
+                guest_servers,
             },
         )
         .with_schedule(schedule)

@@ -119,6 +119,21 @@ fn run_flag_errors_exit_64_naming_the_flag() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("--registry-mirror"), "{bad}: {err}");
     }
+    // The guest server address flags (issue 35) take CIDRs, for `run` and `uninstall`.
+    for (sub, flag) in [
+        ("run", "--guest-server-refused-cidrs"),
+        ("run", "--guest-server-allowed-cidrs"),
+        ("uninstall", "--guest-server-allowed-cidrs"),
+    ] {
+        let out = bin()
+            .args([sub, flag, "10.0.0.0/8,nonsense"])
+            .env("KUBECONFIG", "/nonexistent")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(64), "{sub} {flag}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(flag) && err.contains("nonsense"), "{err}");
+    }
     // Leader-election durations are checked before any cluster is contacted.
     let out = bin()
         .args([

@@ -68,6 +68,8 @@ fn start_controller_with(
 ) -> Result<ManagedProcess> {
     let port = hcp_olm_e2e::ports::free_port()?;
     let mut cmd = process::command(CONTROLLER);
+    // The test API servers listen on 127.0.0.1 (test/lab-only flag).
+    cmd.env("HCP_OLM_GUEST_SERVER_ALLOWED_CIDRS", "127.0.0.0/8");
     cmd.args([
         "run",
         "--admin-addr",

@@ -402,6 +402,10 @@ fn ctx(client: kube::Client) -> Context {
         client,
         Config {
             olm_image: Some(OLM_IMAGE.into()),
+            guest_servers: hcp_olm_controlplane::runtime::guest::ServerPolicy::allowing(&[
+                "127.0.0.0/8",
+            ])
+            .expect("a CIDR"),
             ..Default::default()
         },
     )
@@ -842,6 +846,7 @@ async fn run_subcommand_reconciles_and_stops_on_sigterm() -> Result<()> {
     let port = hcp_olm_e2e::ports::free_port()?;
     let log = tempfile::NamedTempFile::new()?;
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-olm-controller"))
+        .env("HCP_OLM_GUEST_SERVER_ALLOWED_CIDRS", "127.0.0.0/8")
         .args([
             "run",
             "--admin-addr",
@@ -1298,6 +1303,7 @@ fn spawn_controller(
 ) -> Result<std::process::Child> {
     Ok(
         std::process::Command::new(env!("CARGO_BIN_EXE_hcp-olm-controller"))
+            .env("HCP_OLM_GUEST_SERVER_ALLOWED_CIDRS", "127.0.0.0/8")
             .args([
                 "run",
                 "--admin-addr",
@@ -1568,6 +1574,10 @@ async fn catalog_digests_refresh_from_a_real_registry() -> Result<()> {
         Config {
             olm_image: Some(OLM_IMAGE.into()),
             oci: Some(oci.clone()),
+            guest_servers: hcp_olm_controlplane::runtime::guest::ServerPolicy::allowing(&[
+                "127.0.0.0/8",
+            ])
+            .expect("a CIDR"),
             ..Default::default()
         },
     )
@@ -2243,6 +2253,10 @@ async fn ipv6_guests_get_a_dual_stack_tunnel_service() -> Result<()> {
         controller_client(&env).await?,
         Config {
             olm_image: Some(OLM_IMAGE.into()),
+            guest_servers: hcp_olm_controlplane::runtime::guest::ServerPolicy::allowing(&[
+                "127.0.0.0/8",
+            ])
+            .expect("a CIDR"),
             ..Default::default()
         },
     )
@@ -2342,6 +2356,10 @@ async fn release_payload_images_and_tunnel_endpoint() -> Result<()> {
         Config {
             olm_image: None,
             oci: Some(oci.clone()),
+            guest_servers: hcp_olm_controlplane::runtime::guest::ServerPolicy::allowing(&[
+                "127.0.0.0/8",
+            ])
+            .expect("a CIDR"),
             ..Default::default()
         },
     )
@@ -2836,6 +2854,7 @@ async fn uninstall_removes_our_objects_and_releases_hosted_clusters() -> Result<
         )
         .await?;
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-olm-controller"))
+        .env("HCP_OLM_GUEST_SERVER_ALLOWED_CIDRS", "127.0.0.0/8")
         .arg("uninstall")
         .env("KUBECONFIG", env.management.kubeconfig())
         .output()?;
@@ -2878,6 +2897,7 @@ async fn uninstall_removes_our_objects_and_releases_hosted_clusters() -> Result<
     .await?;
     // A second run finds nothing to do and still succeeds.
     let again = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-olm-controller"))
+        .env("HCP_OLM_GUEST_SERVER_ALLOWED_CIDRS", "127.0.0.0/8")
         .arg("uninstall")
         .env("KUBECONFIG", env.management.kubeconfig())
         .output()?;
@@ -5145,6 +5165,10 @@ async fn shared_catalogs_are_shared_isolated_and_reference_counted() -> Result<(
         Config {
             olm_image: Some(OLM_IMAGE.into()),
             oci: Some(oci.clone()),
+            guest_servers: hcp_olm_controlplane::runtime::guest::ServerPolicy::allowing(&[
+                "127.0.0.0/8",
+            ])
+            .expect("a CIDR"),
             ..Default::default()
         },
     )
@@ -5269,6 +5293,10 @@ async fn shared_catalogs_are_shared_isolated_and_reference_counted() -> Result<(
         Config {
             olm_image: Some(OLM_IMAGE.into()),
             oci: Some(oci.clone()),
+            guest_servers: hcp_olm_controlplane::runtime::guest::ServerPolicy::allowing(&[
+                "127.0.0.0/8",
+            ])
+            .expect("a CIDR"),
             ..Default::default()
         },
     )
@@ -5573,6 +5601,10 @@ async fn shared_catalogs_require_each_clusters_own_pull_secret() -> Result<()> {
             olm_image: Some(OLM_IMAGE.into()),
             oci: Some(oci.clone()),
             controller_registry_credentials: true,
+            guest_servers: hcp_olm_controlplane::runtime::guest::ServerPolicy::allowing(&[
+                "127.0.0.0/8",
+            ])
+            .expect("a CIDR"),
             ..Default::default()
         },
     )
@@ -5734,6 +5766,10 @@ async fn shared_catalogs_follow_the_running_controller() -> Result<()> {
             Config {
                 olm_image: Some(OLM_IMAGE.into()),
                 oci: Some(oci.clone()),
+                guest_servers: hcp_olm_controlplane::runtime::guest::ServerPolicy::allowing(&[
+                    "127.0.0.0/8",
+                ])
+                .expect("a CIDR"),
                 ..Default::default()
             },
         )
@@ -5848,6 +5884,8 @@ async fn a_guest_session_shares_one_connection() -> Result<()> {
         &config,
         std::time::Duration::from_secs(10),
         std::time::Duration::from_secs(60),
+        &guest::ServerPolicy::allowing(&["127.0.0.0/8"]).map_err(anyhow::Error::msg)?,
+        None,
     )
     .map_err(anyhow::Error::msg)?;
     let sessions = guest::Sessions::default();
@@ -5896,5 +5934,232 @@ async fn a_guest_session_shares_one_connection() -> Result<()> {
     drop(reads);
     drop(session);
     ensure!(sessions.is_empty());
+    Ok(())
+}
+
+mod hostile_guest;
+
+/// The controller Deployment's memory limit (manifests/controller/deployment.yaml), bytes.
+fn controller_memory_limit() -> Result<u64> {
+    let d: Deployment = serde_yaml_ng::from_str(&std::fs::read_to_string(repo_file(
+        "manifests/controller/deployment.yaml",
+    ))?)?;
+    let limit = d
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|s| s.containers.into_iter().next())
+        .and_then(|c| c.resources?.limits?.remove("memory"))
+        .context("the controller Deployment has no memory limit")?;
+    let mib: u64 = limit
+        .0
+        .strip_suffix("Mi")
+        .context("memory limit in Mi")?
+        .parse()?;
+    Ok(mib << 20)
+}
+
+/// Security (issue 35, item 1): a HostedCluster's owner points the admin kubeconfig at a
+/// server of their own (a named STAND-IN, `hostile_guest::Hostile`: its watches fail and
+/// every other request is answered `200` with an endless JSON body). While the controller
+/// reconciles it over and over (the fallback reads of a pass whose watches are not synced),
+/// this process's RSS stays under a bound, the hostile cluster's status names the bound
+/// (`Degraded=True GuestResponseTooLarge`), and another HostedCluster on a real guest API
+/// server converges. On the old code the CRD GET buffered the endless body: RSS crossed the
+/// bound within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn security_a_hostile_guests_endless_answers_cost_other_clusters_nothing() -> Result<()> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const MIB: u64 = 1 << 20;
+    /// Growth of this process's RSS allowed while the attack runs: a hostile guest's
+    /// session opens 14 watches whose first list pages may each take 8 MiB before they
+    /// fail (`watch::Options::UNTRUSTED`), plus the pass's own 8 MiB read and decoding.
+    const GROWTH_BOUND: u64 = 256 * MIB;
+    let _serial = SERIAL.lock().await;
+    let limit = controller_memory_limit()?;
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    let ctx = Arc::new(ctx(controller_client(&env).await?));
+    // As the controller loop runs it: watches first, the pass's own reads where they are
+    // not synced (the hostile server's never are).
+    ctx.guests.enable_caches();
+    let hostile = hostile_guest::Hostile::start(hostile_guest::Mode::Endless).await?;
+    put_secret(
+        &env.management,
+        HC_NS,
+        "hostile-kubeconfig",
+        "kubeconfig",
+        hostile.kubeconfig().into_bytes(),
+    )
+    .await?;
+    create_hc(&env, "hostile", "hostile-kubeconfig").await?;
+    put_kubeconfig_secret(&env, "normal-kubeconfig").await?;
+    create_hc(&env, "normal", "normal-kubeconfig").await?;
+    let base = hostile_guest::rss()?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let attack = {
+        let (ctx, stop) = (ctx.clone(), stop.clone());
+        let hc = get_hc(&env, "hostile").await?;
+        tokio::spawn(async move {
+            let mut passes = Vec::new();
+            // Bounded in count (200 passes) and by `stop`.
+            for _ in 0..200 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                passes.push(reconcile_one(&ctx, &hc).await.map(|o| o.state));
+                // As a requeue would, only sooner.
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            passes
+        })
+    };
+    let normal = {
+        let (ctx, env) = (ctx.clone(), &env);
+        let started = std::time::Instant::now();
+        async move {
+            let o = converge(&ctx, env, "normal", &[&env.management, &env.guest]).await?;
+            Ok::<_, anyhow::Error>((o, started.elapsed()))
+        }
+    };
+    tokio::pin!(normal);
+    let started = std::time::Instant::now();
+    let mut peak = base;
+    let mut converged = None;
+    // Sampled every 20 ms for at least 30 s of attack and until the normal cluster
+    // converged; at most 180 s.
+    loop {
+        tokio::select! {
+            r = &mut normal, if converged.is_none() => converged = Some(r?),
+            () = tokio::time::sleep(std::time::Duration::from_millis(20)) => {}
+        }
+        peak = peak.max(hostile_guest::rss()?);
+        if peak.saturating_sub(base) > GROWTH_BOUND {
+            stop.store(true, Ordering::Relaxed);
+            attack.abort();
+            anyhow::bail!(
+                "RSS grew by {} MiB (bound {} MiB; peak {} MiB) while the hostile guest streamed {} MiB: its answers are read without a bound",
+                peak.saturating_sub(base) / MIB,
+                GROWTH_BOUND / MIB,
+                peak / MIB,
+                hostile.streamed() / MIB
+            );
+        }
+        if converged.is_some() && started.elapsed() >= std::time::Duration::from_secs(30) {
+            break;
+        }
+        ensure!(
+            started.elapsed() < std::time::Duration::from_secs(180),
+            "the normal cluster did not converge within 180 s beside the hostile one"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    let passes = attack.await?;
+    let (o, took) = converged.context("converged")?;
+    eprintln!(
+        "RSS under attack: peak {:.1} MiB, growth {:.1} MiB over {:.1} MiB (bound {} MiB; Deployment limit {} MiB); hostile guest streamed {:.1} MiB over {} reads in {} passes; normal cluster converged in {:.1} s ({:?})",
+        peak as f64 / MIB as f64,
+        peak.saturating_sub(base) as f64 / MIB as f64,
+        base as f64 / MIB as f64,
+        GROWTH_BOUND / MIB,
+        limit / MIB,
+        hostile.streamed() as f64 / MIB as f64,
+        hostile.reads(),
+        passes.len(),
+        took.as_secs_f64(),
+        o.state
+    );
+    ensure!(
+        peak < limit,
+        "peak RSS {peak} over the Deployment's limit {limit}"
+    );
+    ensure!(hostile.reads() > 0, "the hostile server was never read");
+    ensure!(
+        o.state == State::Applied
+            || matches!(&o.state, State::Waiting(w) if w != "GuestResponseTooLarge"),
+        "normal: {o:?}"
+    );
+    for p in &passes {
+        ensure!(
+            matches!(p, Ok(State::Waiting(w)) if w == "GuestResponseTooLarge"),
+            "hostile pass: {p:?}"
+        );
+    }
+    let holm = holm_of(&env, "hostile").await?;
+    let d = condition(&holm, "Degraded").context("Degraded")?;
+    eprintln!("hostile: Degraded {} {}: {}", d.status, d.reason, d.message);
+    ensure!(d.status == "True" && d.reason == "GuestResponseTooLarge");
+    ensure!(
+        d.message
+            .contains(&hcp_olm_controlplane::runtime::guest::RESPONSE_BYTES.to_string())
+            && d.message.contains(GUEST_CRD_PATH),
+        "the message names the bound and the request: {}",
+        d.message
+    );
+    Ok(())
+}
+
+const GUEST_CRD_PATH: &str =
+    "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/catalogsources.operators.coreos.com";
+
+/// Security (issue 35, item 1: the guest kubeconfig's `server:`): the admin kubeconfig
+/// Secret is in the HostedCluster's namespace, so its owner chooses the server. With the
+/// controller's defaults (`--guest-server-allowed-cidrs` unset), a server at 127.0.0.1 and
+/// one whose name (`localhost`) resolves to it are refused, `Degraded=True
+/// GuestServerRefused` naming the address, and nothing is dialled (the STAND-IN
+/// `hostile_guest::Hostile` counts connections). On the old code the controller dialled
+/// both.
+#[tokio::test]
+async fn security_guest_servers_at_internal_addresses_are_not_dialled() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    // The controller's defaults (no CIDR allowed), as production runs it.
+    let mut config = Config::default();
+    config.olm_image = Some(OLM_IMAGE.into());
+    let ctx = Context::new(controller_client(&env).await?, config);
+    let hostile = hostile_guest::Hostile::start(hostile_guest::Mode::Trickle).await?;
+    for (name, server) in [
+        ("loopback", format!("https://127.0.0.1:{}", hostile.port())),
+        ("rebound", format!("https://localhost:{}", hostile.port())),
+    ] {
+        let secret = format!("{name}-kubeconfig");
+        put_secret(
+            &env.management,
+            HC_NS,
+            &secret,
+            "kubeconfig",
+            hostile.kubeconfig_for(&server).into_bytes(),
+        )
+        .await?;
+        create_hc(&env, name, &secret).await?;
+        let before = hostile.connections();
+        // Bounded: the old code dialled and then waited on the trickled answer.
+        let hc = get_hc(&env, name).await?;
+        let o = tokio::time::timeout(std::time::Duration::from_secs(15), reconcile_one(&ctx, &hc))
+            .await;
+        let dialled = hostile.connections() - before;
+        ensure!(
+            dialled == 0,
+            "{name}: the controller dialled {server} ({dialled} connections; pass: {o:?})"
+        );
+        let o = o.context("a refused server takes no time")??;
+        let holm = holm_of(&env, name).await?;
+        let d = condition(&holm, "Degraded").context("Degraded")?;
+        eprintln!(
+            "{name} ({server}): {o:?}; Degraded {} {}: {}",
+            d.status, d.reason, d.message
+        );
+        ensure!(
+            d.status == "True"
+                && d.reason == "GuestServerRefused"
+                && (d.message.contains("127.0.0.1") || d.message.contains("::1")),
+            "{name}: Degraded {} {} {:?}",
+            d.status,
+            d.reason,
+            d.message
+        );
+    }
     Ok(())
 }

@@ -652,6 +652,10 @@ async fn secret_list_and_watch_are_metadata_only() -> Result<()> {
                 "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:{}",
                 "a".repeat(64)
             )),
+            guest_servers: hcp_olm_controlplane::runtime::guest::ServerPolicy::allowing(&[
+                "127.0.0.0/8",
+            ])
+            .expect("a CIDR"),
             ..Default::default()
         },
     ));

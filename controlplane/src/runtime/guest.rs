@@ -47,6 +47,13 @@ pub const CACHE_LIMITS: Limits = Limits {
     events_per_minute: 600,
     watch: hcp_olm_apply::watch::Options::UNTRUSTED,
 };
+/// Largest body of a guest answer that is not a watch, in bytes: a watch's list page is
+/// bounded the same ([`hcp_olm_apply::watch::Options::UNTRUSTED`]), so the fallback reads
+/// of a pass cost no more than the watches they stand in for. A kube-apiserver's object is
+/// at most 1.5 MiB (etcd's limit), and our reads are of single objects, label-selected
+/// lists of ours and pages of at most 100 items.
+pub const RESPONSE_BYTES: usize = hcp_olm_apply::watch::Options::UNTRUSTED.max_page_bytes;
+
 /// HTTP/2 PING interval on an idle guest connection.
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
 /// How long a PING may go unanswered before the connection is closed.
@@ -214,25 +221,232 @@ impl Sessions {
     }
 }
 
+/// Which addresses a guest kubeconfig's `server:` may lead the controller to (issue 35).
+///
+/// The admin kubeconfig Secret lives in the HostedCluster's namespace, which the
+/// HostedCluster's owner can write: its `server:` is the owner's choice. The controller
+/// refuses to dial loopback, link-local (cloud metadata services among them), unspecified,
+/// multicast and broadcast addresses, and the management cluster's internal ranges given
+/// with `--guest-server-refused-cidrs` (pod, service and node networks), unless the server
+/// is the HCP's own API server (`kube-apiserver.<hcp-namespace>.svc`, whose Service address
+/// is internal by nature). Names are checked as they resolve at dial time (a resolver that
+/// drops refused answers: DNS rebinding gains nothing); IP literals before anything is
+/// dialled. `allowed` (`--guest-server-allowed-cidrs`, default empty) lets test and lab
+/// set-ups whose guest API servers listen on loopback through; never in production.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServerPolicy {
+    /// Refused besides the special-purpose ranges (unless the server is the HCP's own).
+    pub internal: Vec<ipnet::IpNet>,
+    /// Allowed whatever else says (test/lab only).
+    pub allowed: Vec<ipnet::IpNet>,
+}
+
+impl ServerPolicy {
+    /// A policy allowing `cidrs` (e.g. `["127.0.0.1/8"]`), refusing nothing more.
+    pub fn allowing(cidrs: &[&str]) -> Result<Self, String> {
+        Ok(Self {
+            allowed: parse_cidrs(cidrs)?,
+            internal: Vec::new(),
+        })
+    }
+}
+
+/// CIDRs (`10.128.0.0/14`, `fd00::/48`; a bare address is one host).
+pub fn parse_cidrs(cidrs: &[&str]) -> Result<Vec<ipnet::IpNet>, String> {
+    cidrs
+        .iter()
+        .map(|c| {
+            let c = c.trim();
+            c.parse::<ipnet::IpNet>()
+                .or_else(|_| c.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                .map_err(|_| format!("{c:?} is not a CIDR (e.g. 10.128.0.0/14)"))
+        })
+        .collect()
+}
+
+/// A guest API server address the [`ServerPolicy`] refuses.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the guest API server {server} is at {address}, {why}: refused (the controller dials no loopback, link-local or management-internal address a kubeconfig names)"
+)]
+pub struct ServerRefused {
+    pub server: String,
+    pub address: std::net::IpAddr,
+    pub why: &'static str,
+}
+
+impl ServerPolicy {
+    /// Why `ip` is refused, if it is; `own`: the server is the HCP's own API server.
+    pub fn refusal(&self, ip: std::net::IpAddr, own: bool) -> Option<&'static str> {
+        use std::net::IpAddr;
+        // `::ffff:127.0.0.1` is 127.0.0.1.
+        let ip = ip.to_canonical();
+        if self.allowed.iter().any(|n| n.contains(&ip)) {
+            return None;
+        }
+        if ip.is_loopback() {
+            return Some("a loopback address");
+        }
+        if ip.is_unspecified() {
+            return Some("an unspecified address");
+        }
+        if ip.is_multicast() {
+            return Some("a multicast address");
+        }
+        match ip {
+            IpAddr::V4(v4) if v4.is_link_local() => return Some("a link-local address"),
+            IpAddr::V4(v4) if v4.is_broadcast() => return Some("a broadcast address"),
+            IpAddr::V6(v6) if v6.is_unicast_link_local() => {
+                return Some("a link-local address");
+            }
+            _ => {}
+        }
+        if !own && self.internal.iter().any(|n| n.contains(&ip)) {
+            return Some("inside the management cluster's internal ranges");
+        }
+        None
+    }
+}
+
+/// Whether `host` names the HCP's own API server Service (`kube-apiserver` in
+/// `hcp_namespace`), as HyperShift's own kubeconfigs in the HCP namespace do.
+pub fn is_own_api_server(host: &str, hcp_namespace: Option<&str>) -> bool {
+    let Some(ns) = hcp_namespace else {
+        return false;
+    };
+    let host = host.trim_end_matches('.');
+    host == format!("kube-apiserver.{ns}.svc")
+        || host == format!("kube-apiserver.{ns}.svc.cluster.local")
+}
+
+/// A resolver that drops refused answers and fails when none is left, naming one.
+#[derive(Clone)]
+struct FilteringResolver {
+    inner: hyper_util::client::legacy::connect::dns::GaiResolver,
+    policy: Arc<ServerPolicy>,
+    own: bool,
+}
+
+type Resolved = std::vec::IntoIter<std::net::SocketAddr>;
+
+impl tower::Service<hyper_util::client::legacy::connect::dns::Name> for FilteringResolver {
+    type Response = Resolved;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<Resolved, Self::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        tower::Service::poll_ready(&mut self.inner, cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, name: hyper_util::client::legacy::connect::dns::Name) -> Self::Future {
+        let (policy, own) = (self.policy.clone(), self.own);
+        let server = name.as_str().to_string();
+        let lookup = tower::Service::call(&mut self.inner, name);
+        Box::pin(async move {
+            let mut refused = None;
+            let kept: Vec<std::net::SocketAddr> = lookup
+                .await?
+                .filter(|a| match policy.refusal(a.ip(), own) {
+                    None => true,
+                    Some(why) => {
+                        refused.get_or_insert((a.ip(), why));
+                        false
+                    }
+                })
+                .collect();
+            if kept.is_empty()
+                && let Some((address, why)) = refused
+            {
+                tracing::warn!(server = %server, %address, why, "guest API server address refused");
+                return Err(Box::new(ServerRefused {
+                    server,
+                    address,
+                    why,
+                }) as Self::Error);
+            }
+            Ok(kept.into_iter())
+        })
+    }
+}
+
+/// Why no guest client was built.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("{0}")]
+    Refused(#[from] ServerRefused),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// The `T` somewhere in `e`'s chain of sources (itself included), at most 32 links down.
+pub fn find_source<'a, T: std::error::Error + 'static>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a T> {
+    let mut next = Some(e);
+    for _ in 0..32 {
+        let cur = next?;
+        if let Some(t) = cur.downcast_ref::<T>() {
+            return Some(t);
+        }
+        next = cur.source();
+    }
+    None
+}
+
 /// A client for one guest from its (checked) kubeconfig: kube's own stack (base URI, auth,
 /// extra headers) over a connector that offers HTTP/2, with a bound on connecting and on
-/// waiting for a response's head.
+/// waiting for a response's head, and, for every request that is not a watch, a bound on
+/// the whole answer: [`RESPONSE_BYTES`] of body and `response_timeout` from sending the
+/// request to the body's end ([`hcp_olm_apply::bounded`]; issue 35: kube reads a whole
+/// body into memory, so one endless answer grew the controller until it was OOM-killed).
+/// Watches keep their own per-event and per-page bounds and their long lifetimes.
 ///
 /// Not `kube::Client::try_from`: kube's client offers only HTTP/1.1, where each watch holds
 /// a connection of its own.
+///
+/// `servers` decides which addresses the kubeconfig's `server:` may lead to
+/// ([`ServerPolicy`]): an IP literal is checked here, before anything is dialled; a name
+/// as it resolves, at each dial. `hcp_namespace`: the HCP namespace, whose own API server
+/// (`kube-apiserver.<hcp_namespace>.svc`) may be at an internal address.
 pub fn client(
     config: &kube::Config,
     connect_timeout: Duration,
     response_timeout: Duration,
-) -> Result<kube::Client, String> {
+    servers: &ServerPolicy,
+    hcp_namespace: Option<&str>,
+) -> Result<kube::Client, ClientError> {
     use hyper_util::client::legacy::connect::HttpConnector;
     use tower::ServiceBuilder;
 
-    let mut tls = config.rustls_client_config().map_err(|e| e.to_string())?;
+    let host = config.cluster_url.host().unwrap_or_default();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let own = is_own_api_server(host, hcp_namespace);
+    if let Ok(address) = host.parse::<std::net::IpAddr>()
+        && let Some(why) = servers.refusal(address, own)
+    {
+        return Err(ServerRefused {
+            server: host.to_string(),
+            address,
+            why,
+        }
+        .into());
+    }
+    let invalid = |e: String| ClientError::Invalid(e);
+    let mut tls = config
+        .rustls_client_config()
+        .map_err(|e| invalid(e.to_string()))?;
     // rustls's default keeps up to 256 resumable sessions per client config (its cache is
     // sized up front); a guest's client talks to one server over one kept connection.
     tls.resumption = rustls::client::Resumption::in_memory_sessions(4);
-    let mut http = HttpConnector::new();
+    let mut http = HttpConnector::new_with_resolver(FilteringResolver {
+        inner: hyper_util::client::legacy::connect::dns::GaiResolver::new(),
+        policy: Arc::new(servers.clone()),
+        own,
+    });
     http.enforce_http(false);
     http.set_connect_timeout(Some(connect_timeout));
     http.set_nodelay(true);
@@ -245,7 +459,7 @@ pub fn client(
         .https_only();
     if let Some(name) = &config.tls_server_name {
         let name = rustls::pki_types::ServerName::try_from(name.clone())
-            .map_err(|e| format!("tls-server-name {name:?}: {e}"))?;
+            .map_err(|e| invalid(format!("tls-server-name {name:?}: {e}")))?;
         https = https.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
     }
     let https = https.enable_http1().enable_http2().wrap_connector(http);
@@ -256,8 +470,10 @@ pub fn client(
             .http2_keep_alive_timeout(KEEPALIVE_TIMEOUT)
             .http2_keep_alive_while_idle(true)
             .build(https);
-    let auth = config.auth_layer().map_err(|e| e.to_string())?;
-    let headers = config.extra_headers_layer().map_err(|e| e.to_string())?;
+    let auth = config.auth_layer().map_err(|e| invalid(e.to_string()))?;
+    let headers = config
+        .extra_headers_layer()
+        .map_err(|e| invalid(e.to_string()))?;
     // As kube's own client: 429, 503 and 504 are retried (a CRD's storage just created
     // answers 429 for a moment), here at most 5 times within about 10 s, ignoring a guest's
     // Retry-After.
@@ -267,7 +483,7 @@ pub fn client(
         5,
         false,
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| invalid(e.to_string()))?;
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
         .layer(tower::retry::RetryLayer::new(retry))
@@ -275,6 +491,12 @@ pub fn client(
         .layer(headers)
         .map_err(tower::BoxError::from)
         .timeout(response_timeout)
+        .layer(hcp_olm_apply::bounded::BoundLayer::new(
+            hcp_olm_apply::bounded::Bounds {
+                max_bytes: RESPONSE_BYTES,
+                deadline: response_timeout,
+            },
+        ))
         .service(http_client);
     Ok(kube::Client::new(service, config.default_namespace.clone()))
 }
@@ -286,7 +508,14 @@ mod tests {
     fn session(sessions: &Sessions, cluster: &str, used: Instant) {
         // A client that is never used: no request leaves it.
         let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
-        let client = client(&config, Duration::from_secs(1), Duration::from_secs(1)).unwrap();
+        let client = client(
+            &config,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            &ServerPolicy::allowing(&["127.0.0.0/8"]).unwrap(),
+            None,
+        )
+        .unwrap();
         let s = sessions.open(cluster, digest(cluster.as_bytes()), client, &[], "", "test");
         *s.used.lock().unwrap() = used;
     }
@@ -311,6 +540,72 @@ mod tests {
         assert_eq!(sessions.len(), 1);
         sessions.sweep(later + SWEEP_EVERY, IDLE_TTL);
         assert!(sessions.is_empty());
+    }
+
+    /// Loopback, link-local, unspecified, multicast, broadcast and the configured internal
+    /// ranges are refused (IPv4-mapped IPv6 too); the HCP's own API server may be internal;
+    /// the allowed ranges win.
+    #[test]
+    fn server_addresses_are_refused_by_kind() {
+        let p = ServerPolicy {
+            internal: parse_cidrs(&["10.128.0.0/14", "172.30.0.0/16", "fd02::/112"]).unwrap(),
+            allowed: Vec::new(),
+        };
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        for (addr, why) in [
+            ("127.0.0.1", "a loopback address"),
+            ("127.1.2.3", "a loopback address"),
+            ("::1", "a loopback address"),
+            ("::ffff:127.0.0.1", "a loopback address"),
+            ("0.0.0.0", "an unspecified address"),
+            ("::", "an unspecified address"),
+            ("169.254.169.254", "a link-local address"),
+            ("fe80::1", "a link-local address"),
+            ("224.0.0.1", "a multicast address"),
+            ("ff02::1", "a multicast address"),
+            ("255.255.255.255", "a broadcast address"),
+            (
+                "172.30.0.1",
+                "inside the management cluster's internal ranges",
+            ),
+            (
+                "10.130.4.5",
+                "inside the management cluster's internal ranges",
+            ),
+            (
+                "fd02::10",
+                "inside the management cluster's internal ranges",
+            ),
+        ] {
+            assert_eq!(p.refusal(ip(addr), false), Some(why), "{addr}");
+        }
+        for addr in ["203.0.113.7", "10.0.0.1", "2001:db8::1"] {
+            assert_eq!(p.refusal(ip(addr), false), None, "{addr}");
+        }
+        // The HCP's own kube-apiserver Service: internal by nature, still never loopback.
+        assert_eq!(p.refusal(ip("172.30.0.1"), true), None);
+        assert_eq!(p.refusal(ip("127.0.0.1"), true), Some("a loopback address"));
+        assert!(is_own_api_server(
+            "kube-apiserver.clusters-a.svc",
+            Some("clusters-a")
+        ));
+        assert!(is_own_api_server(
+            "kube-apiserver.clusters-a.svc.cluster.local.",
+            Some("clusters-a")
+        ));
+        assert!(!is_own_api_server(
+            "kube-apiserver.clusters-b.svc",
+            Some("clusters-a")
+        ));
+        assert!(!is_own_api_server("kube-apiserver.clusters-a.svc", None));
+        let lab = ServerPolicy::allowing(&["127.0.0.0/8"]).unwrap();
+        assert_eq!(lab.refusal(ip("127.0.0.1"), false), None);
+        assert_eq!(lab.refusal(ip("::1"), false), Some("a loopback address"));
+        assert!(parse_cidrs(&["nonsense"]).is_err());
+        assert_eq!(
+            parse_cidrs(&["10.0.0.1"]).unwrap()[0].to_string(),
+            "10.0.0.1/32"
+        );
     }
 
     /// A session is reused only for the same kubeconfig bytes and cache mode.

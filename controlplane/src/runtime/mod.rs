@@ -60,6 +60,9 @@ pub struct Config {
     /// Whether `oci` carries credentials of the controller (`--pull-secret-file`): then a
     /// lookup made without a cluster's own pull secret proves nothing about that cluster.
     pub controller_registry_credentials: bool,
+    /// Which addresses a guest kubeconfig's `server:` may lead to (issue 35; default:
+    /// no loopback, link-local, unspecified or multicast address).
+    pub guest_servers: guest::ServerPolicy,
 }
 
 /// When HostedClusters are looked at again (flags of `run`).

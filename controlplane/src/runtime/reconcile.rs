@@ -219,6 +219,27 @@ pub enum GuestAccess {
     Unsafe(String),
     /// The guest API server did not answer (connection refused, timeout, TLS).
     Unreachable(String),
+    /// The kubeconfig's server is at an address the controller does not dial
+    /// ([`guest::ServerPolicy`]).
+    ServerRefused(String),
+    /// An answer of the guest API server crossed its bound in bytes or time (see
+    /// [`guest::RESPONSE_BOUNDS`]); the message names the bound and the request.
+    ResponseBound(hcp_olm_apply::bounded::BoundError),
+}
+
+/// The status reason for an answer that crossed `b`.
+pub fn bound_reason(b: &hcp_olm_apply::bounded::BoundError) -> &'static str {
+    match b {
+        hcp_olm_apply::bounded::BoundError::TooLarge { .. } => "GuestResponseTooLarge",
+        hcp_olm_apply::bounded::BoundError::Timeout { .. } => "GuestResponseTimeout",
+    }
+}
+
+/// The bound a guest read crossed, if that is why it failed.
+fn guest_bound(
+    e: &(dyn std::error::Error + 'static),
+) -> Option<hcp_olm_apply::bounded::BoundError> {
+    hcp_olm_apply::bounded::find(e).cloned()
 }
 
 impl GuestAccess {
@@ -269,6 +290,19 @@ impl GuestAccess {
                 c(PROGRESSING, false, "AsExpected", String::new()),
                 c(DEGRADED, true, "GuestUnreachable", msg.clone()),
             ),
+            GuestAccess::ServerRefused(msg) => (
+                c(PROGRESSING, false, "AsExpected", String::new()),
+                c(DEGRADED, true, "GuestServerRefused", msg.clone()),
+            ),
+            GuestAccess::ResponseBound(b) => (
+                c(PROGRESSING, false, "AsExpected", String::new()),
+                c(
+                    DEGRADED,
+                    true,
+                    bound_reason(b),
+                    format!("guest API server: {b}"),
+                ),
+            ),
         };
         vec![
             c(
@@ -277,6 +311,12 @@ impl GuestAccess {
                 "GuestUnreachable",
                 match self {
                     GuestAccess::Unreachable(_) => "the guest API server does not answer".into(),
+                    GuestAccess::ServerRefused(_) => {
+                        "the guest API server's address is refused".into()
+                    }
+                    GuestAccess::ResponseBound(_) => {
+                        "the guest API server's answers cross their bounds".into()
+                    }
                     _ => "no usable guest admin kubeconfig".into(),
                 },
             ),
@@ -292,6 +332,8 @@ impl GuestAccess {
             GuestAccess::Invalid(_) => "GuestKubeconfigInvalid",
             GuestAccess::Unsafe(_) => "GuestKubeconfigUnsafe",
             GuestAccess::Unreachable(_) => "GuestUnreachable",
+            GuestAccess::ServerRefused(_) => "GuestServerRefused",
+            GuestAccess::ResponseBound(b) => bound_reason(b),
         }
     }
 }
@@ -366,9 +408,21 @@ async fn guest_access(
     };
     // A guest API server that does not answer must not hold a reconcile slot for
     // minutes.
-    let client = match guest::client(&config, GUEST_CONNECT_TIMEOUT, GUEST_READ_TIMEOUT) {
+    let client = match guest::client(
+        &config,
+        GUEST_CONNECT_TIMEOUT,
+        GUEST_READ_TIMEOUT,
+        &ctx.config.guest_servers,
+        hc.hcp_namespace().as_deref(),
+    ) {
         Ok(c) => c,
-        Err(e) => return Ok(Err(invalid(e))),
+        Err(guest::ClientError::Refused(r)) => {
+            tracing::warn!(cluster, error = %r, "guest API server refused");
+            return Ok(Err(GuestAccess::ServerRefused(format!(
+                "Secret {ns}/{name}: {r}"
+            ))));
+        }
+        Err(guest::ClientError::Invalid(e)) => return Ok(Err(invalid(e))),
     };
     if !keep {
         return Ok(Ok(guest::Sessions::detached(digest, client)));
@@ -975,42 +1029,61 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
         Some(c) => Ok(c.is_some()),
         None => crds.get_opt(GUEST_OLM_CRD).await.map(|c| c.is_some()),
     };
-    let guest_olm_crds_ready = match crd {
-        Ok(ready) => ready,
+    let (guest_olm_crds_ready, failed) = match crd {
+        Ok(ready) => (ready, None),
         Err(kube::Error::Api(s)) => {
             return Err(kube_err(format!("reading guest CRD {GUEST_OLM_CRD}"))(
                 kube::Error::Api(s),
             ));
         }
         Err(e) => {
-            let access =
-                GuestAccess::Unreachable(format!("the guest API server does not answer: {e}"));
             tracing::info!(cluster = %valid.cluster.key(), error = %e, "guest unreachable");
-            // Its watches would only retry: a new session once it answers again.
-            ctx.guests.close(&format!("{ns}/{name}"));
-            let st = HostedOLMStatus {
-                observed_generation: generation,
-                conditions: access.conditions(generation, &now_t),
-                ..holm.status.clone().unwrap_or_default()
+            let refused = guest::find_source::<guest::ServerRefused>(&e);
+            let access = match guest_bound(&e) {
+                Some(b) => GuestAccess::ResponseBound(b),
+                None if refused.is_some() => {
+                    GuestAccess::ServerRefused(refused.map(ToString::to_string).unwrap_or_default())
+                }
+                None => {
+                    GuestAccess::Unreachable(format!("the guest API server does not answer: {e}"))
+                }
             };
-            let mut o = Outcome::new(State::Waiting(access.reason().into()), ctx.schedule.waiting);
-            o.status_written = write_status(ctx, hc, &holm, st).await?;
-            o.hcp_writes = hcp_writes;
-            return Ok(o);
+            (false, Some(access))
         }
     };
 
     // Guest placement: HyperShift creates OperatorHub/cluster once and then leaves it to the
     // guest's admins, so which default CatalogSources exist follows the guest's live
     // OperatorHub (never reverted by us). Read once the guest has answered; an error now
-    // fails the pass (retried) rather than briefly restoring sources the guest disabled.
+    // fails the pass (retried) rather than briefly restoring sources the guest disabled,
+    // and an answer over its bound is said in status as the CRD read's is.
     let mut valid = valid;
-    if valid.placement == CatalogPlacement::Guest
-        && !valid.hypershift_take_over
-        && let Some(live) = live_operator_hub(&guest).await?
-        && live != valid.operator_hub
+    let mut failed = failed;
+    if failed.is_none() && valid.placement == CatalogPlacement::Guest && !valid.hypershift_take_over
     {
-        valid.follow_operator_hub(live, holm.spec.default_catalogs.as_deref());
+        match live_operator_hub(&guest).await {
+            Ok(Some(live)) if live != valid.operator_hub => {
+                valid.follow_operator_hub(live, holm.spec.default_catalogs.as_deref());
+            }
+            Ok(_) => {}
+            Err(e) => match guest_bound(&e) {
+                Some(b) => failed = Some(GuestAccess::ResponseBound(b)),
+                None => return Err(e),
+            },
+        }
+    }
+    if let Some(access) = failed {
+        // Its watches would only retry: a new session once it answers again.
+        ctx.guests.close(&format!("{ns}/{name}"));
+        let st = HostedOLMStatus {
+            observed_generation: generation,
+            conditions: access.conditions(generation, &now_t),
+            ..holm.status.clone().unwrap_or_default()
+        };
+        let mut o = Outcome::new(State::Waiting(access.reason().into()), ctx.schedule.waiting);
+        o.status_written = write_status(ctx, hc, &holm, st).await?;
+        o.hcp_writes = hcp_writes;
+        return Ok(o);
     }
     // The catalog images, once the enabled catalogs are final (registry answers cached and
     // shared; none asked while the guest does not answer, since nothing is rendered then).
@@ -1174,8 +1247,9 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
         }
     }
 
-    let guest_applier =
-        Applier::new(guest.clone(), FIELD_MANAGER).with_cache(session.cache.clone());
+    let guest_applier = Applier::new(guest.clone(), FIELD_MANAGER)
+        .with_cache(session.cache.clone())
+        .with_list_options(hcp_olm_apply::watch::Options::UNTRUSTED);
     let guest_targets: Vec<Target> = desired.guest.iter().map(target).collect();
     let mut guest_report = guest_applier.apply(&guest_targets).await;
     guest_report.merge(
@@ -1233,7 +1307,7 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     };
     let components = read_components(ctx, &guest, reads.as_deref(), &hcp_ns, &desired).await?;
     let all_available = components.iter().all(|c| c.available);
-    let st = build_status(
+    let mut st = build_status(
         &input,
         &desired,
         &guest_sources,
@@ -1243,6 +1317,13 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
         generation,
         &now_t,
     );
+    // A guest answer over its bound is named as such (not a plain ApplyFailed).
+    if hcp_report.errors.is_empty()
+        && let Some(b) = guest_report.errors.first().and_then(|e| guest_bound(e))
+        && let Some(d) = st.conditions.iter_mut().find(|c| c.type_ == DEGRADED)
+    {
+        d.reason = bound_reason(&b).into();
+    }
     let status_written = write_status(ctx, hc, &holm, st).await?;
     if let Some(e) = apply_error {
         return Err(e);
@@ -1340,16 +1421,28 @@ async fn read_guest_catalog_sources(
         "CatalogSource",
         "catalogsources",
     );
-    let api: Api<DynamicObject> =
-        Api::namespaced_with(guest.clone(), names::MARKETPLACE_NAMESPACE, &ar);
     let sel = selector
         .iter()
         .map(|(k, v)| format!("{k}={v}"))
         .collect::<Vec<_>>()
         .join(",");
-    match api.list(&ListParams::default().labels(&sel)).await {
-        Ok(list) => list
-            .items
+    // One page, read as the watches read theirs (bounded in items and bytes): we render a
+    // handful of CatalogSources.
+    let page = hcp_olm_apply::watch::list_page::<DynamicObject>(
+        guest,
+        &ar,
+        &hcp_olm_apply::watch::Selector {
+            namespace: Some(names::MARKETPLACE_NAMESPACE.to_string()),
+            labels: sel,
+            fields: String::new(),
+        },
+        false,
+        super::guest_reads::LIMITS.watch,
+        None,
+    )
+    .await;
+    match page {
+        Ok((_, items)) => items
             .into_iter()
             .filter_map(|o| {
                 let name = o.metadata.name.clone()?;
@@ -1396,8 +1489,9 @@ fn operators_from(kept: Vec<(hcp_olm_apply::projected::Key, Value)>) -> Vec<Inst
 /// CSVs read per page, and the most installed operators tracked for `Upgradeable` (a guest
 /// user can create any number of CSVs; only metadata is read, a page at a time, and at most
 /// this many entries of ~100 bytes are kept: CSVs past them are not examined).
-const CSV_PAGE: u32 = 500;
 const MAX_TRACKED_OPERATORS: usize = 50_000;
+/// Pages of CSVs read at most ([`super::guest_reads::LIMITS`]' page of 100 each).
+const MAX_CSV_PAGES: usize = MAX_TRACKED_OPERATORS / 100 + 1;
 
 /// Installed operators that declare `olm.maxOpenShiftVersion` (the others cannot block an
 /// upgrade), from the guest's CSV metadata, paged; at most [`MAX_TRACKED_OPERATORS`].
@@ -1407,14 +1501,26 @@ async fn read_installed_operators(guest: &kube::Client) -> Vec<InstalledOperator
         "ClusterServiceVersion",
         "clusterserviceversions",
     );
-    let api: Api<DynamicObject> = Api::all_with(guest.clone(), &ar);
+    let options = super::guest_reads::LIMITS.watch;
     let mut out = Vec::new();
-    let mut lp = ListParams::default().limit(CSV_PAGE);
-    loop {
-        let Ok(page) = api.list_metadata(&lp).await else {
+    let mut token: Option<String> = None;
+    // Pages read as the watches read theirs (bounded in items and bytes), and at most
+    // enough of them for MAX_TRACKED_OPERATORS (a server can send empty pages with a
+    // continue token for ever).
+    for _ in 0..MAX_CSV_PAGES {
+        let page = hcp_olm_apply::watch::list_page::<kube::core::PartialObjectMeta<DynamicObject>>(
+            guest,
+            &ar,
+            &hcp_olm_apply::watch::Selector::default(),
+            true,
+            options,
+            token.as_deref(),
+        )
+        .await;
+        let Ok((metadata, items)) = page else {
             return out;
         };
-        for o in page.items {
+        for o in items {
             // Copied CSVs (olm.copiedFrom) are not separate installs.
             if o.metadata
                 .labels
@@ -1441,11 +1547,12 @@ async fn read_installed_operators(guest: &kube::Client) -> Vec<InstalledOperator
                 max_openshift_version: max,
             });
         }
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(c) => lp = lp.continue_token(&c),
+        match metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(c) => token = Some(c),
             None => return out,
         }
     }
+    out
 }
 
 /// Subscriptions examined per pass for `subscriptionDefaults` (guest users can create any
@@ -1494,17 +1601,31 @@ async fn apply_subscription_defaults(
         "Subscription",
         "subscriptions",
     );
-    let all: Api<DynamicObject> = Api::all_with(guest.clone(), &ar);
     // Whole objects are needed (spec.config), and a guest user decides their size (up to
-    // the API server's 1.5 MiB each): small pages bound what one answer can hold.
-    let mut lp = ListParams::default().limit(SUBSCRIPTION_PAGE);
+    // the API server's 1.5 MiB each): small pages bound what one answer can hold. Read as
+    // the watches read theirs (bounded in items and bytes), and at most enough pages for
+    // MAX_SUBSCRIPTIONS_EXAMINED (a server can send empty pages with a continue token).
+    let options = hcp_olm_apply::watch::Options {
+        page: SUBSCRIPTION_PAGE,
+        ..super::guest_reads::LIMITS.watch
+    };
     let (mut examined, mut written, mut refused) = (0usize, 0usize, 0usize);
-    loop {
-        let page = all
-            .list(&lp)
-            .await
-            .map_err(kube_err("listing guest Subscriptions".to_string()))?;
-        for s in page.items {
+    let mut token: Option<String> = None;
+    for _ in 0..MAX_SUBSCRIPTIONS_EXAMINED / SUBSCRIPTION_PAGE as usize + 1 {
+        let (metadata, items) = hcp_olm_apply::watch::list_page::<DynamicObject>(
+            guest,
+            &ar,
+            &hcp_olm_apply::watch::Selector::default(),
+            false,
+            options,
+            token.as_deref(),
+        )
+        .await
+        .map_err(|e| {
+            kube_err("listing guest Subscriptions".to_string())(kube::Error::Service(Box::new(e)))
+        })?;
+        let page_continue = metadata.continue_;
+        for s in items {
             examined += 1;
             let Some(patch) = subscription_defaults_patch(&s.data, defaults) else {
                 continue;
@@ -1531,16 +1652,15 @@ async fn apply_subscription_defaults(
                 return Ok(written);
             }
         }
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(c) if examined < MAX_SUBSCRIPTIONS_EXAMINED => lp = lp.continue_token(&c),
-            _ => {
-                if refused > 0 {
-                    tracing::warn!(refused, "guest Subscriptions refused the defaults");
-                }
-                return Ok(written);
-            }
+        match page_continue.filter(|c| !c.is_empty()) {
+            Some(c) if examined < MAX_SUBSCRIPTIONS_EXAMINED => token = Some(c),
+            _ => break,
         }
     }
+    if refused > 0 {
+        tracing::warn!(refused, "guest Subscriptions refused the defaults");
+    }
+    Ok(written)
 }
 
 /// Reason while HyperShift's own OLM runs in the HCP namespace.
@@ -1924,12 +2044,26 @@ async fn pod_problem_listed(
     if selector.is_empty() {
         return None;
     }
-    let api: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), ns);
-    let lp = ListParams::default()
-        .labels(&selector.join(","))
-        .limit(POD_LIST_LIMIT);
-    match api.list(&lp).await {
-        Ok(list) => pods::problem(list.items.iter()),
+    // Read as the guest's watches read their pages (bounded in items and bytes): the
+    // guest's pods are the guest's, and so is its API server.
+    let page = hcp_olm_apply::watch::list_page::<k8s_openapi::api::core::v1::Pod>(
+        client,
+        &kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::Pod>(&()),
+        &hcp_olm_apply::watch::Selector {
+            namespace: Some(ns.to_string()),
+            labels: selector.join(","),
+            fields: String::new(),
+        },
+        false,
+        hcp_olm_apply::watch::Options {
+            page: POD_LIST_LIMIT,
+            ..super::guest_reads::LIMITS.watch
+        },
+        None,
+    )
+    .await;
+    match page {
+        Ok((_, items)) => pods::problem(items.iter()),
         Err(e) => {
             tracing::debug!(namespace = ns, error = %e, "listing a component's pods");
             None

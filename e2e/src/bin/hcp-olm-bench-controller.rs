@@ -434,6 +434,8 @@ async fn main() -> Result<()> {
     let port = hcp_olm_e2e::ports::free_port()?;
     let log = std::env::temp_dir().join(format!("hcp-olm-bench-controller-{port}.log"));
     let mut cmd = hcp_olm_e2e::process::command(&bin);
+    // The guest stand-in and API servers listen on 127.0.0.1 (test/lab-only flag).
+    cmd.env("HCP_OLM_GUEST_SERVER_ALLOWED_CIDRS", "127.0.0.0/8");
     cmd.args([
         "run",
         // As the shipped Deployment runs it (manifests/controller/deployment.yaml).

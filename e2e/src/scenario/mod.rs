@@ -991,6 +991,8 @@ async fn run_steps(
     let kubeconfig = controller_kubeconfig(env).await?;
     let admin_port = crate::ports::free_port()?;
     let mut cmd = crate::process::command(&bins.controller);
+    // The test API servers listen on 127.0.0.1 (test/lab-only flag).
+    cmd.env("HCP_OLM_GUEST_SERVER_ALLOWED_CIDRS", "127.0.0.0/8");
     cmd.args([
         "run",
         "--admin-addr",
