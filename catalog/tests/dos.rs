@@ -156,6 +156,15 @@ struct AttackCounts {
     streams_open: AtomicU64,
     refused: AtomicU64,
     getbundle_ok: AtomicU64,
+    /// Why attack calls did not get through, by kind.
+    why: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+}
+
+impl AttackCounts {
+    fn refused(&self, why: String) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        *self.why.lock().expect("why").entry(why).or_insert(0) += 1;
+    }
 }
 
 /// Runs the attack on its own thread and runtime until `stop` is set.
@@ -183,7 +192,7 @@ fn start_attack(
                         .connect()
                         .await
                     else {
-                        counts.refused.fetch_add(1, Ordering::Relaxed);
+                        counts.refused("connect".into());
                         return;
                     };
                     let mut held = Vec::new();
@@ -200,9 +209,12 @@ fn start_attack(
                                     counts.streams_open.fetch_add(1, Ordering::Relaxed);
                                     held.push(s);
                                 }
-                                _ => {
-                                    counts.refused.fetch_add(1, Ordering::Relaxed);
+                                Ok(Err(e)) => {
+                                    counts.refused(format!("ListBundles {:?}", e.code()));
                                     tokio::time::sleep(Duration::from_millis(20)).await;
+                                }
+                                Err(_) => {
+                                    counts.refused("ListBundles waited 2s".into());
                                 }
                             }
                         } else {
@@ -215,7 +227,7 @@ fn start_attack(
             // Tight GetBundle loops on the heaviest bundles.
             for k in 0..FLOOD_CONNS {
                 let Ok(ch) = endpoint(port, FLOODER).connect().await else {
-                    counts.refused.fetch_add(1, Ordering::Relaxed);
+                    counts.refused("connect".into());
                     continue;
                 };
                 for j in 0..LOOPS_PER_FLOOD_CONN {
@@ -240,8 +252,8 @@ fn start_attack(
                                 Ok(_) => {
                                     counts.getbundle_ok.fetch_add(1, Ordering::Relaxed);
                                 }
-                                Err(_) => {
-                                    counts.refused.fetch_add(1, Ordering::Relaxed);
+                                Err(e) => {
+                                    counts.refused(format!("GetBundle {:?}", e.code()));
                                     // A refused call is retried at once: the
                                     // attacker does not back off.
                                     tokio::task::yield_now().await;
@@ -394,7 +406,7 @@ fn security_catalog_one_client_cannot_starve_or_exhaust_the_server() {
             .join("/")
     };
     println!(
-        "catalog-dos: quiet_p99_ms={:.3} attack_p99_ms={:.3} ratio={ratio:.2} (median of round p99s; quiet rounds {} attack rounds {}) bystander_failed={loaded_failed} rss_quiet_mib={:.1} rss_peak_mib={peak_mib:.1} rss_end_mib={} rss_limit_mib={RSS_LIMIT_MIB} rss_early_max_mib={:.1} rss_late_max_mib={:.1} attack_s={attack_secs:.1} streams_open={} refused={} getbundle_ok={}",
+        "catalog-dos: quiet_p99_ms={:.3} attack_p99_ms={:.3} ratio={ratio:.2} (median of round p99s; quiet rounds {} attack rounds {}) bystander_failed={loaded_failed} rss_quiet_mib={:.1} rss_peak_mib={peak_mib:.1} rss_end_mib={} rss_limit_mib={RSS_LIMIT_MIB} rss_early_max_mib={:.1} rss_late_max_mib={:.1} attack_s={attack_secs:.1} streams_open={} refused={} {:?} getbundle_ok={}",
         ms(quiet_p99),
         ms(loaded_p99),
         rounds(&quiet),
@@ -405,6 +417,7 @@ fn security_catalog_one_client_cannot_starve_or_exhaust_the_server() {
         mib(late),
         counts.streams_open.load(Ordering::Relaxed),
         counts.refused.load(Ordering::Relaxed),
+        counts.why.lock().expect("why"),
         counts.getbundle_ok.load(Ordering::Relaxed),
     );
     assert!(
