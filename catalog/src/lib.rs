@@ -6,10 +6,12 @@ pub mod blob;
 pub mod csv;
 pub mod error;
 pub mod gojson;
+pub mod limits;
 pub mod load;
 pub mod model;
 pub mod server;
 
 pub use error::{LoadError, Location, Rule};
+pub use limits::Limits;
 pub use model::Catalog;
-pub use server::{HealthService, RegistryService, ServeError, serve};
+pub use server::{HealthService, RegistryService, ServeError, serve, serve_with};

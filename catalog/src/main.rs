@@ -35,6 +35,47 @@ struct Args {
     /// How long to let in-flight calls finish after SIGTERM/SIGINT.
     #[arg(long = "shutdown-timeout", default_value = "10s", value_parser = hcp_olm_binkit::parse_duration)]
     shutdown_timeout: Duration,
+    /// Open connections in all; more are closed at accept.
+    #[arg(long = "max-connections", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
+    /// Open connections per client address (one tenant's pod); more are closed at accept.
+    #[arg(long = "max-connections-per-peer", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections_per_peer: u32,
+    /// HTTP/2 streams per connection (SETTINGS_MAX_CONCURRENT_STREAMS).
+    #[arg(long = "max-streams-per-connection", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    max_streams_per_connection: u32,
+    /// Calls being answered at once in all (each holds at most one answer in memory); more wait their turn.
+    #[arg(long = "max-calls", default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
+    max_calls: u32,
+    /// Calls being answered at once per client address; more wait their turn, round-robin over clients.
+    #[arg(long = "max-calls-per-peer", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    max_calls_per_peer: u32,
+    /// A call that waits this long for its turn is answered RESOURCE_EXHAUSTED.
+    #[arg(long = "admission-timeout", default_value = "30s", value_parser = hcp_olm_binkit::parse_duration)]
+    admission_timeout: Duration,
+    /// Close a connection with no call in flight after this long.
+    #[arg(long = "idle-timeout", default_value = "10m", value_parser = hcp_olm_binkit::parse_duration)]
+    idle_timeout: Duration,
+}
+
+/// Runtime worker threads; heavy handlers get one fewer CPU slot, so a flood
+/// of them never holds every worker.
+const WORKERS: usize = 2;
+
+impl Args {
+    fn limits(&self) -> hcp_olm_catalog::Limits {
+        hcp_olm_catalog::Limits {
+            max_connections: self.max_connections as usize,
+            max_connections_per_peer: self.max_connections_per_peer as usize,
+            max_streams_per_connection: self.max_streams_per_connection,
+            max_calls: self.max_calls as usize,
+            max_calls_per_peer: self.max_calls_per_peer as usize,
+            admission_timeout: self.admission_timeout,
+            work_slots: WORKERS - 1,
+            idle_timeout: self.idle_timeout,
+            ..hcp_olm_catalog::Limits::default()
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -44,7 +85,7 @@ fn main() -> ExitCode {
     };
     args.log.init();
     let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(WORKERS)
         .enable_all()
         .build()
     {
@@ -101,9 +142,14 @@ async fn run(args: Args) -> Result<(), RunError> {
     );
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let timeout = args.shutdown_timeout;
-    let server = tokio::spawn(hcp_olm_catalog::serve(listener, Arc::new(catalog), async {
-        let _ = rx.await;
-    }));
+    let server = tokio::spawn(hcp_olm_catalog::serve_with(
+        listener,
+        Arc::new(catalog),
+        args.limits(),
+        async {
+            let _ = rx.await;
+        },
+    ));
     shutdown_signal().await;
     tracing::info!(timeout_s = timeout.as_secs_f64(), "shutting down");
     let _ = tx.send(());

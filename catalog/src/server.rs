@@ -16,6 +16,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::blob::Blobs;
+use crate::limits::{CallLimitLayer, Fair, Limits, PeerInfo, Slot};
 use crate::model::{BundleData, Catalog, Entry, Gvk};
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -28,12 +29,33 @@ fn stream_of<T: Send + 'static>(items: Vec<T>) -> BoxStream<T> {
 #[derive(Debug, Clone)]
 pub struct RegistryService {
     catalog: Arc<Catalog>,
+    fair: Option<Arc<Fair>>,
 }
 
 impl RegistryService {
-    /// Serves `catalog`.
+    /// Serves `catalog` with no CPU fairness (every call computes at once).
     pub fn new(catalog: Arc<Catalog>) -> Self {
-        RegistryService { catalog }
+        RegistryService {
+            catalog,
+            fair: None,
+        }
+    }
+
+    /// Serves `catalog`; handlers that render bundles or scan the catalog
+    /// take a CPU slot of `fair` while they compute.
+    pub fn with_fairness(catalog: Arc<Catalog>, fair: Arc<Fair>) -> Self {
+        RegistryService {
+            catalog,
+            fair: Some(fair),
+        }
+    }
+
+    /// A CPU slot for the caller of `req` (round-robin over peers).
+    async fn work<T>(&self, req: &Request<T>) -> Option<Slot> {
+        match &self.fair {
+            Some(f) => Some(f.work(PeerInfo::peer_of(req)).await),
+            None => None,
+        }
     }
 
     fn bundle(&self, pkg: &str, channel: &str, name: &str) -> Result<Bundle, Status> {
@@ -209,6 +231,7 @@ impl Registry for RegistryService {
         &self,
         req: Request<api::GetBundleRequest>,
     ) -> Result<Response<Bundle>, Status> {
+        let _slot = self.work(&req).await;
         let r = req.into_inner();
         self.bundle(&r.pkg_name, &r.channel_name, &r.csv_name)
             .map(Response::new)
@@ -218,6 +241,7 @@ impl Registry for RegistryService {
         &self,
         req: Request<api::GetBundleInChannelRequest>,
     ) -> Result<Response<Bundle>, Status> {
+        let _slot = self.work(&req).await;
         let r = req.into_inner();
         let p = self
             .catalog
@@ -238,6 +262,7 @@ impl Registry for RegistryService {
         &self,
         req: Request<api::GetAllReplacementsRequest>,
     ) -> Result<Response<Self::GetChannelEntriesThatReplaceStream>, Status> {
+        let _slot = self.work(&req).await;
         let name = req.into_inner().csv_name;
         let mut out = Vec::new();
         for p in self.catalog.packages.values() {
@@ -272,6 +297,7 @@ impl Registry for RegistryService {
         &self,
         req: Request<api::GetReplacementRequest>,
     ) -> Result<Response<Bundle>, Status> {
+        let _slot = self.work(&req).await;
         let r = req.into_inner();
         let p = self
             .catalog
@@ -302,6 +328,7 @@ impl Registry for RegistryService {
         &self,
         req: Request<api::GetAllProvidersRequest>,
     ) -> Result<Response<Self::GetChannelEntriesThatProvideStream>, Status> {
+        let _slot = self.work(&req).await;
         let r = req.into_inner();
         let gvk = Gvk {
             group: r.group,
@@ -325,6 +352,7 @@ impl Registry for RegistryService {
         &self,
         req: Request<api::GetLatestProvidersRequest>,
     ) -> Result<Response<Self::GetLatestChannelEntriesThatProvideStream>, Status> {
+        let _slot = self.work(&req).await;
         let r = req.into_inner();
         let gvk = Gvk {
             group: r.group,
@@ -345,6 +373,7 @@ impl Registry for RegistryService {
         &self,
         req: Request<api::GetDefaultProviderRequest>,
     ) -> Result<Response<Bundle>, Status> {
+        let _slot = self.work(&req).await;
         let r = req.into_inner();
         let gvk = Gvk {
             group: r.group,
@@ -374,57 +403,89 @@ impl Registry for RegistryService {
 
     async fn list_bundles(
         &self,
-        _req: Request<api::ListBundlesRequest>,
+        req: Request<api::ListBundlesRequest>,
     ) -> Result<Response<Self::ListBundlesStream>, Status> {
-        let catalog = Arc::clone(&self.catalog);
-        // Built lazily, one bundle at a time, so a full listing never holds
-        // a second copy of the catalog.
-        let iter = CatalogBundles::new(catalog).map(Ok);
-        Ok(Response::new(Box::pin(tokio_stream::iter(iter))))
+        // Produced lazily, one bundle per poll: the transport polls for the
+        // next one only when the client's flow-control window has room, so a
+        // client that does not read holds a cursor of three names, never the
+        // listing. Each bundle is rendered in a CPU slot.
+        let st = ListCursor {
+            catalog: Arc::clone(&self.catalog),
+            fair: self.fair.clone(),
+            peer: PeerInfo::peer_of(&req),
+            last: None,
+        };
+        let stream = futures::stream::unfold(st, |mut st| async move {
+            let next = match &st.last {
+                None => first_ref(&st.catalog),
+                Some((p, c, e)) => ref_after(&st.catalog, p, c, e),
+            }?;
+            let _slot = match &st.fair {
+                Some(f) => Some(f.work(st.peer).await),
+                None => None,
+            };
+            let bundle = list_view(&st.catalog, &next.0, &next.1, &next.2);
+            st.last = Some(next);
+            Some((Ok::<_, Status>(bundle), st))
+        });
+        Ok(Response::new(Box::pin(stream)))
     }
 }
 
-/// Iterates every (package, channel, bundle) in name order, producing the
-/// `ListBundles` view: replaces/skips kept, csvJson/object blanked when the
-/// bundle has an image.
-struct CatalogBundles {
+/// Where a `ListBundles` stream is: the last (package, channel, bundle) sent.
+struct ListCursor {
     catalog: Arc<Catalog>,
-    refs: std::vec::IntoIter<(String, String, String)>,
+    fair: Option<Arc<Fair>>,
+    peer: std::net::IpAddr,
+    last: Option<(String, String, String)>,
 }
 
-impl CatalogBundles {
-    fn new(catalog: Arc<Catalog>) -> Self {
-        let mut refs = Vec::new();
-        for p in catalog.packages.values() {
-            for c in p.channels.values() {
-                for e in c.entries.keys() {
-                    refs.push((p.name.clone(), c.name.clone(), e.clone()));
-                }
+type Ref = (String, String, String);
+
+/// The first channel entry with a package, channel or entry name after the
+/// given ones, in name order (packages, then channels, then entries).
+fn first_in<'a>(
+    packages: impl Iterator<Item = (&'a String, &'a crate::model::Package)>,
+) -> Option<Ref> {
+    for (pn, p) in packages {
+        for (cn, c) in &p.channels {
+            if let Some(en) = c.entries.keys().next() {
+                return Some((pn.clone(), cn.clone(), en.clone()));
             }
         }
-        CatalogBundles {
-            catalog,
-            refs: refs.into_iter(),
-        }
     }
+    None
 }
 
-impl Iterator for CatalogBundles {
-    type Item = Bundle;
-    fn next(&mut self) -> Option<Bundle> {
-        let (p, c, b) = self.refs.next()?;
-        let pkg = &self.catalog.packages[&p];
-        let data = &pkg.bundles[&b];
-        let entry = &pkg.channels[&c].entries[&b];
-        // Bundles with an image come without csvJson and objects (never copied).
-        Some(to_api(
-            &self.catalog.blobs,
-            data,
-            &c,
-            entry,
-            data.image.is_empty(),
-        ))
+fn first_ref(cat: &Catalog) -> Option<Ref> {
+    first_in(cat.packages.iter())
+}
+
+fn ref_after(cat: &Catalog, p: &str, c: &str, e: &str) -> Option<Ref> {
+    use std::ops::Bound::{Excluded, Unbounded};
+    if let Some(pkg) = cat.packages.get(p) {
+        if let Some(ch) = pkg.channels.get(c)
+            && let Some(en) = ch.entries.range::<str, _>((Excluded(e), Unbounded)).next()
+        {
+            return Some((p.to_string(), c.to_string(), en.0.clone()));
+        }
+        for (cn, ch) in pkg.channels.range::<str, _>((Excluded(c), Unbounded)) {
+            if let Some(en) = ch.entries.keys().next() {
+                return Some((p.to_string(), cn.clone(), en.clone()));
+            }
+        }
     }
+    first_in(cat.packages.range::<str, _>((Excluded(p), Unbounded)))
+}
+
+/// The `ListBundles` view of one entry: replaces/skips kept, csvJson/object
+/// blanked when the bundle has an image.
+fn list_view(cat: &Catalog, p: &str, c: &str, b: &str) -> Bundle {
+    let pkg = &cat.packages[p];
+    let data = &pkg.bundles[b];
+    let entry = &pkg.channels[c].entries[b];
+    // Bundles with an image come without csvJson and objects (never copied).
+    to_api(&cat.blobs, data, c, entry, data.image.is_empty())
 }
 
 /// `grpc.health.v1.Health`: SERVING for any service name once the catalog is
@@ -474,11 +535,22 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
 }
 
-/// Serves `catalog` on an already bound listener until `shutdown` resolves,
-/// then drains in-flight calls.
+/// Serves `catalog` on an already bound listener with the default
+/// [`Limits`] until `shutdown` resolves, then drains in-flight calls.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     catalog: Arc<Catalog>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    serve_with(listener, catalog, Limits::default(), shutdown).await
+}
+
+/// Serves `catalog` on an already bound listener within `limits` (see
+/// [`crate::limits`]) until `shutdown` resolves, then drains in-flight calls.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    catalog: Arc<Catalog>,
+    limits: Limits,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let reflection_v1 = tonic_reflection::server::Builder::configure()
@@ -487,19 +559,25 @@ pub async fn serve(
     let reflection_v1alpha = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(hcp_olm_proto::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
-    // Small unary answers must not wait for Nagle + delayed ACK.
-    let incoming = tokio_stream::StreamExt::map(
+    let fair = Fair::new(limits.clone());
+    // Connections over the bounds are closed at accept (dropped here); the
+    // rest are counted until closed. Small unary answers must not wait for
+    // Nagle + delayed ACK (`accept` sets TCP_NODELAY).
+    let accept = Arc::clone(&fair);
+    let incoming = tokio_stream::StreamExt::filter_map(
         tokio_stream::wrappers::TcpListenerStream::new(listener),
-        |s| {
-            if let Ok(s) = &s {
-                let _ = s.set_nodelay(true);
-            }
-            s
+        move |s| match s {
+            Ok(s) => accept.accept(s).map(Ok),
+            Err(e) => Some(Err(e)),
         },
     );
     tonic::transport::Server::builder()
+        .max_concurrent_streams(limits.max_streams_per_connection)
+        .http2_keepalive_interval(Some(limits.keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        .layer(CallLimitLayer::new(Arc::clone(&fair)))
         .add_service(
-            RegistryServer::new(RegistryService::new(catalog))
+            RegistryServer::new(RegistryService::with_fairness(catalog, fair))
                 .max_encoding_message_size(usize::MAX),
         )
         .add_service(HealthServer::new(HealthService))

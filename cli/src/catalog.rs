@@ -2,6 +2,8 @@
 //! of one or many catalogs, search by package name or provided API, and print
 //! tables, JSON or YAML.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
@@ -29,6 +31,14 @@ pub struct CatalogArgs {
     /// Give up on a catalog after this long (connect and each call), e.g. 5s, 500ms.
     #[arg(long, default_value = "10s", value_parser = hcp_olm_binkit::parse_duration)]
     pub timeout: Duration,
+    /// Give up on the whole command after this long, however the catalogs answer (a
+    /// catalog that trickles its answers); `probe` is bounded by its count instead.
+    #[arg(long = "total-timeout", default_value = "5m", value_parser = hcp_olm_binkit::parse_duration)]
+    pub total_timeout: Duration,
+    /// Read at most this many bytes of answers from all catalogs together (protobuf
+    /// encoded size), e.g. 64MiB; a catalog answering more is refused, not buffered.
+    #[arg(long = "max-answer-bytes", default_value = "256MiB", value_parser = parse_bytes)]
+    pub max_answer_bytes: u64,
     /// HTTP CONNECT proxy to reach the catalogs through: host:port, http://host:port, or
     /// unix:/path for a proxy on a Unix socket (Konnectivity's proxy-server).
     #[arg(long, env = "HCP_OLM_CATALOG_PROXY")]
@@ -101,6 +111,66 @@ pub enum CatalogCommand {
     },
 }
 
+/// Parses a byte count: a number with an optional `KiB`, `MiB` or `GiB` suffix.
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mult) = [
+        ("GiB", 1u64 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+        ("B", 1),
+    ]
+    .iter()
+    .find_map(|(suf, m)| t.strip_suffix(suf).map(|n| (n, *m)))
+    .unwrap_or((t, 1));
+    num.trim()
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("{s:?} is not a byte count (e.g. 1048576, 512KiB, 64MiB, 1GiB)"))
+}
+
+/// Removes what a terminal would act on from a catalog-supplied string: every control
+/// character (C0 including newline and tab, DEL, C1 such as the 8-bit CSI) and the
+/// bidirectional formatting characters that reorder what is shown. Catalog content
+/// (names, versions, deprecation messages, error messages of the server) is untrusted:
+/// a guest's catalog is any server its owner runs. Our own, so the rule is stated in
+/// one place and has no dependency; the output formats add their own newlines.
+pub fn sanitize(s: &str) -> String {
+    s.chars()
+        .filter(|c| {
+            !c.is_control()
+                && !matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+        })
+        .collect()
+}
+
+fn sanitize_all(v: &[String]) -> Vec<String> {
+    v.iter().map(|s| sanitize(s)).collect()
+}
+
+/// The bytes of answers read so far from all catalogs, against `--max-answer-bytes`.
+#[derive(Debug)]
+struct Budget {
+    used: AtomicU64,
+    max: u64,
+}
+
+impl Budget {
+    fn take(&self, addr: &str, msg: &impl prost::Message) -> anyhow::Result<()> {
+        let n = msg.encoded_len() as u64;
+        let used = self.used.fetch_add(n, Ordering::Relaxed) + n;
+        if used > self.max {
+            bail!(
+                "catalog {addr}: answers exceed --max-answer-bytes ({} bytes); raise it to read a catalog this large",
+                self.max
+            );
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Serialize)]
 struct PackageRow {
     catalog: String,
@@ -163,19 +233,19 @@ struct BundleRow {
 fn bundle_row(catalog: &str, b: &Bundle) -> BundleRow {
     BundleRow {
         catalog: catalog.to_string(),
-        package: b.package_name.clone(),
-        channel: b.channel_name.clone(),
-        name: b.csv_name.clone(),
-        version: b.version.clone(),
-        replaces: b.replaces.clone(),
-        skips: b.skips.clone(),
-        skip_range: b.skip_range.clone(),
+        package: sanitize(&b.package_name),
+        channel: sanitize(&b.channel_name),
+        name: sanitize(&b.csv_name),
+        version: sanitize(&b.version),
+        replaces: sanitize(&b.replaces),
+        skips: sanitize_all(&b.skips),
+        skip_range: sanitize(&b.skip_range),
         provides: b
             .provided_apis
             .iter()
-            .map(|g| format!("{}/{}/{}", g.group, g.version, g.kind))
+            .map(|g| sanitize(&format!("{}/{}/{}", g.group, g.version, g.kind)))
             .collect(),
-        deprecation: b.deprecation.as_ref().map(|d| d.message.clone()),
+        deprecation: b.deprecation.as_ref().map(|d| sanitize(&d.message)),
     }
 }
 
@@ -183,6 +253,7 @@ struct Client {
     addr: String,
     rpc: RegistryClient<Channel>,
     timeout: Duration,
+    budget: Arc<Budget>,
 }
 
 impl Client {
@@ -200,6 +271,7 @@ impl Client {
             .await
             .with_context(|| format!("catalog {addr}: ListPackages"))?
         {
+            self.budget.take(&addr, &p)?;
             names.push(p.name);
         }
         names.sort();
@@ -238,8 +310,11 @@ impl Client {
                 .rpc
                 .get_package(api::GetPackageRequest { name: pkg.clone() });
             let err = match tokio::time::timeout(self.timeout, call).await {
-                Ok(Ok(_)) => None,
-                Ok(Err(e)) => Some(format!("GetPackage: {}", e.message())),
+                Ok(Ok(r)) => {
+                    self.budget.take(&addr, r.get_ref())?;
+                    None
+                }
+                Ok(Err(e)) => Some(format!("GetPackage: {}", sanitize(e.message()))),
                 Err(_) => Some(format!("GetPackage timed out after {:?}", self.timeout)),
             };
             let ms = start.elapsed().as_secs_f64() * 1000.0;
@@ -273,6 +348,7 @@ impl Client {
             .await
             .map_err(|s| anyhow::anyhow!("catalog {addr}: package {name:?}: {}", s.message()))?
             .into_inner();
+        self.budget.take(addr, &p)?;
         p.channels.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(p)
     }
@@ -292,6 +368,7 @@ impl Client {
                 .await
                 .with_context(|| format!("catalog {addr}: ListBundles"))?
             {
+                self.budget.take(&addr, &b)?;
                 out.push(b);
             }
             anyhow::Ok(out)
@@ -326,15 +403,42 @@ fn gvk_matches(query: &str, g: &api::GroupVersionKind) -> bool {
     }
 }
 
-/// Runs the subcommand, writing to `out`.
+/// Runs the subcommand, writing to `out`: bounded by `--total-timeout` (except `probe`,
+/// bounded by its count) and `--max-answer-bytes`. Every catalog-supplied string is
+/// passed through [`sanitize`] before it is printed.
 pub async fn run(args: &CatalogArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+    if matches!(args.command, CatalogCommand::Probe { .. }) {
+        return run_unbounded(args, out).await;
+    }
+    // Rendered into a buffer first, so a command cut by the deadline prints nothing.
+    let mut buf = Vec::new();
+    match tokio::time::timeout(args.total_timeout, run_unbounded(args, &mut buf)).await {
+        Ok(r) => r?,
+        Err(_) => bail!(
+            "gave up after --total-timeout {:?}: {} did not finish answering",
+            args.total_timeout,
+            args.addrs.join(", ")
+        ),
+    }
+    out.write_all(&buf)?;
+    Ok(())
+}
+
+async fn run_unbounded(args: &CatalogArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+    let budget = Arc::new(Budget {
+        used: AtomicU64::new(0),
+        max: args.max_answer_bytes,
+    });
+    // One message may not exceed the whole budget (nor 256 MiB).
+    let max_message = usize::try_from(args.max_answer_bytes.min(256 << 20)).unwrap_or(256 << 20);
     let mut clients = Vec::new();
     for addr in &args.addrs {
         let ch = connect::dial(addr, args.proxy.as_deref(), args.timeout).await?;
         clients.push(Client {
             addr: addr.clone(),
-            rpc: RegistryClient::new(ch).max_decoding_message_size(256 << 20),
+            rpc: RegistryClient::new(ch).max_decoding_message_size(max_message),
             timeout: args.timeout,
+            budget: budget.clone(),
         });
     }
     match &args.command {
@@ -344,10 +448,10 @@ pub async fn run(args: &CatalogArgs, out: &mut dyn std::io::Write) -> anyhow::Re
                 for p in c.list_packages().await? {
                     rows.push(PackageRow {
                         catalog: c.addr.clone(),
-                        name: p.name,
-                        default_channel: p.default_channel_name,
-                        channels: p.channels.into_iter().map(|c| c.name).collect(),
-                        deprecation: p.deprecation.map(|d| d.message),
+                        name: sanitize(&p.name),
+                        default_channel: sanitize(&p.default_channel_name),
+                        channels: p.channels.iter().map(|c| sanitize(&c.name)).collect(),
+                        deprecation: p.deprecation.map(|d| sanitize(&d.message)),
                     });
                 }
             }
@@ -413,11 +517,11 @@ pub async fn run(args: &CatalogArgs, out: &mut dyn std::io::Write) -> anyhow::Re
                 for ch in p.channels {
                     rows.push(ChannelRow {
                         catalog: c.addr.clone(),
-                        package: p.name.clone(),
+                        package: sanitize(&p.name),
                         default: ch.name == p.default_channel_name,
-                        name: ch.name,
-                        head: ch.csv_name,
-                        deprecation: ch.deprecation.map(|d| d.message),
+                        name: sanitize(&ch.name),
+                        head: sanitize(&ch.csv_name),
+                        deprecation: ch.deprecation.map(|d| sanitize(&d.message)),
                     });
                 }
             }

@@ -56,7 +56,9 @@ pub fn main_as(program: &str) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // Error texts can carry a catalog's or API server's own words: no
+            // control characters reach the terminal.
+            eprintln!("error: {}", catalog::sanitize(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }

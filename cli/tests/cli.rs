@@ -462,3 +462,148 @@ fn probe_reports_latency_and_fails_when_the_catalog_goes_away() {
     let out = hcp_olm(&["catalog", "-a", "127.0.0.1:1", "probe", "--count", "0"]);
     assert_eq!(out.status.code(), Some(64));
 }
+
+/// A catalog whose strings carry terminal escapes (OSC window title, clear screen, colour,
+/// the 8-bit CSI, carriage return, newline, a bidi override), served by our real server.
+fn hostile_catalog() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pkg = "evil\u{1b}]0;pwned\u{7}";
+    let ch = "stable\u{1b}[2J";
+    let bundle = "evil.v1.0.0\u{1b}[31m\u{9b}1m";
+    let msg = "deprecated\u{1b}]0;owned\u{7}\u{1b}[2J\r\nfake row\u{202e}gnp.exe";
+    let docs = [
+        serde_json::json!({"schema": "olm.package", "name": pkg, "defaultChannel": ch,
+            "description": "desc \u{1b}]0;title\u{7}\u{1b}[2J"}),
+        serde_json::json!({"schema": "olm.channel", "name": ch, "package": pkg,
+            "entries": [{"name": bundle}]}),
+        serde_json::json!({"schema": "olm.bundle", "name": bundle, "package": pkg,
+            "image": "quay.io/evil/evil:v1",
+            "properties": [{"type": "olm.package", "value": {"packageName": pkg, "version": "1.0.0"}}]}),
+        serde_json::json!({"schema": "olm.deprecations", "package": pkg,
+            "entries": [{"reference": {"schema": "olm.package"}, "message": msg}]}),
+    ];
+    let text: String = docs.iter().map(|d| format!("{d}\n")).collect();
+    std::fs::write(dir.path().join("catalog.json"), text).expect("write catalog");
+    dir
+}
+
+/// What a terminal would act on: any control character but the newlines of the format,
+/// or a bidi override.
+fn terminal_controls(s: &str) -> Vec<char> {
+    s.chars()
+        .filter(|c| (c.is_control() && *c != '\n') || ('\u{202a}'..='\u{202e}').contains(c))
+        .collect()
+}
+
+#[test]
+fn security_catalog_strings_reach_the_terminal_without_control_characters() {
+    let dir = hostile_catalog();
+    let s = serve(dir.path());
+    let channels = ["channels", "evil\u{1b}]0;pwned\u{7}"];
+    for (output, cmd) in [
+        ("table", &["packages"][..]),
+        ("json", &["packages"][..]),
+        ("yaml", &["packages"][..]),
+        ("table", &channels[..]),
+        ("table", &["bundles"][..]),
+        ("json", &["bundles"][..]),
+        ("yaml", &["bundles"][..]),
+    ] {
+        let args = (output, cmd);
+        let mut all = vec!["catalog", "-a", &s.addr, "-o", output];
+        all.extend_from_slice(cmd);
+        let out = hcp_olm(&all);
+        let text = ok(&out);
+        let bad = terminal_controls(&text);
+        assert!(
+            bad.is_empty(),
+            "{args:?}: control characters {bad:?} reach the terminal:\n{text:?}"
+        );
+        // The visible text is kept.
+        assert!(text.contains("pwned"), "{args:?}: {text}");
+        if output == "table" {
+            // Table: a header and exactly one row per package/channel/bundle.
+            assert_eq!(text.lines().count(), 2, "{args:?}: {text:?}");
+        }
+    }
+}
+
+#[test]
+fn security_catalog_answer_size_and_total_time_are_bounded() {
+    let s = serve(&fixture("small"));
+    // Size: the small catalog's bundles are far more than 4 KiB of answers.
+    let out = hcp_olm(&[
+        "catalog",
+        "-a",
+        &s.addr,
+        "--max-answer-bytes",
+        "4KiB",
+        "bundles",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("--max-answer-bytes"), "{err}");
+    assert!(err.contains(&s.addr), "{err}");
+    assert!(out.stdout.is_empty(), "partial output: {:?}", out.stdout);
+    ok(&hcp_olm(&["catalog", "-a", &s.addr, "bundles"]));
+
+    // Time: a catalog that trickles its answers (stand-in: a relay in front of the real
+    // server passing at most 64 bytes of answer every 20 ms). Every call answers within
+    // --timeout, the whole command cannot.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("rt");
+    let relay = rt.block_on(TcpListener::bind("127.0.0.1:0")).expect("bind");
+    let relay_addr = relay.local_addr().expect("addr").to_string();
+    let target = s.addr.clone();
+    rt.spawn(async move {
+        for _ in 0..64 {
+            let Ok((mut c, _)) = relay.accept().await else {
+                return;
+            };
+            let target = target.clone();
+            tokio::spawn(async move {
+                let Ok(u) = tokio::net::TcpStream::connect(&target).await else {
+                    return;
+                };
+                let (mut ur, mut uw) = u.into_split();
+                let (mut cr, mut cw) = c.split();
+                let up = tokio::io::copy(&mut cr, &mut uw);
+                let down = async {
+                    let mut buf = [0u8; 64];
+                    let until = Instant::now() + Duration::from_secs(60);
+                    while Instant::now() < until {
+                        let n = ur.read(&mut buf).await?;
+                        if n == 0 {
+                            break;
+                        }
+                        cw.write_all(&buf[..n]).await?;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    std::io::Result::Ok(())
+                };
+                let _ = tokio::join!(up, down);
+            });
+        }
+    });
+    let started = Instant::now();
+    let out = hcp_olm(&[
+        "catalog",
+        "-a",
+        &relay_addr,
+        "--timeout",
+        "10s",
+        "--total-timeout",
+        "3s",
+        "bundles",
+    ]);
+    let took = started.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("--total-timeout"), "{err}");
+    assert!(err.contains(&relay_addr), "{err}");
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    assert!(out.stdout.is_empty(), "partial output");
+}
