@@ -316,7 +316,7 @@ fn security_catalog_one_client_cannot_starve_or_exhaust_the_server() {
             let size = got.csv_json.len() + got.object.iter().map(String::len).sum::<usize>();
             sized.push((size, (p, ch, b)));
         }
-        sized.sort_by(|a, b| b.0.cmp(&a.0));
+        sized.sort_by_key(|s| std::cmp::Reverse(s.0));
         let heavy: Vec<_> = sized.into_iter().take(32).map(|(_, r)| r).collect();
         (packages, heavy)
     });
