@@ -1568,6 +1568,9 @@ async fn catalog_digests_refresh_from_a_real_registry() -> Result<()> {
         Config {
             olm_image: Some(OLM_IMAGE.into()),
             oci: Some(oci.clone()),
+            // the test's open registry as the administrator's mirror, declared readable
+            // by every cluster (`--registry-mirror-entitles`; issue 35, item 6)
+            mirror_answers_entitle: true,
             ..Default::default()
         },
     )
@@ -2342,6 +2345,9 @@ async fn release_payload_images_and_tunnel_endpoint() -> Result<()> {
         Config {
             olm_image: None,
             oci: Some(oci.clone()),
+            // the test's open registry as the administrator's mirror, declared readable
+            // by every cluster (`--registry-mirror-entitles`; issue 35, item 6)
+            mirror_answers_entitle: true,
             ..Default::default()
         },
     )
@@ -5145,6 +5151,9 @@ async fn shared_catalogs_are_shared_isolated_and_reference_counted() -> Result<(
         Config {
             olm_image: Some(OLM_IMAGE.into()),
             oci: Some(oci.clone()),
+            // the test's open registry as the administrator's mirror, declared readable
+            // by every cluster (`--registry-mirror-entitles`; issue 35, item 6)
+            mirror_answers_entitle: true,
             ..Default::default()
         },
     )
@@ -5269,6 +5278,9 @@ async fn shared_catalogs_are_shared_isolated_and_reference_counted() -> Result<(
         Config {
             olm_image: Some(OLM_IMAGE.into()),
             oci: Some(oci.clone()),
+            // the test's open registry as the administrator's mirror, declared readable
+            // by every cluster (`--registry-mirror-entitles`; issue 35, item 6)
+            mirror_answers_entitle: true,
             ..Default::default()
         },
     )
@@ -5416,6 +5428,16 @@ async fn shared_catalogs_are_shared_isolated_and_reference_counted() -> Result<(
     let _namespace_controller =
         hcp_olm_e2e::realnode::ClusterControllers::start_with(&env.management, "namespace")?;
     let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(env.management.client());
+    // (policy hcp-olm-own-namespaces: deleting it takes the administrator's label first)
+    namespaces
+        .patch(
+            shared_ns,
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"metadata": {"labels": {"hcp-olm.io/allow-delete": "true"}}}),
+            ),
+        )
+        .await?;
     namespaces.delete(shared_ns, &Default::default()).await?;
     eventually(
         std::time::Duration::from_secs(90),
@@ -5734,6 +5756,9 @@ async fn shared_catalogs_follow_the_running_controller() -> Result<()> {
             Config {
                 olm_image: Some(OLM_IMAGE.into()),
                 oci: Some(oci.clone()),
+                // the test's open registry as the administrator's mirror, declared readable
+                // by every cluster (`--registry-mirror-entitles`; issue 35, item 6)
+                mirror_answers_entitle: true,
                 ..Default::default()
             },
         )

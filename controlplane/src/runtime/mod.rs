@@ -60,6 +60,10 @@ pub struct Config {
     /// Whether `oci` carries credentials of the controller (`--pull-secret-file`): then a
     /// lookup made without a cluster's own pull secret proves nothing about that cluster.
     pub controller_registry_credentials: bool,
+    /// `--registry-mirror-entitles`: an administrator's mirror answering without
+    /// credentials proves a cluster may read a shared catalog (else the default registry
+    /// is asked with the cluster's pull secret; see [`facts::entitlement_unproven`]).
+    pub mirror_answers_entitle: bool,
 }
 
 /// When HostedClusters are looked at again (flags of `run`).
