@@ -385,8 +385,9 @@ async fn controller_service_account_is_confined() -> Result<()> {
         )?)
     };
     // The controller's own write: server-side apply of the rendered namespace, as the
-    // shared pass sends it (creates it).
-    let rendered_ns = hcp_olm_controlplane::render::shared::namespace().body;
+    // shared pass sends it (with the apply hash annotation; creates it).
+    let rendered_ns =
+        hcp_olm_apply::compare::with_hash(&hcp_olm_controlplane::render::shared::namespace().body);
     let apply_rendered = || async {
         namespaces
             .patch(
