@@ -153,6 +153,13 @@ struct RunArgs {
     registry_mirror: Vec<(String, String)>,
     #[command(flatten)]
     guest_servers: GuestServerArgs,
+    /// Count an answer of a `--registry-mirror` that asked for no credentials as proof
+    /// that a hosted cluster may read a shared catalog's image. Off by default: such an
+    /// answer is then confirmed at the default registry with the cluster's own pull
+    /// secret, and a cluster it refuses (or cannot be asked) gets its own copy
+    /// (`EntitlementNotProven`). Turn on only for a mirror every hosted cluster may read.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    registry_mirror_entitles: bool,
     /// hcp-olm-catalog-server image, the gRPC server of the catalog pods in the HCP
     /// namespace (default: quay.io/hcp-olm/hcp-olm-catalog-server:v<this version>). A
     /// HostedOLM spec.images.catalogServer wins.
@@ -494,6 +501,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<Result<(), InputError>>
                 shared_pull_secret: args.shared_catalog_pull_secret,
                 controller_registry_credentials,
                 guest_servers,
+                mirror_answers_entitle: args.registry_mirror_entitles,
             },
         )
         .with_schedule(schedule)

@@ -24,6 +24,30 @@ use crate::validate::ValidInput;
 /// The namespace of the shared catalog Deployments.
 pub const SHARED_NAMESPACE: &str = "hcp-olm-catalogs";
 
+/// The controller's own namespace as the manifests install it (`manifests/controller/`;
+/// the admission policies name its ServiceAccount there).
+pub const CONTROLLER_NAMESPACE: &str = "hcp-olm-system";
+
+/// Whether `namespace` is one of ours ([`SHARED_NAMESPACE`], [`CONTROLLER_NAMESPACE`]).
+/// Both are possible `<namespace>-<name>` HCP namespace values (HostedCluster
+/// `hcp-olm/catalogs`, `hcp-olm/system`; issue 35, item 9): the controller never treats
+/// them as HCP namespaces, never writes or prunes a hosted cluster's objects there and never
+/// counts them as users of a shared catalog, whatever labels or HostedControlPlanes they
+/// carry. A HostedCluster whose HCP namespace is one of them is refused
+/// (`ControlPlaneNamespaceReserved`).
+pub fn reserved(namespace: &str) -> bool {
+    namespace == SHARED_NAMESPACE || namespace == CONTROLLER_NAMESPACE
+}
+
+/// The longest a registry answer that admits a cluster to a shared catalog is reused, and
+/// the longest a cluster's recorded use of a shared catalog counts without a complete
+/// reconcile confirming it (issue 35, item 6): credentials revoked at the registry stop
+/// admitting a cluster within this interval plus one pass (the pass runs every 10 s), and
+/// a cluster whose passes stop early (a dead guest API server) is re-checked, i.e. dropped,
+/// within it. Three resyncs (5 minutes each by default), so a cluster that converges keeps
+/// its use across a failed pass or two.
+pub const ENTITLEMENT_REFRESH: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
 /// Most HCP namespaces one shared catalog serves. Each is one entry of its NetworkPolicy
 /// (listed in chunks of [`NAMESPACES_PER_PEER`]); beyond this the shared pass refuses to
 /// render that catalog (see [`plan`]), so the object stays far below the API server's
@@ -58,6 +82,10 @@ pub enum SharingReason {
     OwnPullSecretNotUsed,
     /// The image's catalog minor is not of the form `X.Y`.
     InvalidCatalogVersion,
+    /// An administrator's mirror answered without this cluster's credentials (anonymously),
+    /// and the default catalog registry did not grant this cluster's pull secret: nothing
+    /// shows the cluster may read the image.
+    EntitlementNotProven,
 }
 
 impl SharingReason {
@@ -73,6 +101,7 @@ impl SharingReason {
             Self::DigestNotResolved => "DigestNotResolved",
             Self::OwnPullSecretNotUsed => "OwnPullSecretNotUsed",
             Self::InvalidCatalogVersion => "InvalidCatalogVersion",
+            Self::EntitlementNotProven => "EntitlementNotProven",
         }
     }
 }
@@ -193,6 +222,13 @@ fn canonical_digest_ref(catalog: DefaultCatalog, image: &CatalogImage) -> Option
     (tag_ok && digest_ok).then_some(pinned)
 }
 
+/// Whether any catalog of this hosted cluster may be shared ([`decide`]'s first checks,
+/// which need no image): its catalog answers then admit it to shared catalogs and are
+/// reused at most [`ENTITLEMENT_REFRESH`].
+pub fn may_share(v: &ValidInput) -> bool {
+    v.placement == CatalogPlacement::Management && v.catalog_sharing != CatalogSharing::Own
+}
+
 /// Decide whether `catalog` of this hosted cluster is shared. `image` is the image the
 /// controller selected for it (None when none was selected).
 pub fn decide(v: &ValidInput, catalog: DefaultCatalog, image: Option<&CatalogImage>) -> Decision {
@@ -223,6 +259,9 @@ pub fn decide(v: &ValidInput, catalog: DefaultCatalog, image: Option<&CatalogIma
     }
     if !v.lookup_credentials_are_own {
         return Decision::own(OwnPullSecretNotUsed);
+    }
+    if v.entitlement_unproven.contains(&catalog) {
+        return Decision::own(EntitlementNotProven);
     }
     let Some(image) = image.filter(|i| canonical_digest_ref(catalog, i).is_some()) else {
         return Decision::own(DigestNotResolved);
@@ -405,6 +444,14 @@ spec:
         let mut v = valid();
         v.catalog_server_image_overridden = true;
         check(&v, Some(&img), SharingReason::CatalogServerImageOverridden);
+        let mut v = valid();
+        v.entitlement_unproven.insert(RH);
+        check(&v, Some(&img), SharingReason::EntitlementNotProven);
+        // another catalog's unproven answer does not matter
+        let mut v = valid();
+        v.entitlement_unproven
+            .insert(DefaultCatalog::CommunityOperators);
+        check_shared(&v, &img);
         let mut v = valid();
         v.catalog_pins
             .insert(RH, format!("{}@sha256:{D}", RH.repository()));

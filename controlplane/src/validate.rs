@@ -228,6 +228,11 @@ pub struct ValidInput {
     /// at all), so a resolved digest proves the cluster may read the image. Set by the
     /// runtime after validation; false otherwise (no sharing).
     pub lookup_credentials_are_own: bool,
+    /// Catalogs whose lookup a mirror answered without this cluster's credentials while
+    /// the default catalog registry did not grant its pull secret (issue 35, item 6): the
+    /// answer proves nothing about what the cluster may read, so they are not shared. Set
+    /// by the runtime after the catalog lookups; empty otherwise.
+    pub entitlement_unproven: std::collections::BTreeSet<crate::catalogs::DefaultCatalog>,
     pub registry_overrides: Vec<RegistryOverride>,
     /// Malformed or inapplicable registry overrides that were skipped (bounded; each names
     /// its field), reported as a warning Event, never Degraded.
@@ -916,6 +921,7 @@ pub fn validate(
                 catalog_server_image_overridden: image_ov.catalog_server.is_some(),
                 catalog_sharing: ov.catalog_sharing.unwrap_or(defaults.catalog_sharing),
                 lookup_credentials_are_own: false,
+                entitlement_unproven: Default::default(),
                 registry_overrides,
                 registry_override_warnings,
                 packageserver_tls_args,

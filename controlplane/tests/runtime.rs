@@ -1578,6 +1578,9 @@ async fn catalog_digests_refresh_from_a_real_registry() -> Result<()> {
                 "127.0.0.0/8",
             ])
             .expect("a CIDR"),
+            // the test's open registry as the administrator's mirror, declared readable
+            // by every cluster (`--registry-mirror-entitles`; issue 35, item 6)
+            mirror_answers_entitle: true,
             ..Default::default()
         },
     )
@@ -2360,6 +2363,9 @@ async fn release_payload_images_and_tunnel_endpoint() -> Result<()> {
                 "127.0.0.0/8",
             ])
             .expect("a CIDR"),
+            // the test's open registry as the administrator's mirror, declared readable
+            // by every cluster (`--registry-mirror-entitles`; issue 35, item 6)
+            mirror_answers_entitle: true,
             ..Default::default()
         },
     )
@@ -5169,6 +5175,9 @@ async fn shared_catalogs_are_shared_isolated_and_reference_counted() -> Result<(
                 "127.0.0.0/8",
             ])
             .expect("a CIDR"),
+            // the test's open registry as the administrator's mirror, declared readable
+            // by every cluster (`--registry-mirror-entitles`; issue 35, item 6)
+            mirror_answers_entitle: true,
             ..Default::default()
         },
     )
@@ -5297,6 +5306,9 @@ async fn shared_catalogs_are_shared_isolated_and_reference_counted() -> Result<(
                 "127.0.0.0/8",
             ])
             .expect("a CIDR"),
+            // the test's open registry as the administrator's mirror, declared readable
+            // by every cluster (`--registry-mirror-entitles`; issue 35, item 6)
+            mirror_answers_entitle: true,
             ..Default::default()
         },
     )
@@ -5444,6 +5456,16 @@ async fn shared_catalogs_are_shared_isolated_and_reference_counted() -> Result<(
     let _namespace_controller =
         hcp_olm_e2e::realnode::ClusterControllers::start_with(&env.management, "namespace")?;
     let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(env.management.client());
+    // (policy hcp-olm-own-namespaces: deleting it takes the administrator's label first)
+    namespaces
+        .patch(
+            shared_ns,
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"metadata": {"labels": {"hcp-olm.io/allow-delete": "true"}}}),
+            ),
+        )
+        .await?;
     namespaces.delete(shared_ns, &Default::default()).await?;
     eventually(
         std::time::Duration::from_secs(90),
@@ -5770,6 +5792,9 @@ async fn shared_catalogs_follow_the_running_controller() -> Result<()> {
                     "127.0.0.0/8",
                 ])
                 .expect("a CIDR"),
+                // the test's open registry as the administrator's mirror, declared readable
+                // by every cluster (`--registry-mirror-entitles`; issue 35, item 6)
+                mirror_answers_entitle: true,
                 ..Default::default()
             },
         )

@@ -384,10 +384,22 @@ async fn controller_service_account_is_confined() -> Result<()> {
             serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
         )?)
     };
-    namespaces
-        .create(&PostParams::default(), &ns_obj(SHARED_NS)?)
+    // The controller's own write: server-side apply of the rendered namespace, as the
+    // shared pass sends it (with the apply hash annotation; creates it).
+    let rendered_ns =
+        hcp_olm_apply::compare::with_hash(&hcp_olm_controlplane::render::shared::namespace().body);
+    let apply_rendered = || async {
+        namespaces
+            .patch(
+                SHARED_NS,
+                &PatchParams::apply(hcp_olm_controlplane::runtime::FIELD_MANAGER).force(),
+                &Patch::Apply(&rendered_ns),
+            )
+            .await
+    };
+    apply_rendered()
         .await
-        .context("create namespace hcp-olm-catalogs as the controller")?;
+        .context("apply the rendered namespace hcp-olm-catalogs as the controller")?;
     let msg = forbidden(
         namespaces
             .create(&PostParams::default(), &ns_obj("intruder-ns")?)
@@ -412,14 +424,85 @@ async fn controller_service_account_is_confined() -> Result<()> {
         namespaces.delete(SHARED_NS, &DeleteParams::default()).await,
         "delete namespace hcp-olm-catalogs",
     )?;
-    namespaces
+    // Issue 35, item 4: the labels of hcp-olm-catalogs decide what may run there. The
+    // controller may not lower its Pod Security level, drop it, add HyperShift's HCP label
+    // (which opens the namespace to its Secret writes) or any label it does not render.
+    // (Each of these was allowed before the policy checked labels: relabelling to
+    // `enforce=privileged` answered 200.)
+    for (what, labels, says) in [
+        (
+            "relabel enforce=privileged",
+            serde_json::json!({"pod-security.kubernetes.io/enforce": "privileged"}),
+            "Pod Security level",
+        ),
+        (
+            "drop the enforce label",
+            serde_json::json!({"pod-security.kubernetes.io/enforce": null}),
+            "Pod Security level",
+        ),
+        (
+            "add the HCP label",
+            serde_json::json!({HCP_LABEL: "true"}),
+            HCP_LABEL,
+        ),
+        (
+            "relabel enforce-version=v1.0",
+            serde_json::json!({"pod-security.kubernetes.io/enforce-version": "v1.0"}),
+            "only the labels it renders",
+        ),
+        (
+            "add an unrendered label",
+            serde_json::json!({"x": "y"}),
+            "only the labels it renders",
+        ),
+    ] {
+        let msg = forbidden(
+            namespaces
+                .patch(
+                    SHARED_NS,
+                    &PatchParams::default(),
+                    &Patch::Merge(serde_json::json!({"metadata": {"labels": labels}})),
+                )
+                .await,
+            &format!("{what} on namespace hcp-olm-catalogs"),
+        )?;
+        ensure!(msg.contains(says), "{what}: {msg}");
+    }
+    forbidden(
+        namespaces
+            .patch(
+                SHARED_NS,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"metadata": {"annotations": {"x": "y"}}})),
+            )
+            .await,
+        "annotate namespace hcp-olm-catalogs",
+    )?;
+    // The controller's own apply still passes: again (no change), and after an
+    // administrator lowered the level by hand (the apply raises it back).
+    apply_rendered()
+        .await
+        .context("apply the rendered namespace again as the controller")?;
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
         .patch(
             SHARED_NS,
             &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"x": "y"}}})),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {
+                "pod-security.kubernetes.io/enforce": "baseline", "team": "platform"}}})),
         )
+        .await?;
+    let back = apply_rendered()
         .await
-        .context("patch namespace hcp-olm-catalogs as the controller")?;
+        .context("apply the rendered namespace over an admin's baseline as the controller")?;
+    let labels = back.metadata.labels.unwrap_or_default();
+    ensure!(
+        labels
+            .get("pod-security.kubernetes.io/enforce")
+            .map(String::as_str)
+            == Some("restricted")
+            && labels.get("team").map(String::as_str) == Some("platform"),
+        "after the controller's apply: {labels:?}"
+    );
     for kind in [
         "ServiceAccount",
         "Service",

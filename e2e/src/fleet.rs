@@ -94,6 +94,9 @@ impl LocalRegistry {
             format!("registry.redhat.io/redhat={a}/redhat"),
             "--registry-mirror".into(),
             format!("quay.io/openshift-release-dev={a}/openshift-release-dev"),
+            // The mirror answers without credentials; every test cluster may read it
+            // (else the default registry, not reachable here, would be asked).
+            "--registry-mirror-entitles=true".into(),
         ];
         Ok(Self {
             registry,

@@ -147,6 +147,21 @@ impl Registry {
         &self.addr
     }
 
+    /// Replaces the users of a registry started with [`Registry::start_with_htpasswd`]
+    /// (the registry reads its htpasswd file again when its modification time changes):
+    /// credentials revoked at the registry, for tests.
+    pub fn set_htpasswd_users(&self, users: &[(&str, &str)]) -> Result<(), RegistryError> {
+        let path = self._dir.path().join("htpasswd");
+        if !path.exists() {
+            return Err(RegistryError::Io(std::io::Error::other(
+                "this registry was started without htpasswd auth",
+            )));
+        }
+        let lines: String = users.iter().map(|(u, h)| format!("{u}:{h}\n")).collect();
+        std::fs::write(&path, lines)?;
+        Ok(())
+    }
+
     /// The registry's process id.
     pub fn pid(&self) -> u32 {
         self.process.pid()

@@ -117,8 +117,15 @@ pub struct ClientOptions {
 /// What the registry said about a tag or digest.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Lookup {
-    /// It exists: its manifest digest and the reference that answered (a mirror or the source).
-    Found { digest: String, via: String },
+    /// It exists: its manifest digest and the reference that answered (a mirror or the
+    /// source). `authenticated`: that registry demanded credentials and accepted this
+    /// client's pull secret for it (false for an anonymous answer, which proves nothing about
+    /// what the pull secret may read).
+    Found {
+        digest: String,
+        via: String,
+        authenticated: bool,
+    },
     /// No such manifest: `reason` says so, per candidate.
     Missing { reason: String },
     /// Not found anywhere, and `registry` refused the credentials (401/403).
@@ -136,6 +143,9 @@ pub struct Client {
     /// credentials fingerprint, registry and repository (a token's scope); shared by clones,
     /// never across credentials (the fingerprint is in the key).
     auths: Arc<std::sync::Mutex<HashMap<String, (String, Instant)>>>,
+    /// Where a registry is reached instead of its own name (`registry` → `scheme://host:port`;
+    /// see [`Client::with_endpoint`]).
+    endpoints: Arc<BTreeMap<String, String>>,
 }
 
 /// Cached challenge answers kept at most (expired ones go first, then all).
@@ -158,6 +168,9 @@ struct Response {
     headers: http::HeaderMap,
     /// Read only for 2xx answers (else empty), at most the caller's bound.
     body: Bytes,
+    /// The request carried credentials of this client's pull secret in answer to the
+    /// registry's challenge (now or earlier: a cached answer).
+    authenticated: bool,
 }
 
 /// The largest token response read from a Bearer realm.
@@ -241,7 +254,20 @@ impl Client {
             http: HttpClient::builder(TokioExecutor::new()).build(https),
             opts,
             auths: Arc::default(),
+            endpoints: Arc::default(),
         })
+    }
+
+    /// This client reaching `registry` at `base` (`http://127.0.0.1:5000`) instead of at its
+    /// name; everything else (credentials looked up by `registry`, references, mirrors)
+    /// stays. For a test registry standing in for a public one (the default catalog
+    /// registry) on loopback; shares the connection pool.
+    pub fn with_endpoint(&self, registry: &str, base: &str) -> Self {
+        let mut c = self.clone();
+        let mut m = (*c.endpoints).clone();
+        m.insert(registry.to_string(), base.trim_end_matches('/').to_string());
+        c.endpoints = Arc::new(m);
+        c
     }
 
     /// The cache key of a request to `url` on `registry`: credentials, registry and the
@@ -289,6 +315,9 @@ impl Client {
     }
 
     fn base(&self, registry: &str) -> String {
+        if let Some(base) = self.endpoints.get(registry) {
+            return base.clone();
+        }
         let scheme = if self.opts.plain_http.iter().any(|r| r == registry) {
             "http"
         } else {
@@ -337,6 +366,7 @@ impl Client {
                 status: parts.status,
                 headers: parts.headers,
                 body: Bytes::new(),
+                authenticated: false,
             });
         }
         let too_large = || OciError::TooLarge {
@@ -368,6 +398,7 @@ impl Client {
             status: parts.status,
             headers: parts.headers,
             body,
+            authenticated: false,
         })
     }
 
@@ -385,11 +416,16 @@ impl Client {
         // A cached answer to this repository's challenge first (one request instead of three).
         let key = self.auth_key(registry, url);
         let cached = key.as_deref().and_then(|k| self.cached_auth(k));
+        let creds = self.opts.pull_secret.for_registry(registry);
         let resp = match cached {
             Some(a) => {
                 let mut h = headers.clone();
                 h.push((header::AUTHORIZATION, a));
-                self.send_once(&method, url, &h, &body, limit).await?
+                let mut r = self.send_once(&method, url, &h, &body, limit).await?;
+                // The cached answer was made with these credentials (their fingerprint is
+                // in the key).
+                r.authenticated = creds.is_some();
+                r
             }
             None => self.send_once(&method, url, &headers, &body, limit).await?,
         };
@@ -402,7 +438,6 @@ impl Client {
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(k);
         }
-        let creds = self.opts.pull_secret.for_registry(registry);
         let challenge = resp
             .headers
             .get(header::WWW_AUTHENTICATE)
@@ -467,7 +502,8 @@ impl Client {
             None => return Ok(resp),
         };
         headers.push((header::AUTHORIZATION, authorization.clone()));
-        let resp = self.send_once(&method, url, &headers, &body, limit).await?;
+        let mut resp = self.send_once(&method, url, &headers, &body, limit).await?;
+        resp.authenticated = creds.is_some();
         if let Some(k) = key
             && resp.status != StatusCode::UNAUTHORIZED
             && resp.status != StatusCode::FORBIDDEN
@@ -527,6 +563,13 @@ impl Client {
             h.update(p.as_bytes());
             h.update(b"\n");
         }
+        for (registry, base) in self.endpoints.iter() {
+            h.update(b"endpoint\0");
+            h.update(registry.as_bytes());
+            h.update(b"\0");
+            h.update(base.as_bytes());
+            h.update(b"\n");
+        }
         h.update(b"creds\0");
         h.update(self.opts.pull_secret.fingerprint().as_bytes());
         format!("{:x}", h.finalize())[..32].to_string()
@@ -574,10 +617,27 @@ impl Client {
     /// transport errors and 5xx are errors (decide later, not now).
     pub async fn resolve(&self, image: &str) -> Result<Lookup, OciError> {
         let r = Reference::parse(image)?;
+        let candidates = self.candidates(&r);
+        self.resolve_among(&r, candidates).await
+    }
+
+    /// [`Client::resolve`] at `image`'s own registry only, mirrors skipped: whether the
+    /// registry that owns the image (the default catalog registry) grants this client's
+    /// pull secret, whatever a mirror answers.
+    pub async fn resolve_at_source(&self, image: &str) -> Result<Lookup, OciError> {
+        let r = Reference::parse(image)?;
+        self.resolve_among(&r, vec![r.clone()]).await
+    }
+
+    async fn resolve_among(
+        &self,
+        r: &Reference,
+        candidates: Vec<Reference>,
+    ) -> Result<Lookup, OciError> {
         let mut reasons = Vec::new();
         let mut unauthorized = None;
         let mut last_error = None;
-        for c in self.candidates(&r) {
+        for c in candidates {
             let url = format!(
                 "{}/v2/{}/manifests/{}",
                 self.base(&c.registry),
@@ -627,6 +687,7 @@ impl Client {
                     return Ok(Lookup::Found {
                         digest,
                         via: c.to_string(),
+                        authenticated: resp.authenticated,
                     });
                 }
                 StatusCode::NOT_FOUND => reasons.push(format!("{c}: manifest unknown")),
@@ -713,7 +774,7 @@ impl Client {
     async fn image_manifest(&self, image: &str) -> Result<(Reference, Manifest), OciError> {
         let r = Reference::parse(image)?;
         let found = match self.resolve(image).await? {
-            Lookup::Found { via, digest } => Reference {
+            Lookup::Found { via, digest, .. } => Reference {
                 tag: None,
                 digest: Some(digest),
                 ..Reference::parse(&via)?
@@ -1131,5 +1192,10 @@ mod tests {
         assert_ne!(keys[1], keys[2]);
         assert_eq!(keys[2], c.with_pull_secret(ps).cache_key());
         assert!(keys.iter().all(|k| !k.contains("s3cret")));
+        // A registry reached elsewhere answers differently.
+        let moved = c.with_endpoint("registry.redhat.io", "http://127.0.0.1:5000/");
+        assert_ne!(moved.cache_key(), keys[0]);
+        assert_eq!(moved.base("registry.redhat.io"), "http://127.0.0.1:5000");
+        assert_eq!(moved.base("quay.io"), "https://quay.io");
     }
 }

@@ -64,7 +64,7 @@ async fn tags_resolve_to_the_pushed_digest_and_missing_minors_are_missing() -> R
     let mut missing = Vec::new();
     for minor in [18, 17, 16, 15] {
         match c.resolve(&format!("{repo}:v4.{minor}")).await? {
-            Lookup::Found { digest, via } => {
+            Lookup::Found { digest, via, .. } => {
                 found = Some((minor, digest, via));
                 break;
             }
@@ -105,7 +105,7 @@ async fn mirrors_are_tried_before_the_source() -> Result<()> {
         }],
     )?;
     match mirrored.resolve(&format!("{source}:v4.18")).await? {
-        Lookup::Found { digest, via } => {
+        Lookup::Found { digest, via, .. } => {
             assert_eq!(digest, pushed);
             assert_eq!(via, format!("{mirror}:v4.18"));
         }
@@ -250,5 +250,94 @@ async fn release_image_references_from_the_payload_layers() -> Result<()> {
             .await,
         Err(OciError::NotFound { .. })
     ));
+    Ok(())
+}
+
+/// Issue 35, item 6: whether an answer proves what a pull secret may read. The real
+/// registry without auth answers anonymously (`authenticated: false`, even with
+/// credentials at hand); the real registry with htpasswd auth answers `authenticated: true`
+/// once it accepted the credentials (also from the cached challenge answer), and
+/// `Unauthorized` for a wrong password. `resolve_at_source` skips the mirrors: the source
+/// itself (here a registry with auth standing in for registry.redhat.io through
+/// `with_endpoint`) decides.
+#[tokio::test]
+async fn answers_say_whether_credentials_were_asked_for_and_accepted() -> Result<()> {
+    use hcp_olm_e2e::registry::{TEST_USER_HASH, TEST_USER_PASSWORD};
+    use hcp_olm_oci::PullSecret;
+    let open = Registry::start()?;
+    let locked = Registry::start_with_htpasswd(&[("reader", TEST_USER_HASH)])?;
+    let (o, l) = (open.addr().to_string(), locked.addr().to_string());
+    let creds = |password: &str| -> Result<PullSecret> {
+        Ok(PullSecret::parse(&serde_json::to_vec(
+            &serde_json::json!({"auths": {
+                &l: {"username": "reader", "password": password},
+                &o: {"username": "reader", "password": password},
+                "registry.redhat.io": {"username": "reader", "password": password},
+            }}),
+        )?)?)
+    };
+    let good = Client::new(ClientOptions {
+        plain_http: vec![o.clone(), l.clone()],
+        pull_secret: creds(TEST_USER_PASSWORD)?,
+        timeout: Some(Duration::from_secs(5)),
+        ..Default::default()
+    })?;
+    for a in [&o, &l] {
+        good.push_image(&format!("{a}/redhat/idx:v4.18"), &BTreeMap::new())
+            .await?;
+    }
+    for round in ["challenge", "cached answer"] {
+        match good.resolve(&format!("{o}/redhat/idx:v4.18")).await? {
+            Lookup::Found { authenticated, .. } => {
+                ensure!(!authenticated, "open registry ({round}): authenticated")
+            }
+            other => anyhow::bail!("open registry: {other:?}"),
+        }
+        match good.resolve(&format!("{l}/redhat/idx:v4.18")).await? {
+            Lookup::Found { authenticated, .. } => {
+                ensure!(
+                    authenticated,
+                    "locked registry ({round}): not authenticated"
+                )
+            }
+            other => anyhow::bail!("locked registry: {other:?}"),
+        }
+    }
+    // The default registry behind an anonymous mirror.
+    let behind = |ps: PullSecret| -> Result<Client> {
+        Ok(Client::new(ClientOptions {
+            plain_http: vec![o.clone(), l.clone()],
+            pull_secret: ps,
+            mirrors: vec![Mirror {
+                source: "registry.redhat.io/redhat".into(),
+                mirrors: vec![format!("{o}/redhat")],
+            }],
+            timeout: Some(Duration::from_secs(5)),
+        })?
+        .with_endpoint("registry.redhat.io", &format!("http://{l}")))
+    };
+    let image = "registry.redhat.io/redhat/idx:v4.18";
+    for (password, entitled) in [(TEST_USER_PASSWORD, true), ("wrong", false)] {
+        let c = behind(creds(password)?)?;
+        match c.resolve(image).await? {
+            Lookup::Found {
+                via, authenticated, ..
+            } => ensure!(
+                via == format!("{o}/redhat/idx:v4.18") && !authenticated,
+                "the mirror answers anonymously: {via} {authenticated}"
+            ),
+            other => anyhow::bail!("through the mirror: {other:?}"),
+        }
+        match (c.resolve_at_source(image).await?, entitled) {
+            (
+                Lookup::Found {
+                    via, authenticated, ..
+                },
+                true,
+            ) => ensure!(via == image && authenticated, "{via} {authenticated}"),
+            (Lookup::Unauthorized { .. }, false) => {}
+            (other, _) => anyhow::bail!("at the source with {password:?}: {other:?}"),
+        }
+    }
     Ok(())
 }

@@ -54,6 +54,9 @@ enum Cached {
     Release(String),
     /// Component → image of a release payload (`image-references`).
     Payload(Arc<BTreeMap<String, String>>),
+    /// Whether a catalog answer proves the cluster may read the image (see
+    /// [`entitlement_unproven`]).
+    Entitled(bool),
 }
 
 impl LookupCache {
@@ -381,6 +384,83 @@ pub async fn catalog_images_cached(
                 ),
             )
         })
+        .collect()
+}
+
+fn registry_of(image: &str) -> Option<String> {
+    hcp_olm_oci::Reference::parse(image)
+        .ok()
+        .map(|r| r.registry)
+}
+
+/// The catalogs this cluster would share whose lookup proves nothing about its own
+/// credentials (issue 35, item 6): the answer came from a mirror of the administrator's
+/// (`--registry-mirror`) that asked for no credentials (or not this cluster's), and the
+/// default catalog registry itself, asked with this cluster's pull secret, did not find the
+/// tag (refused, missing or unreachable). An answer at the default registry, or one a
+/// mirror gave after accepting this cluster's own credentials, proves it. Answers are
+/// reused for `ttl` under the client's cache key (mirrors and credentials); transport
+/// errors are not cached and leave the catalog unproven for this pass.
+pub async fn entitlement_unproven(
+    hc: &HostedCluster,
+    valid: &ValidInput,
+    config: &Config,
+    pull_secret: Option<&hcp_olm_oci::PullSecret>,
+    images: &BTreeMap<DefaultCatalog, Result<CatalogImage, CatalogImageError>>,
+    cache: &LookupCache,
+    ttl: Duration,
+) -> std::collections::BTreeSet<DefaultCatalog> {
+    let Some(oci) = config.oci.as_ref() else {
+        return Default::default();
+    };
+    if config.mirror_answers_entitle {
+        return Default::default();
+    }
+    let oci = oci_for(hc, oci, pull_secret);
+    let client_key = oci.cache_key();
+    let candidates: Vec<(DefaultCatalog, String)> = images
+        .iter()
+        .filter_map(|(c, img)| {
+            let img = img.as_ref().ok()?;
+            crate::sharing::decide(valid, *c, Some(img)).key()?;
+            Some((*c, img.tag_ref.clone()))
+        })
+        .collect();
+    let (oci, client_key) = (&oci, &client_key);
+    let answers = futures::future::join_all(candidates.into_iter().map(|(c, tag)| async move {
+        let key = format!("entitled:{client_key}:{tag}");
+        let r = cache
+            .get_or_fetch(key, ttl, async {
+                let proven = match oci.resolve(&tag).await {
+                    // the default registry itself answered, or accepted our credentials
+                    Ok(hcp_olm_oci::Lookup::Found {
+                        via, authenticated, ..
+                    }) if authenticated || registry_of(&via) == registry_of(&tag) => true,
+                    // A mirror answered without our credentials: the default registry
+                    // decides. Unreachable counts as not granted and is remembered like an
+                    // answer (a disconnected management cluster would otherwise ask again,
+                    // and wait for the timeout, on every pass).
+                    Ok(hcp_olm_oci::Lookup::Found { .. }) => matches!(
+                        oci.resolve_at_source(&tag).await,
+                        Ok(hcp_olm_oci::Lookup::Found { .. })
+                    ),
+                    Ok(_) => false,
+                    Err(e) => return Err(e.to_string()),
+                };
+                Ok(Cached::Entitled(proven))
+            })
+            .await;
+        let proven = matches!(r, Ok(Cached::Entitled(true)));
+        if !proven {
+            tracing::info!(catalog = %c.name(), image = %tag, answer = ?r, "a mirror answered without this cluster's credentials and the default registry did not grant them: not shared");
+        }
+        (c, proven)
+    }))
+    .await;
+    answers
+        .into_iter()
+        .filter(|(_, proven)| !proven)
+        .map(|(c, _)| c)
         .collect()
 }
 

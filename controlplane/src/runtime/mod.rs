@@ -63,6 +63,10 @@ pub struct Config {
     /// Which addresses a guest kubeconfig's `server:` may lead to (issue 35; default:
     /// no loopback, link-local, unspecified or multicast address).
     pub guest_servers: guest::ServerPolicy,
+    /// `--registry-mirror-entitles`: an administrator's mirror answering without
+    /// credentials proves a cluster may read a shared catalog (else the default registry
+    /// is asked with the cluster's pull secret; see [`facts::entitlement_unproven`]).
+    pub mirror_answers_entitle: bool,
 }
 
 /// When HostedClusters are looked at again (flags of `run`).

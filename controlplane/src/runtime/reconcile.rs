@@ -466,6 +466,16 @@ async fn ensure_finalizer(ctx: &Context, hc: &HostedCluster, add: bool) -> Resul
     Ok(true)
 }
 
+/// Reason (state, Event) of a HostedCluster whose HCP namespace is one of ours.
+pub const RESERVED_REASON: &str = "ControlPlaneNamespaceReserved";
+
+/// Why a HostedCluster whose HCP namespace is one of ours is refused.
+pub fn reserved_message(ns: &str, name: &str, hcp_ns: &str) -> String {
+    format!(
+        "the HCP namespace {hcp_ns} of HostedCluster {ns}/{name} is one of hcp-olm's own namespaces (the shared catalogs' or the controller's): hcp-olm serves no hosted cluster there, writes and prunes nothing there; recreate the HostedCluster under another namespace or name"
+    )
+}
+
 /// HyperShift's label on every HCP namespace it makes.
 pub const HCP_NAMESPACE_LABEL: &str = "hypershift.openshift.io/hosted-control-plane";
 /// HyperShift's annotation on the HostedControlPlane: `<namespace>/<name>` of its
@@ -742,6 +752,18 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
         return Box::pin(cleanup(ctx, hc)).await;
     }
     let (ns, name, hcp_ns) = identity(hc)?;
+    // Our own namespaces are never an HCP namespace, whoever labels them (issue 35, item 9).
+    if crate::sharing::reserved(&hcp_ns) {
+        let why = reserved_message(&ns, &name, &hcp_ns);
+        tracing::warn!(cluster = %format!("{ns}/{name}"), namespace = %hcp_ns, "{why}");
+        if let Some(events) = &ctx.events {
+            events.warn_hosted_cluster(hc, RESERVED_REASON, &why).await;
+        }
+        return Ok(Outcome::new(
+            State::Invalid(RESERVED_REASON.into()),
+            ctx.schedule.resync,
+        ));
+    }
     // Before any write anywhere: is the computed HCP namespace this HostedCluster's?
     let stores = ctx.stores();
     let hcp_served = ctx
@@ -1087,15 +1109,38 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     }
     // The catalog images, once the enabled catalogs are final (registry answers cached and
     // shared; none asked while the guest does not answer, since nothing is rendered then).
+    // An answer that may admit this cluster to a shared catalog is looked up again at least
+    // every ENTITLEMENT_REFRESH (credentials revoked at the registry; issue 35, item 6).
+    let lookup_ttl = if crate::sharing::may_share(&valid) {
+        ctx.schedule
+            .catalog_refresh
+            .min(ctx.shared_digests.lifetime())
+    } else {
+        ctx.schedule.catalog_refresh
+    };
     let catalog_images = facts::catalog_images_cached(
         hc,
         &valid,
         &ctx.config,
         pull_secret.as_ref(),
         &ctx.lookups,
-        ctx.schedule.catalog_refresh,
+        lookup_ttl,
     )
     .await;
+    // A mirror's anonymous answer admits nobody: the default registry must grant this
+    // cluster's pull secret (issue 35, item 6).
+    if crate::sharing::may_share(&valid) {
+        valid.entitlement_unproven = facts::entitlement_unproven(
+            hc,
+            &valid,
+            &ctx.config,
+            pull_secret.as_ref(),
+            &catalog_images,
+            &ctx.lookups,
+            lookup_ttl,
+        )
+        .await;
+    }
 
     let svcs: Api<Service> = Api::namespaced(ctx.client.clone(), &hcp_ns);
     // TakeOver: the guest reaches ours through HyperShift's Service (its hosted-cluster-
@@ -1173,6 +1218,7 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     // The digests of the shared catalogs this cluster points at (the shared pass serves them).
     ctx.shared_digests.record(
         &input.valid.cluster.hcp_namespace,
+        &format!("{ns}/{name}"),
         &crate::sharing::shared_uses(&input.valid, &input.catalog_images),
     );
     // A replaced CA stays in the guest's caBundle until every packageserver pod serves a
@@ -2389,7 +2435,6 @@ fn set_endpoint(
 pub async fn cleanup(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error> {
     let (ns, name, hcp_ns) = identity(hc)?;
     ctx.warnings_changed(&format!("{ns}/{name}"), &[]);
-    ctx.shared_digests.forget(&hcp_ns);
     let mut out = Outcome::new(State::CleanedUp, ctx.schedule.resync);
     if !hc
         .metadata
@@ -2397,6 +2442,14 @@ pub async fn cleanup(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error
         .as_ref()
         .is_some_and(|f| f.iter().any(|f| f == FINALIZER))
     {
+        return Ok(out);
+    }
+    // Our own namespaces: nothing of a hosted cluster's was ever written there, so nothing
+    // is pruned or forgotten there; only our finalizer (an older controller may have set
+    // it) is released (issue 35, item 9).
+    if crate::sharing::reserved(&hcp_ns) {
+        out.hcp_writes += usize::from(ensure_finalizer(ctx, hc, false).await?);
+        tracing::info!(cluster = %format!("{ns}/{name}"), namespace = %hcp_ns, "released; its HCP namespace is one of ours, nothing pruned there");
         return Ok(out);
     }
     let selector = selector_for(&ns, &name);
@@ -2416,8 +2469,16 @@ pub async fn cleanup(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error
             "guest unreachable during cleanup; leaving guest objects"
         ),
     }
+    let ownership = hcp_namespace_ownership(&ctx.client, &ns, &name, &hcp_ns).await?;
+    // Shared state changes only for a namespace this HostedCluster owns, and only what it
+    // recorded itself (issue 35, item 3: a colliding HostedCluster, `team/a-b` for
+    // `team-a/b`'s `team-a-b`, deleted and patched again and again, cut its victim off the
+    // shared catalogs when this ran before the ownership check).
+    if ownership == Ownership::Owned {
+        ctx.shared_digests.forget(&hcp_ns, &format!("{ns}/{name}"));
+    }
     let owned = matches!(
-        hcp_namespace_ownership(&ctx.client, &ns, &name, &hcp_ns).await?,
+        ownership,
         Ownership::Owned | Ownership::WaitingForHostedControlPlane
     );
     if owned {

@@ -21,7 +21,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hcp_olm_apply::{Applier, Policy, Target};
 use kube::Api;
@@ -42,55 +42,108 @@ pub const INTERVAL: Duration = Duration::from_secs(10);
 /// `copy-content`), when the controller names none (`--shared-catalog-utilities-image`).
 pub const DEFAULT_UTILITIES_IMAGE: &str = "quay.io/operator-framework/olm:v0.46.0";
 
-/// Per shared catalog, the digest reference each user's last reconcile resolved, by HCP
-/// namespace. In memory only (see the module documentation).
-#[derive(Clone, Debug, Default)]
-pub struct SharedDigests(
-    Arc<Mutex<BTreeMap<SharedKey, BTreeMap<String, String>>>>,
-    Arc<Mutex<BTreeSet<String>>>,
-);
+/// How long one reconcile's decision to use a shared catalog counts (issue 35, item 6): a
+/// cluster whose passes stop before the catalog lookups (a dead guest API server, a
+/// HyperShift OLM in the way, a pause) loses its shared uses this long after its last
+/// complete pass, and the catalog answers that admit a cluster are looked up again at
+/// least this often (see [`crate::sharing::ENTITLEMENT_REFRESH`]).
+pub const USE_LIFETIME: Duration = crate::sharing::ENTITLEMENT_REFRESH;
+
+/// What one hosted cluster's last complete reconcile decided.
+#[derive(Clone, Debug)]
+struct Recorded {
+    /// `namespace/name` of the HostedCluster that owns the HCP namespace (and recorded it).
+    owner: String,
+    /// When it was recorded.
+    at: Instant,
+    /// The shared catalogs it uses and the digest reference it resolved for each.
+    uses: BTreeMap<SharedKey, String>,
+}
+
+/// Per HCP namespace, what its owner's last reconcile decided: the shared catalogs it uses
+/// and the digest reference resolved for each. In memory only (see the module
+/// documentation). Only the HostedCluster that recorded a namespace can make it forget
+/// (issue 35, item 3: a colliding HostedCluster's cleanup must not cut its victim off).
+#[derive(Clone, Debug)]
+pub struct SharedDigests(Arc<Mutex<BTreeMap<String, Recorded>>>, Duration);
+
+impl Default for SharedDigests {
+    fn default() -> Self {
+        Self::with_lifetime(USE_LIFETIME)
+    }
+}
 
 impl SharedDigests {
-    /// Records what one hosted cluster's reconcile decided: the shared catalogs it uses and
-    /// the digest reference it resolved for each. Replaces everything recorded for it.
-    pub fn record(&self, hcp_namespace: &str, uses: &[(SharedKey, String)]) {
-        self.1
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(hcp_namespace.to_string());
-        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        for users in m.values_mut() {
-            users.remove(hcp_namespace);
-        }
-        for (key, image) in uses {
-            m.entry(key.clone())
-                .or_default()
-                .insert(hcp_namespace.to_string(), image.clone());
-        }
-        m.retain(|_, users| !users.is_empty());
+    /// Recorded uses count for `lifetime` ([`USE_LIFETIME`] by default; tests shorten it).
+    pub fn with_lifetime(lifetime: Duration) -> Self {
+        Self(Arc::default(), lifetime)
     }
 
-    /// Forgets a hosted cluster (its HostedOLM is gone).
-    pub fn forget(&self, hcp_namespace: &str) {
-        self.record(hcp_namespace, &[]);
+    /// How long a recorded use counts, and the longest a catalog answer that admits a
+    /// cluster to a shared catalog is reused.
+    pub fn lifetime(&self) -> Duration {
         self.1
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(hcp_namespace);
+    }
+
+    /// Records what one hosted cluster's reconcile decided: the shared catalogs it uses and
+    /// the digest reference it resolved for each. `owner` is the HostedCluster
+    /// (`namespace/name`) whose reconcile found it owns `hcp_namespace`. Replaces everything
+    /// recorded for the namespace. A reserved namespace ([`crate::sharing::reserved`]) is
+    /// never recorded.
+    pub fn record(&self, hcp_namespace: &str, owner: &str, uses: &[(SharedKey, String)]) {
+        if crate::sharing::reserved(hcp_namespace) {
+            return;
+        }
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).insert(
+            hcp_namespace.to_string(),
+            Recorded {
+                owner: owner.to_string(),
+                at: Instant::now(),
+                uses: uses.iter().cloned().collect(),
+            },
+        );
+    }
+
+    /// Forgets a hosted cluster (its HostedOLM is gone): only when `owner` is the
+    /// HostedCluster that recorded `hcp_namespace`. Returns whether anything was forgotten.
+    pub fn forget(&self, hcp_namespace: &str, owner: &str) -> bool {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if m.get(hcp_namespace).is_some_and(|r| r.owner == owner) {
+            m.remove(hcp_namespace);
+            true
+        } else {
+            false
+        }
     }
 
     /// Whether this process has reconciled the cluster of `hcp_namespace` (and recorded
     /// what it uses, possibly nothing) since it started.
     pub fn reconciled(&self, hcp_namespace: &str) -> bool {
-        self.1
+        self.0
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .contains(hcp_namespace)
+            .contains_key(hcp_namespace)
     }
 
+    /// The digest reference `hcp_namespace` resolved for `key`, while its record is younger
+    /// than [`SharedDigests::lifetime`].
     fn get(&self, key: &SharedKey, hcp_namespace: &str) -> Option<String> {
+        self.get_within(key, hcp_namespace, self.1)
+    }
+
+    fn get_within(
+        &self,
+        key: &SharedKey,
+        hcp_namespace: &str,
+        lifetime: Duration,
+    ) -> Option<String> {
         let m = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        m.get(key).and_then(|u| u.get(hcp_namespace)).cloned()
+        let r = m.get(hcp_namespace)?;
+        if r.at.elapsed() >= lifetime {
+            tracing::debug!(namespace = %hcp_namespace, catalog = %key.name(), "shared catalog use not confirmed by a complete pass within its lifetime: not counted");
+            return None;
+        }
+        r.uses.get(key).cloned()
     }
 }
 
@@ -175,7 +228,9 @@ pub fn status_uses(holm: &HostedOLM) -> Vec<(String, SharedKey)> {
     let Some(ns) = holm.metadata.namespace.as_deref() else {
         return Vec::new();
     };
-    if holm.metadata.deletion_timestamp.is_some() {
+    // A HostedOLM in one of our own namespaces (HostedCluster `hcp-olm/catalogs`) is
+    // never a user (issue 35, item 9).
+    if holm.metadata.deletion_timestamp.is_some() || sharing::reserved(ns) {
         return Vec::new();
     }
     holm.status
@@ -532,15 +587,41 @@ mod tests {
     }
 
     #[test]
-    fn digests_are_replaced_per_cluster() {
+    fn digests_are_replaced_per_cluster_and_only_their_owner_forgets_them() {
         let d = SharedDigests::default();
         let k = SharedKey::new(DefaultCatalog::RedhatOperators, "4.18").expect("key");
-        d.record("a", &[(k.clone(), "img1".into())]);
-        d.record("b", &[(k.clone(), "img2".into())]);
+        d.record("a", "clusters/a", &[(k.clone(), "img1".into())]);
+        d.record("b", "clusters/b", &[(k.clone(), "img2".into())]);
         assert_eq!(d.get(&k, "a").as_deref(), Some("img1"));
-        d.record("a", &[]);
+        d.record("a", "clusters/a", &[]);
         assert_eq!(d.get(&k, "a"), None);
-        d.forget("b");
-        assert!(d.0.lock().expect("lock").is_empty());
+        assert!(d.reconciled("a"));
+        // A colliding HostedCluster (team/a-b for team-a/b's team-a-b) cannot make it forget.
+        assert!(!d.forget("b", "clusters/not-b"));
+        assert_eq!(d.get(&k, "b").as_deref(), Some("img2"));
+        assert!(d.forget("b", "clusters/b"));
+        assert!(!d.reconciled("b"));
+        // Our own namespaces are never recorded.
+        d.record(
+            SHARED_NAMESPACE,
+            "hcp-olm/catalogs",
+            &[(k.clone(), "x".into())],
+        );
+        assert!(!d.reconciled(SHARED_NAMESPACE));
+    }
+
+    #[test]
+    fn a_use_not_confirmed_within_its_lifetime_does_not_count() {
+        let d = SharedDigests::default();
+        let k = SharedKey::new(DefaultCatalog::RedhatOperators, "4.18").expect("key");
+        d.record("a", "clusters/a", &[(k.clone(), "img1".into())]);
+        assert_eq!(
+            d.get_within(&k, "a", Duration::from_secs(60)).as_deref(),
+            Some("img1")
+        );
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(d.get_within(&k, "a", Duration::from_millis(10)), None);
+        // still reconciled: an admission seen at start does not bring it back
+        assert!(d.reconciled("a"));
     }
 }
