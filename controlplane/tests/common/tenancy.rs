@@ -275,6 +275,11 @@ pub fn controller_ctx(client: kube::Client, oci: std::sync::Arc<hcp_olm_oci::Cli
         Config {
             olm_image: Some(OLM_IMAGE.into()),
             oci: Some(oci),
+            // the test's guest API servers listen on 127.0.0.1 (issue 35 item 1)
+            guest_servers: hcp_olm_controlplane::runtime::guest::ServerPolicy::allowing(&[
+                "127.0.0.0/8",
+            ])
+            .expect("a CIDR"),
             ..Default::default()
         },
     )
