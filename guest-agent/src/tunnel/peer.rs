@@ -1218,6 +1218,48 @@ pub(crate) mod tests {
         assert_eq!(sends(out).len(), 1);
     }
 
+    /// Issue 35 item 8: eight forged senders flood data (every 5 ms from each address) at a
+    /// replica without the session; the real guest's keepalive (every 2 s) must still win an
+    /// offer within a few seconds, not wait for its own dead-peer re-handshake. Simulated
+    /// time, 30 s.
+    #[test]
+    fn forged_senders_cannot_hold_every_handshake_offer() {
+        let p = pair();
+        let mut replica = second_replica(&p);
+        let mut forged = vec![DATA, 0, 0, 0, 9, 9, 9, 9];
+        forged.extend_from_slice(&[0u8; 40]);
+        let forgers: Vec<SocketAddr> = (0..8u8)
+            .map(|i| SocketAddr::new(IpAddr::from([127, 0, 0, 11 + i]), 40000))
+            .collect();
+        let start = Instant::now();
+        let mut first_to_guest = None;
+        let mut offers = 0;
+        for ms in (0..30_000u64).step_by(5) {
+            let now = start + Duration::from_millis(ms);
+            let mut out = Vec::new();
+            for f in &forgers {
+                let _ = replica.handle_datagram(*f, &forged, now, &mut out);
+            }
+            // The guest's keepalive for the session the other replica held (any data
+            // message this replica cannot open), every 2 s from 0.1 s on.
+            if ms % 2000 == 100 {
+                let _ = replica.handle_datagram(p.guest_addr, &forged, now, &mut out);
+            }
+            for (to, _) in sends(out) {
+                offers += 1;
+                if to == p.guest_addr && first_to_guest.is_none() {
+                    first_to_guest = Some(Duration::from_millis(ms));
+                }
+            }
+        }
+        eprintln!("offers in 30 s: {offers}; first to the guest after {first_to_guest:?}");
+        let first = first_to_guest.expect("the guest never got a handshake offer in 30 s");
+        assert!(
+            first <= Duration::from_millis(4100),
+            "the guest got its offer only after {first:?}"
+        );
+    }
+
     /// A second gateway replica (same keys) gets the guest's data after the first one went:
     /// it offers a handshake to the sender at once, and one round trip later holds the
     /// session. Once, not per datagram; never while the guest is heard.
