@@ -359,6 +359,9 @@ async fn security_hostile_registries_cannot_hold_every_reconcile_slot() -> Resul
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The attack in its steady state: every hostile cluster's first pass began (a pass waits
+    // for registry answers at most LOOKUP_WAIT, 2 s, in the fixed controller).
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let attacked = time_to_converge(&env, "normal", &release).await?;
     let _ = stop.send(());
     runner.await?;
