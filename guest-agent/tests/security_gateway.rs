@@ -686,8 +686,13 @@ fn security_gateway_spoofed_senders_cannot_starve_the_agents_handshake_offer() {
                 .is_some_and(|n| n.to_string_lossy().starts_with("gateway-"))
         })
         .expect("the gateway config");
-    // The forgers, bounded in time (they outlive the test's bound on their own).
-    let _spoofers = python(&w.m, "spoofers", SPOOF_PY, &["127.0.0.1", "51820", "8", "45"]);
+    // The forgers stop on their own after 45 s (longer than the test waits).
+    let _spoofers = python(
+        &w.m,
+        "spoofers",
+        SPOOF_PY,
+        &["127.0.0.1", "51820", "8", "45"],
+    );
     std::thread::sleep(Duration::from_millis(500));
     w.gateway.kill();
     let mut cmd = w.m.command(GATEWAY);
