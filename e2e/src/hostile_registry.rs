@@ -21,6 +21,14 @@ pub enum Reply {
     /// 200 with `Content-Length: len` and `len` bytes of `b' '` written in 64 KiB chunks
     /// (stops when the client goes away).
     Endless { len: u64 },
+    /// 200 with `body` and `headers`, the head at once, then `body` in pieces of `chunk`
+    /// bytes with `every` before each (a slow registry that does finish).
+    Paced {
+        body: Vec<u8>,
+        headers: Vec<(String, String)>,
+        chunk: usize,
+        every: std::time::Duration,
+    },
 }
 
 impl Reply {
@@ -167,6 +175,28 @@ async fn write_reply(
                     let n = left.min(chunk.len() as u64) as usize;
                     sock.write_all(&chunk[..n]).await?;
                     left -= n as u64;
+                }
+            }
+        }
+        Reply::Paced {
+            body,
+            headers,
+            chunk,
+            every,
+        } => {
+            let mut out = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n",
+                body.len()
+            );
+            for (k, v) in headers {
+                out.push_str(&format!("{k}: {v}\r\n"));
+            }
+            out.push_str("\r\n");
+            sock.write_all(out.as_bytes()).await?;
+            if !head_only {
+                for piece in body.chunks(chunk.max(1)) {
+                    tokio::time::sleep(every).await;
+                    sock.write_all(piece).await?;
                 }
             }
         }

@@ -640,3 +640,79 @@ fn security_gateway_slow_handshake_and_idle_stream_are_cut() {
         "idle relay closed after {ms} ms, expected ~3 s"
     );
 }
+
+/// Stand-in for forged WireGuard senders (named): `n` UDP sockets on 127.0.0.11.. each
+/// send a well-sized *data* message (type 4, random session index) to the gateway every
+/// 5 ms for `secs` seconds and throw away whatever comes back (the handshake offers).
+const SPOOF_PY: &str = r#"
+import os, socket, sys, time
+target, port, n, secs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+socks = []
+for i in range(n):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.%d" % (11 + i), 40000))
+    s.setblocking(False)
+    socks.append(s)
+end = time.time() + secs
+while time.time() < end:
+    for s in socks:
+        try:
+            s.sendto(b"\x04\x00\x00\x00" + os.urandom(60), (target, port))
+        except OSError:
+            pass
+        try:
+            while True:
+                s.recv(2048)
+        except OSError:
+            pass
+    time.sleep(0.005)
+"#;
+
+/// Issue 35 item 8: a gateway without the agent's session (a restarted replica, or the
+/// survivor of an HA pair) answers data for a session it does not hold with a handshake
+/// offer. Eight forged senders flooding data from their own addresses must not keep every
+/// offer for themselves: the agent's next keepalive (every 2 s here) has to win an offer, so
+/// the session is back long before the agent's own dead-peer re-handshake (3 × 2 s + 5 s =
+/// 11 s). The gateway is killed (-9) and started again while the forgers flood it.
+#[test]
+fn security_gateway_spoofed_senders_cannot_starve_the_agents_handshake_offer() {
+    let mut w = setup(serde_json::json!({}), serde_json::json!({}), 0);
+    let gw_conf = std::fs::read_dir(w.dir.path())
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("gateway-"))
+        })
+        .expect("the gateway config");
+    // The forgers stop on their own after 45 s (longer than the test waits).
+    let _spoofers = python(
+        &w.m,
+        "spoofers",
+        SPOOF_PY,
+        &["127.0.0.1", "51820", "8", "45"],
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    w.gateway.kill();
+    let mut cmd = w.m.command(GATEWAY);
+    cmd.arg("--config").arg(&gw_conf);
+    w.gateway = w.m.spawn("gateway-restarted", cmd).unwrap();
+    let t0 = Instant::now();
+    let handshake = wait_for(
+        "a handshake on the restarted gateway",
+        Duration::from_secs(30),
+        || metric(&w.m, GW_HEALTH, "hcp_olm_tunnel_last_handshake_timestamp") > 0,
+    );
+    let offers = metric(&w.m, GW_HEALTH, "hcp_olm_tunnel_handshake_offers_total");
+    eprintln!(
+        "offer-fairness: session back {:.1} s after the restart (8 forged senders, 2 s keepalive; the agent's own re-handshake comes after 11 s); {offers} offers sent",
+        handshake.as_secs_f64()
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(6),
+        "the agent got its session back only after {:?}: forged senders held every handshake offer\n{}",
+        t0.elapsed(),
+        w.logs()
+    );
+}

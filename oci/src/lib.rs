@@ -84,6 +84,10 @@ pub enum OciError {
         payload::IMAGE_REFERENCES_PATH
     )]
     InvalidImageReferences { image: String, message: String },
+    /// A release payload that cannot be searched within the per-lookup bounds
+    /// ([`payload::MAX_LAYERS_SEARCHED`], [`payload::MAX_PAYLOAD_BYTES`]).
+    #[error("release image {image}: {message}")]
+    PayloadBound { image: String, message: String },
     #[error("release image {image}: layer {digest}: {message}")]
     Layer {
         image: String,
@@ -110,7 +114,7 @@ pub struct ClientOptions {
     pub mirrors: Vec<Mirror>,
     /// Registries reached over plain HTTP (test registries on loopback).
     pub plain_http: Vec<String>,
-    /// Timeout per HTTP request (default 10 s).
+    /// Deadline of each HTTP request, head and body together (default 10 s).
     pub timeout: Option<Duration>,
 }
 
@@ -355,7 +359,10 @@ impl Client {
             url: url.to_string(),
             message,
         };
-        let resp = tokio::time::timeout(timeout, self.http.request(req))
+        // One deadline for the whole request, head and body: a registry that answers the
+        // head at once and then trickles the body gets no more time than one that is silent.
+        let deadline = tokio::time::Instant::now() + timeout;
+        let resp = tokio::time::timeout_at(deadline, self.http.request(req))
             .await
             .map_err(|_| transport(format!("no answer within {timeout:?}")))?
             .map_err(|e| transport(format!("{e}")))?;
@@ -383,9 +390,13 @@ impl Client {
         }
         // Limited stops reading as soon as more than `limit` bytes arrived.
         let limited = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX));
-        let body = tokio::time::timeout(timeout, limited.collect())
+        let body = tokio::time::timeout_at(deadline, limited.collect())
             .await
-            .map_err(|_| transport(format!("body not received within {timeout:?}")))?
+            .map_err(|_| {
+                transport(format!(
+                    "response not complete within {timeout:?} (one deadline for head and body)"
+                ))
+            })?
             .map_err(|e| {
                 if e.downcast_ref::<LengthLimitError>().is_some() {
                     too_large()
@@ -898,12 +909,28 @@ impl Client {
             Manifest::Index(_) => vec![],
         };
         let mut first_error = None;
-        for (digest, size) in layers.into_iter().rev() {
+        let total = layers.len();
+        let mut read_bytes: u64 = 0;
+        for (searched, (digest, size)) in layers.into_iter().rev().enumerate() {
             let layer_err = |message: String| OciError::Layer {
                 image: image.to_string(),
                 digest: digest.clone(),
                 message,
             };
+            // A payload is read in bounded work: at most MAX_LAYERS_SEARCHED layers and
+            // MAX_PAYLOAD_BYTES in all, however many layers the manifest lists.
+            let left = payload::MAX_PAYLOAD_BYTES.saturating_sub(read_bytes);
+            if searched >= payload::MAX_LAYERS_SEARCHED || left == 0 || size > left {
+                return Err(OciError::PayloadBound {
+                    image: image.to_string(),
+                    message: format!(
+                        "{} not found in the newest {searched} of {total} layers ({read_bytes} bytes read; at most {} layers and {} bytes are read per lookup)",
+                        payload::IMAGE_REFERENCES_PATH,
+                        payload::MAX_LAYERS_SEARCHED,
+                        payload::MAX_PAYLOAD_BYTES,
+                    ),
+                });
+            }
             if size > payload::MAX_LAYER_BYTES {
                 first_error.get_or_insert(layer_err(format!(
                     "{size} bytes, more than the {} searched",
@@ -912,9 +939,10 @@ impl Client {
                 continue;
             }
             let blob = self
-                .blob(&found, &digest, payload::MAX_LAYER_BYTES)
+                .blob(&found, &digest, payload::MAX_LAYER_BYTES.min(left))
                 .await
                 .map_err(|e| named(e, &Reference::parse(image).unwrap_or(found.clone())))?;
+            read_bytes += blob.len() as u64;
             let found_file = tokio::task::spawn_blocking(move || {
                 payload::find_in_layer(&blob, payload::IMAGE_REFERENCES_PATH)
             })

@@ -17,6 +17,12 @@ pub const OPERATOR_REGISTRY_COMPONENT: &str = "operator-registry";
 
 /// Largest layer blob downloaded while looking for the file (compressed size).
 pub const MAX_LAYER_BYTES: u64 = 256 << 20;
+/// Layers searched for [`IMAGE_REFERENCES_PATH`] per lookup, newest first. OpenShift release
+/// images carry it in their newest layer and have fewer than ten; a manifest listing
+/// thousands must not cost thousands of downloads.
+pub const MAX_LAYERS_SEARCHED: usize = 8;
+/// Layer bytes downloaded per lookup in all (compressed).
+pub const MAX_PAYLOAD_BYTES: u64 = 512 << 20;
 /// Largest uncompressed stream read from one layer.
 pub const MAX_UNCOMPRESSED_BYTES: u64 = 2 << 30;
 /// Largest `image-references` accepted.

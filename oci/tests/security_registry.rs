@@ -291,3 +291,88 @@ async fn bearer_tokens_are_cached_per_scope() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// Issue 35 item 5: a tenant's mirror (STAND-IN) lists one valid layer (a tar without
+/// `image-references`) 4,000 times in its release manifest and serves every blob slowly but
+/// within the request deadline (in pieces, 0.9 s each). Reading the payload must end within
+/// bounded work: at most `MAX_LAYERS_SEARCHED` layers and a clear reason naming the bound.
+/// The old client read layer after layer (4,000 × 0.9 s, an hour).
+#[tokio::test]
+async fn a_payload_of_thousands_of_slow_layers_is_read_in_bounded_time() -> Result<()> {
+    const LAYERS: usize = 4000;
+    let layer = tar_gz(&[("usr/bin/true", b"\x7fELF")]);
+    let layer_digest = sha(&layer);
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": "amd64", "os": "linux",
+        "config": {"Labels": {"io.openshift.release": "4.18.3"}},
+        "rootfs": {"type": "layers", "diff_ids": []},
+    }))?;
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": sha(&config), "size": config.len()},
+        "layers": (0..LAYERS).map(|_| serde_json::json!({
+            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+            "digest": layer_digest, "size": layer.len(),
+        })).collect::<Vec<_>>(),
+    }))?;
+    let digest = sha(&manifest);
+    let hostile = HostileRegistry::start(move |_method, path| {
+        if path.contains("/manifests/") {
+            return Reply::ok(
+                manifest.clone(),
+                &[
+                    ("Content-Type", "application/vnd.oci.image.manifest.v1+json"),
+                    ("Docker-Content-Digest", &digest),
+                ],
+            );
+        }
+        Reply::Paced {
+            body: layer.clone(),
+            headers: vec![],
+            chunk: layer.len().div_ceil(3),
+            every: Duration::from_millis(300),
+        }
+    })
+    .await?;
+    let h = hostile.addr().to_string();
+    let c = Client::new(ClientOptions {
+        plain_http: vec![h.clone()],
+        timeout: Some(Duration::from_secs(2)),
+        ..Default::default()
+    })?;
+    let t0 = std::time::Instant::now();
+    // The test's own bound: the old client was still reading layers when it passed.
+    let got = tokio::time::timeout(
+        Duration::from_secs(30),
+        c.release_image_references(&format!("{h}/ocp/release:4.18.3")),
+    )
+    .await;
+    let took = t0.elapsed();
+    eprintln!(
+        "payload lookup ended after {took:?} and {} requests: {got:?}",
+        hostile.requests()
+    );
+    let got = got.map_err(|_| {
+        anyhow::anyhow!(
+            "still reading the payload after 30 s ({} requests to the mirror)",
+            hostile.requests()
+        )
+    })?;
+    let msg = match got {
+        Ok(m) => anyhow::bail!("a payload without image-references answered {m:?}"),
+        Err(e) => e.to_string(),
+    };
+    ensure!(
+        msg.contains("of 4000 layers") && msg.contains("layers and"),
+        "not the layer bound: {msg}"
+    );
+    // HEAD + GET of the manifest, then one GET per layer searched (at most 8:
+    // `payload::MAX_LAYERS_SEARCHED`).
+    ensure!(
+        hostile.requests() <= 2 + 8,
+        "{} requests",
+        hostile.requests()
+    );
+    Ok(())
+}

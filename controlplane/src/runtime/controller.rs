@@ -226,6 +226,12 @@ pub(crate) async fn run_controller(
     // port or ingress reaches the guest), HCP namespaces that appear or gain HyperShift's
     // label after their HostedCluster, and HyperShift's own OLM Deployments.
     let (wake_tx, wake_rx) = tokio::sync::mpsc::unbounded_channel::<ObjectRef<HostedCluster>>();
+    // A registry lookup that outlived its pass's wait (facts::LOOKUP_WAIT) wakes the
+    // HostedClusters that waited for it when it ends, so they do not hold a slot meanwhile.
+    let lookup_wake = wake_tx.clone();
+    ctx.lookups.set_waker(Arc::new(move |ns: &str, name: &str| {
+        let _ = lookup_wake.send(ObjectRef::new(name).within(ns));
+    }));
     let hc_index = reader.clone();
     let defaults = ctx.config.defaults.clone();
     let wake: super::stores::Wake = Arc::new(move |changed| {

@@ -15,19 +15,59 @@ use crate::validate::{PayloadProblem, ReleaseFacts, ValidInput};
 
 use super::Config;
 
+/// How long a pass waits for registry answers it does not have yet (release facts and
+/// catalog images each; their lookups run concurrently). A lookup that takes longer goes on
+/// in the background, bounded by [`LOOKUP_DEADLINE`], and wakes the HostedClusters that
+/// waited for it when it ends; the pass goes on without it. So a slow or hostile registry
+/// (a tenant's mirror) holds none of the controller's reconcile slots for longer than this
+/// (issue 35 item 5).
+pub const LOOKUP_WAIT: Duration = Duration::from_secs(2);
+/// Deadline of one lookup in all: every request, challenge and layer it makes.
+pub const LOOKUP_DEADLINE: Duration = Duration::from_secs(60);
+/// A failed lookup is not tried again for this long after its first failure, doubling with
+/// each further failure up to [`FAILURE_BACKOFF_MAX`] (and never longer than the answer
+/// lifetime), each wait with ±20 % jitter, so a hostile payload is not read again every
+/// pass and many failing clusters do not retry in step.
+pub const FAILURE_BACKOFF_MIN: Duration = Duration::from_secs(10);
+/// The longest wait before a failed lookup is tried again.
+pub const FAILURE_BACKOFF_MAX: Duration = Duration::from_secs(600);
+
+/// Wakes a HostedCluster (namespace, name): set by the controller loop, called when a
+/// background lookup it waited for has ended.
+pub type LookupWaker = Arc<dyn Fn(&str, &str) + Send + Sync>;
+
 /// Registry answers shared by every HostedCluster, each reused for a lifetime (the
 /// catalog refresh interval): 1000 hosted clusters on a few releases need a few
 /// lookups, not thousands. Keys hold everything that changes an answer: the image and
 /// [`hcp_olm_oci::Client::cache_key`] (a hash of the cluster's mirrors and credentials),
 /// so one tenant's mirror never answers for another. Concurrent misses for one key
-/// make one lookup (single flight). Errors are never cached. Bounded: at most
-/// [`LookupCache::CAPACITY`] fresh answers plus as many last good payload answers.
+/// make one lookup (single flight), run as a task of its own (see [`LOOKUP_WAIT`]).
+/// Failures are remembered under the same key with backoff ([`FAILURE_BACKOFF_MIN`]), so
+/// one tenant's failing mirror or credentials never stand for another's. Bounded: at most
+/// [`LookupCache::CAPACITY`] fresh answers, as many failures and last good payload
+/// answers, and one lookup under way per key.
 #[derive(Clone)]
 pub struct LookupCache {
     fresh: moka::future::Cache<String, (Instant, Cached)>,
     /// The last good release payload answer per key, served when the payload cannot
     /// be read now (documented in docs/controller.md).
     last_good: moka::future::Cache<String, Arc<BTreeMap<String, String>>>,
+    /// Failed lookups: (not before, consecutive failures, the failure).
+    failed: moka::future::Cache<String, (Instant, u32, Failure)>,
+    /// Lookups under way, by key.
+    inflight: Arc<std::sync::Mutex<std::collections::HashMap<String, InFlight>>>,
+    waker: Arc<std::sync::RwLock<Option<LookupWaker>>>,
+    /// [`LOOKUP_WAIT`] and [`LOOKUP_DEADLINE`] (shorter in unit tests).
+    wait: Duration,
+    deadline: Duration,
+}
+
+type Shared = futures::future::Shared<futures::future::BoxFuture<'static, Result<Cached, Failure>>>;
+
+/// One lookup under way: its answer, and the HostedClusters to wake when it ends.
+struct InFlight {
+    answer: Shared,
+    waiting: Vec<(String, String)>,
 }
 
 impl std::fmt::Debug for LookupCache {
@@ -35,6 +75,7 @@ impl std::fmt::Debug for LookupCache {
         f.debug_struct("LookupCache")
             .field("fresh", &self.fresh.entry_count())
             .field("last_good", &self.last_good.entry_count())
+            .field("failed", &self.failed.entry_count())
             .finish()
     }
 }
@@ -44,6 +85,11 @@ impl Default for LookupCache {
         Self {
             fresh: moka::future::Cache::new(Self::CAPACITY),
             last_good: moka::future::Cache::new(Self::CAPACITY),
+            failed: moka::future::Cache::new(Self::CAPACITY),
+            inflight: Default::default(),
+            waker: Default::default(),
+            wait: LOOKUP_WAIT,
+            deadline: LOOKUP_DEADLINE,
         }
     }
 }
@@ -59,19 +105,61 @@ enum Cached {
     Entitled(bool),
 }
 
+/// Why a lookup has no answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Failure {
+    /// A release or payload lookup failed.
+    Problem(PayloadProblem),
+    /// A catalog lookup failed.
+    Message(String),
+    /// Still under way after [`LOOKUP_WAIT`] (never cached).
+    Pending,
+}
+
+/// The wait before failed lookup number `n` (1 = the first failure) is tried again.
+fn failure_backoff(n: u32, ttl: Duration, jitter: f64) -> Duration {
+    let base = FAILURE_BACKOFF_MIN
+        .saturating_mul(1u32 << n.saturating_sub(1).min(16))
+        .min(FAILURE_BACKOFF_MAX)
+        .min(ttl);
+    base.mul_f64((1.0 + jitter.clamp(-0.2, 0.2)).max(0.0))
+}
+
+/// A uniform value in [-0.2, 0.2] (0 when the system has no randomness to give).
+fn jitter() -> f64 {
+    let r = getrandom::u32().unwrap_or(u32::MAX / 2);
+    (f64::from(r) / f64::from(u32::MAX) - 0.5) * 0.4
+}
+
 impl LookupCache {
-    /// Fresh answers held at most (and as many last good payload answers).
+    /// Fresh answers held at most (and as many failures and last good payload answers).
     pub const CAPACITY: u64 = 4096;
 
-    /// The answer for `key`: fresh from the cache when younger than `ttl`, else from
-    /// `fetch` (one call for all concurrent callers of a key). `ttl` zero: no caching.
-    async fn get_or_fetch<F, E>(&self, key: String, ttl: Duration, fetch: F) -> Result<Cached, E>
+    /// Wake HostedClusters through `waker` when a lookup they waited for ends (the
+    /// controller loop sets it; replaced when set again).
+    pub fn set_waker(&self, waker: LookupWaker) {
+        *self.waker.write().unwrap_or_else(|p| p.into_inner()) = Some(waker);
+    }
+
+    /// The answer for `key`: fresh from the cache when younger than `ttl`, the remembered
+    /// failure while its backoff lasts, else from `fetch`: one task for all concurrent
+    /// callers of a key, awaited for at most [`LOOKUP_WAIT`] ([`Failure::Pending`] after
+    /// that; `who` is woken when it ends). `ttl` zero: no caching, `fetch` is awaited
+    /// (within [`LOOKUP_DEADLINE`]).
+    async fn get_or_fetch<F>(
+        &self,
+        key: String,
+        ttl: Duration,
+        who: (String, String),
+        fetch: F,
+    ) -> Result<Cached, Failure>
     where
-        F: std::future::Future<Output = Result<Cached, E>>,
-        E: Clone + Send + Sync + 'static,
+        F: std::future::Future<Output = Result<Cached, Failure>> + Send + 'static,
     {
         if ttl.is_zero() {
-            return fetch.await;
+            return tokio::time::timeout(self.deadline, fetch)
+                .await
+                .unwrap_or_else(|_| Err(deadline_failure(&key, self.deadline)));
         }
         if let Some((at, v)) = self.fresh.get(&key).await {
             if at.elapsed() < ttl {
@@ -79,12 +167,119 @@ impl LookupCache {
             }
             self.fresh.invalidate(&key).await;
         }
-        self.fresh
-            .try_get_with(key, async move { fetch.await.map(|v| (Instant::now(), v)) })
-            .await
-            .map(|(_, v)| v)
-            .map_err(|e| e.as_ref().clone())
+        if let Some((not_before, _, failure)) = self.failed.get(&key).await
+            && Instant::now() < not_before
+        {
+            return Err(failure);
+        }
+        let answer = {
+            let mut inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+            match inflight.get(&key) {
+                Some(f) => f.answer.clone(),
+                None => {
+                    let answer = self.spawn_lookup(key.clone(), ttl, fetch);
+                    inflight.insert(
+                        key.clone(),
+                        InFlight {
+                            answer: answer.clone(),
+                            waiting: Vec::new(),
+                        },
+                    );
+                    answer
+                }
+            }
+        };
+        if let Ok(r) = tokio::time::timeout(self.wait, answer.clone()).await {
+            return r;
+        }
+        {
+            let mut inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(f) = inflight.get_mut(&key) {
+                if !f.waiting.contains(&who) {
+                    f.waiting.push(who);
+                }
+                return Err(Failure::Pending);
+            }
+        }
+        // It ended between the wait and the registration.
+        futures::FutureExt::now_or_never(answer).unwrap_or(Err(Failure::Pending))
     }
+
+    /// Runs `fetch` as a task of its own (bounded by [`LOOKUP_DEADLINE`]) that records its
+    /// answer or failure, leaves the in-flight map and wakes whoever waited.
+    fn spawn_lookup<F>(&self, key: String, ttl: Duration, fetch: F) -> Shared
+    where
+        F: std::future::Future<Output = Result<Cached, Failure>> + Send + 'static,
+    {
+        let cache = self.clone();
+        let task = tokio::spawn(async move {
+            let r = tokio::time::timeout(cache.deadline, fetch)
+                .await
+                .unwrap_or_else(|_| Err(deadline_failure(&key, cache.deadline)));
+            match &r {
+                Ok(v) => {
+                    cache
+                        .fresh
+                        .insert(key.clone(), (Instant::now(), v.clone()))
+                        .await;
+                    cache.failed.invalidate(&key).await;
+                }
+                Err(f) => {
+                    let n = cache
+                        .failed
+                        .get(&key)
+                        .await
+                        .map_or(0, |(_, n, _)| n)
+                        .saturating_add(1);
+                    let wait = failure_backoff(n, ttl, jitter());
+                    tracing::debug!(%key, failures = n, retry_in = ?wait, "registry lookup failed; remembered");
+                    cache
+                        .failed
+                        .insert(key.clone(), (Instant::now() + wait, n, f.clone()))
+                        .await;
+                }
+            }
+            let waiting = cache
+                .inflight
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&key)
+                .map(|f| f.waiting)
+                .unwrap_or_default();
+            let waker = cache
+                .waker
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            if let Some(wake) = waker {
+                for (ns, name) in &waiting {
+                    wake(ns, name);
+                }
+            }
+            r
+        });
+        futures::FutureExt::shared(futures::FutureExt::boxed(async move {
+            task.await
+                .unwrap_or_else(|e| Err(Failure::Message(format!("registry lookup task: {e}"))))
+        }))
+    }
+}
+
+fn deadline_failure(key: &str, deadline: Duration) -> Failure {
+    let message = format!("registry lookup not complete within {deadline:?}");
+    if key.starts_with("catalog:") {
+        Failure::Message(message)
+    } else {
+        Failure::Problem(PayloadProblem::Unreadable(message))
+    }
+}
+
+/// (namespace, name) of a HostedCluster, for waking it.
+fn who(hc: &HostedCluster) -> (String, String) {
+    (
+        hc.metadata.namespace.clone().unwrap_or_default(),
+        hc.metadata.name.clone().unwrap_or_default(),
+    )
 }
 
 /// The registry client for one HostedCluster: the controller's, with the
@@ -140,7 +335,8 @@ fn payload_image(hc: &HostedCluster) -> String {
 
 /// [`release_facts`] with registry answers (version label, payload component
 /// images) reused from `cache` for `ttl`. `olm_overridden`: the HostedOLM names an OLM
-/// image, so the payload is not read. `pull_secret`: the HostedCluster's own.
+/// image, so the payload is not read. `pull_secret`: the HostedCluster's own. The two
+/// lookups run concurrently, each awaited for at most [`LOOKUP_WAIT`].
 pub async fn release_facts_cached(
     hc: &HostedCluster,
     config: &Config,
@@ -155,84 +351,117 @@ pub async fn release_facts_cached(
     };
     let oci = oci_for(hc, oci, pull_secret);
     let image = hc.spec.release.image.clone();
-    if !image.is_empty() {
-        let key = format!("release:{}:{image}", oci.cache_key());
-        let got = cache
-            .get_or_fetch(key, ttl, async {
-                oci.release_version(&image)
-                    .await
-                    .map(Cached::Release)
-                    .map_err(|e| {
-                        tracing::warn!(%image, error = %e, "cannot read the release version label");
-                        payload_problem(&e)
-                    })
-            })
-            .await;
-        match got {
-            Ok(Cached::Release(v)) => facts.version = Some(v),
-            Ok(_) => {}
-            // A hostile or oversized answer is reported even when the payload is not
-            // read (an OLM image override).
-            Err(p @ (PayloadProblem::DigestMismatch(_) | PayloadProblem::TooLarge(_))) => {
-                facts.payload_problem = Some(p)
-            }
-            Err(_) => {}
+    let version = async {
+        if image.is_empty() {
+            return None;
         }
+        let key = format!("release:{}:{image}", oci.cache_key());
+        let (oci, image) = (oci.clone(), image.clone());
+        Some(
+            cache
+                .get_or_fetch(key, ttl, who(hc), async move {
+                    oci.release_version(&image)
+                        .await
+                        .map(Cached::Release)
+                        .map_err(|e| {
+                            tracing::warn!(%image, error = %e, "cannot read the release version label");
+                            Failure::Problem(payload_problem(&e))
+                        })
+                })
+                .await,
+        )
+    };
+    let read_payload = config.olm_image.is_none() && !olm_overridden;
+    let payload = async {
+        if read_payload {
+            payload_references(&oci, &payload_image(hc), cache, ttl, who(hc)).await
+        } else {
+            None
+        }
+    };
+    let (got, refs) = futures::join!(version, payload);
+    match got {
+        Some(Ok(Cached::Release(v))) => facts.version = Some(v),
+        // A hostile or oversized answer is reported even when the payload is not
+        // read (an OLM image override).
+        Some(Err(Failure::Problem(
+            p @ (PayloadProblem::DigestMismatch(_) | PayloadProblem::TooLarge(_)),
+        ))) => facts.payload_problem = Some(p),
+        // Not known (yet): the version HyperShift reports stands.
+        _ => {}
     }
-    if config.olm_image.is_none() && !olm_overridden {
-        payload_images(&mut facts, &oci, &payload_image(hc), cache, ttl).await;
+    if let Some(refs) = refs {
+        payload_images(&mut facts, &payload_image(hc), refs);
     }
     facts
 }
 
-/// Fills the OLM and operator-registry images from the release payload, or says why
-/// not.
-async fn payload_images(
-    facts: &mut ReleaseFacts,
+/// The release payload's component images (`None`: not read), or why they are unknown.
+async fn payload_references(
     oci: &hcp_olm_oci::Client,
     image: &str,
     cache: &LookupCache,
     ttl: Duration,
-) {
+    who: (String, String),
+) -> Option<Result<Arc<BTreeMap<String, String>>, PayloadProblem>> {
     if image.is_empty() {
-        return;
+        return None;
     }
     let key = format!("payload:{}:{image}", oci.cache_key());
+    let (c, i) = (oci.clone(), image.to_string());
     let got = cache
-        .get_or_fetch(key.clone(), ttl, async {
-            oci.release_image_references(image)
+        .get_or_fetch(key.clone(), ttl, who, async move {
+            c.release_image_references(&i)
                 .await
                 .map(|m| Cached::Payload(Arc::new(m)))
-                .map_err(|e| payload_problem(&e))
+                .map_err(|e| Failure::Problem(payload_problem(&e)))
         })
         .await;
-    let refs = match got {
+    let problem = match got {
         Ok(Cached::Payload(m)) => {
             if !ttl.is_zero() {
                 cache.last_good.insert(key, m.clone()).await;
             }
-            m
+            return Some(Ok(m));
         }
-        Ok(_) => return,
+        Ok(_) => return None,
+        Err(Failure::Problem(p)) => p,
+        Err(Failure::Message(m)) => PayloadProblem::Unreadable(m),
+        Err(Failure::Pending) => PayloadProblem::Unreadable(format!(
+            "the registry has not answered within {LOOKUP_WAIT:?}; still reading, and the HostedCluster is reconciled again when the lookup ends (at most {LOOKUP_DEADLINE:?})"
+        )),
+    };
+    // A payload that fails its digest is never replaced by an older answer.
+    let stale = match problem {
+        PayloadProblem::Unreadable(_) | PayloadProblem::TooLarge(_) => {
+            cache.last_good.get(&key).await
+        }
+        _ => None,
+    };
+    match stale {
+        Some(m) => {
+            tracing::warn!(%image, error = ?problem, "cannot read the release payload's image references; using the last answer");
+            Some(Ok(m))
+        }
+        None => {
+            tracing::warn!(%image, error = ?problem, "cannot read the release payload's image references");
+            Some(Err(problem))
+        }
+    }
+}
+
+/// Fills the OLM and operator-registry images from the release payload's answer, or says
+/// why not.
+fn payload_images(
+    facts: &mut ReleaseFacts,
+    image: &str,
+    refs: Result<Arc<BTreeMap<String, String>>, PayloadProblem>,
+) {
+    let refs = match refs {
+        Ok(m) => m,
         Err(problem) => {
-            // A payload that fails its digest is never replaced by an older answer.
-            let stale = match problem {
-                PayloadProblem::Unreadable(_) | PayloadProblem::TooLarge(_) => {
-                    cache.last_good.get(&key).await
-                }
-                _ => None,
-            };
-            match stale {
-                Some(m) => {
-                    tracing::warn!(%image, error = ?problem, "cannot read the release payload's image references; using the last answer");
-                    m
-                }
-                None => {
-                    tracing::warn!(%image, error = ?problem, "cannot read the release payload's image references");
-                    facts.payload_problem = Some(problem);
-                    return;
-                }
-            }
+            facts.payload_problem = Some(problem);
+            return;
         }
     };
     use hcp_olm_oci::payload::{OLM_COMPONENT, OPERATOR_REGISTRY_COMPONENT};
@@ -342,11 +571,14 @@ pub async fn catalog_images_cached(
                 .collect();
             let oci = &oci;
             let client_key = &client_key;
+            let who = who(hc);
+            let who = &who;
             let answers = futures::future::join_all(refs.into_iter().map(|image| async move {
                 let key = format!("catalog:{client_key}:{image}");
+                let (c, i) = (oci.clone(), image.clone());
                 let r = cache
-                    .get_or_fetch(key, ttl, async {
-                        let r = match oci.resolve(&image).await {
+                    .get_or_fetch(key, ttl, who.clone(), async move {
+                        let r = match c.resolve(&i).await {
                             Ok(hcp_olm_oci::Lookup::Found { digest, .. }) => LookupResult::Exists {
                                 digest: Some(digest),
                             },
@@ -354,7 +586,7 @@ pub async fn catalog_images_cached(
                             Ok(hcp_olm_oci::Lookup::Unauthorized { registry, .. }) => {
                                 LookupResult::Unauthorized { registry }
                             }
-                            Err(e) => return Err(e.to_string()),
+                            Err(e) => return Err(Failure::Message(e.to_string())),
                         };
                         Ok(Cached::Catalog(r))
                     })
@@ -362,7 +594,11 @@ pub async fn catalog_images_cached(
                 let r = match r {
                     Ok(Cached::Catalog(r)) => r,
                     Ok(_) => LookupResult::Error("unexpected cached answer".into()),
-                    Err(e) => LookupResult::Error(e),
+                    Err(Failure::Message(e)) => LookupResult::Error(e),
+                    Err(Failure::Problem(p)) => LookupResult::Error(format!("{p:?}")),
+                    Err(Failure::Pending) => LookupResult::Error(format!(
+                        "the registry has not answered within {LOOKUP_WAIT:?}; still looking, and the HostedCluster is reconciled again when the lookup ends"
+                    )),
                 };
                 (image, r)
             }))
@@ -467,44 +703,77 @@ pub async fn entitlement_unproven(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn release(r: Result<Cached, Failure>) -> Result<String, Failure> {
+        match r {
+            Ok(Cached::Release(v)) => Ok(v),
+            Ok(other) => Err(Failure::Message(format!("{other:?}"))),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn who() -> (String, String) {
+        ("clusters".into(), "a".into())
+    }
 
     #[tokio::test]
-    async fn answers_expire_errors_are_not_cached_and_last_good_payloads_stay() {
+    async fn answers_expire_failures_back_off_and_last_good_payloads_stay() {
         let c = LookupCache::default();
         let ttl = Duration::from_millis(200);
-        let calls = std::sync::atomic::AtomicUsize::new(0);
+        let calls = Arc::new(AtomicUsize::new(0));
         let fetch = |v: Result<&str, &str>| {
-            calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            calls.fetch_add(1, Ordering::SeqCst);
             let v = v
                 .map(|v| Cached::Release(v.to_string()))
-                .map_err(str::to_string);
+                .map_err(|e| Failure::Message(e.to_string()));
             async move { v }
         };
-        let got = |r: Result<Cached, String>| match r {
-            Ok(Cached::Release(v)) => Ok(v),
-            Ok(other) => Err(format!("{other:?}")),
-            Err(e) => Err(e),
-        };
+        let down = Err(Failure::Message("down".into()));
         assert_eq!(
-            got(c.get_or_fetch("k".into(), ttl, fetch(Err("down"))).await),
-            Err("down".into())
+            release(
+                c.get_or_fetch("k".into(), ttl, who(), fetch(Err("down")))
+                    .await
+            ),
+            down.clone()
         );
+        // The failure is remembered (its backoff is capped at the answer lifetime here).
         assert_eq!(
-            got(c.get_or_fetch("k".into(), ttl, fetch(Ok("4.18.3"))).await),
+            release(
+                c.get_or_fetch("k".into(), ttl, who(), fetch(Ok("4.18.3")))
+                    .await
+            ),
+            down
+        );
+        tokio::time::sleep(ttl + ttl / 5 + Duration::from_millis(50)).await;
+        assert_eq!(
+            release(
+                c.get_or_fetch("k".into(), ttl, who(), fetch(Ok("4.18.3")))
+                    .await
+            ),
             Ok("4.18.3".into())
         );
         assert_eq!(
-            got(c.get_or_fetch("k".into(), ttl, fetch(Ok("other"))).await),
+            release(
+                c.get_or_fetch("k".into(), ttl, who(), fetch(Ok("other")))
+                    .await
+            ),
             Ok("4.18.3".into())
         );
+        // Another key (another client: mirrors, credentials) is not affected by k's failure.
         assert_eq!(
-            calls.load(std::sync::atomic::Ordering::SeqCst),
-            3,
-            "the cached answer is not fetched again"
+            release(
+                c.get_or_fetch("k2".into(), ttl, who(), fetch(Ok("x")))
+                    .await
+            ),
+            Ok("x".into())
         );
         tokio::time::sleep(ttl + Duration::from_millis(50)).await;
         assert_eq!(
-            got(c.get_or_fetch("k".into(), ttl, fetch(Ok("4.18.4"))).await),
+            release(
+                c.get_or_fetch("k".into(), ttl, who(), fetch(Ok("4.18.4")))
+                    .await
+            ),
             Ok("4.18.4".into())
         );
         // Last good payloads survive clearing of fresh answers by capacity or age.
@@ -515,5 +784,90 @@ mod tests {
         c.last_good.insert("payload:k".into(), m.clone()).await;
         c.fresh.invalidate_all();
         assert_eq!(c.last_good.get("payload:k").await, Some(m));
+    }
+
+    #[test]
+    fn failure_backoff_doubles_is_capped_and_jittered() {
+        let hour = Duration::from_secs(3600);
+        assert_eq!(failure_backoff(1, hour, 0.0), FAILURE_BACKOFF_MIN);
+        assert_eq!(failure_backoff(2, hour, 0.0), FAILURE_BACKOFF_MIN * 2);
+        assert_eq!(failure_backoff(40, hour, 0.0), FAILURE_BACKOFF_MAX);
+        assert_eq!(
+            failure_backoff(40, Duration::from_secs(30), 0.0),
+            Duration::from_secs(30)
+        );
+        let secs = |d: Duration| d.as_secs_f64();
+        assert!((secs(failure_backoff(1, hour, 0.2)) - 12.0).abs() < 1e-6);
+        assert!((secs(failure_backoff(1, hour, -9.0)) - 8.0).abs() < 1e-6);
+        let j: Vec<f64> = (0..64).map(|_| jitter()).collect();
+        assert!(j.iter().all(|x| (-0.2..=0.2).contains(x)));
+        assert!(j.iter().any(|x| *x != j[0]), "jitter varies: {j:?}");
+    }
+
+    /// A slow lookup holds its caller for the wait at most; it goes on in the background,
+    /// wakes its callers when it ends, and its answer is then cached. Concurrent callers
+    /// share one lookup; a lookup past its deadline ends as a remembered failure. (Wait and
+    /// deadline scaled down: 200 ms and 1 s.)
+    #[tokio::test]
+    async fn a_slow_lookup_is_left_running_and_wakes_its_waiters() {
+        let c = LookupCache {
+            wait: Duration::from_millis(200),
+            deadline: Duration::from_secs(1),
+            ..LookupCache::default()
+        };
+        let woken = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let w = woken.clone();
+        c.set_waker(Arc::new(move |ns: &str, name: &str| {
+            w.lock().unwrap().push(format!("{ns}/{name}"))
+        }));
+        let calls = Arc::new(AtomicUsize::new(0));
+        let slow = || {
+            let calls = calls.clone();
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(600)).await;
+                Ok(Cached::Release("4.18.3".into()))
+            }
+        };
+        let ttl = Duration::from_secs(600);
+        let t0 = Instant::now();
+        let (a, b) = futures::join!(
+            c.get_or_fetch("k".into(), ttl, who(), slow()),
+            c.get_or_fetch("k".into(), ttl, ("clusters".into(), "b".into()), slow()),
+        );
+        let waited = t0.elapsed();
+        assert!(
+            (Duration::from_millis(200)..Duration::from_millis(500)).contains(&waited),
+            "{waited:?}"
+        );
+        assert_eq!(
+            (release(a), release(b)),
+            (Err(Failure::Pending), Err(Failure::Pending))
+        );
+        assert!(woken.lock().unwrap().is_empty());
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        let mut w = woken.lock().unwrap().clone();
+        w.sort();
+        assert_eq!(w, ["clusters/a", "clusters/b"]);
+        assert_eq!(
+            release(c.get_or_fetch("k".into(), ttl, who(), slow()).await),
+            Ok("4.18.3".into())
+        );
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            1,
+            "one lookup for all callers"
+        );
+        let endless = || async {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Ok(Cached::Release("never".into()))
+        };
+        let _ = c.get_or_fetch("e".into(), ttl, who(), endless()).await;
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        let got = release(c.get_or_fetch("e".into(), ttl, who(), endless()).await);
+        assert!(
+            matches!(&got, Err(Failure::Problem(PayloadProblem::Unreadable(m))) if m.contains("not complete within")),
+            "{got:?}"
+        );
     }
 }

@@ -26,8 +26,15 @@ pub const MAX_PACKET: usize = 65_535 - 32;
 const BUF_LEN: usize = 65_536 + 64;
 /// WireGuard's REKEY_TIMEOUT: the spacing of our own handshake restarts.
 const REKEY_TIMEOUT: Duration = Duration::from_secs(5);
-/// Offers of [`Peer::solicit`] within one [`REKEY_TIMEOUT`], over all senders.
-const SOLICIT_SOURCES: usize = 8;
+/// The least time between two offers of [`Peer::solicit`], over all senders: at most four
+/// 148-byte initiations a second go to claimed sources (no amplification worth having), and
+/// an offer stays answerable while the next one or two are made (`Tunn` keeps the current
+/// and the previous initiation), so a round trip up to this long always completes.
+const SOLICIT_SPACING: Duration = Duration::from_millis(250);
+/// Sender addresses whose unanswered offers are remembered (oldest forgotten first).
+const SOLICIT_MEMORY: usize = 1024;
+/// The longest wait before a sender that never answered is offered a handshake again.
+const SOLICIT_BACKOFF_MAX: Duration = Duration::from_secs(80);
 /// The smallest WireGuard data message (header and tag, an empty keepalive).
 const MIN_DATA_LEN: usize = 32;
 /// While no session has ever existed (the agent started before its gateway), the first
@@ -410,8 +417,11 @@ pub struct Peer {
     dialer: bool,
     dead_peer_timeout: Option<Duration>,
     solicit_after: Option<Duration>,
-    /// Recent offers by destination (at most [`SOLICIT_SOURCES`]), for their spacing.
-    solicited_to: std::collections::VecDeque<(SocketAddr, Instant)>,
+    /// Senders offered a handshake that did not answer: (not before, offers so far, last
+    /// offer), at most [`SOLICIT_MEMORY`]; cleared when the peer authenticates.
+    solicited_to: std::collections::HashMap<SocketAddr, (Instant, u32, Instant)>,
+    /// When the last offer went out, for [`SOLICIT_SPACING`].
+    last_solicit: Option<Instant>,
     allowed_ips: Vec<Cidr>,
     last_authenticated: Option<Instant>,
     last_restart: Option<Instant>,
@@ -468,7 +478,8 @@ impl Peer {
             } else {
                 cfg.solicit_after
             },
-            solicited_to: std::collections::VecDeque::new(),
+            solicited_to: std::collections::HashMap::new(),
+            last_solicit: None,
             allowed_ips: cfg.allowed_ips,
             last_authenticated: None,
             last_restart: None,
@@ -749,11 +760,19 @@ impl Peer {
     }
 
     /// See [`PeerConfig::solicit_after`]. The initiation is sealed to the peer's static key,
-    /// so only the peer can answer it. Spacing: one offer per sender address per
-    /// [`REKEY_TIMEOUT`] (so a forger's address cannot use up the agent's turn), and at most
-    /// [`SOLICIT_SOURCES`] offers per [`REKEY_TIMEOUT`] over all senders: forged datagrams get
-    /// at most that many 148-byte initiations sent to their claimed sources, and none while
-    /// the peer is heard.
+    /// so only the peer can answer it; forged senders never do. Fairness between senders
+    /// (issue 35 item 8: eight forged senders used to hold all eight offers of every 5 s, so
+    /// the real peer waited for its own dead-peer re-handshake):
+    /// - one offer per [`SOLICIT_SPACING`] over all senders;
+    /// - a sender that did not answer its offer waits [`REKEY_TIMEOUT`] × 2, × 4, ... (at
+    ///   most [`SOLICIT_BACKOFF_MAX`]) for the next, remembered for [`SOLICIT_MEMORY`]
+    ///   addresses (the oldest offer forgotten first), so forged addresses drop out after
+    ///   their first offer while a new address (the peer's) is offered at the next spacing.
+    ///
+    /// k forged addresses delay the peer by at most k spacings plus its keepalive interval
+    /// while k × [`SOLICIT_SPACING`] is below the backoff (k < 40 at first, 320 later); more
+    /// addresses than that can still outrun it, and then the peer's own dead-peer
+    /// re-handshake (never blocked) decides. None while the peer is heard.
     fn solicit(&mut self, from: SocketAddr, now: Instant, out: &mut Vec<Output>) {
         let Some(after) = self.solicit_after else {
             return;
@@ -764,25 +783,39 @@ impl Peer {
         if heard {
             return;
         }
-        while self
-            .solicited_to
-            .front()
-            .is_some_and(|(_, t)| now.saturating_duration_since(*t) >= REKEY_TIMEOUT)
-        {
-            self.solicited_to.pop_front();
-        }
-        if self.solicited_to.len() >= SOLICIT_SOURCES
-            || self.solicited_to.iter().any(|(a, _)| *a == from)
+        if self
+            .last_solicit
+            .is_some_and(|t| now.saturating_duration_since(t) < SOLICIT_SPACING)
         {
             return;
         }
+        let offers = match self.solicited_to.get(&from) {
+            Some((not_before, _, _)) if now < *not_before => return,
+            Some((_, n, _)) => *n,
+            None => 0,
+        };
         if let TunnResult::WriteToNetwork(d) =
             self.tunn.format_handshake_initiation(&mut self.buf, true)
         {
             let d = d.to_vec();
-            self.solicited_to.push_back((from, now));
+            if !self.solicited_to.contains_key(&from)
+                && self.solicited_to.len() >= SOLICIT_MEMORY
+                && let Some(oldest) = self
+                    .solicited_to
+                    .iter()
+                    .min_by_key(|(_, (_, _, last))| *last)
+                    .map(|(a, _)| *a)
+            {
+                self.solicited_to.remove(&oldest);
+            }
+            let n = offers.saturating_add(1);
+            let wait = REKEY_TIMEOUT
+                .saturating_mul(1u32 << n.min(5))
+                .min(SOLICIT_BACKOFF_MAX);
+            self.solicited_to.insert(from, (now + wait, n, now));
+            self.last_solicit = Some(now);
             self.counters.solicited += 1;
-            tracing::info!(%from, "data for a session we do not hold: handshake offered");
+            tracing::info!(%from, offers = n, "data for a session we do not hold: handshake offered");
             self.emit(Some(from), d, out);
         }
     }
@@ -858,6 +891,10 @@ impl Peer {
         if msg_type != COOKIE_REPLY {
             // Handshake or data that authenticated: roam to the sender's address.
             self.last_authenticated = Some(now);
+            if !self.solicited_to.is_empty() {
+                // Offers are for a session we do not hold; this one is held now.
+                self.solicited_to.clear();
+            }
             if self.endpoint != Some(from) {
                 if self.endpoint.is_some() {
                     self.counters.roams += 1;
@@ -1195,8 +1232,9 @@ pub(crate) mod tests {
         })
     }
 
-    /// Forged data from many claimed sources: at most SOLICIT_SOURCES offers per
-    /// REKEY_TIMEOUT in all, then more once that has passed.
+    /// Forged data from many claimed sources: one offer per SOLICIT_SPACING in all, however
+    /// many addresses send (300 s of 1,000 new addresses a second: at most 4 offers a
+    /// second), and the memory of unanswered senders stays bounded.
     #[test]
     fn handshake_offers_are_bounded_over_all_senders() {
         let p = pair();
@@ -1211,11 +1249,65 @@ pub(crate) mod tests {
             let _ = replica.handle_datagram(from, &forged, now, &mut out);
             offers += sends(out).len();
         }
-        assert_eq!(offers, SOLICIT_SOURCES);
-        let later = now + REKEY_TIMEOUT;
-        let mut out = Vec::new();
-        let _ = replica.handle_datagram(sa(GUEST), &forged, later, &mut out);
-        assert_eq!(sends(out).len(), 1);
+        assert_eq!(offers, 1, "one offer per spacing");
+        let mut offers = 0;
+        for ms in 0..300_000u32 {
+            let t = now + Duration::from_millis(u64::from(ms));
+            let from = SocketAddr::new(IpAddr::from((ms + 1_000_000).to_be_bytes()), 4000);
+            let mut out = Vec::new();
+            let _ = replica.handle_datagram(from, &forged, t, &mut out);
+            offers += sends(out).len();
+        }
+        let bound = (300_000 / SOLICIT_SPACING.as_millis()) as usize;
+        assert!(offers <= bound, "{offers} offers in 300 s (bound {bound})");
+        assert!(offers + 2 >= bound, "{offers} offers in 300 s");
+        assert_eq!(
+            replica.solicited_to.len(),
+            SOLICIT_MEMORY,
+            "oldest forgotten"
+        );
+    }
+
+    /// Issue 35 item 8: eight forged senders flood data (every 5 ms from each address) at a
+    /// replica without the session; the real guest's keepalive (every 2 s) must still win an
+    /// offer within a few seconds, not wait for its own dead-peer re-handshake. Simulated
+    /// time, 30 s.
+    #[test]
+    fn forged_senders_cannot_hold_every_handshake_offer() {
+        let p = pair();
+        let mut replica = second_replica(&p);
+        let mut forged = vec![DATA, 0, 0, 0, 9, 9, 9, 9];
+        forged.extend_from_slice(&[0u8; 40]);
+        let forgers: Vec<SocketAddr> = (0..8u8)
+            .map(|i| SocketAddr::new(IpAddr::from([127, 0, 0, 11 + i]), 40000))
+            .collect();
+        let start = Instant::now();
+        let mut first_to_guest = None;
+        let mut offers = 0;
+        for ms in (0..30_000u64).step_by(5) {
+            let now = start + Duration::from_millis(ms);
+            let mut out = Vec::new();
+            for f in &forgers {
+                let _ = replica.handle_datagram(*f, &forged, now, &mut out);
+            }
+            // The guest's keepalive for the session the other replica held (any data
+            // message this replica cannot open), every 2 s from 0.1 s on.
+            if ms % 2000 == 100 {
+                let _ = replica.handle_datagram(p.guest_addr, &forged, now, &mut out);
+            }
+            for (to, _) in sends(out) {
+                offers += 1;
+                if to == p.guest_addr && first_to_guest.is_none() {
+                    first_to_guest = Some(Duration::from_millis(ms));
+                }
+            }
+        }
+        eprintln!("offers in 30 s: {offers}; first to the guest after {first_to_guest:?}");
+        let first = first_to_guest.expect("the guest never got a handshake offer in 30 s");
+        assert!(
+            first <= Duration::from_millis(4100),
+            "the guest got its offer only after {first:?}"
+        );
     }
 
     /// A second gateway replica (same keys) gets the guest's data after the first one went:
@@ -1240,7 +1332,8 @@ pub(crate) mod tests {
         let mut out = Vec::new();
         let _ = replica.handle_datagram(sa(GUEST2), &forged, now, &mut out);
         assert_eq!(sends(out).len(), 1);
-        // The guest's flow now lands on the replica.
+        // The guest's flow now lands on the replica (one spacing later).
+        let now = now + SOLICIT_SPACING;
         let mut data = Vec::new();
         p.guest.send_packet(&ping(2), &mut data).unwrap();
         let (_, datagram) = sends(data).remove(0);
