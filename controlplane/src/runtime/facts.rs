@@ -156,6 +156,27 @@ impl LookupCache {
     where
         F: std::future::Future<Output = Result<Cached, Failure>> + Send + 'static,
     {
+        self.get_or_fetch_within(key, ttl, who, self.wait, fetch)
+            .await
+    }
+
+    /// [`Self::get_or_fetch`] waiting up to `wait` instead of [`LOOKUP_WAIT`]. Catalog
+    /// lookups wait for their answer (up to [`LOOKUP_DEADLINE`]): a catalog without an
+    /// answer is left out of the desired objects and pruned, so a registry that is merely
+    /// slower than [`LOOKUP_WAIT`] (a cold cache after a restart, a digest refresh) must
+    /// not count as one that failed. Their failures are remembered with backoff like the
+    /// others.
+    async fn get_or_fetch_within<F>(
+        &self,
+        key: String,
+        ttl: Duration,
+        who: (String, String),
+        wait: Duration,
+        fetch: F,
+    ) -> Result<Cached, Failure>
+    where
+        F: std::future::Future<Output = Result<Cached, Failure>> + Send + 'static,
+    {
         if ttl.is_zero() {
             return tokio::time::timeout(self.deadline, fetch)
                 .await
@@ -189,7 +210,7 @@ impl LookupCache {
                 }
             }
         };
-        if let Ok(r) = tokio::time::timeout(self.wait, answer.clone()).await {
+        if let Ok(r) = tokio::time::timeout(wait, answer.clone()).await {
             return r;
         }
         {
@@ -577,7 +598,7 @@ pub async fn catalog_images_cached(
                 let key = format!("catalog:{client_key}:{image}");
                 let (c, i) = (oci.clone(), image.clone());
                 let r = cache
-                    .get_or_fetch(key, ttl, who.clone(), async move {
+                    .get_or_fetch_within(key, ttl, who.clone(), cache.deadline, async move {
                         let r = match c.resolve(&i).await {
                             Ok(hcp_olm_oci::Lookup::Found { digest, .. }) => LookupResult::Exists {
                                 digest: Some(digest),
@@ -636,7 +657,7 @@ fn registry_of(image: &str) -> Option<String> {
 /// tag (refused, missing or unreachable). An answer at the default registry, or one a
 /// mirror gave after accepting this cluster's own credentials, proves it. Answers are
 /// reused for `ttl` under the client's cache key (mirrors and credentials); transport
-/// errors are not cached and leave the catalog unproven for this pass.
+/// errors leave the catalog unproven and are remembered with the lookups' backoff.
 pub async fn entitlement_unproven(
     hc: &HostedCluster,
     valid: &ValidInput,
@@ -665,8 +686,10 @@ pub async fn entitlement_unproven(
     let (oci, client_key) = (&oci, &client_key);
     let answers = futures::future::join_all(candidates.into_iter().map(|(c, tag)| async move {
         let key = format!("entitled:{client_key}:{tag}");
+        let (oci, tag2) = (oci.clone(), tag.clone());
         let r = cache
-            .get_or_fetch(key, ttl, async {
+            .get_or_fetch_within(key, ttl, who(hc), cache.deadline, async move {
+                let (oci, tag) = (oci, tag2);
                 let proven = match oci.resolve(&tag).await {
                     // the default registry itself answered, or accepted our credentials
                     Ok(hcp_olm_oci::Lookup::Found {
@@ -681,7 +704,7 @@ pub async fn entitlement_unproven(
                         Ok(hcp_olm_oci::Lookup::Found { .. })
                     ),
                     Ok(_) => false,
-                    Err(e) => return Err(e.to_string()),
+                    Err(e) => return Err(Failure::Message(e.to_string())),
                 };
                 Ok(Cached::Entitled(proven))
             })
