@@ -5966,9 +5966,12 @@ mod hostile_guest;
 
 /// The controller Deployment's memory limit (manifests/controller/deployment.yaml), bytes.
 fn controller_memory_limit() -> Result<u64> {
-    let d: Deployment = serde_yaml_ng::from_str(&std::fs::read_to_string(repo_file(
-        "manifests/controller/deployment.yaml",
-    ))?)?;
+    // the file holds more than one document: take the Deployment
+    let doc = hcp_olm_e2e::fleet::yaml_docs(&repo_file("manifests/controller/deployment.yaml"))?
+        .into_iter()
+        .find(|d| d["kind"] == "Deployment")
+        .context("manifests/controller/deployment.yaml holds no Deployment")?;
+    let d: Deployment = serde_json::from_value(doc)?;
     let limit = d
         .spec
         .and_then(|s| s.template.spec)
@@ -6044,8 +6047,17 @@ async fn security_a_hostile_guests_endless_answers_cost_other_clusters_nothing()
         let (ctx, env) = (ctx.clone(), &env);
         let started = std::time::Instant::now();
         async move {
-            let o = converge(&ctx, env, "normal", &[&env.management, &env.guest]).await?;
-            Ok::<_, anyhow::Error>((o, started.elapsed()))
+            // Converged: a pass of this cluster that writes nothing (`converge` counts the
+            // API servers' writes, which the hostile cluster's own passes move too).
+            let mut last = None;
+            for _ in 0..6 {
+                let o = reconcile(&ctx, env, "normal").await?;
+                if o.hcp_writes == 0 && o.guest_writes == 0 && !o.status_written {
+                    return Ok::<_, anyhow::Error>((o, started.elapsed()));
+                }
+                last = Some(o);
+            }
+            anyhow::bail!("normal did not converge in 6 passes: {last:?}")
         }
     };
     tokio::pin!(normal);
@@ -6105,12 +6117,21 @@ async fn security_a_hostile_guests_endless_answers_cost_other_clusters_nothing()
             || matches!(&o.state, State::Waiting(w) if w != "GuestResponseTooLarge"),
         "normal: {o:?}"
     );
+    // The attack reuses the HostedCluster it read first, so a pass whose finalizer patch
+    // carries that old resourceVersion is refused with 409 (the controller's own loop reads
+    // the current object from its cache); every other pass names the bound.
+    let mut named = 0;
     for p in &passes {
+        if matches!(p, Err(e) if e.to_string().contains("409")) {
+            continue;
+        }
         ensure!(
             matches!(p, Ok(State::Waiting(w)) if w == "GuestResponseTooLarge"),
             "hostile pass: {p:?}"
         );
+        named += 1;
     }
+    ensure!(named > 0, "no hostile pass named the bound: {passes:?}");
     let holm = holm_of(&env, "hostile").await?;
     let d = condition(&holm, "Degraded").context("Degraded")?;
     eprintln!("hostile: Degraded {} {}: {}", d.status, d.reason, d.message);
