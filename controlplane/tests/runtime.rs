@@ -6162,8 +6162,10 @@ async fn security_guest_servers_at_internal_addresses_are_not_dialled() -> Resul
     let env = Environment::start().await?;
     setup(&env).await?;
     // The controller's defaults (no CIDR allowed), as production runs it.
-    let mut config = Config::default();
-    config.olm_image = Some(OLM_IMAGE.into());
+    let config = Config {
+        olm_image: Some(OLM_IMAGE.into()),
+        ..Default::default()
+    };
     let ctx = Context::new(controller_client(&env).await?, config);
     let hostile = hostile_guest::Hostile::start(hostile_guest::Mode::Trickle).await?;
     for (name, server) in [
