@@ -282,6 +282,9 @@ pub enum LookupResult {
     Unauthorized { registry: String },
     /// Anything else (network, 5xx): the choice cannot be made now.
     Error(String),
+    /// Asked, and the registry has not answered yet (the lookup goes on off the reconcile
+    /// slot; the HostedCluster is reconciled again when it ends).
+    Pending,
 }
 
 /// Abstract "does this tag exist, and what is its digest" lookup.
@@ -355,6 +358,17 @@ pub enum CatalogImageError {
         "registry {registry} refused the pull secret for {image} (HTTP 401/403): the HostedCluster's pull secret cannot read it"
     )]
     Unauthorized { image: String, registry: String },
+    #[error("the registry has not answered for {image} yet; still looking")]
+    Pending { image: String },
+}
+
+impl CatalogImageError {
+    /// Whether the answer says something about the image (missing, access refused), as
+    /// opposed to a registry that failed or has not answered yet: only a definite answer
+    /// may change what is served (issue 38 item 3).
+    pub fn is_definite(&self) -> bool {
+        matches!(self, Self::NotFound { .. } | Self::Unauthorized { .. })
+    }
 }
 
 /// Choose the image of one catalog: the first candidate whose tag exists, pinned by
@@ -397,6 +411,7 @@ pub fn select_image(
             LookupResult::Error(message) => {
                 return Err(CatalogImageError::Lookup { image, message });
             }
+            LookupResult::Pending => return Err(CatalogImageError::Pending { image }),
         }
     }
     match refused {
@@ -532,6 +547,30 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(err, CatalogImageError::Lookup { .. }));
+        assert!(!err.is_definite());
+        let l = lookup(&[
+            (&format!("{RH}:v4.20"), LookupResult::Pending),
+            (
+                &format!("{RH}:v4.19"),
+                LookupResult::Exists { digest: None },
+            ),
+        ]);
+        let err = select_image(
+            DefaultCatalog::RedhatOperators,
+            MinorVersion::new(4, 20),
+            None,
+            4,
+            &[],
+            &l,
+        )
+        .unwrap_err();
+        assert_eq!(
+            err,
+            CatalogImageError::Pending {
+                image: format!("{RH}:v4.20")
+            }
+        );
+        assert!(!err.is_definite());
     }
 
     #[test]

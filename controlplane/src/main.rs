@@ -601,6 +601,7 @@ fn offline_input(valid: validate::ValidInput) -> anyhow::Result<RenderInput> {
     let placeholder = "offline-render-placeholder".to_string();
     Ok(RenderInput {
         catalog_images,
+        held_catalogs: Vec::new(),
         pki: PkiInput {
             ca,
             packageserver: ps,

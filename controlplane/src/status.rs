@@ -348,6 +348,11 @@ pub fn catalog_statuses(
                     .find(|p| p.component == crate::render::names::catalog(c))
                     .map(|p| p.message.clone())
                     .unwrap_or_else(|| "not rendered".to_string())
+            } else if let Some(p) = desired.pending.iter().find(|p| {
+                p.component == crate::render::names::catalog(c)
+                    && p.reason == crate::last_good::HELD_REASON
+            }) {
+                p.message.clone()
             } else if live.is_none() {
                 "CatalogSource not observed in the guest yet".to_string()
             } else {

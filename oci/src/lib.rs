@@ -72,6 +72,13 @@ pub enum OciError {
     },
     #[error("{image} not found ({reason})")]
     NotFound { image: String, reason: String },
+    /// Every place the image may come from (its mirrors, then its own registry) failed;
+    /// each failure names its registry.
+    #[error("{image}: no registry answered: {}", .failures.join("; "))]
+    Unreachable {
+        image: String,
+        failures: Vec<String>,
+    },
     #[error("release image {image} has no version label ({RELEASE_VERSION_LABEL})")]
     NoVersionLabel { image: String },
     #[error(
@@ -648,6 +655,8 @@ impl Client {
         let mut reasons = Vec::new();
         let mut unauthorized = None;
         let mut last_error = None;
+        let mut failures = Vec::new();
+        let tried = candidates.len();
         for c in candidates {
             let url = format!(
                 "{}/v2/{}/manifests/{}",
@@ -669,6 +678,7 @@ impl Client {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::debug!(candidate = %c, error = %e, "registry lookup failed");
+                    failures.push(e.to_string());
                     last_error = Some(e);
                     continue;
                 }
@@ -707,14 +717,22 @@ impl Client {
                     reasons.push(format!("{c}: not authorized"))
                 }
                 s => {
-                    last_error = Some(OciError::Status {
+                    let e = OciError::Status {
                         url,
                         status: s.as_u16(),
-                    })
+                    };
+                    failures.push(e.to_string());
+                    last_error = Some(e)
                 }
             }
         }
         match (last_error, unauthorized) {
+            // A mirror and the source both failed: say so for each (the administrator
+            // looks at the mirror first, and the source's error alone hides it).
+            (Some(_), _) if reasons.is_empty() && tried > 1 => Err(OciError::Unreachable {
+                image: r.to_string(),
+                failures,
+            }),
             (Some(e), _) if reasons.is_empty() => Err(e),
             (_, Some(registry)) => Ok(Lookup::Unauthorized {
                 registry,

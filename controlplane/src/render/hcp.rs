@@ -46,6 +46,19 @@ pub(super) fn resolved_catalogs(
         }
         match input.catalog_images.get(c) {
             Some(Ok(img)) => {
+                if let Some(message) = input
+                    .held_catalogs
+                    .iter()
+                    .find(|h| h.catalog == *c)
+                    .and_then(crate::last_good::Held::message)
+                {
+                    pending.push(Pending {
+                        component: names::catalog(*c),
+                        reason: crate::last_good::HELD_REASON,
+                        severity: Severity::Degraded,
+                        message,
+                    });
+                }
                 if img.fell_back {
                     pending.push(Pending {
                         component: names::catalog(*c),
@@ -63,6 +76,14 @@ pub(super) fn resolved_catalogs(
                     catalog: *c,
                     image: img.clone(),
                     shared: crate::sharing::decide(v, *c, Some(img)).key().cloned(),
+                })
+            }
+            Some(Err(e @ crate::catalogs::CatalogImageError::Pending { .. })) => {
+                pending.push(Pending {
+                    component: names::catalog(*c),
+                    reason: "CatalogImageUnresolved",
+                    severity: Severity::Progressing,
+                    message: e.to_string(),
                 })
             }
             Some(Err(e)) => pending.push(Pending {

@@ -210,6 +210,9 @@ pub struct RenderInput {
     /// Per enabled catalog: the chosen image, or why none was found. A catalog without
     /// an entry or with an error is left out (and reported); the rest of OLM proceeds.
     pub catalog_images: BTreeMap<DefaultCatalog, Result<CatalogImage, CatalogImageError>>,
+    /// Catalogs in `catalog_images` that keep their last good image because their registry
+    /// gave no answer ([`crate::last_good`]); reported, still rendered.
+    pub held_catalogs: Vec<crate::last_good::Held>,
     pub pki: PkiInput,
     pub tunnel: TunnelKeys,
     /// ClusterIP of the HCP `hcp-olm-packageserver` Service, once allocated.

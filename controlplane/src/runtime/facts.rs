@@ -1,7 +1,7 @@
 //! Facts from outside the HostedCluster: the release version (release image label)
 //! and catalog images (registry lookups, prefetched so selection stays pure).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -101,7 +101,7 @@ enum Cached {
     /// Component → image of a release payload (`image-references`).
     Payload(Arc<BTreeMap<String, String>>),
     /// Whether a catalog answer proves the cluster may read the image (see
-    /// [`entitlement_unproven`]).
+    /// [`entitlement`]).
     Entitled(bool),
 }
 
@@ -156,27 +156,6 @@ impl LookupCache {
     where
         F: std::future::Future<Output = Result<Cached, Failure>> + Send + 'static,
     {
-        self.get_or_fetch_within(key, ttl, who, self.wait, fetch)
-            .await
-    }
-
-    /// [`Self::get_or_fetch`] waiting up to `wait` instead of [`LOOKUP_WAIT`]. Catalog
-    /// lookups wait for their answer (up to [`LOOKUP_DEADLINE`]): a catalog without an
-    /// answer is left out of the desired objects and pruned, so a registry that is merely
-    /// slower than [`LOOKUP_WAIT`] (a cold cache after a restart, a digest refresh) must
-    /// not count as one that failed. Their failures are remembered with backoff like the
-    /// others.
-    async fn get_or_fetch_within<F>(
-        &self,
-        key: String,
-        ttl: Duration,
-        who: (String, String),
-        wait: Duration,
-        fetch: F,
-    ) -> Result<Cached, Failure>
-    where
-        F: std::future::Future<Output = Result<Cached, Failure>> + Send + 'static,
-    {
         if ttl.is_zero() {
             return tokio::time::timeout(self.deadline, fetch)
                 .await
@@ -210,16 +189,20 @@ impl LookupCache {
                 }
             }
         };
-        if let Ok(r) = tokio::time::timeout(wait, answer.clone()).await {
+        if let Ok(r) = tokio::time::timeout(self.wait, answer.clone()).await {
             return r;
         }
+        // Still under way: a failure remembered from the attempt before (its backoff over)
+        // stands until this one answers, so a registry that keeps timing out is reported
+        // as failing, not as merely slow, on every pass.
+        let previous = self.failed.get(&key).await.map(|(_, _, f)| f);
         {
             let mut inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(f) = inflight.get_mut(&key) {
                 if !f.waiting.contains(&who) {
                     f.waiting.push(who);
                 }
-                return Err(Failure::Pending);
+                return Err(previous.unwrap_or(Failure::Pending));
             }
         }
         // It ended between the wait and the registration.
@@ -598,7 +581,7 @@ pub async fn catalog_images_cached(
                 let key = format!("catalog:{client_key}:{image}");
                 let (c, i) = (oci.clone(), image.clone());
                 let r = cache
-                    .get_or_fetch_within(key, ttl, who.clone(), cache.deadline, async move {
+                    .get_or_fetch(key, ttl, who.clone(), async move {
                         let r = match c.resolve(&i).await {
                             Ok(hcp_olm_oci::Lookup::Found { digest, .. }) => LookupResult::Exists {
                                 digest: Some(digest),
@@ -617,9 +600,9 @@ pub async fn catalog_images_cached(
                     Ok(_) => LookupResult::Error("unexpected cached answer".into()),
                     Err(Failure::Message(e)) => LookupResult::Error(e),
                     Err(Failure::Problem(p)) => LookupResult::Error(format!("{p:?}")),
-                    Err(Failure::Pending) => LookupResult::Error(format!(
-                        "the registry has not answered within {LOOKUP_WAIT:?}; still looking, and the HostedCluster is reconciled again when the lookup ends"
-                    )),
+                    // answered later: the HostedCluster is reconciled again then, and
+                    // meanwhile serves its last good image (crate::last_good)
+                    Err(Failure::Pending) => LookupResult::Pending,
                 };
                 (image, r)
             }))
@@ -650,15 +633,26 @@ fn registry_of(image: &str) -> Option<String> {
         .map(|r| r.registry)
 }
 
+/// What the entitlement lookups of one pass established (see [`entitlement`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Entitlement {
+    /// Catalogs a definite answer did not grant this cluster.
+    pub unproven: BTreeSet<DefaultCatalog>,
+    /// Catalogs without an answer (the registry failed, or has not answered yet): the
+    /// decision the cluster's status records stands ([`crate::last_good::entitlement`]).
+    pub unknown: BTreeSet<DefaultCatalog>,
+}
+
 /// The catalogs this cluster would share whose lookup proves nothing about its own
 /// credentials (issue 35, item 6): the answer came from a mirror of the administrator's
 /// (`--registry-mirror`) that asked for no credentials (or not this cluster's), and the
 /// default catalog registry itself, asked with this cluster's pull secret, did not find the
 /// tag (refused, missing or unreachable). An answer at the default registry, or one a
 /// mirror gave after accepting this cluster's own credentials, proves it. Answers are
-/// reused for `ttl` under the client's cache key (mirrors and credentials); transport
-/// errors leave the catalog unproven and are remembered with the lookups' backoff.
-pub async fn entitlement_unproven(
+/// reused for `ttl` under the client's cache key (mirrors and credentials); a lookup that
+/// failed (remembered with the lookups' backoff) or has not answered yet is `unknown`:
+/// a registry outage is not an answer (issue 38, item 3).
+pub async fn entitlement(
     hc: &HostedCluster,
     valid: &ValidInput,
     config: &Config,
@@ -666,12 +660,12 @@ pub async fn entitlement_unproven(
     images: &BTreeMap<DefaultCatalog, Result<CatalogImage, CatalogImageError>>,
     cache: &LookupCache,
     ttl: Duration,
-) -> std::collections::BTreeSet<DefaultCatalog> {
+) -> Entitlement {
     let Some(oci) = config.oci.as_ref() else {
-        return Default::default();
+        return Entitlement::default();
     };
     if config.mirror_answers_entitle {
-        return Default::default();
+        return Entitlement::default();
     }
     let oci = oci_for(hc, oci, pull_secret);
     let client_key = oci.cache_key();
@@ -688,7 +682,7 @@ pub async fn entitlement_unproven(
         let key = format!("entitled:{client_key}:{tag}");
         let (oci, tag2) = (oci.clone(), tag.clone());
         let r = cache
-            .get_or_fetch_within(key, ttl, who(hc), cache.deadline, async move {
+            .get_or_fetch(key, ttl, who(hc), async move {
                 let (oci, tag) = (oci, tag2);
                 let proven = match oci.resolve(&tag).await {
                     // the default registry itself answered, or accepted our credentials
@@ -709,18 +703,33 @@ pub async fn entitlement_unproven(
                 Ok(Cached::Entitled(proven))
             })
             .await;
-        let proven = matches!(r, Ok(Cached::Entitled(true)));
-        if !proven {
+        let proven = match r {
+            Ok(Cached::Entitled(p)) => Some(p),
+            Ok(_) => Some(false),
+            Err(ref e) => {
+                tracing::debug!(catalog = %c.name(), image = %tag, answer = ?e, "no entitlement answer; the recorded decision stands");
+                None
+            }
+        };
+        if proven == Some(false) {
             tracing::info!(catalog = %c.name(), image = %tag, answer = ?r, "a mirror answered without this cluster's credentials and the default registry did not grant them: not shared");
         }
         (c, proven)
     }))
     .await;
-    answers
-        .into_iter()
-        .filter(|(_, proven)| !proven)
-        .map(|(c, _)| c)
-        .collect()
+    let mut out = Entitlement::default();
+    for (c, proven) in answers {
+        match proven {
+            Some(true) => {}
+            Some(false) => {
+                out.unproven.insert(c);
+            }
+            None => {
+                out.unknown.insert(c);
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -831,6 +840,39 @@ mod tests {
     /// wakes its callers when it ends, and its answer is then cached. Concurrent callers
     /// share one lookup; a lookup past its deadline ends as a remembered failure. (Wait and
     /// deadline scaled down: 200 ms and 1 s.)
+    #[tokio::test]
+    async fn a_failure_stands_while_the_next_attempt_is_under_way() {
+        // A registry that keeps timing out: the retry after the backoff is still under way
+        // when a pass looks; that pass sees the failure, not "still looking" (issue 38 item
+        // 3: the old cache answered Pending there, and Degraded never showed).
+        let c = LookupCache {
+            wait: Duration::from_millis(100),
+            deadline: Duration::from_secs(5),
+            ..LookupCache::default()
+        };
+        let ttl = Duration::from_millis(100);
+        let down = || async { Err(Failure::Message("registry timed out".into())) };
+        assert_eq!(
+            release(c.get_or_fetch("k".into(), ttl, who(), down()).await),
+            Err(Failure::Message("registry timed out".into()))
+        );
+        // past the backoff (at most ttl + 20 %)
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let slow = || async {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            Err(Failure::Message("registry timed out again".into()))
+        };
+        assert_eq!(
+            release(c.get_or_fetch("k".into(), ttl, who(), slow()).await),
+            Err(Failure::Message("registry timed out".into()))
+        );
+        // a key that never failed is merely under way
+        assert_eq!(
+            release(c.get_or_fetch("new".into(), ttl, who(), slow()).await),
+            Err(Failure::Pending)
+        );
+    }
+
     #[tokio::test]
     async fn a_slow_lookup_is_left_running_and_wakes_its_waiters() {
         let c = LookupCache {

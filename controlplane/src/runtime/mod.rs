@@ -65,7 +65,7 @@ pub struct Config {
     pub guest_servers: guest::ServerPolicy,
     /// `--registry-mirror-entitles`: an administrator's mirror answering without
     /// credentials proves a cluster may read a shared catalog (else the default registry
-    /// is asked with the cluster's pull secret; see [`facts::entitlement_unproven`]).
+    /// is asked with the cluster's pull secret; see [`facts::entitlement`]).
     pub mirror_answers_entitle: bool,
 }
 

@@ -1118,7 +1118,7 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     } else {
         ctx.schedule.catalog_refresh
     };
-    let catalog_images = facts::catalog_images_cached(
+    let mut catalog_images = facts::catalog_images_cached(
         hc,
         &valid,
         &ctx.config,
@@ -1127,10 +1127,17 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
         lookup_ttl,
     )
     .await;
+    // A registry that failed, or has not answered yet, is no answer: each such catalog
+    // keeps the image its status records (issue 38, item 3).
+    let held_catalogs = crate::last_good::hold(&valid, holm.status.as_ref(), &mut catalog_images);
+    if held_catalogs.iter().any(|h| h.failure.is_some()) {
+        tracing::info!(cluster = %format!("{ns}/{name}"), held = ?held_catalogs, "registry lookups failed: catalogs keep their last good image");
+    }
     // A mirror's anonymous answer admits nobody: the default registry must grant this
-    // cluster's pull secret (issue 35, item 6).
+    // cluster's pull secret (issue 35, item 6); without an answer the recorded decision
+    // stands.
     if crate::sharing::may_share(&valid) {
-        valid.entitlement_unproven = facts::entitlement_unproven(
+        let e = facts::entitlement(
             hc,
             &valid,
             &ctx.config,
@@ -1140,6 +1147,8 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
             lookup_ttl,
         )
         .await;
+        valid.entitlement_unproven =
+            crate::last_good::entitlement(e.unproven, &e.unknown, holm.status.as_ref());
     }
 
     let svcs: Api<Service> = Api::namespaced(ctx.client.clone(), &hcp_ns);
@@ -1201,6 +1210,7 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     let mut input = RenderInput {
         valid,
         catalog_images,
+        held_catalogs,
         pki,
         tunnel,
         packageserver_cluster_ip: packageserver_cluster_ip.clone(),
@@ -2271,9 +2281,13 @@ fn build_status(
         d.reason = "ApplyFailed".into();
         d.message = e.to_string();
     }
-    let degraded = conditions
-        .iter()
-        .any(|c| c.type_ == DEGRADED && c.status == "True");
+    // A catalog kept on its last good image while its registry fails is still served:
+    // Degraded says so, Available does not move (issue 38 item 3).
+    let degraded = apply_error.is_some()
+        || desired.pending.iter().any(|p| {
+            p.severity == crate::validate::Severity::Degraded
+                && p.reason != crate::last_good::HELD_REASON
+        });
     // Each with what its pods say when they say more than "not ready" (ImagePullBackOff, ...).
     let not_ready: Vec<String> = components
         .iter()

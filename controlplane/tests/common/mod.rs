@@ -117,6 +117,7 @@ pub fn input(v: ValidInput, ready: bool) -> RenderInput {
     external.insert(v.kubeconfig_secret.clone(), "kubeconfig-v1".to_string());
     RenderInput {
         catalog_images,
+        held_catalogs: Vec::new(),
         pki: PkiInput {
             ca: CertMaterial {
                 cert_pem: pem("CERTIFICATE", "TEST-CA"),
