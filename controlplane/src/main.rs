@@ -215,9 +215,10 @@ struct RunArgs {
     /// Requeue while waiting (guest kubeconfig, guest OLM CRDs, HCP namespace).
     #[arg(long, default_value = "30s", value_parser = hcp_olm_binkit::parse_duration)]
     waiting_interval: std::time::Duration,
-    /// How long registry answers (catalog tag digests, release labels) are reused;
-    /// a tag that moved rolls its catalog Deployment after at most this long.
-    #[arg(long, default_value = "6h", value_parser = hcp_olm_binkit::parse_duration)]
+    /// How long registry answers (catalog tag digests, release labels) are reused (each
+    /// up to 20 % less, so answers fetched together do not expire together); a tag that
+    /// moved rolls its catalog Deployment after at most this long.
+    #[arg(long, default_value = "15m", value_parser = hcp_olm_binkit::parse_duration)]
     catalog_refresh_interval: std::time::Duration,
     /// How long each phase of a tunnel key rotation (HostedOLM spec.tunnel.keyRotation)
     /// is held: longer than a changed Secret takes to reach a mounted volume.

@@ -31,7 +31,7 @@ struct Locked {
 
 /// A [`World`] with HostedClusters `clusters/<name>` whose pull secrets read the catalogs
 /// as `user`, and the controller with the entitlement lifetime shortened to
-/// [`TEST_LIFETIME`] (its catalog refresh stays the default 6 hours).
+/// [`TEST_LIFETIME`] (its catalog refresh stays the default 15 minutes).
 async fn locked_world(clusters: &[(&str, &str)]) -> Result<Locked> {
     let w = World::start().await?;
     for (name, user) in clusters {
@@ -123,7 +123,7 @@ async fn security_a_dead_guest_does_not_keep_its_shared_catalog_use() -> Result<
 /// Issue 35, item 6 (b): credentials revoked at the registry (user `reader2` removed from
 /// its htpasswd; the tenant's pull secret unchanged, so the lookup cache key is the same)
 /// must stop admitting the tenant within the entitlement lifetime (30 s here, 15 minutes in
-/// the controller), though the catalog refresh is the default 6 hours: a cached "exists"
+/// the controller), though the catalog refresh is the default 15 minutes: a cached "exists"
 /// made with the revoked credentials may not outlive it.
 #[tokio::test]
 async fn security_revoked_registry_credentials_end_shared_catalog_use() -> Result<()> {

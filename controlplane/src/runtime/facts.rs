@@ -31,6 +31,16 @@ pub const LOOKUP_DEADLINE: Duration = Duration::from_secs(60);
 pub const FAILURE_BACKOFF_MIN: Duration = Duration::from_secs(10);
 /// The longest wait before a failed lookup is tried again.
 pub const FAILURE_BACKOFF_MAX: Duration = Duration::from_secs(600);
+/// Lookups at one registry (the registry an image reference names; its mirrors are asked
+/// on its behalf) running at once, across every HostedCluster: a controller restart with a
+/// thousand clusters of different pull secrets (one cache key each) queues at the
+/// registry's door instead of opening thousands of connections (issue 38 item 4). A queued
+/// lookup counts against its [`LOOKUP_DEADLINE`].
+pub const REGISTRY_CONCURRENCY: usize = 16;
+/// An answer is reused for its lifetime less up to this fraction, drawn per answer, so
+/// answers fetched together (a restart) do not all expire together, and none is used
+/// longer than the refresh interval.
+pub const REFRESH_JITTER: f64 = 0.2;
 
 /// Wakes a HostedCluster (namespace, name): set by the controller loop, called when a
 /// background lookup it waited for has ended.
@@ -48,12 +58,18 @@ pub type LookupWaker = Arc<dyn Fn(&str, &str) + Send + Sync>;
 /// answers, and one lookup under way per key.
 #[derive(Clone)]
 pub struct LookupCache {
-    fresh: moka::future::Cache<String, (Instant, Cached)>,
+    /// Answers: (fetched at, the answer, the fraction of the lifetime cut off, drawn
+    /// from [0, [`REFRESH_JITTER`]]).
+    fresh: moka::future::Cache<String, (Instant, Cached, f64)>,
     /// The last good release payload answer per key, served when the payload cannot
     /// be read now (documented in docs/controller.md).
     last_good: moka::future::Cache<String, Arc<BTreeMap<String, String>>>,
     /// Failed lookups: (not before, consecutive failures, the failure).
     failed: moka::future::Cache<String, (Instant, u32, Failure)>,
+    /// One semaphore of [`REGISTRY_CONCURRENCY`] permits per registry (at most
+    /// [`LookupCache::CAPACITY`] registries; one evicted while in use is made again, so
+    /// that registry briefly gets twice the permits).
+    registries: moka::future::Cache<String, Arc<tokio::sync::Semaphore>>,
     /// Lookups under way, by key.
     inflight: Arc<std::sync::Mutex<std::collections::HashMap<String, InFlight>>>,
     waker: Arc<std::sync::RwLock<Option<LookupWaker>>>,
@@ -86,6 +102,7 @@ impl Default for LookupCache {
             fresh: moka::future::Cache::new(Self::CAPACITY),
             last_good: moka::future::Cache::new(Self::CAPACITY),
             failed: moka::future::Cache::new(Self::CAPACITY),
+            registries: moka::future::Cache::new(Self::CAPACITY),
             inflight: Default::default(),
             waker: Default::default(),
             wait: LOOKUP_WAIT,
@@ -135,6 +152,19 @@ impl LookupCache {
     /// Fresh answers held at most (and as many failures and last good payload answers).
     pub const CAPACITY: u64 = 4096;
 
+    /// A slot for one lookup at `image`'s registry (see [`REGISTRY_CONCURRENCY`]); held
+    /// until dropped. None when the semaphore was closed (never: it is not closed).
+    async fn registry_slot(&self, image: &str) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let registry = registry_of(image).unwrap_or_default();
+        let s = self
+            .registries
+            .get_with(registry, async {
+                Arc::new(tokio::sync::Semaphore::new(REGISTRY_CONCURRENCY))
+            })
+            .await;
+        s.acquire_owned().await.ok()
+    }
+
     /// Wake HostedClusters through `waker` when a lookup they waited for ends (the
     /// controller loop sets it; replaced when set again).
     pub fn set_waker(&self, waker: LookupWaker) {
@@ -161,8 +191,8 @@ impl LookupCache {
                 .await
                 .unwrap_or_else(|_| Err(deadline_failure(&key, self.deadline)));
         }
-        if let Some((at, v)) = self.fresh.get(&key).await {
-            if at.elapsed() < ttl {
+        if let Some((at, v, cut)) = self.fresh.get(&key).await {
+            if at.elapsed() < ttl.mul_f64(1.0 - cut) {
                 return Ok(v);
             }
             self.fresh.invalidate(&key).await;
@@ -224,7 +254,14 @@ impl LookupCache {
                 Ok(v) => {
                     cache
                         .fresh
-                        .insert(key.clone(), (Instant::now(), v.clone()))
+                        .insert(
+                            key.clone(),
+                            (
+                                Instant::now(),
+                                v.clone(),
+                                (jitter() + 0.2) / 0.4 * REFRESH_JITTER,
+                            ),
+                        )
                         .await;
                     cache.failed.invalidate(&key).await;
                 }
@@ -360,10 +397,11 @@ pub async fn release_facts_cached(
             return None;
         }
         let key = format!("release:{}:{image}", oci.cache_key());
-        let (oci, image) = (oci.clone(), image.clone());
+        let (oci, image, slots) = (oci.clone(), image.clone(), cache.clone());
         Some(
             cache
                 .get_or_fetch(key, ttl, who(hc), async move {
+                    let _slot = slots.registry_slot(&image).await;
                     oci.release_version(&image)
                         .await
                         .map(Cached::Release)
@@ -412,9 +450,10 @@ async fn payload_references(
         return None;
     }
     let key = format!("payload:{}:{image}", oci.cache_key());
-    let (c, i) = (oci.clone(), image.to_string());
+    let (c, i, slots) = (oci.clone(), image.to_string(), cache.clone());
     let got = cache
         .get_or_fetch(key.clone(), ttl, who, async move {
+            let _slot = slots.registry_slot(&i).await;
             c.release_image_references(&i)
                 .await
                 .map(|m| Cached::Payload(Arc::new(m)))
@@ -579,9 +618,10 @@ pub async fn catalog_images_cached(
             let who = &who;
             let answers = futures::future::join_all(refs.into_iter().map(|image| async move {
                 let key = format!("catalog:{client_key}:{image}");
-                let (c, i) = (oci.clone(), image.clone());
+                let (c, i, slots) = (oci.clone(), image.clone(), cache.clone());
                 let r = cache
                     .get_or_fetch(key, ttl, who.clone(), async move {
+                        let _slot = slots.registry_slot(&i).await;
                         let r = match c.resolve(&i).await {
                             Ok(hcp_olm_oci::Lookup::Found { digest, .. }) => LookupResult::Exists {
                                 digest: Some(digest),
@@ -680,10 +720,11 @@ pub async fn entitlement(
     let (oci, client_key) = (&oci, &client_key);
     let answers = futures::future::join_all(candidates.into_iter().map(|(c, tag)| async move {
         let key = format!("entitled:{client_key}:{tag}");
-        let (oci, tag2) = (oci.clone(), tag.clone());
+        let (oci, tag2, slots) = (oci.clone(), tag.clone(), cache.clone());
         let r = cache
             .get_or_fetch(key, ttl, who(hc), async move {
                 let (oci, tag) = (oci, tag2);
+                let _slot = slots.registry_slot(&tag).await;
                 let proven = match oci.resolve(&tag).await {
                     // the default registry itself answered, or accepted our credentials
                     Ok(hcp_olm_oci::Lookup::Found {
@@ -816,6 +857,92 @@ mod tests {
         c.last_good.insert("payload:k".into(), m.clone()).await;
         c.fresh.invalidate_all();
         assert_eq!(c.last_good.get("payload:k").await, Some(m));
+    }
+
+    #[tokio::test]
+    async fn answers_expire_within_the_last_fifth_of_their_lifetime() {
+        // Issue 38 item 4: answers fetched together do not expire together, and none is
+        // used past its lifetime.
+        let c = LookupCache::default();
+        // long enough that 40 cached answers are read well inside the margins below on a
+        // loaded machine (with 500 ms it failed once beside `make test`)
+        let ttl = Duration::from_secs(2);
+        for i in 0..40 {
+            let k = format!("k{i}");
+            let _ = c
+                .get_or_fetch(k, ttl, who(), async { Ok(Cached::Release("a".into())) })
+                .await;
+        }
+        let mut cuts = Vec::new();
+        for i in 0..40 {
+            let (_, _, cut) = c.fresh.get(&format!("k{i}")).await.expect("cached");
+            assert!((0.0..=REFRESH_JITTER).contains(&cut), "{cut}");
+            cuts.push(cut);
+        }
+        cuts.sort_by(f64::total_cmp);
+        assert!(
+            cuts[39] - cuts[0] > REFRESH_JITTER / 4.0,
+            "not spread: {cuts:?}"
+        );
+        // at 75 % of the lifetime every answer is still fresh; past it, none is
+        tokio::time::sleep(ttl.mul_f64(0.75)).await;
+        let fresh = |v: &'static str| async move { Ok(Cached::Release(v.into())) };
+        for i in 0..40 {
+            assert_eq!(
+                release(
+                    c.get_or_fetch(format!("k{i}"), ttl, who(), fresh("b"))
+                        .await
+                ),
+                Ok("a".into())
+            );
+        }
+        tokio::time::sleep(ttl.mul_f64(0.27)).await;
+        for i in 0..40 {
+            assert_eq!(
+                release(
+                    c.get_or_fetch(format!("k{i}"), ttl, who(), fresh("b"))
+                        .await
+                ),
+                Ok("b".into())
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn lookups_at_one_registry_are_bounded() {
+        let c = LookupCache::default();
+        let running = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let lookups = (0..REGISTRY_CONCURRENCY * 3).map(|i| {
+            let (c2, running, most) = (c.clone(), running.clone(), most.clone());
+            let image = if i % 3 == 0 {
+                // another registry does not wait for this one's slots
+                format!("other.example.com/x:{i}")
+            } else {
+                format!("registry.example.com/x:{i}")
+            };
+            c.get_or_fetch(
+                format!("k{i}"),
+                Duration::from_secs(60),
+                who(),
+                async move {
+                    let _slot = c2.registry_slot(&image).await;
+                    if image.starts_with("registry.") {
+                        let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(now, Ordering::SeqCst);
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    if image.starts_with("registry.") {
+                        running.fetch_sub(1, Ordering::SeqCst);
+                    }
+                    Ok(Cached::Release("a".into()))
+                },
+            )
+        });
+        for r in futures::future::join_all(lookups).await {
+            assert_eq!(release(r), Ok("a".into()));
+        }
+        assert_eq!(most.load(Ordering::SeqCst), REGISTRY_CONCURRENCY);
     }
 
     #[test]

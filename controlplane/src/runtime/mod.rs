@@ -93,7 +93,7 @@ impl Default for Schedule {
         Self {
             resync: Duration::from_secs(300),
             waiting: Duration::from_secs(30),
-            catalog_refresh: Duration::from_secs(6 * 3600),
+            catalog_refresh: Duration::from_secs(15 * 60),
             key_propagation: Duration::from_secs(180),
         }
     }
