@@ -251,7 +251,21 @@ async fn controller_state(p: &ManagedProcess) -> String {
     if count > 0.0 {
         parts.push(format!("mean pass {:.2} s", sum / count));
     }
-    let log = p.log_tail(1);
+    // without the terminal colours of the controller's log
+    let mut log = String::new();
+    let tail = p.log_tail(1);
+    let mut chars = tail.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            log.push(c);
+        }
+    }
     format!("{}; last log line: {}", parts.join(" "), log.trim())
 }
 

@@ -202,30 +202,34 @@ impl LookupCache {
         {
             return Err(failure);
         }
+        // A failure remembered from the attempt before (its backoff over) stands until the
+        // next attempt answers, so a registry that keeps timing out is reported as failing,
+        // not as merely slow, on every pass.
+        let previous = self.failed.get(&key).await.map(|(_, _, f)| f);
         let answer = {
             let mut inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
-            match inflight.get(&key) {
-                Some(f) => f.answer.clone(),
-                None => {
-                    let answer = self.spawn_lookup(key.clone(), ttl, fetch);
-                    inflight.insert(
-                        key.clone(),
-                        InFlight {
-                            answer: answer.clone(),
-                            waiting: Vec::new(),
-                        },
-                    );
-                    answer
-                }
+            let f = inflight.entry(key.clone()).or_insert_with(|| InFlight {
+                answer: self.spawn_lookup(key.clone(), ttl, fetch),
+                waiting: Vec::new(),
+            });
+            // No wait when `who` already waited for this lookup in an earlier pass (it is
+            // woken when the lookup ends), and a tenth of it for the retry of a lookup that
+            // failed: a slow or failing registry holds a reconcile slot for one wait per
+            // lookup, not for one per pass (issue 35 item 5's fairness), while a registry
+            // that has recovered still answers within the pass.
+            if f.waiting.contains(&who) {
+                return Err(previous.unwrap_or(Failure::Pending));
             }
+            f.answer.clone()
         };
-        if let Ok(r) = tokio::time::timeout(self.wait, answer.clone()).await {
+        let wait = if previous.is_some() {
+            self.wait / 10
+        } else {
+            self.wait
+        };
+        if let Ok(r) = tokio::time::timeout(wait, answer.clone()).await {
             return r;
         }
-        // Still under way: a failure remembered from the attempt before (its backoff over)
-        // stands until this one answers, so a registry that keeps timing out is reported
-        // as failing, not as merely slow, on every pass.
-        let previous = self.failed.get(&key).await.map(|(_, _, f)| f);
         {
             let mut inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(f) = inflight.get_mut(&key) {
@@ -970,10 +974,11 @@ mod tests {
     #[tokio::test]
     async fn a_failure_stands_while_the_next_attempt_is_under_way() {
         // A registry that keeps timing out: the retry after the backoff is still under way
-        // when a pass looks; that pass sees the failure, not "still looking" (issue 38 item
-        // 3: the old cache answered Pending there, and Degraded never showed).
+        // when a pass looks; that pass sees the failure at once, not "still looking" after
+        // a wait (issue 38 item 3: the old cache answered Pending there, and Degraded never
+        // showed; issue 35 item 5: each such pass held a reconcile slot for the wait).
         let c = LookupCache {
-            wait: Duration::from_millis(100),
+            wait: Duration::from_secs(1),
             deadline: Duration::from_secs(5),
             ..LookupCache::default()
         };
@@ -985,18 +990,37 @@ mod tests {
         );
         // past the backoff (at most ttl + 20 %)
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let slow = || async {
-            tokio::time::sleep(Duration::from_millis(500)).await;
+        let slow = |ms: u64| async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
             Err(Failure::Message("registry timed out again".into()))
         };
+        let t0 = Instant::now();
         assert_eq!(
-            release(c.get_or_fetch("k".into(), ttl, who(), slow()).await),
+            release(c.get_or_fetch("k".into(), ttl, who(), slow(500)).await),
             Err(Failure::Message("registry timed out".into()))
         );
-        // a key that never failed is merely under way
+        assert!(
+            t0.elapsed() < Duration::from_millis(300),
+            "{:?}",
+            t0.elapsed()
+        );
+        // a key that never failed is waited for, and then merely under way ...
+        let t0 = Instant::now();
         assert_eq!(
-            release(c.get_or_fetch("new".into(), ttl, who(), slow()).await),
+            release(c.get_or_fetch("new".into(), ttl, who(), slow(3000)).await),
             Err(Failure::Pending)
+        );
+        assert!(t0.elapsed() >= Duration::from_secs(1));
+        // ... and not waited for again by the cluster that already waited for it
+        let t0 = Instant::now();
+        assert_eq!(
+            release(c.get_or_fetch("new".into(), ttl, who(), slow(3000)).await),
+            Err(Failure::Pending)
+        );
+        assert!(
+            t0.elapsed() < Duration::from_millis(300),
+            "{:?}",
+            t0.elapsed()
         );
     }
 
