@@ -107,12 +107,14 @@ pub fn hold(
     let mut held = Vec::new();
     for (catalog, result) in images.iter_mut() {
         let failure = match result {
+            Ok(_) => continue,
+            Err(e) if e.is_definite() => continue,
             Err(CatalogImageError::Lookup { image, message }) => Some(Failure {
                 asked: image.clone(),
                 error: message.clone(),
             }),
-            Err(CatalogImageError::Pending { .. }) => None,
-            _ => continue,
+            // still under way
+            Err(_) => None,
         };
         let Some(img) = previous(valid, status, *catalog) else {
             continue;

@@ -103,6 +103,15 @@ async fn holm(w: &World) -> Result<HostedOLM> {
         .await?)
 }
 
+/// The redhat-operators entry of the HostedOLM's catalog status.
+fn redhat_operators(h: &HostedOLM) -> Result<hcp_olm_controlplane::hostedolm::CatalogStatus> {
+    h.status
+        .as_ref()
+        .and_then(|s| s.catalogs.iter().find(|c| c.name == "redhat-operators"))
+        .cloned()
+        .context("redhat-operators in status")
+}
+
 fn condition(h: &HostedOLM, t: &str) -> Option<(String, String, String)> {
     h.status.as_ref()?.conditions.iter().find_map(|c| {
         (c.type_ == t).then(|| (c.status.clone(), c.reason.clone(), c.message.clone()))
@@ -195,12 +204,7 @@ async fn outage(
             condition(&h, "Available")
         );
         let degraded = condition(&h, "Degraded");
-        let rh = h
-            .status
-            .as_ref()
-            .and_then(|s| s.catalogs.iter().find(|c| c.name == "redhat-operators"))
-            .cloned()
-            .context("redhat-operators in status")?;
+        let rh = redhat_operators(&h)?;
         if let Some(d) = degraded.filter(|d| d.0 == "True") {
             ensure!(
                 d.2.contains(registry) && rh.message.contains(registry),
@@ -238,12 +242,7 @@ async fn a_registry_outage_and_a_restart_never_remove_a_catalog() -> Result<()> 
         pass(&ctx, "converging").await?;
     }
     let h = holm(&w).await?;
-    let rh = h
-        .status
-        .as_ref()
-        .and_then(|s| s.catalogs.iter().find(|c| c.name == "redhat-operators"))
-        .cloned()
-        .context("redhat-operators in status")?;
+    let rh = redhat_operators(&h)?;
     ensure!(
         rh.sharing.as_deref() == Some("shared")
             && rh.image.as_deref().is_some_and(|i| i.contains("@sha256:")),

@@ -197,15 +197,16 @@ impl LookupCache {
             }
             self.fresh.invalidate(&key).await;
         }
-        if let Some((not_before, _, failure)) = self.failed.get(&key).await
-            && Instant::now() < not_before
+        let failed = self.failed.get(&key).await;
+        if let Some((not_before, _, failure)) = &failed
+            && Instant::now() < *not_before
         {
-            return Err(failure);
+            return Err(failure.clone());
         }
         // A failure remembered from the attempt before (its backoff over) stands until the
         // next attempt answers, so a registry that keeps timing out is reported as failing,
         // not as merely slow, on every pass.
-        let previous = self.failed.get(&key).await.map(|(_, _, f)| f);
+        let previous = failed.map(|(_, _, f)| f);
         let answer = {
             let mut inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
             let f = inflight.entry(key.clone()).or_insert_with(|| InFlight {
