@@ -14,6 +14,17 @@
 //! Deployments. All clients are real gRPC clients (tonic), the server is the
 //! real process; nothing is a stand-in.
 //!
+//! The attack clients run in their own process (this test binary again, its
+//! ignored `dos_attacker_process` entry) at `SCHED_IDLE`: in a cluster the
+//! attacker's clients run on other nodes, so their own CPU is not the
+//! server's to spend; on this 2-core machine they would otherwise take the
+//! bystander's client and the server's CPU away (measured, same server: p99
+//! ratio 15-22x with the clients in-process at normal priority, 2.3x in their
+//! own process at nice 19). The attack's call rate is printed
+//! (`attack_calls_per_s`, ~2,500/s either way) to show it is not throttled
+//! by this. Everything the server does for the attack still competes at full
+//! priority.
+//!
 //! Bounded: 128 + 16 connections, at most 100 open ListBundles streams per
 //! attack connection, 16 GetBundle loops per flood connection, the attack
 //! runs at most `ATTACK_LIMIT` and stops at once when the server's RSS passes
@@ -46,6 +57,16 @@ const LOOPS_PER_FLOOD_CONN: usize = 16;
 /// this shared 2-core machine does not decide the result either way.
 const ROUND_CALLS: usize = 400;
 const ROUNDS: usize = 5;
+/// As a benchmark (HCP_OLM_DOS_BENCH=1), more calls per round: a p99 of 1,000
+/// calls is the 10th slowest, not the 4th.
+const BENCH_ROUND_CALLS: usize = 1000;
+/// As a benchmark, more rounds per phase (the median of 11 p99s).
+const BENCH_ROUNDS: usize = 11;
+/// The attack process's environment: the server port, the heavy bundles.
+const ATTACK_PORT_ENV: &str = "HCP_OLM_DOS_ATTACK_PORT";
+const ATTACK_HEAVY_ENV: &str = "HCP_OLM_DOS_ATTACK_HEAVY";
+/// Lines of the attack process the test reads (libtest prints its own too).
+const ATTACK_LINE: &str = "dos-attack: ";
 /// Upper bound of the whole attack phase.
 const ATTACK_LIMIT: Duration = Duration::from_secs(60);
 /// A bystander call slower than this counts as this slow (and as failed).
@@ -167,14 +188,142 @@ impl AttackCounts {
     }
 }
 
-/// Runs the attack on its own thread and runtime until `stop` is set.
-fn start_attack(
+/// The attack process (see the module doc): reads the server port and the
+/// heavy bundles from its environment, attacks until its stdin closes,
+/// prints its counts. Run only by the test below.
+#[test]
+#[ignore = "the attack client process of security_catalog_one_client_cannot_starve_or_exhaust_the_server, started by it"]
+fn dos_attacker_process() {
+    let port: u16 = std::env::var(ATTACK_PORT_ENV)
+        .expect("run by security_catalog_one_client_cannot_starve_or_exhaust_the_server")
+        .parse()
+        .expect("port");
+    let heavy: Vec<(String, String, String)> =
+        serde_json::from_str(&std::env::var(ATTACK_HEAVY_ENV).expect("heavy bundles"))
+            .expect("heavy bundles");
+    let stop = Arc::new(AtomicBool::new(false));
+    let counts = Arc::new(AttackCounts::default());
+    {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            // EOF (or an error) on stdin: the test wants the attack over.
+            let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+            stop.store(true, Ordering::Relaxed);
+        });
+    }
+    {
+        let (stop, counts) = (stop.clone(), counts.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                println!(
+                    "{ATTACK_LINE}progress {} {}",
+                    counts.streams_open.load(Ordering::Relaxed),
+                    counts.getbundle_ok.load(Ordering::Relaxed)
+                );
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        });
+    }
+    run_attack(port, heavy, stop, counts.clone());
+    println!(
+        "{ATTACK_LINE}done {} {} {} {}",
+        counts.streams_open.load(Ordering::Relaxed),
+        counts.refused.load(Ordering::Relaxed),
+        counts.getbundle_ok.load(Ordering::Relaxed),
+        serde_json::to_string(&*counts.why.lock().expect("why")).expect("json"),
+    );
+}
+
+/// The attack process, seen from the test: its counts so far, and its stdin,
+/// closed to end the attack.
+struct Attack {
+    child: std::process::Child,
+    stdin: Arc<std::sync::Mutex<Option<std::process::ChildStdin>>>,
+    streams_open: Arc<AtomicU64>,
+    getbundle_ok: Arc<AtomicU64>,
+    done: std::sync::mpsc::Receiver<String>,
+}
+
+impl Attack {
+    /// Starts the attack process at `SCHED_IDLE` (see the module doc).
+    fn start(port: u16, heavy: &[(String, String, String)]) -> Attack {
+        use std::io::BufRead;
+        let exe = std::env::current_exe().expect("test binary");
+        let mut child = std::process::Command::new("chrt")
+            .args(["--idle", "0", "setpriv", "--pdeathsig", "KILL", "--"])
+            .arg(exe)
+            .args(["--exact", "dos_attacker_process", "--ignored", "--nocapture"])
+            .env(ATTACK_PORT_ENV, port.to_string())
+            .env(ATTACK_HEAVY_ENV, serde_json::to_string(heavy).expect("json"))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start the attack process (chrt, setpriv)");
+        let stdin = Arc::new(std::sync::Mutex::new(child.stdin.take()));
+        let out = child.stdout.take().expect("stdout");
+        let streams_open = Arc::new(AtomicU64::new(0));
+        let getbundle_ok = Arc::new(AtomicU64::new(0));
+        let (tx, done) = std::sync::mpsc::channel();
+        {
+            let (streams_open, getbundle_ok) = (streams_open.clone(), getbundle_ok.clone());
+            std::thread::spawn(move || {
+                for line in std::io::BufReader::new(out).lines() {
+                    let Ok(line) = line else { break };
+                    let Some(rest) = line.strip_prefix(ATTACK_LINE) else {
+                        continue;
+                    };
+                    if let Some(p) = rest.strip_prefix("progress ") {
+                        let mut f = p.split(' ').filter_map(|v| v.parse::<u64>().ok());
+                        if let (Some(s), Some(g)) = (f.next(), f.next()) {
+                            streams_open.store(s, Ordering::Relaxed);
+                            getbundle_ok.store(g, Ordering::Relaxed);
+                        }
+                    } else if let Some(d) = rest.strip_prefix("done ") {
+                        let _ = tx.send(d.to_string());
+                    }
+                }
+            });
+        }
+        Attack {
+            child,
+            stdin,
+            streams_open,
+            getbundle_ok,
+            done,
+        }
+    }
+
+    /// A handle that ends the attack when called (from any thread).
+    fn stopper(&self) -> impl Fn() + Send + 'static {
+        let stdin = self.stdin.clone();
+        move || drop(stdin.lock().unwrap_or_else(|e| e.into_inner()).take())
+    }
+
+    /// Ends the attack; its final counts: streams opened, refused, GetBundle
+    /// answers, and why calls were refused.
+    fn finish(mut self) -> (u64, u64, u64, String) {
+        (self.stopper())();
+        let line = self.done.recv_timeout(Duration::from_secs(60));
+        if line.is_err() {
+            let _ = self.child.kill();
+        }
+        let status = self.child.wait().expect("attack process");
+        let line = line.unwrap_or_else(|_| panic!("the attack process gave no counts ({status})"));
+        assert!(status.success(), "the attack process failed: {status}");
+        let f: Vec<&str> = line.splitn(4, ' ').collect();
+        let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        (n(0), n(1), n(2), f.get(3).unwrap_or(&"").to_string())
+    }
+}
+
+/// Attacks on a runtime of one worker until `stop` is set.
+fn run_attack(
     port: u16,
     heavy: Vec<(String, String, String)>,
     stop: Arc<AtomicBool>,
     counts: Arc<AttackCounts>,
-) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
+) {
+    {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -266,7 +415,7 @@ fn start_attack(
             while tasks.join_next().await.is_some() {}
         });
         // Dropping the runtime closes every attack connection.
-    })
+    }
 }
 
 #[test]
@@ -326,24 +475,30 @@ fn security_catalog_one_client_cannot_starve_or_exhaust_the_server() {
         packages.len()
     );
 
+    let bench = std::env::var_os("HCP_OLM_DOS_BENCH").is_some_and(|v| v == "1");
+    let (rounds_n, round_calls) = if bench {
+        (BENCH_ROUNDS, BENCH_ROUND_CALLS)
+    } else {
+        (ROUNDS, ROUND_CALLS)
+    };
     let bystander = Bystander::start(port, packages);
     // Warm-up, then the quiet figure.
-    bystander.measure(1, ROUND_CALLS);
-    let (mut quiet, quiet_failed) = bystander.measure(ROUNDS, ROUND_CALLS);
+    bystander.measure(1, round_calls);
+    let (mut quiet, quiet_failed) = bystander.measure(rounds_n, round_calls);
     assert_eq!(quiet_failed, 0, "bystander calls failed with no attack");
     let quiet_p99 = median(&mut quiet);
     let rss_quiet = rss_kb(pid).expect("server alive");
 
     // The attack, with an RSS watch that stops it at the limit.
     let stop = Arc::new(AtomicBool::new(false));
-    let counts = Arc::new(AttackCounts::default());
-    let attack = start_attack(port, heavy, stop.clone(), counts.clone());
+    let attack = Attack::start(port, &heavy);
     let peak = Arc::new(AtomicU64::new(rss_quiet));
     let over = Arc::new(AtomicBool::new(false));
     let samples = Arc::new(std::sync::Mutex::new(Vec::<(Duration, u64)>::new()));
     let watch = {
         let (stop, peak, over, samples) =
             (stop.clone(), peak.clone(), over.clone(), samples.clone());
+        let end_attack = attack.stopper();
         std::thread::spawn(move || {
             let started = Instant::now();
             while !stop.load(Ordering::Relaxed) && started.elapsed() < ATTACK_LIMIT {
@@ -362,6 +517,7 @@ fn security_catalog_one_client_cannot_starve_or_exhaust_the_server() {
                 }
                 std::thread::sleep(Duration::from_millis(25));
             }
+            end_attack();
             stop.store(true, Ordering::Relaxed);
         })
     };
@@ -371,10 +527,10 @@ fn security_catalog_one_client_cannot_starve_or_exhaust_the_server() {
     let mut last = 0;
     loop {
         std::thread::sleep(Duration::from_millis(1000));
-        let now = counts.streams_open.load(Ordering::Relaxed);
+        let now = attack.streams_open.load(Ordering::Relaxed);
         if over.load(Ordering::Relaxed)
             || Instant::now() > ramp_deadline
-            || (now > 0 && now == last && counts.getbundle_ok.load(Ordering::Relaxed) > 0)
+            || (now > 0 && now == last && attack.getbundle_ok.load(Ordering::Relaxed) > 0)
         {
             break;
         }
@@ -383,13 +539,13 @@ fn security_catalog_one_client_cannot_starve_or_exhaust_the_server() {
     let (mut loaded, loaded_failed) = if over.load(Ordering::Relaxed) {
         (vec![CALL_TIMEOUT], 0)
     } else {
-        bystander.measure(ROUNDS, ROUND_CALLS)
+        bystander.measure(rounds_n, round_calls)
     };
     let attack_secs = attack_started.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     let rss_end = rss_kb(pid);
     watch.join().expect("watch");
-    attack.join().expect("attack");
+    let (streams_open, refused, getbundle_ok, why) = attack.finish();
     let loaded_p99 = median(&mut loaded);
     let peak_mib = mib(peak.load(Ordering::Relaxed));
     let samples = samples.lock().expect("samples").clone();
@@ -406,7 +562,7 @@ fn security_catalog_one_client_cannot_starve_or_exhaust_the_server() {
             .join("/")
     };
     println!(
-        "catalog-dos: quiet_p99_ms={:.3} attack_p99_ms={:.3} ratio={ratio:.2} (median of round p99s; quiet rounds {} attack rounds {}) bystander_failed={loaded_failed} rss_quiet_mib={:.1} rss_peak_mib={peak_mib:.1} rss_end_mib={} rss_limit_mib={RSS_LIMIT_MIB} rss_early_max_mib={:.1} rss_late_max_mib={:.1} attack_s={attack_secs:.1} streams_open={} refused={} {:?} getbundle_ok={}",
+        "catalog-dos: quiet_p99_ms={:.3} attack_p99_ms={:.3} ratio={ratio:.2} (median of round p99s, {round_calls} calls a round; quiet rounds {} attack rounds {}) bystander_failed={loaded_failed} rss_quiet_mib={:.1} rss_peak_mib={peak_mib:.1} rss_end_mib={} rss_limit_mib={RSS_LIMIT_MIB} rss_early_max_mib={:.1} rss_late_max_mib={:.1} attack_s={attack_secs:.1} attack_calls_per_s={:.0} streams_open={streams_open} refused={refused} {why} getbundle_ok={getbundle_ok} (attack clients: own process at SCHED_IDLE, standing in for other nodes)",
         ms(quiet_p99),
         ms(loaded_p99),
         rounds(&quiet),
@@ -415,17 +571,14 @@ fn security_catalog_one_client_cannot_starve_or_exhaust_the_server() {
         rss_end.map_or("gone".to_string(), |kb| format!("{:.1}", mib(kb))),
         mib(early),
         mib(late),
-        counts.streams_open.load(Ordering::Relaxed),
-        counts.refused.load(Ordering::Relaxed),
-        counts.why.lock().expect("why"),
-        counts.getbundle_ok.load(Ordering::Relaxed),
+        (streams_open + refused + getbundle_ok) as f64 / attack_secs,
     );
     assert!(
         !over.load(Ordering::Relaxed),
         "server RSS passed the {RSS_LIMIT_MIB} MiB limit under attack (peak {peak_mib:.1} MiB; attack stopped there)"
     );
     assert!(
-        counts.getbundle_ok.load(Ordering::Relaxed) > 0,
+        getbundle_ok > 0,
         "the flood never got an answer: the attack did not run"
     );
     assert_eq!(loaded_failed, 0, "bystander calls failed under attack");
@@ -434,7 +587,7 @@ fn security_catalog_one_client_cannot_starve_or_exhaust_the_server() {
     // two cores with other tests, where the quiet baseline alone moved from 0.6 to 9.9 ms
     // between runs; there the bystander must still be answered promptly (the old server
     // left it at the 5 s call timeout).
-    if std::env::var_os("HCP_OLM_DOS_BENCH").is_some_and(|v| v == "1") {
+    if bench {
         assert!(
             ratio <= 2.0,
             "bystander GetPackage p99 {:.3} ms under attack is {ratio:.2}x its quiet p99 {:.3} ms",
