@@ -252,9 +252,17 @@ impl Attack {
         let mut child = std::process::Command::new("chrt")
             .args(["--idle", "0", "setpriv", "--pdeathsig", "KILL", "--"])
             .arg(exe)
-            .args(["--exact", "dos_attacker_process", "--ignored", "--nocapture"])
+            .args([
+                "--exact",
+                "dos_attacker_process",
+                "--ignored",
+                "--nocapture",
+            ])
             .env(ATTACK_PORT_ENV, port.to_string())
-            .env(ATTACK_HEAVY_ENV, serde_json::to_string(heavy).expect("json"))
+            .env(
+                ATTACK_HEAVY_ENV,
+                serde_json::to_string(heavy).expect("json"),
+            )
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .spawn()

@@ -24,7 +24,7 @@ use hcp_olm_apply::projected::{Limits, Projected};
 use hcp_olm_apply::watch::Selector;
 use serde_json::{Value, json};
 
-use super::reconcile::{DEPRECATED_MARKETPLACE, GUEST_OLM_CRD, api_resource};
+use super::kinds::{DEPRECATED_MARKETPLACE, GUEST_OLM_CRD, api_resource};
 use crate::render::{labels, names};
 
 /// Bounds of each store.

@@ -18,6 +18,7 @@ pub mod events;
 pub mod facts;
 pub mod guest;
 pub mod guest_reads;
+pub mod kinds;
 pub mod leader;
 pub mod metrics;
 pub mod pods;
@@ -280,7 +281,7 @@ impl Context {
             // (the applier's cache, which holds our own writes at once, says so: then the
             // data we wrote is the answer, when we remember that very version).
             Some(None) => {
-                let secret = reconcile::api_resource("v1", "Secret", "secrets");
+                let secret = kinds::api_resource("v1", "Secret", "secrets");
                 match self
                     .mgmt_cache()
                     .and_then(|c| c.get(&secret, Some(namespace), name))
@@ -337,7 +338,7 @@ impl Context {
         let kinds: Vec<_> = reconcile::hcp_kinds()
             .into_iter()
             .map(|(r, _)| r)
-            .chain([reconcile::api_resource("v1", "Namespace", "namespaces")])
+            .chain([kinds::api_resource("v1", "Namespace", "namespaces")])
             .collect();
         let on_change = wake.clone().map(|w| {
             Arc::new(move |m: &kube::core::ObjectMeta| w(stores::Changed::Labelled(m)))

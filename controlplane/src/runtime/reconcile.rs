@@ -15,6 +15,10 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 
+use super::kinds::api_resource;
+pub use super::kinds::{
+    DEPRECATED_MARKETPLACE, GUEST_OLM_CRD, HCP_NAMESPACE_LABEL, HOSTED_CLUSTER_ANNOTATION,
+};
 use super::stores::Lookup;
 use super::{
     ADMIN_KUBECONFIG_KEY, Context, Error, FIELD_MANAGER, FINALIZER, facts, kube_err, secrets,
@@ -29,9 +33,6 @@ use crate::render::{self, ApplyPolicy, Desired, Object, Owner, RenderInput, labe
 use crate::status::{self, AVAILABLE, DEGRADED, InstalledOperator, PROGRESSING, UPGRADEABLE};
 use crate::takeover;
 use crate::validate;
-
-/// The guest CRD whose presence means "OLM CRDs are served".
-pub const GUEST_OLM_CRD: &str = "catalogsources.operators.coreos.com";
 
 /// What a reconcile ended with.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -138,20 +139,6 @@ pub fn guest_kinds() -> Vec<(ApiResource, bool)> {
     .into_iter()
     .map(|(a, k, p, n)| (api_resource(a, k, p), n))
     .collect()
-}
-
-pub(crate) fn api_resource(api_version: &str, kind: &str, plural: &str) -> ApiResource {
-    let (group, version) = match api_version.split_once('/') {
-        Some((g, v)) => (g.to_string(), v.to_string()),
-        None => (String::new(), api_version.to_string()),
-    };
-    ApiResource {
-        group,
-        version,
-        api_version: api_version.to_string(),
-        kind: kind.to_string(),
-        plural: plural.to_string(),
-    }
 }
 
 /// The prune selector of a HostedCluster (identical to
@@ -475,12 +462,6 @@ pub fn reserved_message(ns: &str, name: &str, hcp_ns: &str) -> String {
         "the HCP namespace {hcp_ns} of HostedCluster {ns}/{name} is one of hcp-olm's own namespaces (the shared catalogs' or the controller's): hcp-olm serves no hosted cluster there, writes and prunes nothing there; recreate the HostedCluster under another namespace or name"
     )
 }
-
-/// HyperShift's label on every HCP namespace it makes.
-pub const HCP_NAMESPACE_LABEL: &str = "hypershift.openshift.io/hosted-control-plane";
-/// HyperShift's annotation on the HostedControlPlane: `<namespace>/<name>` of its
-/// HostedCluster.
-pub const HOSTED_CLUSTER_ANNOTATION: &str = "hypershift.openshift.io/cluster";
 
 /// Whether the computed HCP namespace is this HostedCluster's.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1925,9 +1906,6 @@ pub fn hypershift_olm_message(hcp_ns: &str, holm: &str, running: &[String]) -> S
         takeover::TAKEN_OVER.join(",")
     )
 }
-
-/// The CatalogSource HyperShift deletes as deprecated.
-pub const DEPRECATED_MARKETPLACE: &str = "redhat-marketplace";
 
 /// Delete `openshift-marketplace/redhat-marketplace` in the guest when it exists (a read
 /// when it does not). True when it was deleted.

@@ -28,7 +28,8 @@ use kube::Api;
 use kube::api::ListParams;
 use serde_json::json;
 
-use super::reconcile::{api_resource, target};
+use super::kinds::api_resource;
+use super::reconcile::target;
 use super::{Context, FIELD_MANAGER};
 use crate::catalogs::DefaultCatalog;
 use crate::hostedolm::HostedOLM;

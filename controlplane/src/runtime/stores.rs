@@ -476,7 +476,7 @@ impl ManagementStores {
             // HyperShift's HCP namespaces only (its label): a pass needs nothing else.
             namespaces: Watched::start(
                 Api::all(client.clone()),
-                watcher::Config::default().labels(super::reconcile::HCP_NAMESPACE_LABEL),
+                watcher::Config::default().labels(super::kinds::HCP_NAMESPACE_LABEL),
                 "HCP namespaces",
                 |n: &mut PartialObjectMeta<Namespace>| n.metadata.managed_fields = None,
                 namespaces_wake,
@@ -492,7 +492,7 @@ impl ManagementStores {
                     m.owner_references = None;
                     m.finalizers = None;
                     if let Some(a) = m.annotations.as_mut() {
-                        a.retain(|k, _| k == super::reconcile::HOSTED_CLUSTER_ANNOTATION);
+                        a.retain(|k, _| k == super::kinds::HOSTED_CLUSTER_ANNOTATION);
                     }
                 },
                 hcp_wake,
