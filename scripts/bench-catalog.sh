@@ -15,6 +15,6 @@ if [[ ! -x "$opm" ]]; then
   exit 1
 fi
 cd "$root"
-cargo build --release -q -p hcp-olm-catalog --bin hcp-olm-catalog-server --example bench
+cargo build --release -q -p hcp-olm-catalog --bin hcp-olm-catalog-server -p hcp-olm-e2e --bin hcp-olm-bench-catalog
 target="${CARGO_TARGET_DIR:-$root/target}/release"
-exec "$target/examples/bench" "$catalog" "$target/hcp-olm-catalog-server" "$opm" "$samples"
+exec "$target/hcp-olm-bench-catalog" "$catalog" "$target/hcp-olm-catalog-server" "$opm" "$samples"

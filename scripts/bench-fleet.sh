@@ -26,6 +26,6 @@ if [[ ! -x "$opm" ]]; then
   exit 1
 fi
 cd "$root"
-cargo build --release -q --locked -p hcp-olm-catalog --bin hcp-olm-catalog-server --example fleet
+cargo build --release -q --locked -p hcp-olm-catalog --bin hcp-olm-catalog-server -p hcp-olm-e2e --bin hcp-olm-bench-fleet
 target="${CARGO_TARGET_DIR:-$root/target}/release"
-exec "$target/examples/fleet" "$catalog" "$target/hcp-olm-catalog-server" "$opm" "$n" "$rounds" "$calls" "$interval"
+exec "$target/hcp-olm-bench-fleet" "$catalog" "$target/hcp-olm-catalog-server" "$opm" "$n" "$rounds" "$calls" "$interval"

@@ -13,6 +13,7 @@
 //! - [`imagetree`]: images described as trees of host files, for the test images.
 //! - [`process`]: processes started and stopped by PID (killed with the test process).
 
+pub mod catalogbench;
 pub mod cluster;
 pub mod clusterdns;
 pub mod fleet;

@@ -1,16 +1,13 @@
-//! What the catalog benchmarks share (`bench.rs`, `fleet.rs`): how each server is started,
-//! the servable part of a real catalog, health polling, /proc readings and the figures.
-//! A directory with `mod.rs` and no `main.rs`, so cargo does not take it for an example.
-
-// Each example uses its own part of this module.
-#![allow(dead_code)]
+//! What the catalog benchmarks share (`hcp-olm-bench-catalog`, `hcp-olm-bench-fleet`): how
+//! each server is started, the servable part of a real catalog, health polling, /proc
+//! readings and the figures.
 
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use hcp_olm_e2e::process::ManagedProcess;
+use crate::process::ManagedProcess;
 use hcp_olm_proto::api::registry_client::RegistryClient;
 use hcp_olm_proto::health::HealthCheckRequest;
 use hcp_olm_proto::health::health_client::HealthClient;

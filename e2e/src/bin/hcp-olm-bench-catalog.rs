@@ -8,13 +8,11 @@
 //! `scripts/bench-catalog.sh` (`make bench-catalog`). Loopback only; every
 //! loop is bounded in count and time.
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{mib, opm_serve, our_serve, percentile, ratio, serving, status_kb};
+use hcp_olm_e2e::catalogbench::{self, mib, opm_serve, our_serve, percentile, ratio, serving, status_kb};
 use hcp_olm_proto::api::registry_client::RegistryClient;
 use hcp_olm_proto::api::{self, GetBundleRequest};
 
@@ -168,7 +166,7 @@ async fn main() {
         .unwrap_or(2000)
         .min(100_000);
     let dir = tempfile::tempdir().expect("tempdir");
-    let left_out = common::servable_subset(&catalog, dir.path()).expect("servable subset");
+    let left_out = catalogbench::servable_subset(&catalog, dir.path()).expect("servable subset");
     eprintln!(
         "catalog-bench: {} (left out, refused by opm's rules: {left_out:?})",
         catalog.display()

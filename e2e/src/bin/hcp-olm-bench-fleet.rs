@@ -27,15 +27,13 @@
 //! server exit or time bound exceeded fails the run (exit 1); Ctrl-C or SIGTERM ends it (exit
 //! 130) after stopping every server. Run via `scripts/bench-fleet.sh` (`make bench-fleet`).
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
-use common::{cpu_time, mib, opm_serve, our_serve, percentile, ratio, registry_client, status_kb};
+use hcp_olm_e2e::catalogbench::{self, cpu_time, mib, opm_serve, our_serve, percentile, ratio, registry_client, status_kb};
 use hcp_olm_e2e::ports::free_port;
 use hcp_olm_e2e::process::{ManagedProcess, command};
 use hcp_olm_proto::api::{GetBundleRequest, ListBundlesRequest};
@@ -182,7 +180,7 @@ async fn start_ours(cfg: &Config, dir: &Path, logs: &Path, name: &str) -> anyhow
     let port = free_port().context("free port")?;
     let started = Instant::now();
     let process = spawn(name, our_serve(command(&cfg.server), dir, port), logs)?;
-    let startup = common::wait_serving(&process, port, started, OURS_START_LIMIT).await?;
+    let startup = catalogbench::wait_serving(&process, port, started, OURS_START_LIMIT).await?;
     Ok(Server {
         process,
         port,
@@ -273,7 +271,7 @@ async fn start_opms(
             starting.push((process, port, started));
         }
         for (process, port, started) in starting {
-            let startup = common::wait_serving(&process, port, started, OPM_START_LIMIT).await?;
+            let startup = catalogbench::wait_serving(&process, port, started, OPM_START_LIMIT).await?;
             out.push(Server {
                 process,
                 port,
@@ -614,7 +612,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(&logs)?;
     let catalog = work.path().join("catalog");
     std::fs::create_dir_all(&catalog)?;
-    let left_out = common::servable_subset(&cfg.catalog, &catalog)?;
+    let left_out = catalogbench::servable_subset(&cfg.catalog, &catalog)?;
     eprintln!(
         "fleet-bench: n={} rounds={} calls={}/client (solo {}) mean interval {} ms, catalog {} (left out, refused by opm's rules: {left_out:?}), work dir {}",
         cfg.n,
