@@ -6,8 +6,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
 use crate::process::ManagedProcess;
+use anyhow::{Context as _, bail};
 use hcp_olm_proto::api::registry_client::RegistryClient;
 use hcp_olm_proto::health::HealthCheckRequest;
 use hcp_olm_proto::health::health_client::HealthClient;

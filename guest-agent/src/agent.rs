@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -101,24 +101,24 @@ impl AgentSettings {
             ));
         }
         let keys = agent_keys(c)?;
-        let tunnel = interface_address("tunnel_address", &c.tunnel_address)?;
-        let gateway = interface_address("gateway_tunnel_address", &c.gateway_tunnel_address)?;
-        let gateway_ip = gateway.0;
-        let tunnel6 = tunnel_pair6(
-            "tunnel_address6",
-            c.tunnel_address6.as_deref(),
-            "gateway_tunnel_address6",
-            c.gateway_tunnel_address6.as_deref(),
-        )?;
-        let mut tunnel_ranges = vec![tunnel, gateway];
-        if let Some((own, gw6)) = tunnel6 {
-            tunnel_ranges.extend([own, (gw6, own.1)]);
-        }
-        let allowed_cidrs = guest_ranges(
-            "allowed_cidrs",
-            &c.allowed_cidrs,
-            &tunnel_ranges,
-            "tunnel_address6 and gateway_tunnel_address6",
+        let TunnelAddressing {
+            own: tunnel,
+            other: (gateway_ip, _),
+            pair6: tunnel6,
+            ranges: allowed_cidrs,
+        } = tunnel_addressing(
+            [
+                ("tunnel_address", &c.tunnel_address),
+                ("gateway_tunnel_address", &c.gateway_tunnel_address),
+            ],
+            [
+                ("tunnel_address6", c.tunnel_address6.as_deref()),
+                (
+                    "gateway_tunnel_address6",
+                    c.gateway_tunnel_address6.as_deref(),
+                ),
+            ],
+            ("allowed_cidrs", &c.allowed_cidrs),
         )?;
         let mut allowed_ports = c.allowed_ports.clone();
         if allowed_ports.is_empty() {
@@ -537,8 +537,8 @@ pub async fn run(s: AgentSettings) -> anyhow::Result<()> {
     ));
     // Dial first: the guest destination is dialled before the tunnel's TCP handshake
     // completes, so a refusal reaches the gateway's client as a refusal (pre_dial).
-    let (dials_tx, mut dials_rx) = tokio::sync::mpsc::channel(256);
-    let (stack, mut inbound) = stack::spawn(
+    let (dials_tx, dials_rx) = tokio::sync::mpsc::channel(256);
+    let (stack, inbound) = stack::spawn(
         StackConfig {
             addresses: std::iter::once(s.tunnel)
                 .chain(s.tunnel6.map(|(own, _)| own))
@@ -563,23 +563,23 @@ pub async fn run(s: AgentSettings) -> anyhow::Result<()> {
     );
 
     let (registry, metrics, dns_queries) = metrics();
-    let handshake_done = Arc::new(AtomicBool::new(false));
     let draining = Arc::new(AtomicBool::new(false));
-    metrics.spawn_updater(
+    let reload = s
+        .key_reload
+        .zip(s.config_path.clone())
+        .map(|(every, path)| {
+            (every, move || {
+                daemon::load_json::<AgentPeerConfig>(&path).and_then(|c| agent_keys(&c))
+            })
+        });
+    let handshake_done = daemon::spawn_tunnel_upkeep(
+        &metrics,
         handle.status.clone(),
         Arc::clone(&stack.counters),
-        Arc::clone(&handshake_done),
+        reload,
+        (s.keys.clone(), handle.keys.clone()),
+        cancel.clone(),
     );
-    if let (Some(every), Some(path)) = (s.key_reload, s.config_path.clone()) {
-        daemon::spawn_key_reload(
-            every,
-            s.keys.clone(),
-            move || daemon::load_json::<AgentPeerConfig>(&path).and_then(|c| agent_keys(&c)),
-            handle.keys.clone(),
-            metrics.clone(),
-            cancel.clone(),
-        );
-    }
     daemon::spawn_admin(
         admin,
         registry,
@@ -603,16 +603,13 @@ pub async fn run(s: AgentSettings) -> anyhow::Result<()> {
         pre_dialed: std::sync::Mutex::new(HashMap::new()),
     });
     {
-        let sh = Arc::clone(&sh);
-        tokio::spawn(async move {
-            loop {
-                let (src, dst) = tokio::select! {
-                    _ = sh.cancel.cancelled() => return,
-                    d = dials_rx.recv() => match d { Some(d) => d, None => return },
-                };
-                sh.tracker.spawn(pre_dial(Arc::clone(&sh), src, dst));
-            }
-        });
+        let sh2 = Arc::clone(&sh);
+        daemon::spawn_serving(
+            sh.cancel.clone(),
+            sh.tracker.clone(),
+            dials_rx,
+            move |(src, dst)| Some(pre_dial(Arc::clone(&sh2), src, dst)),
+        );
     }
     for tunnel_ip in tunnel_ips.into_iter().filter(|_| has_dns) {
         let mut u = stack
@@ -637,23 +634,14 @@ pub async fn run(s: AgentSettings) -> anyhow::Result<()> {
         tokio::spawn(exposed_loop(Arc::clone(&sh), l, port));
     }
     {
-        let sh = Arc::clone(&sh);
-        tokio::spawn(async move {
-            loop {
-                let c = tokio::select! {
-                    _ = sh.cancel.cancelled() => return,
-                    c = inbound.recv() => match c { Some(c) => c, None => return },
-                };
-                let Some(permit) = sh.slot(Proto::tunnel) else {
-                    drop(c);
-                    continue;
-                };
-                let fut = handle_inbound(Arc::clone(&sh), c);
-                sh.tracker.spawn(async move {
-                    fut.await;
-                    drop(permit);
-                });
-            }
+        let sh2 = Arc::clone(&sh);
+        daemon::spawn_serving(sh.cancel.clone(), sh.tracker.clone(), inbound, move |c| {
+            let permit = sh2.slot(Proto::tunnel)?;
+            let fut = handle_inbound(Arc::clone(&sh2), c);
+            Some(async move {
+                fut.await;
+                drop(permit);
+            })
         });
     }
     tracing::info!(
@@ -662,12 +650,13 @@ pub async fn run(s: AgentSettings) -> anyhow::Result<()> {
         "agent running"
     );
     daemon::terminated().await?;
-    draining.store(true, Ordering::SeqCst);
-    listeners_cancel.cancel();
-    sh.tracker.close();
-    let drained = tokio::time::timeout(sh.s.drain_timeout, sh.tracker.wait())
-        .await
-        .is_ok();
+    let drained = daemon::drain(
+        &draining,
+        &listeners_cancel,
+        &sh.tracker,
+        sh.s.drain_timeout,
+    )
+    .await;
     cancel.cancel();
     if drained {
         tracing::info!("drained");

@@ -147,6 +147,48 @@ pub fn interface_address(field: &str, s: &str) -> Result<(IpAddr, u8), ConfigErr
     Ok((ip, p))
 }
 
+/// Both ends' addresses inside the tunnel and the guest ranges routed into it, parsed the
+/// same way by the agent and the gateway (each names its own fields).
+#[derive(Debug, Clone)]
+pub struct TunnelAddressing {
+    /// This end's IPv4 address with prefix.
+    pub own: (IpAddr, u8),
+    /// The other end's IPv4 address with prefix.
+    pub other: (IpAddr, u8),
+    /// The optional IPv6 pair (see [`tunnel_pair6`]).
+    pub pair6: Option<TunnelPair6>,
+    /// The guest ranges (see [`guest_ranges`]).
+    pub ranges: Vec<Cidr>,
+}
+
+/// Parses [`TunnelAddressing`]: `v4` and `v6` are (field, value) of this end, then of the
+/// other end; `ranges` the field and list of guest ranges.
+pub fn tunnel_addressing(
+    v4: [(&str, &str); 2],
+    v6: [(&str, Option<&str>); 2],
+    ranges: (&str, &[String]),
+) -> Result<TunnelAddressing, ConfigError> {
+    let own = interface_address(v4[0].0, v4[0].1)?;
+    let other = interface_address(v4[1].0, v4[1].1)?;
+    let pair6 = tunnel_pair6(v6[0].0, v6[0].1, v6[1].0, v6[1].1)?;
+    let mut tunnel = vec![own, other];
+    if let Some((own6, other6)) = pair6 {
+        tunnel.extend([own6, (other6, own6.1)]);
+    }
+    let ranges = guest_ranges(
+        ranges.0,
+        ranges.1,
+        &tunnel,
+        &format!("{} and {}", v6[0].0, v6[1].0),
+    )?;
+    Ok(TunnelAddressing {
+        own,
+        other,
+        pair6,
+        ranges,
+    })
+}
+
 /// Guest ranges routed into the tunnel; a /0 is refused (it would send every address there).
 pub fn cidrs(field: &str, list: &[String]) -> Result<Vec<Cidr>, ConfigError> {
     list.iter()
@@ -708,6 +750,69 @@ pub async fn terminated() -> std::io::Result<()> {
         _ = int.recv() => tracing::info!("SIGINT: draining"),
     }
     Ok(())
+}
+
+/// What every tunnel daemon runs beside its tunnel: the metrics updater and, when
+/// `reload` is `Some((interval, load))`, the key reload (new keys go to `keys_tx`). The
+/// returned flag is set while a session exists.
+pub fn spawn_tunnel_upkeep<F>(
+    metrics: &TunnelMetrics,
+    status: watch::Receiver<PeerStatus>,
+    counters: Arc<StackCounters>,
+    reload: Option<(Duration, F)>,
+    keys: (Keys, tokio::sync::mpsc::Sender<Keys>),
+    cancel: tokio_util::sync::CancellationToken,
+) -> Arc<AtomicBool>
+where
+    F: Fn() -> Result<Keys, ConfigError> + Send + 'static,
+{
+    let session = Arc::new(AtomicBool::new(false));
+    metrics.spawn_updater(status, counters, Arc::clone(&session));
+    if let Some((every, load)) = reload {
+        spawn_key_reload(every, keys.0, load, keys.1, metrics.clone(), cancel);
+    }
+    session
+}
+
+/// Serves each item of `rx` (a connection or a dial the tunnel's stack hands over) on
+/// `tracker` until `cancel` or the channel ends. `serve` turns an item into its task, or
+/// returns `None` to refuse it (the item is dropped, e.g. over the connection bound).
+/// The agent and the gateway both run their tunnel's inbound connections this way.
+pub fn spawn_serving<T, Fut>(
+    cancel: tokio_util::sync::CancellationToken,
+    tracker: tokio_util::task::TaskTracker,
+    mut rx: tokio::sync::mpsc::Receiver<T>,
+    mut serve: impl FnMut(T) -> Option<Fut> + Send + 'static,
+) where
+    T: Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    tokio::spawn(async move {
+        loop {
+            let item = tokio::select! {
+                _ = cancel.cancelled() => return,
+                i = rx.recv() => match i { Some(i) => i, None => return },
+            };
+            if let Some(task) = serve(item) {
+                tracker.spawn(task);
+            }
+        }
+    });
+}
+
+/// The first half of a SIGTERM drain: marks the daemon draining (`/readyz` fails),
+/// stops the listeners, and waits up to `within` for the tasks on `tracker`. True when
+/// they all finished.
+pub async fn drain(
+    draining: &AtomicBool,
+    listeners: &tokio_util::sync::CancellationToken,
+    tracker: &tokio_util::task::TaskTracker,
+    within: Duration,
+) -> bool {
+    draining.store(true, Ordering::SeqCst);
+    listeners.cancel();
+    tracker.close();
+    tokio::time::timeout(within, tracker.wait()).await.is_ok()
 }
 
 #[cfg(test)]

@@ -100,24 +100,21 @@ impl GatewaySettings {
             .parse()
             .map_err(|_| err("listen_address", format!("`{addr}` is not an IP address")))?;
         let keys = gateway_keys(c)?;
-        let tunnel = interface_address("tunnel_address", &c.tunnel_address)?;
-        let agent = interface_address("agent_tunnel_address", &c.agent_tunnel_address)?;
-        let agent_ip = agent.0;
-        let tunnel6 = tunnel_pair6(
-            "tunnel_address6",
-            c.tunnel_address6.as_deref(),
-            "agent_tunnel_address6",
-            c.agent_tunnel_address6.as_deref(),
-        )?;
-        let mut tunnel_ranges = vec![tunnel, agent];
-        if let Some((own, agent6)) = tunnel6 {
-            tunnel_ranges.extend([own, (agent6, own.1)]);
-        }
-        let guest_cidrs = guest_ranges(
-            "guest_cidrs",
-            &c.guest_cidrs,
-            &tunnel_ranges,
-            "tunnel_address6 and agent_tunnel_address6",
+        let TunnelAddressing {
+            own: tunnel,
+            other: (agent_ip, _),
+            pair6: tunnel6,
+            ranges: guest_cidrs,
+        } = tunnel_addressing(
+            [
+                ("tunnel_address", &c.tunnel_address),
+                ("agent_tunnel_address", &c.agent_tunnel_address),
+            ],
+            [
+                ("tunnel_address6", c.tunnel_address6.as_deref()),
+                ("agent_tunnel_address6", c.agent_tunnel_address6.as_deref()),
+            ],
+            ("guest_cidrs", &c.guest_cidrs),
         )?;
         let mut allowed_sources = guest_cidrs.clone();
         allowed_sources.push(Cidr::new(
@@ -1190,7 +1187,7 @@ pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
     let slots = Arc::new(tokio::sync::Semaphore::new(s.max_connections as usize));
     let syn_slots = Arc::clone(&slots);
     let syn_metrics = metrics.clone();
-    let (stack, mut inbound) = stack::spawn(
+    let (stack, inbound) = stack::spawn(
         StackConfig {
             addresses: std::iter::once(s.tunnel)
                 .chain(s.tunnel6.map(|(own, _)| own))
@@ -1231,23 +1228,24 @@ pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
         dns.spawn_udp(u);
         dns.spawn_tcp(t);
     }
-    let handshake_done = Arc::new(AtomicBool::new(false));
     let draining = Arc::new(AtomicBool::new(false));
-    metrics.spawn_updater(
+    let reload = s
+        .key_reload
+        .zip(s.config_path.clone())
+        .map(|(every, path)| {
+            (every, move || {
+                daemon::load_json::<GatewayConfig>(&path).and_then(|c| gateway_keys(&c))
+            })
+        });
+    // The session flag is the metrics' only: readiness does not wait for a handshake (below).
+    daemon::spawn_tunnel_upkeep(
+        &metrics,
         handle.status.clone(),
         Arc::clone(&stack.counters),
-        Arc::clone(&handshake_done),
+        reload,
+        (s.keys.clone(), handle.keys.clone()),
+        cancel.clone(),
     );
-    if let (Some(every), Some(path)) = (s.key_reload, s.config_path.clone()) {
-        daemon::spawn_key_reload(
-            every,
-            s.keys.clone(),
-            move || daemon::load_json::<GatewayConfig>(&path).and_then(|c| gateway_keys(&c)),
-            handle.keys.clone(),
-            metrics.clone(),
-            cancel.clone(),
-        );
-    }
     // Ready once bound, not on a handshake: the agent dials in through a Service, and a
     // Service sends nothing to a pod that is not ready, so a handshake-gated readiness
     // would never let the first handshake arrive. Tunnel state is in the metrics and in
@@ -1290,24 +1288,17 @@ pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
         tokio::spawn(accept_loop(Arc::clone(&sh), l, Proto::peer, handle_peer));
     }
     {
-        let sh = Arc::clone(&sh);
-        tokio::spawn(async move {
-            loop {
-                let c = tokio::select! {
-                    _ = sh.cancel.cancelled() => return,
-                    c = inbound.recv() => match c { Some(c) => c, None => return },
-                };
-                let Ok(permit) = Arc::clone(&sh.slots).try_acquire_owned() else {
-                    sh.over_limit(Proto::exposed);
-                    drop(c);
-                    continue;
-                };
-                let fut = handle_inbound(Arc::clone(&sh), c);
-                sh.tracker.spawn(async move {
-                    fut.await;
-                    drop(permit);
-                });
-            }
+        let sh2 = Arc::clone(&sh);
+        daemon::spawn_serving(sh.cancel.clone(), sh.tracker.clone(), inbound, move |c| {
+            let Ok(permit) = Arc::clone(&sh2.slots).try_acquire_owned() else {
+                sh2.over_limit(Proto::exposed);
+                return None;
+            };
+            let fut = handle_inbound(Arc::clone(&sh2), c);
+            Some(async move {
+                fut.await;
+                drop(permit);
+            })
         });
     }
     tracing::info!(
@@ -1316,12 +1307,13 @@ pub async fn run(s: GatewaySettings) -> anyhow::Result<()> {
         "gateway running"
     );
     daemon::terminated().await?;
-    draining.store(true, Ordering::SeqCst);
-    listeners_cancel.cancel();
-    sh.tracker.close();
-    let drained = tokio::time::timeout(sh.s.drain_timeout, sh.tracker.wait())
-        .await
-        .is_ok();
+    let drained = daemon::drain(
+        &draining,
+        &listeners_cancel,
+        &sh.tracker,
+        sh.s.drain_timeout,
+    )
+    .await;
     let _ = dns.shutdown(Duration::from_secs(1)).await;
     cancel.cancel();
     if drained {

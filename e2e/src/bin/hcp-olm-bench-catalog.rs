@@ -12,7 +12,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hcp_olm_e2e::catalogbench::{self, mib, opm_serve, our_serve, percentile, ratio, serving, status_kb};
+use hcp_olm_e2e::catalogbench::{
+    self, mib, opm_serve, our_serve, percentile, ratio, serving, status_kb,
+};
 use hcp_olm_proto::api::registry_client::RegistryClient;
 use hcp_olm_proto::api::{self, GetBundleRequest};
 

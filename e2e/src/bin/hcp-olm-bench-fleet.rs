@@ -33,7 +33,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
-use hcp_olm_e2e::catalogbench::{self, cpu_time, mib, opm_serve, our_serve, percentile, ratio, registry_client, status_kb};
+use hcp_olm_e2e::catalogbench::{
+    self, cpu_time, mib, opm_serve, our_serve, percentile, ratio, registry_client, status_kb,
+};
 use hcp_olm_e2e::ports::free_port;
 use hcp_olm_e2e::process::{ManagedProcess, command};
 use hcp_olm_proto::api::{GetBundleRequest, ListBundlesRequest};
@@ -271,7 +273,8 @@ async fn start_opms(
             starting.push((process, port, started));
         }
         for (process, port, started) in starting {
-            let startup = catalogbench::wait_serving(&process, port, started, OPM_START_LIMIT).await?;
+            let startup =
+                catalogbench::wait_serving(&process, port, started, OPM_START_LIMIT).await?;
             out.push(Server {
                 process,
                 port,
