@@ -10,11 +10,12 @@ use time::format_description::well_known::Rfc3339;
 
 use crate::catalogs::{self, DEFAULT_CANDIDATES, DefaultCatalog, MinorVersion, RegistryOverride};
 use crate::hostedcluster::{
-    HCP_PULL_SECRET, HostedCluster, REGISTRY_OVERRIDES_ANNOTATION, SERVICE_NETWORK_ADMIN_KUBECONFIG,
+    HCP_PULL_SECRET, HostedCluster, HostedClusterSpec, REGISTRY_OVERRIDES_ANNOTATION,
+    SERVICE_NETWORK_ADMIN_KUBECONFIG,
 };
 use crate::hostedolm::{
     CatalogPlacement, CatalogServerKind, CatalogSharing, HostedOLMSpec, HyperShiftOLMMode,
-    SubscriptionDefaults, TunnelServiceType,
+    ImageOverrides, SubscriptionDefaults, TunnelServiceType,
 };
 use crate::operatorhub::OperatorHubSpec;
 
@@ -450,20 +451,107 @@ fn is_digest_ref(s: &str) -> bool {
 }
 
 /// Validate a HostedCluster with optional HostedOLM overrides. Collects every problem.
+///
+/// A composition of small parsers, one per part of the input, in this order (which is
+/// the order of the reasons reported): identity, release, placement and availability,
+/// networking, pause, TLS profile, OperatorHub, registry overrides, catalog pins and
+/// versions, images, tunnel. Each parser returns its part and adds its own problems to
+/// `errs`; the input is valid when none did.
 pub fn validate(
     hc: &HostedCluster,
     overrides: Option<&HostedOLMSpec>,
     facts: &ReleaseFacts,
     defaults: &ControllerDefaults,
 ) -> Result<ValidInput, Vec<ConditionReason>> {
-    use ReasonCode::*;
     let mut errs = Vec::new();
     let empty = HostedOLMSpec::default();
     let ov = overrides.unwrap_or(&empty);
     let spec = &hc.spec;
+    let e = &mut errs;
 
-    // Identity.
-    let cluster = match (
+    let cluster = identity(hc, e);
+    let release_version = release_version(hc, facts, e);
+    let placement = placement(ov, spec, e);
+    let availability = availability(spec, e);
+    let (guest_service_cidrs, guest_pod_cidrs) = networking(spec, e);
+    let paused_until = paused_until(spec, e);
+    let packageserver_tls_args = packageserver_tls_args(spec, e);
+    let (operator_hub, enabled_catalogs, hypershift_take_over) = operator_hub(spec, ov);
+    let (registry_overrides, registry_override_warnings) = registry_overrides(hc, ov, e);
+    let image_ov = ov.images.clone().unwrap_or_default();
+    let catalog_pins = catalog_pins(hc, &image_ov, e);
+    let (max_catalog_version, catalog_candidates) = catalog_versions(ov, defaults, e);
+    let images = images(&image_ov, facts, defaults, e);
+    let (tunnel_address, tunnel_key_rotation) = tunnel(ov, e);
+
+    match (cluster, release_version, images) {
+        (Some(cluster), Some(release_version), Some(images)) if errs.is_empty() => Ok(ValidInput {
+            cluster,
+            release_version,
+            placement,
+            availability,
+            operator_hub,
+            enabled_catalogs,
+            catalog_pins,
+            catalog_server: ov.catalog_server.unwrap_or_default(),
+            catalog_server_requested: ov.catalog_server,
+            catalog_server_image_overridden: image_ov.catalog_server.is_some(),
+            catalog_sharing: ov.catalog_sharing.unwrap_or(defaults.catalog_sharing),
+            lookup_credentials_are_own: false,
+            entitlement_unproven: Default::default(),
+            registry_overrides,
+            registry_override_warnings,
+            packageserver_tls_args,
+            monitoring_disabled: hc
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(DISABLE_MONITORING_ANNOTATION)),
+            zone_spread_required: !matches!(
+                spec.platform.as_ref().and_then(|p| p.type_.as_deref()),
+                Some("OpenStack" | "KubeVirt")
+            ),
+            max_catalog_version,
+            catalog_candidates,
+            images,
+            node_selector: spec.node_selector.clone().unwrap_or_default(),
+            tolerations: spec.tolerations.clone().unwrap_or_default(),
+            labels: spec.labels.clone().unwrap_or_default(),
+            paused_until,
+            kubeconfig_secret: defaults.kubeconfig_secret.clone(),
+            kubeconfig_key: defaults.kubeconfig_key.clone(),
+            pull_secret: defaults.pull_secret.clone(),
+            tunnel_service_type: ov
+                .tunnel
+                .as_ref()
+                .and_then(|t| t.service_type)
+                .unwrap_or_default(),
+            tunnel_address,
+            tunnel_key_rotation,
+            node_port_address: hc.node_port_address(),
+            subscription_defaults: ov.subscription_defaults.clone().unwrap_or_default(),
+            image_content_sources: spec
+                .image_content_sources
+                .iter()
+                .flatten()
+                .map(|s| (s.source.clone(), s.mirrors.clone()))
+                .collect(),
+            guest_service_cidrs,
+            guest_pod_cidrs,
+            hypershift_take_over,
+        }),
+        _ => {
+            for e in &errs {
+                tracing::debug!(field = %e.field, reason = e.code.as_str(), "validation: {}", e.message);
+            }
+            Err(errs)
+        }
+    }
+}
+
+/// The HostedCluster's namespace and name, and the HCP namespace they make.
+fn identity(hc: &HostedCluster, errs: &mut Vec<ConditionReason>) -> Option<ClusterRef> {
+    match (
         hc.metadata.namespace.as_deref(),
         hc.metadata.name.as_deref(),
     ) {
@@ -471,7 +559,7 @@ pub fn validate(
             let hcp = format!("{ns}-{name}");
             if hcp.len() > 63 {
                 errs.push(ConditionReason::new(
-                    MissingClusterIdentity,
+                    ReasonCode::MissingClusterIdentity,
                     "HostedCluster.metadata.name",
                     format!("HCP namespace {hcp:?} is longer than 63 characters"),
                 ));
@@ -484,15 +572,21 @@ pub fn validate(
         }
         _ => {
             errs.push(ConditionReason::new(
-                MissingClusterIdentity,
+                ReasonCode::MissingClusterIdentity,
                 "HostedCluster.metadata",
                 "metadata.namespace and metadata.name are required",
             ));
             None
         }
-    };
+    }
+}
 
-    // Release version: release image label, else the version HyperShift reports.
+/// Release version: the release image's label, else the version HyperShift reports.
+fn release_version(
+    hc: &HostedCluster,
+    facts: &ReleaseFacts,
+    errs: &mut Vec<ConditionReason>,
+) -> Option<semver::Version> {
     let status_version = hc
         .status
         .as_ref()
@@ -505,14 +599,14 @@ pub fn validate(
         .clone()
         .filter(|v| !v.is_empty())
         .or(status_version);
-    let release_version = match raw_version {
+    match raw_version {
         None => {
             errs.push(ConditionReason::new(
-                MissingReleaseVersion,
+                ReasonCode::MissingReleaseVersion,
                 "HostedCluster.spec.release.image",
                 format!(
                     "cannot determine the release version of {:?}: no io.openshift.release label and no status.version.desired.version",
-                    spec.release.image
+                    hc.spec.release.image
                 ),
             ));
             None
@@ -521,130 +615,150 @@ pub fn validate(
             Some(sv) => Some(sv),
             None => {
                 errs.push(ConditionReason::new(
-                    InvalidReleaseVersion,
+                    ReasonCode::InvalidReleaseVersion,
                     "HostedCluster.spec.release.image",
                     format!("release version {v:?} is not a semantic version"),
                 ));
                 None
             }
         },
-    };
+    }
+}
 
-    // Placement: override wins, else HostedCluster, else management.
-    let placement = match ov.catalog_placement {
+/// Placement: the HostedOLM override wins, else the HostedCluster's, else management.
+fn placement(
+    ov: &HostedOLMSpec,
+    spec: &HostedClusterSpec,
+    errs: &mut Vec<ConditionReason>,
+) -> CatalogPlacement {
+    match ov.catalog_placement {
         Some(p) => p,
         None => match spec.olm_catalog_placement.as_deref() {
             None | Some("") | Some("management") => CatalogPlacement::Management,
             Some("guest") => CatalogPlacement::Guest,
             Some(other) => {
                 errs.push(ConditionReason::new(
-                    InvalidCatalogPlacement,
+                    ReasonCode::InvalidCatalogPlacement,
                     "HostedCluster.spec.olmCatalogPlacement",
                     format!("{other:?} is neither \"management\" nor \"guest\""),
                 ));
                 CatalogPlacement::Management
             }
         },
-    };
+    }
+}
 
-    let availability = match spec.controller_availability_policy.as_deref() {
+fn availability(spec: &HostedClusterSpec, errs: &mut Vec<ConditionReason>) -> AvailabilityPolicy {
+    match spec.controller_availability_policy.as_deref() {
         // unset: HyperShift's API default (the CRD defaults it too)
         None | Some("") | Some("HighlyAvailable") => AvailabilityPolicy::HighlyAvailable,
         Some("SingleReplica") => AvailabilityPolicy::SingleReplica,
         Some(other) => {
             errs.push(ConditionReason::new(
-                InvalidAvailabilityPolicy,
+                ReasonCode::InvalidAvailabilityPolicy,
                 "HostedCluster.spec.controllerAvailabilityPolicy",
                 format!("{other:?} is neither SingleReplica nor HighlyAvailable"),
             ));
             AvailabilityPolicy::SingleReplica
         }
-    };
+    }
+}
 
-    let mut cidrs =
-        |field: &str, entries: Option<&Vec<crate::hostedcluster::NetworkEntry>>, default: &str| {
-            let n = entries.map_or(0, Vec::len);
-            if n > MAX_NETWORK_ENTRIES {
-                // Each range becomes tunnel routes and split-DNS reverse zones (up to 128
-                // each) in both tunnel ends: a HostedCluster owner must not size those.
-                errs.push(ConditionReason::new(
-                    InvalidNetworking,
-                    format!("HostedCluster.spec.networking.{field}"),
-                    format!("{n} ranges; at most {MAX_NETWORK_ENTRIES} are carried by the tunnel"),
-                ));
-                return vec![default.to_string()];
-            }
-            let list: Vec<String> = entries
-                .into_iter()
-                .flatten()
-                .enumerate()
-                .filter_map(|(i, e)| {
-                    let problem = match parse_cidr(&e.cidr) {
-                        None => Some(format!("{:?} is not an IPv4 or IPv6 CIDR", e.cidr)),
-                        // A range the tunnel cannot route: all addresses, or its own.
-                        Some(c) if c.1 == 0 => Some(format!(
-                            "{:?}: a /0 would send every address into the tunnel",
-                            e.cidr
-                        )),
-                        Some(c) => [TUNNEL_RANGE, TUNNEL_RANGE6]
-                            .into_iter()
-                            .find(|t| cidrs_overlap(c, *t))
-                            .map(|t| {
-                                format!(
-                                    "{:?}: overlaps the tunnel's own range {}/{}",
-                                    e.cidr, t.0, t.1
-                                )
-                            }),
-                    };
-                    match problem {
-                        None => Some(e.cidr.clone()),
-                        Some(p) => {
-                            errs.push(ConditionReason::new(
-                                InvalidNetworking,
-                                format!("HostedCluster.spec.networking.{field}[{i}].cidr"),
-                                p,
-                            ));
-                            None
-                        }
-                    }
-                })
-                .collect();
-            if list.is_empty() {
-                vec![default.to_string()]
-            } else {
-                list
-            }
-        };
-    let guest_service_cidrs = cidrs(
+/// The guest's service and pod ranges (each the default when none is usable).
+fn networking(
+    spec: &HostedClusterSpec,
+    errs: &mut Vec<ConditionReason>,
+) -> (Vec<String>, Vec<String>) {
+    let service = network_ranges(
         "serviceNetwork",
         spec.networking.as_ref().map(|n| &n.service_network),
         DEFAULT_SERVICE_CIDR,
+        errs,
     );
-    let guest_pod_cidrs = cidrs(
+    let pod = network_ranges(
         "clusterNetwork",
         spec.networking.as_ref().map(|n| &n.cluster_network),
         DEFAULT_POD_CIDR,
+        errs,
     );
+    (service, pod)
+}
 
-    let paused_until = match spec.paused_until.as_deref() {
+/// One list of `spec.networking.<field>`: its usable CIDRs, or `default` when none is.
+fn network_ranges(
+    field: &str,
+    entries: Option<&Vec<crate::hostedcluster::NetworkEntry>>,
+    default: &str,
+    errs: &mut Vec<ConditionReason>,
+) -> Vec<String> {
+    let n = entries.map_or(0, Vec::len);
+    if n > MAX_NETWORK_ENTRIES {
+        // Each range becomes tunnel routes and split-DNS reverse zones (up to 128
+        // each) in both tunnel ends: a HostedCluster owner must not size those.
+        errs.push(ConditionReason::new(
+            ReasonCode::InvalidNetworking,
+            format!("HostedCluster.spec.networking.{field}"),
+            format!("{n} ranges; at most {MAX_NETWORK_ENTRIES} are carried by the tunnel"),
+        ));
+        return vec![default.to_string()];
+    }
+    let mut list = Vec::new();
+    for (i, e) in entries.into_iter().flatten().enumerate() {
+        match range_problem(&e.cidr) {
+            None => list.push(e.cidr.clone()),
+            Some(p) => errs.push(ConditionReason::new(
+                ReasonCode::InvalidNetworking,
+                format!("HostedCluster.spec.networking.{field}[{i}].cidr"),
+                p,
+            )),
+        }
+    }
+    if list.is_empty() {
+        vec![default.to_string()]
+    } else {
+        list
+    }
+}
+
+/// Why a guest range cannot be carried by the tunnel: not a CIDR, all addresses, or the
+/// tunnel's own range.
+fn range_problem(cidr: &str) -> Option<String> {
+    match parse_cidr(cidr) {
+        None => Some(format!("{cidr:?} is not an IPv4 or IPv6 CIDR")),
+        Some(c) if c.1 == 0 => Some(format!(
+            "{cidr:?}: a /0 would send every address into the tunnel"
+        )),
+        Some(c) => [TUNNEL_RANGE, TUNNEL_RANGE6]
+            .into_iter()
+            .find(|t| cidrs_overlap(c, *t))
+            .map(|t| format!("{cidr:?}: overlaps the tunnel's own range {}/{}", t.0, t.1)),
+    }
+}
+
+fn paused_until(spec: &HostedClusterSpec, errs: &mut Vec<ConditionReason>) -> PausedUntil {
+    match spec.paused_until.as_deref() {
         None | Some("") => PausedUntil::NotPaused,
         Some("true") => PausedUntil::Forever,
         Some(s) => match OffsetDateTime::parse(s, &Rfc3339) {
             Ok(t) => PausedUntil::Until(t),
             Err(_) => {
                 errs.push(ConditionReason::new(
-                    InvalidPausedUntil,
+                    ReasonCode::InvalidPausedUntil,
                     "HostedCluster.spec.pausedUntil",
                     format!("{s:?} is neither \"true\" nor an RFC3339 time"),
                 ));
                 PausedUntil::NotPaused
             }
         },
-    };
+    }
+}
 
-    // OperatorHub and the enabled catalogs.
-    // The guest API server's TLS profile also governs packageserver (as in HyperShift).
-    let packageserver_tls_args = match crate::tls::server_args(
+/// The guest API server's TLS profile also governs packageserver (as in HyperShift).
+fn packageserver_tls_args(
+    spec: &HostedClusterSpec,
+    errs: &mut Vec<ConditionReason>,
+) -> Vec<String> {
+    match crate::tls::server_args(
         spec.configuration
             .as_ref()
             .and_then(|c| c.api_server.as_ref())
@@ -653,33 +767,48 @@ pub fn validate(
         Ok(a) => a,
         Err(e) => {
             errs.push(ConditionReason::new(
-                InvalidTLSSecurityProfile,
+                ReasonCode::InvalidTLSSecurityProfile,
                 "HostedCluster.spec.configuration.apiServer.tlsSecurityProfile",
                 e,
             ));
             Vec::new()
         }
-    };
+    }
+}
+
+/// OperatorHub, the default catalogs it enables (none under TakeOver: HyperShift's
+/// catalogs and CatalogSources keep serving; at most HostedOLM's `defaultCatalogs`), and
+/// whether HyperShift's OLM is taken over.
+fn operator_hub(
+    spec: &HostedClusterSpec,
+    ov: &HostedOLMSpec,
+) -> (OperatorHubSpec, Vec<DefaultCatalog>, bool) {
     let operator_hub = spec
         .configuration
         .as_ref()
         .and_then(|c| c.operatorhub.clone())
         .unwrap_or_default();
-    let hypershift_take_over = ov.hyper_shift_olm == Some(HyperShiftOLMMode::TakeOver);
-    let mut enabled_catalogs = operator_hub.enabled_catalogs();
-    if hypershift_take_over {
-        // HyperShift's catalogs (and its CatalogSources in the guest) keep serving.
-        enabled_catalogs.clear();
+    let take_over = ov.hyper_shift_olm == Some(HyperShiftOLMMode::TakeOver);
+    let mut enabled = operator_hub.enabled_catalogs();
+    if take_over {
+        enabled.clear();
     }
     if let Some(only) = &ov.default_catalogs {
-        enabled_catalogs.retain(|c| only.contains(c));
+        enabled.retain(|c| only.contains(c));
     }
+    (operator_hub, enabled, take_over)
+}
 
-    // Registry overrides: annotation first, then HostedOLM; mirrors are tried in that
-    // order (catalogs::catalog_registries). As in HyperShift, a malformed pair is skipped,
-    // not fatal: it becomes a warning (an Event on the HostedCluster).
-    let mut registry_overrides = Vec::new();
-    let mut registry_override_warnings = Vec::new();
+/// Registry overrides: annotation first, then HostedOLM; mirrors are tried in that order
+/// (catalogs::catalog_registries). As in HyperShift, a malformed pair of the annotation
+/// is skipped, not fatal: it becomes a warning (an Event on the HostedCluster).
+fn registry_overrides(
+    hc: &HostedCluster,
+    ov: &HostedOLMSpec,
+    errs: &mut Vec<ConditionReason>,
+) -> (Vec<RegistryOverride>, Vec<String>) {
+    let mut overrides = Vec::new();
+    let mut warnings = Vec::new();
     if let Some(text) = hc
         .metadata
         .annotations
@@ -691,38 +820,45 @@ pub fn validate(
         for piece in skipped.iter().take(5) {
             let mut piece = piece.clone();
             truncate_chars(&mut piece, 120);
-            registry_override_warnings.push(format!(
+            warnings.push(format!(
                 "{field}: skipped {piece:?}: not of the form source=mirror"
             ));
         }
         if skipped.len() > 5 {
-            registry_override_warnings.push(format!(
+            warnings.push(format!(
                 "{field}: {} more malformed pairs skipped",
                 skipped.len() - 5
             ));
         }
-        inapplicable_sources(&field, &pairs, &mut registry_override_warnings);
-        registry_overrides.extend(pairs);
+        inapplicable_sources(&field, &pairs, &mut warnings);
+        overrides.extend(pairs);
     }
     inapplicable_sources(
         "HostedOLM.spec.registryOverrides",
         &ov.registry_overrides,
-        &mut registry_override_warnings,
+        &mut warnings,
     );
     for (i, o) in ov.registry_overrides.iter().enumerate() {
         if o.source.trim().is_empty() || o.mirror.trim().is_empty() {
             errs.push(ConditionReason::new(
-                InvalidOverride,
+                ReasonCode::InvalidOverride,
                 format!("HostedOLM.spec.registryOverrides[{i}]"),
                 "source and mirror must both be set",
             ));
         } else {
-            registry_overrides.push(o.clone());
+            overrides.push(o.clone());
         }
     }
+    (overrides, warnings)
+}
 
-    // Catalog pins: HostedCluster annotations, then HostedOLM images.catalogs.
-    let mut catalog_pins = BTreeMap::new();
+/// Catalog pins: HostedCluster annotations, then HostedOLM `images.catalogs`.
+fn catalog_pins(
+    hc: &HostedCluster,
+    image_ov: &ImageOverrides,
+    errs: &mut Vec<ConditionReason>,
+) -> BTreeMap<DefaultCatalog, String> {
+    let mut pins = BTreeMap::new();
     for c in DefaultCatalog::ALL {
         if let Some(img) = hc
             .metadata
@@ -731,42 +867,49 @@ pub fn validate(
             .and_then(|a| a.get(&c.pin_annotation()))
         {
             if is_digest_ref(img) {
-                catalog_pins.insert(c, img.clone());
+                pins.insert(c, img.clone());
             } else {
                 errs.push(ConditionReason::new(
-                    InvalidCatalogPin,
+                    ReasonCode::InvalidCatalogPin,
                     format!("HostedCluster.metadata.annotations[{}]", c.pin_annotation()),
                     format!("{img:?} is not an image pinned by digest (repo@sha256:<64 hex>)"),
                 ));
             }
         }
     }
-    let image_ov = ov.images.clone().unwrap_or_default();
     for (name, img) in &image_ov.catalogs {
         match DefaultCatalog::from_name(name) {
             None => errs.push(ConditionReason::new(
-                InvalidOverride,
+                ReasonCode::InvalidOverride,
                 format!("HostedOLM.spec.images.catalogs[{name}]"),
                 "not a default catalog (redhat-operators, certified-operators, community-operators)",
             )),
             Some(_) if !is_digest_ref(img) => errs.push(ConditionReason::new(
-                InvalidCatalogPin,
+                ReasonCode::InvalidCatalogPin,
                 format!("HostedOLM.spec.images.catalogs[{name}]"),
                 format!("{img:?} is not an image pinned by digest (repo@sha256:<64 hex>)"),
             )),
             Some(c) => {
-                catalog_pins.insert(c, img.clone());
+                pins.insert(c, img.clone());
             }
         }
     }
+    pins
+}
 
-    let max_catalog_version = match &ov.max_catalog_version {
+/// The newest catalog minor and how many minors are candidates.
+fn catalog_versions(
+    ov: &HostedOLMSpec,
+    defaults: &ControllerDefaults,
+    errs: &mut Vec<ConditionReason>,
+) -> (Option<MinorVersion>, usize) {
+    let max = match &ov.max_catalog_version {
         None => defaults.max_catalog_version,
         Some(s) => match MinorVersion::parse(s) {
             Some(v) => Some(v),
             None => {
                 errs.push(ConditionReason::new(
-                    InvalidOverride,
+                    ReasonCode::InvalidOverride,
                     "HostedOLM.spec.maxCatalogVersion",
                     format!("{s:?} is not a version like 4.22"),
                 ));
@@ -774,104 +917,143 @@ pub fn validate(
             }
         },
     };
-    let catalog_candidates = match ov.catalog_fallback_minors {
+    let candidates = match ov.catalog_fallback_minors {
         None => DEFAULT_CANDIDATES,
         Some(n) if n <= 10 => n as usize + 1,
         Some(n) => {
             errs.push(ConditionReason::new(
-                InvalidOverride,
+                ReasonCode::InvalidOverride,
                 "HostedOLM.spec.catalogFallbackMinors",
                 format!("{n} is more than 10"),
             ));
             DEFAULT_CANDIDATES
         }
     };
+    (max, candidates)
+}
 
-    // Images.
-    let mut image =
-        |field: &str, ov: &Option<String>, fact: Option<&String>, default: Option<&str>| {
-            if let Some(v) = ov {
-                if valid_image_ref(v) {
-                    return Some(v.clone());
-                }
-                errs.push(ConditionReason::new(
-                    InvalidOverride,
-                    format!("HostedOLM.spec.images.{field}"),
-                    format!("{v:?} is not an image reference"),
-                ));
-                return None;
-            }
-            if let Some(v) = fact.filter(|v| !v.is_empty()) {
-                return Some(v.clone());
-            }
-            default.map(str::to_string)
-        };
-    let olm = image("olm", &image_ov.olm, facts.olm_image.as_ref(), None);
+/// An image: the HostedOLM override (when a valid reference), else the release fact,
+/// else the controller's default.
+fn image(
+    field: &str,
+    ov: &Option<String>,
+    fact: Option<&String>,
+    default: Option<&str>,
+    errs: &mut Vec<ConditionReason>,
+) -> Option<String> {
+    if let Some(v) = ov {
+        if valid_image_ref(v) {
+            return Some(v.clone());
+        }
+        errs.push(ConditionReason::new(
+            ReasonCode::InvalidOverride,
+            format!("HostedOLM.spec.images.{field}"),
+            format!("{v:?} is not an image reference"),
+        ));
+        return None;
+    }
+    if let Some(v) = fact.filter(|v| !v.is_empty()) {
+        return Some(v.clone());
+    }
+    default.map(str::to_string)
+}
+
+/// Every image; `None` when the OLM image is not known (the reason is in `errs`).
+fn images(
+    image_ov: &ImageOverrides,
+    facts: &ReleaseFacts,
+    defaults: &ControllerDefaults,
+    errs: &mut Vec<ConditionReason>,
+) -> Option<Images> {
+    let olm = image("olm", &image_ov.olm, facts.olm_image.as_ref(), None, errs);
     let operator_registry = image(
         "operatorRegistry",
         &image_ov.operator_registry,
         facts.operator_registry_image.as_ref(),
         None,
+        errs,
     );
     let catalog_server = image(
         "catalogServer",
         &image_ov.catalog_server,
         None,
         Some(defaults.catalog_server_image.as_str()),
+        errs,
     );
     let tunnel_gateway = image(
         "tunnelGateway",
         &image_ov.tunnel_gateway,
         None,
         Some(defaults.tunnel_gateway_image.as_str()),
+        errs,
     );
     let guest_agent = image(
         "guestAgent",
         &image_ov.guest_agent,
         None,
         Some(defaults.guest_agent_image.as_str()),
+        errs,
     );
     if olm.is_none() && image_ov.olm.is_none() {
-        let field = "HostedCluster.spec.release.image";
-        errs.push(match &facts.payload_problem {
-            Some(PayloadProblem::Unreadable(msg)) => ConditionReason::new(
-                ReleasePayloadUnreadable,
-                field,
-                format!(
-                    "the OLM image cannot be taken from the release payload: {msg} (set HostedOLM spec.images.olm to override)"
-                ),
-            ),
-            Some(PayloadProblem::DigestMismatch(msg)) => ConditionReason::new(
-                ReleasePayloadDigestMismatch,
-                field,
-                format!(
-                    "the release payload was refused: {msg} (a mirror in spec.imageContentSources or the registry serves other content under this digest)"
-                ),
-            ),
-            Some(PayloadProblem::TooLarge(msg)) => ConditionReason::new(
-                RegistryResponseTooLarge,
-                field,
-                format!(
-                    "the release payload cannot be read: {msg} (set HostedOLM spec.images.olm to override)"
-                ),
-            ),
-            Some(PayloadProblem::OLMImageMissing(msg)) => ConditionReason::new(
-                OLMImageNotInPayload,
-                field,
-                format!("{msg} (set HostedOLM spec.images.olm to override)"),
-            ),
-            None => ConditionReason::new(
-                WaitingForReleaseInfo,
-                field,
-                "the operator-lifecycle-manager image of the release payload is not known yet",
-            ),
-        });
+        errs.push(olm_image_unknown(facts.payload_problem.as_ref()));
     }
-    let tunnel_address = ov.tunnel.as_ref().and_then(|t| t.address.clone());
-    if let Some(a) = &tunnel_address {
+    let olm = olm?;
+    Some(Images {
+        // operator-registry only matters for bundle unpack Jobs; fall back to the OLM image.
+        operator_registry: operator_registry.unwrap_or_else(|| olm.clone()),
+        olm,
+        catalog_server: catalog_server.unwrap_or_default(),
+        tunnel_gateway: tunnel_gateway.unwrap_or_default(),
+        guest_agent: guest_agent.unwrap_or_default(),
+    })
+}
+
+/// Why the OLM image is not known, from what reading the release payload found.
+fn olm_image_unknown(problem: Option<&PayloadProblem>) -> ConditionReason {
+    use ReasonCode::*;
+    let field = "HostedCluster.spec.release.image";
+    match problem {
+        Some(PayloadProblem::Unreadable(msg)) => ConditionReason::new(
+            ReleasePayloadUnreadable,
+            field,
+            format!(
+                "the OLM image cannot be taken from the release payload: {msg} (set HostedOLM spec.images.olm to override)"
+            ),
+        ),
+        Some(PayloadProblem::DigestMismatch(msg)) => ConditionReason::new(
+            ReleasePayloadDigestMismatch,
+            field,
+            format!(
+                "the release payload was refused: {msg} (a mirror in spec.imageContentSources or the registry serves other content under this digest)"
+            ),
+        ),
+        Some(PayloadProblem::TooLarge(msg)) => ConditionReason::new(
+            RegistryResponseTooLarge,
+            field,
+            format!(
+                "the release payload cannot be read: {msg} (set HostedOLM spec.images.olm to override)"
+            ),
+        ),
+        Some(PayloadProblem::OLMImageMissing(msg)) => ConditionReason::new(
+            OLMImageNotInPayload,
+            field,
+            format!("{msg} (set HostedOLM spec.images.olm to override)"),
+        ),
+        None => ConditionReason::new(
+            WaitingForReleaseInfo,
+            field,
+            "the operator-lifecycle-manager image of the release payload is not known yet",
+        ),
+    }
+}
+
+/// The tunnel's address override and key-rotation token.
+fn tunnel(ov: &HostedOLMSpec, errs: &mut Vec<ConditionReason>) -> (Option<String>, Option<String>) {
+    let address = ov.tunnel.as_ref().and_then(|t| t.address.clone());
+    if let Some(a) = &address {
         if !valid_host(a) {
             errs.push(ConditionReason::new(
-                InvalidOverride,
+                ReasonCode::InvalidOverride,
                 "HostedOLM.spec.tunnel.address",
                 format!("{a:?} is not a host name or IP address"),
             ));
@@ -881,102 +1063,27 @@ pub fn validate(
             .and_then(hcp_olm_tunnel_api::unusable_endpoint_ip)
         {
             errs.push(ConditionReason::new(
-                InvalidOverride,
+                ReasonCode::InvalidOverride,
                 "HostedOLM.spec.tunnel.address",
                 format!("{a} is a {why} address: the guest cannot reach the gateway there"),
             ));
         }
     }
-    let tunnel_key_rotation = ov
+    let key_rotation = ov
         .tunnel
         .as_ref()
         .and_then(|t| t.key_rotation.clone())
         .filter(|t| !t.is_empty());
-    if let Some(t) = &tunnel_key_rotation
+    if let Some(t) = &key_rotation
         && (t.len() > 253 || t.chars().any(char::is_control))
     {
         errs.push(ConditionReason::new(
-            InvalidOverride,
+            ReasonCode::InvalidOverride,
             "HostedOLM.spec.tunnel.keyRotation",
             "must be at most 253 characters without control characters",
         ));
     }
-    // operator-registry only matters for bundle unpack Jobs; fall back to the OLM image.
-    let operator_registry = operator_registry.or_else(|| olm.clone());
-
-    match (cluster, release_version, olm, operator_registry) {
-        (Some(cluster), Some(release_version), Some(olm), Some(operator_registry))
-            if errs.is_empty() =>
-        {
-            Ok(ValidInput {
-                cluster,
-                release_version,
-                placement,
-                availability,
-                operator_hub,
-                enabled_catalogs,
-                catalog_pins,
-                catalog_server: ov.catalog_server.unwrap_or_default(),
-                catalog_server_requested: ov.catalog_server,
-                catalog_server_image_overridden: image_ov.catalog_server.is_some(),
-                catalog_sharing: ov.catalog_sharing.unwrap_or(defaults.catalog_sharing),
-                lookup_credentials_are_own: false,
-                entitlement_unproven: Default::default(),
-                registry_overrides,
-                registry_override_warnings,
-                packageserver_tls_args,
-                monitoring_disabled: hc
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .is_some_and(|a| a.contains_key(DISABLE_MONITORING_ANNOTATION)),
-                zone_spread_required: !matches!(
-                    spec.platform.as_ref().and_then(|p| p.type_.as_deref()),
-                    Some("OpenStack" | "KubeVirt")
-                ),
-                max_catalog_version,
-                catalog_candidates,
-                images: Images {
-                    olm,
-                    operator_registry,
-                    catalog_server: catalog_server.unwrap_or_default(),
-                    tunnel_gateway: tunnel_gateway.unwrap_or_default(),
-                    guest_agent: guest_agent.unwrap_or_default(),
-                },
-                node_selector: spec.node_selector.clone().unwrap_or_default(),
-                tolerations: spec.tolerations.clone().unwrap_or_default(),
-                labels: spec.labels.clone().unwrap_or_default(),
-                paused_until,
-                kubeconfig_secret: defaults.kubeconfig_secret.clone(),
-                kubeconfig_key: defaults.kubeconfig_key.clone(),
-                pull_secret: defaults.pull_secret.clone(),
-                tunnel_service_type: ov
-                    .tunnel
-                    .as_ref()
-                    .and_then(|t| t.service_type)
-                    .unwrap_or_default(),
-                tunnel_address,
-                tunnel_key_rotation,
-                node_port_address: hc.node_port_address(),
-                subscription_defaults: ov.subscription_defaults.clone().unwrap_or_default(),
-                image_content_sources: spec
-                    .image_content_sources
-                    .iter()
-                    .flatten()
-                    .map(|s| (s.source.clone(), s.mirrors.clone()))
-                    .collect(),
-                guest_service_cidrs,
-                guest_pod_cidrs,
-                hypershift_take_over,
-            })
-        }
-        _ => {
-            for e in &errs {
-                tracing::debug!(field = %e.field, reason = e.code.as_str(), "validation: {}", e.message);
-            }
-            Err(errs)
-        }
-    }
+    (address, key_rotation)
 }
 
 /// A DNS name or an IP address (no port).
