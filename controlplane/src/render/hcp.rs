@@ -8,6 +8,8 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use time::format_description::well_known::Rfc3339;
 
+mod olm;
+
 use super::labels::{self, metadata, selector};
 use super::tunnel::{
     EXTRA_PRIVATE_KEY_KEY, PRIVATE_KEY_KEY, allowed_local_services, exposed_services,
@@ -525,7 +527,6 @@ pub(super) fn render(
         .get(&v.kubeconfig_secret)
         .cloned()
         .unwrap_or_else(|| "absent".to_string());
-    let olm_replicas = |n: i32| if input.guest_olm_crds_ready { n } else { 0 };
     if !input.guest_olm_crds_ready {
         out.pending.push(Pending {
             component: "olm".into(),
@@ -964,240 +965,16 @@ pub(super) fn render(
         }
     }
 
-    let common_env = |extra: Vec<Value>| {
-        let mut env = extra;
-        env.push(json!({"name": "RELEASE_VERSION", "value": v.release_version.to_string()}));
-        env.push(json!({"name": "KUBECONFIG", "value": kubeconfig_path}));
-        env.push(json!({"name": "GRPC_PROXY", "value": grpc_proxy()}));
-        env.push(json!({"name": "NO_PROXY", "value": no_proxy(v, catalogs)}));
-        Value::Array(env)
-    };
-    let kube_mount = json!({"name": "kubeconfig", "mountPath": KUBECONFIG_DIR, "readOnly": true});
-    let tmp_mount = json!({"name": "tmp", "mountPath": "/tmp"});
-    let operator_hash = config_hash(&BTreeMap::from([(
-        v.kubeconfig_secret.clone(),
-        kubeconfig_hash.clone(),
-    )]));
-
-    // catalog-operator: pflag double-dash flags; --kubeconfig is a real flag here.
-    let mut catalog_operator = deployment(
-        input,
-        PodSpec {
-            name: names::CATALOG_OPERATOR,
-            component: "catalog-operator",
-            replicas: olm_replicas(1),
-            service_account: names::CATALOG_OPERATOR,
-            automount_token: false,
-            priority_class: CONTROL_PLANE_PRIORITY,
-            init_containers: vec![],
-            containers: vec![json!({
-                "name": "catalog-operator",
-                "image": v.images.olm,
-                "imagePullPolicy": "IfNotPresent",
-                "command": ["/bin/catalog"],
-                "args": [
-                    "--namespace", GLOBAL_CATALOG_NAMESPACE,
-                    "--configmapServerImage", v.images.operator_registry,
-                    "--opmImage", v.images.operator_registry,
-                    "--util-image", v.images.olm,
-                    "--writeStatusName", "operator-lifecycle-manager-catalog",
-                    "--kubeconfig", kubeconfig_path,
-                ],
-                "env": common_env(vec![]),
-                "ports": [{"name": "http-metrics", "containerPort": ports::OLM_HEALTH_METRICS, "protocol": "TCP"}],
-                "livenessProbe": http_probe("/healthz", ports::OLM_HEALTH_METRICS, "HTTP", 60, 3),
-                "readinessProbe": http_probe("/healthz", ports::OLM_HEALTH_METRICS, "HTTP", 0, 3),
-                "resources": resources("10m", "80Mi"),
-                "securityContext": container_security(),
-                "volumeMounts": [kube_mount.clone(), tmp_mount.clone()],
-            })],
-            volumes: vec![kubeconfig_volume(v), tmp_volume()],
-            config_hash: operator_hash.clone(),
-            image_pull_secrets: vec![],
-            strategy: None,
-            termination_grace_seconds: None,
+    olm::render(
+        &olm::Shared {
+            input,
+            catalogs,
+            kubeconfig_path: &kubeconfig_path,
+            kubeconfig_hash: &kubeconfig_hash,
+            metrics_hashes: &metrics_hashes,
+            packageserver_cert_hash: &ps_hash,
         },
-    );
-    if let Some(h) = metrics_hashes.get(names::CATALOG_OPERATOR_METRICS_CERT) {
-        serve_metrics_over_tls(
-            &mut catalog_operator,
-            names::CATALOG_OPERATOR_METRICS_CERT,
-            h,
-        );
-    }
-    push(out, catalog_operator, "deployments");
-
-    // olm-operator: NO --kubeconfig flag (controller-runtime reads KUBECONFIG).
-    let mut olm_operator = deployment(
-        input,
-        PodSpec {
-            name: names::OLM_OPERATOR,
-            component: "olm-operator",
-            replicas: olm_replicas(1),
-            service_account: names::OLM_OPERATOR,
-            automount_token: false,
-            priority_class: CONTROL_PLANE_PRIORITY,
-            init_containers: vec![],
-            containers: vec![json!({
-                "name": "olm-operator",
-                "image": v.images.olm,
-                "imagePullPolicy": "IfNotPresent",
-                "command": ["/bin/olm"],
-                "args": [
-                    "--namespace", "$(OPERATOR_NAMESPACE)",
-                    "--writeStatusName", "operator-lifecycle-manager",
-                    "--writePackageServerStatusName=",
-                ],
-                "env": common_env(vec![
-                    json!({"name": "OPERATOR_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}),
-                    json!({"name": "OPERATOR_NAME", "value": "olm-operator"}),
-                ]),
-                "ports": [{"name": "http-metrics", "containerPort": ports::OLM_HEALTH_METRICS, "protocol": "TCP"}],
-                "livenessProbe": http_probe("/healthz", ports::OLM_HEALTH_METRICS, "HTTP", 60, 3),
-                "readinessProbe": http_probe("/healthz", ports::OLM_HEALTH_METRICS, "HTTP", 0, 3),
-                "resources": resources("10m", "160Mi"),
-                "securityContext": container_security(),
-                "volumeMounts": [kube_mount.clone(), tmp_mount.clone()],
-            })],
-            volumes: vec![kubeconfig_volume(v), tmp_volume()],
-            config_hash: operator_hash,
-            image_pull_secrets: vec![],
-            strategy: None,
-            termination_grace_seconds: None,
-        },
-    );
-    if let Some(h) = metrics_hashes.get(names::OLM_OPERATOR_METRICS_CERT) {
-        serve_metrics_over_tls(&mut olm_operator, names::OLM_OPERATOR_METRICS_CERT, h);
-    }
-    push(out, olm_operator, "deployments");
-
-    // packageserver: aggregated API server on 5443 with our serving cert.
-    let (ps_replicas, ps_strategy) = match v.availability {
-        AvailabilityPolicy::SingleReplica => (1, None),
-        AvailabilityPolicy::HighlyAvailable => (
-            3,
-            Some(
-                json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}),
-            ),
-        ),
-    };
-    let mut ps_hash_parts = BTreeMap::from([(v.kubeconfig_secret.clone(), kubeconfig_hash)]);
-    // TakeOver: ours serves HyperShift's certificate (its root CA is in the guest APIService
-    // its hosted-cluster-config-operator writes); otherwise ours, signed by our CA.
-    let serving_cert_secret = if v.hypershift_take_over {
-        let h = match input
-            .external_secret_hashes
-            .get(names::HYPERSHIFT_PACKAGESERVER_CERT)
-        {
-            Some(h) => h.clone(),
-            None => {
-                // Our pods would wait for the volume without saying why: say it here.
-                out.pending.push(Pending {
-                    component: "packageserver".into(),
-                    reason: "WaitingForHyperShiftPackageServerCert",
-                    severity: Severity::Progressing,
-                    message: format!(
-                        "taking over from HyperShift's OLM, packageserver serves HyperShift's certificate, but Secret {}/{} does not exist (HyperShift's control-plane-operator makes it)",
-                        v.cluster.hcp_namespace,
-                        names::HYPERSHIFT_PACKAGESERVER_CERT
-                    ),
-                });
-                "absent".to_string()
-            }
-        };
-        ps_hash_parts.insert(names::HYPERSHIFT_PACKAGESERVER_CERT.to_string(), h);
-        names::HYPERSHIFT_PACKAGESERVER_CERT
-    } else {
-        ps_hash_parts.insert(names::PACKAGESERVER_CERT.to_string(), ps_hash);
-        names::PACKAGESERVER_CERT
-    };
-    let mut ps_containers = vec![json!({
-        "name": "packageserver",
-        "image": v.images.olm,
-        "imagePullPolicy": "IfNotPresent",
-        "command": ["/bin/package-server"],
-        "args": [
-            "--v=2",
-            "--secure-port", ports::PACKAGESERVER.to_string(),
-            "--global-namespace", GLOBAL_CATALOG_NAMESPACE,
-            "--kubeconfig", kubeconfig_path,
-            "--authentication-kubeconfig", kubeconfig_path,
-            "--authorization-kubeconfig", kubeconfig_path,
-            "--tls-cert-file", format!("{PACKAGESERVER_CERT_DIR}/tls.crt"),
-            "--tls-private-key-file", format!("{PACKAGESERVER_CERT_DIR}/tls.key"),
-        ],
-        "env": common_env(vec![json!({"name": "OPERATOR_CONDITION_NAME", "value": "packageserver"})]),
-        "ports": [{"name": "https", "containerPort": ports::PACKAGESERVER, "protocol": "TCP"}],
-        "livenessProbe": http_probe("/healthz", ports::PACKAGESERVER, "HTTPS", 0, 10),
-        "readinessProbe": http_probe("/healthz", ports::PACKAGESERVER, "HTTPS", 0, 3),
-        "resources": resources("10m", "250Mi"),
-        "securityContext": container_security(),
-        "volumeMounts": [
-            kube_mount,
-            {"name": "serving-cert", "mountPath": PACKAGESERVER_CERT_DIR, "readOnly": true},
-            tmp_mount,
-        ],
-    })];
-    // The guest API server's TLS profile (validated), as HyperShift passes it on.
-    if let Some(a) = ps_containers[0]["args"].as_array_mut() {
-        a.extend(v.packageserver_tls_args.iter().map(|s| json!(s)));
-    }
-    let mut packageserver = deployment(
-        input,
-        PodSpec {
-            name: names::PACKAGESERVER,
-            component: "packageserver",
-            replicas: olm_replicas(ps_replicas),
-            service_account: names::PACKAGESERVER,
-            // HyperShift mounts a token for packageserver: its delegating authorizer
-            // builds one in-cluster client even with --authorization-kubeconfig.
-            automount_token: true,
-            priority_class: API_CRITICAL_PRIORITY,
-            init_containers: vec![],
-            containers: ps_containers,
-            volumes: vec![
-                kubeconfig_volume(v),
-                json!({"name": "serving-cert", "secret": {"secretName": serving_cert_secret, "defaultMode": 0o440}}),
-                tmp_volume(),
-            ],
-            config_hash: config_hash(&ps_hash_parts),
-            image_pull_secrets: vec![],
-            strategy: ps_strategy,
-            termination_grace_seconds: None,
-        },
-    );
-    if v.hypershift_take_over {
-        // HyperShift's packageserver Service selects these labels: with its own pods kept
-        // at 0, the ClusterIP its guest Endpoints point at reaches ours.
-        let l = &mut packageserver["spec"]["template"]["metadata"]["labels"];
-        l["app"] = json!("packageserver");
-        l["hypershift.openshift.io/control-plane-component"] = json!("packageserver");
-    }
-    if v.availability == AvailabilityPolicy::HighlyAvailable {
-        spread_replicas(
-            &mut packageserver,
-            names::PACKAGESERVER,
-            v.zone_spread_required,
-        );
-    }
-    push(out, packageserver, "deployments");
-
-    // PDB by availability policy.
-    let mut pdb_spec = match v.availability {
-        AvailabilityPolicy::SingleReplica => json!({"minAvailable": 1}),
-        AvailabilityPolicy::HighlyAvailable => json!({"maxUnavailable": 1}),
-    };
-    pdb_spec["selector"] = json!({"matchLabels": selector(names::PACKAGESERVER)});
-    pdb_spec["unhealthyPodEvictionPolicy"] = json!("AlwaysAllow");
-    push(
         out,
-        json!({
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": metadata(v, names::PACKAGESERVER_PDB, Some(&hcp_ns), "packageserver", owner(input)),
-            "spec": pdb_spec,
-        }),
-        "poddisruptionbudgets",
     );
     Ok(())
 }

@@ -1,0 +1,312 @@
+//! The OLM operators in the HCP namespace: catalog-operator, olm-operator and
+//! packageserver (its Deployment and PodDisruptionBudget). What each runs, its knobs
+//! (replicas, availability, priority class, resources) and its hashes are here; the
+//! renderer in `hcp.rs` supplies what they share ([`Shared`]) and pushes them in order.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use super::super::labels::{metadata, selector};
+use super::super::{Desired, Pending, RenderInput, names, ports};
+use super::{
+    API_CRITICAL_PRIORITY, CONTROL_PLANE_PRIORITY, GLOBAL_CATALOG_NAMESPACE, KUBECONFIG_DIR,
+    PACKAGESERVER_CERT_DIR, PodSpec, ResolvedCatalog, config_hash, container_security, deployment,
+    grpc_proxy, http_probe, kubeconfig_volume, no_proxy, owner, resources, serve_metrics_over_tls,
+    spread_replicas, tmp_volume,
+};
+use crate::validate::{AvailabilityPolicy, Severity};
+
+/// What the three OLM Deployments share, computed by the renderer.
+pub(super) struct Shared<'a> {
+    pub input: &'a RenderInput,
+    pub catalogs: &'a [ResolvedCatalog],
+    /// Path of the guest kubeconfig in the pods.
+    pub kubeconfig_path: &'a str,
+    /// Hash of the guest kubeconfig Secret ("absent" when it does not exist).
+    pub kubeconfig_hash: &'a str,
+    /// Hashes of the metrics serving certificate Secrets, by Secret name.
+    pub metrics_hashes: &'a BTreeMap<&'a str, String>,
+    /// Hash of our packageserver serving certificate Secret.
+    pub packageserver_cert_hash: &'a str,
+}
+
+impl Shared<'_> {
+    /// OLM runs only once the guest serves its CRDs: 0 replicas until then.
+    fn replicas(&self, n: i32) -> i32 {
+        if self.input.guest_olm_crds_ready {
+            n
+        } else {
+            0
+        }
+    }
+
+    fn env(&self, extra: Vec<Value>) -> Value {
+        let v = &self.input.valid;
+        let mut env = extra;
+        env.push(json!({"name": "RELEASE_VERSION", "value": v.release_version.to_string()}));
+        env.push(json!({"name": "KUBECONFIG", "value": self.kubeconfig_path}));
+        env.push(json!({"name": "GRPC_PROXY", "value": grpc_proxy()}));
+        env.push(json!({"name": "NO_PROXY", "value": no_proxy(v, self.catalogs)}));
+        Value::Array(env)
+    }
+
+    fn kube_mount(&self) -> Value {
+        json!({"name": "kubeconfig", "mountPath": KUBECONFIG_DIR, "readOnly": true})
+    }
+
+    fn tmp_mount(&self) -> Value {
+        json!({"name": "tmp", "mountPath": "/tmp"})
+    }
+
+    /// The config hash of catalog-operator and olm-operator: the guest kubeconfig.
+    fn operator_hash(&self) -> String {
+        config_hash(&BTreeMap::from([(
+            self.input.valid.kubeconfig_secret.clone(),
+            self.kubeconfig_hash.to_string(),
+        )]))
+    }
+}
+
+/// Pushes the OLM operators' Deployments and packageserver's PodDisruptionBudget.
+pub(super) fn render(s: &Shared<'_>, out: &mut Desired) {
+    super::push(out, catalog_operator(s), "deployments");
+    super::push(out, olm_operator(s), "deployments");
+    let ps = packageserver(s, out);
+    super::push(out, ps, "deployments");
+    super::push(out, packageserver_pdb(s.input), "poddisruptionbudgets");
+}
+
+/// catalog-operator: pflag double-dash flags; --kubeconfig is a real flag here.
+fn catalog_operator(s: &Shared<'_>) -> Value {
+    let (input, v) = (s.input, &s.input.valid);
+    let mut catalog_operator = deployment(
+        input,
+        PodSpec {
+            name: names::CATALOG_OPERATOR,
+            component: "catalog-operator",
+            replicas: s.replicas(1),
+            service_account: names::CATALOG_OPERATOR,
+            automount_token: false,
+            priority_class: CONTROL_PLANE_PRIORITY,
+            init_containers: vec![],
+            containers: vec![json!({
+                "name": "catalog-operator",
+                "image": v.images.olm,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["/bin/catalog"],
+                "args": [
+                    "--namespace", GLOBAL_CATALOG_NAMESPACE,
+                    "--configmapServerImage", v.images.operator_registry,
+                    "--opmImage", v.images.operator_registry,
+                    "--util-image", v.images.olm,
+                    "--writeStatusName", "operator-lifecycle-manager-catalog",
+                    "--kubeconfig", s.kubeconfig_path,
+                ],
+                "env": s.env(vec![]),
+                "ports": [{"name": "http-metrics", "containerPort": ports::OLM_HEALTH_METRICS, "protocol": "TCP"}],
+                "livenessProbe": http_probe("/healthz", ports::OLM_HEALTH_METRICS, "HTTP", 60, 3),
+                "readinessProbe": http_probe("/healthz", ports::OLM_HEALTH_METRICS, "HTTP", 0, 3),
+                "resources": resources("10m", "80Mi"),
+                "securityContext": container_security(),
+                "volumeMounts": [s.kube_mount(), s.tmp_mount()],
+            })],
+            volumes: vec![kubeconfig_volume(v), tmp_volume()],
+            config_hash: s.operator_hash(),
+            image_pull_secrets: vec![],
+            strategy: None,
+            termination_grace_seconds: None,
+        },
+    );
+    if let Some(h) = s.metrics_hashes.get(names::CATALOG_OPERATOR_METRICS_CERT) {
+        serve_metrics_over_tls(
+            &mut catalog_operator,
+            names::CATALOG_OPERATOR_METRICS_CERT,
+            h,
+        );
+    }
+    catalog_operator
+}
+
+/// olm-operator: NO --kubeconfig flag (controller-runtime reads KUBECONFIG).
+fn olm_operator(s: &Shared<'_>) -> Value {
+    let (input, v) = (s.input, &s.input.valid);
+    let mut olm_operator = deployment(
+        input,
+        PodSpec {
+            name: names::OLM_OPERATOR,
+            component: "olm-operator",
+            replicas: s.replicas(1),
+            service_account: names::OLM_OPERATOR,
+            automount_token: false,
+            priority_class: CONTROL_PLANE_PRIORITY,
+            init_containers: vec![],
+            containers: vec![json!({
+                "name": "olm-operator",
+                "image": v.images.olm,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["/bin/olm"],
+                "args": [
+                    "--namespace", "$(OPERATOR_NAMESPACE)",
+                    "--writeStatusName", "operator-lifecycle-manager",
+                    "--writePackageServerStatusName=",
+                ],
+                "env": s.env(vec![
+                    json!({"name": "OPERATOR_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}),
+                    json!({"name": "OPERATOR_NAME", "value": "olm-operator"}),
+                ]),
+                "ports": [{"name": "http-metrics", "containerPort": ports::OLM_HEALTH_METRICS, "protocol": "TCP"}],
+                "livenessProbe": http_probe("/healthz", ports::OLM_HEALTH_METRICS, "HTTP", 60, 3),
+                "readinessProbe": http_probe("/healthz", ports::OLM_HEALTH_METRICS, "HTTP", 0, 3),
+                "resources": resources("10m", "160Mi"),
+                "securityContext": container_security(),
+                "volumeMounts": [s.kube_mount(), s.tmp_mount()],
+            })],
+            volumes: vec![kubeconfig_volume(v), tmp_volume()],
+            config_hash: s.operator_hash(),
+            image_pull_secrets: vec![],
+            strategy: None,
+            termination_grace_seconds: None,
+        },
+    );
+    if let Some(h) = s.metrics_hashes.get(names::OLM_OPERATOR_METRICS_CERT) {
+        serve_metrics_over_tls(&mut olm_operator, names::OLM_OPERATOR_METRICS_CERT, h);
+    }
+    olm_operator
+}
+
+/// packageserver: aggregated API server on 5443 with our serving cert (HyperShift's
+/// under TakeOver; a missing one is reported in `out.pending`).
+fn packageserver(s: &Shared<'_>, out: &mut Desired) -> Value {
+    let (input, v) = (s.input, &s.input.valid);
+    let (ps_replicas, ps_strategy) = match v.availability {
+        AvailabilityPolicy::SingleReplica => (1, None),
+        AvailabilityPolicy::HighlyAvailable => (
+            3,
+            Some(
+                json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}),
+            ),
+        ),
+    };
+    let mut ps_hash_parts =
+        BTreeMap::from([(v.kubeconfig_secret.clone(), s.kubeconfig_hash.to_string())]);
+    // TakeOver: ours serves HyperShift's certificate (its root CA is in the guest APIService
+    // its hosted-cluster-config-operator writes); otherwise ours, signed by our CA.
+    let serving_cert_secret = if v.hypershift_take_over {
+        let h = match input
+            .external_secret_hashes
+            .get(names::HYPERSHIFT_PACKAGESERVER_CERT)
+        {
+            Some(h) => h.clone(),
+            None => {
+                // Our pods would wait for the volume without saying why: say it here.
+                out.pending.push(Pending {
+                    component: "packageserver".into(),
+                    reason: "WaitingForHyperShiftPackageServerCert",
+                    severity: Severity::Progressing,
+                    message: format!(
+                        "taking over from HyperShift's OLM, packageserver serves HyperShift's certificate, but Secret {}/{} does not exist (HyperShift's control-plane-operator makes it)",
+                        v.cluster.hcp_namespace,
+                        names::HYPERSHIFT_PACKAGESERVER_CERT
+                    ),
+                });
+                "absent".to_string()
+            }
+        };
+        ps_hash_parts.insert(names::HYPERSHIFT_PACKAGESERVER_CERT.to_string(), h);
+        names::HYPERSHIFT_PACKAGESERVER_CERT
+    } else {
+        ps_hash_parts.insert(
+            names::PACKAGESERVER_CERT.to_string(),
+            s.packageserver_cert_hash.to_string(),
+        );
+        names::PACKAGESERVER_CERT
+    };
+    let mut ps_containers = vec![json!({
+        "name": "packageserver",
+        "image": v.images.olm,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["/bin/package-server"],
+        "args": [
+            "--v=2",
+            "--secure-port", ports::PACKAGESERVER.to_string(),
+            "--global-namespace", GLOBAL_CATALOG_NAMESPACE,
+            "--kubeconfig", s.kubeconfig_path,
+            "--authentication-kubeconfig", s.kubeconfig_path,
+            "--authorization-kubeconfig", s.kubeconfig_path,
+            "--tls-cert-file", format!("{PACKAGESERVER_CERT_DIR}/tls.crt"),
+            "--tls-private-key-file", format!("{PACKAGESERVER_CERT_DIR}/tls.key"),
+        ],
+        "env": s.env(vec![json!({"name": "OPERATOR_CONDITION_NAME", "value": "packageserver"})]),
+        "ports": [{"name": "https", "containerPort": ports::PACKAGESERVER, "protocol": "TCP"}],
+        "livenessProbe": http_probe("/healthz", ports::PACKAGESERVER, "HTTPS", 0, 10),
+        "readinessProbe": http_probe("/healthz", ports::PACKAGESERVER, "HTTPS", 0, 3),
+        "resources": resources("10m", "250Mi"),
+        "securityContext": container_security(),
+        "volumeMounts": [
+            s.kube_mount(),
+            {"name": "serving-cert", "mountPath": PACKAGESERVER_CERT_DIR, "readOnly": true},
+            s.tmp_mount(),
+        ],
+    })];
+    // The guest API server's TLS profile (validated), as HyperShift passes it on.
+    if let Some(a) = ps_containers[0]["args"].as_array_mut() {
+        a.extend(v.packageserver_tls_args.iter().map(|s| json!(s)));
+    }
+    let mut packageserver = deployment(
+        input,
+        PodSpec {
+            name: names::PACKAGESERVER,
+            component: "packageserver",
+            replicas: s.replicas(ps_replicas),
+            service_account: names::PACKAGESERVER,
+            // HyperShift mounts a token for packageserver: its delegating authorizer
+            // builds one in-cluster client even with --authorization-kubeconfig.
+            automount_token: true,
+            priority_class: API_CRITICAL_PRIORITY,
+            init_containers: vec![],
+            containers: ps_containers,
+            volumes: vec![
+                kubeconfig_volume(v),
+                json!({"name": "serving-cert", "secret": {"secretName": serving_cert_secret, "defaultMode": 0o440}}),
+                tmp_volume(),
+            ],
+            config_hash: config_hash(&ps_hash_parts),
+            image_pull_secrets: vec![],
+            strategy: ps_strategy,
+            termination_grace_seconds: None,
+        },
+    );
+    if v.hypershift_take_over {
+        // HyperShift's packageserver Service selects these labels: with its own pods kept
+        // at 0, the ClusterIP its guest Endpoints point at reaches ours.
+        let l = &mut packageserver["spec"]["template"]["metadata"]["labels"];
+        l["app"] = json!("packageserver");
+        l["hypershift.openshift.io/control-plane-component"] = json!("packageserver");
+    }
+    if v.availability == AvailabilityPolicy::HighlyAvailable {
+        spread_replicas(
+            &mut packageserver,
+            names::PACKAGESERVER,
+            v.zone_spread_required,
+        );
+    }
+    packageserver
+}
+
+/// packageserver's PodDisruptionBudget, by availability policy.
+fn packageserver_pdb(input: &RenderInput) -> Value {
+    let v = &input.valid;
+    let mut pdb_spec = match v.availability {
+        AvailabilityPolicy::SingleReplica => json!({"minAvailable": 1}),
+        AvailabilityPolicy::HighlyAvailable => json!({"maxUnavailable": 1}),
+    };
+    pdb_spec["selector"] = json!({"matchLabels": selector(names::PACKAGESERVER)});
+    pdb_spec["unhealthyPodEvictionPolicy"] = json!("AlwaysAllow");
+    json!({
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": metadata(v, names::PACKAGESERVER_PDB, Some(super::ns(input)), "packageserver", owner(input)),
+        "spec": pdb_spec,
+    })
+}
