@@ -728,10 +728,27 @@ pub async fn reconcile_one(ctx: &Context, hc: &HostedCluster) -> Result<Outcome,
 /// creates everything, seconds; registry lookups are bounded separately).
 pub const PASS_TIMEOUT: Duration = Duration::from_secs(300);
 
-async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error> {
-    if hc.metadata.deletion_timestamp.is_some() {
-        return Box::pin(cleanup(ctx, hc)).await;
-    }
+/// What a step of a pass hands on: the next step's input, or the pass's outcome (an
+/// early exit: not ours, waiting, HyperShift's OLM active, guest unreachable, paused).
+enum Step<T> {
+    Next(T),
+    Done(Outcome),
+}
+
+/// The pass's first step's result: the HostedCluster is ours to serve.
+struct Admitted {
+    ns: String,
+    name: String,
+    hcp_ns: String,
+    holm: HostedOLM,
+    /// Writes to the management cluster so far (finalizer, HostedOLM, TakeOver).
+    hcp_writes: usize,
+}
+
+/// Step admit: the HCP namespace is not one of ours and is this HostedCluster's, the
+/// finalizer is set, and the HostedOLM exists (created with defaults when absent). Before
+/// any write anywhere.
+async fn admit(ctx: &Context, hc: &HostedCluster) -> Result<Step<Admitted>, Error> {
     let (ns, name, hcp_ns) = identity(hc)?;
     // Our own namespaces are never an HCP namespace, whoever labels them (issue 35, item 9).
     if crate::sharing::reserved(&hcp_ns) {
@@ -740,10 +757,10 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
         if let Some(events) = &ctx.events {
             events.warn_hosted_cluster(hc, RESERVED_REASON, &why).await;
         }
-        return Ok(Outcome::new(
+        return Ok(Step::Done(Outcome::new(
             State::Invalid(RESERVED_REASON.into()),
             ctx.schedule.resync,
-        ));
+        )));
     }
     // Before any write anywhere: is the computed HCP namespace this HostedCluster's?
     let stores = ctx.stores();
@@ -771,13 +788,13 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
                 ctx.schedule.waiting,
             );
             o.hcp_writes = usize::from(ensure_finalizer(ctx, hc, true).await?);
-            return Ok(o);
+            return Ok(Step::Done(o));
         }
         Ownership::WaitingForHostedControlPlane => {
-            return Ok(Outcome::new(
+            return Ok(Step::Done(Outcome::new(
                 State::Waiting("WaitingForHostedControlPlane".into()),
                 ctx.schedule.waiting,
-            ));
+            )));
         }
         Ownership::NotOwned(why) => {
             tracing::warn!(cluster = %format!("{ns}/{name}"), namespace = %hcp_ns, "{why}");
@@ -787,10 +804,10 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
                     .await;
             }
             // a lasting condition: look again at the resync interval, not every 30 s
-            return Ok(Outcome::new(
+            return Ok(Step::Done(Outcome::new(
                 State::Invalid("ControlPlaneNamespaceNotOwned".into()),
                 ctx.schedule.resync,
-            ));
+            )));
         }
     }
     let mut hcp_writes = usize::from(ensure_finalizer(ctx, hc, true).await?);
@@ -802,24 +819,39 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
             ctx.schedule.waiting,
         );
         o.hcp_writes = hcp_writes;
-        return Ok(o);
+        return Ok(Step::Done(o));
     };
     hcp_writes += usize::from(created);
-    let generation = holm.metadata.generation;
-    let now = OffsetDateTime::now_utc();
-    let now_t = now_time(now);
+    Ok(Step::Next(Admitted {
+        ns,
+        name,
+        hcp_ns,
+        holm,
+        hcp_writes,
+    }))
+}
 
-    // HyperShift runs its own OLM in every HCP namespace, and its hosted-cluster-config-
-    // operator writes the same guest objects. Two OLMs on one guest fight over its
-    // Subscriptions, CatalogSources and packageserver APIService, so while HyperShift's OLM
-    // runs nothing of ours is applied or pruned, our own OLM operators (if an earlier pass
-    // started them) are scaled to 0, and status says so, with the remedy. Checked before
-    // the guest is contacted or any registry is asked.
-    // TakeOver (or handing back): HyperShift's debug-deployments annotation first.
+/// Step coexist: HyperShift runs its own OLM in every HCP namespace, and its hosted-cluster-
+/// config-operator writes the same guest objects. Two OLMs on one guest fight over its
+/// Subscriptions, CatalogSources and packageserver APIService, so while HyperShift's OLM
+/// runs nothing of ours is applied or pruned, our own OLM operators (if an earlier pass
+/// started them) are scaled to 0, and status says so, with the remedy. Checked before the
+/// guest is contacted or any registry is asked. TakeOver (or handing back): HyperShift's
+/// debug-deployments annotation first. Adds its writes to `a.hcp_writes`.
+async fn coexist(
+    ctx: &Context,
+    hc: &HostedCluster,
+    a: &mut Admitted,
+    now_t: &Time,
+) -> Result<Step<()>, Error> {
+    let (ns, name, hcp_ns, holm) = (&a.ns, &a.name, &a.hcp_ns, &a.holm);
+    let generation = holm.metadata.generation;
+    let hcp_writes = &mut a.hcp_writes;
+    let stores = ctx.stores();
     let take_over = holm.spec.hyper_shift_olm == Some(HyperShiftOLMMode::TakeOver);
     let debug_deployments = match sync_debug_deployments(ctx, hc, take_over).await? {
         Ok((n, value)) => {
-            hcp_writes += n;
+            *hcp_writes += n;
             value
         }
         Err(e) => {
@@ -839,21 +871,21 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
                 TAKE_OVER_BLOCKED,
                 &msg,
                 generation,
-                &now_t,
+                now_t,
             );
             let mut o = Outcome::new(
                 State::Invalid(TAKE_OVER_BLOCKED.into()),
                 ctx.schedule.resync,
             );
-            o.status_written = write_status(ctx, hc, &holm, st).await?;
-            o.hcp_writes = hcp_writes;
-            return Ok(o);
+            o.status_written = write_status(ctx, hc, holm, st).await?;
+            o.hcp_writes = *hcp_writes;
+            return Ok(Step::Done(o));
         }
     };
     let mut active = hypershift_olm_active(
         &ctx.client,
         stores.as_deref(),
-        &hcp_ns,
+        hcp_ns,
         debug_deployments.as_deref(),
     )
     .await?;
@@ -868,7 +900,7 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
             takeover::DEBUG_DEPLOYMENTS
         );
         tracing::info!(cluster = %format!("{ns}/{name}"), "{msg}");
-        hcp_writes += stop_our_olm_operators(&ctx.client, &hcp_ns).await?;
+        *hcp_writes += stop_our_olm_operators(&ctx.client, hcp_ns).await?;
         let mut st = holm.status.clone().unwrap_or_default();
         st.observed_generation = generation;
         crate::status::set_waiting(
@@ -876,20 +908,20 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
             WAITING_FOR_HYPERSHIFT_OLM,
             &msg,
             generation,
-            &now_t,
+            now_t,
         );
         let mut o = Outcome::new(
             State::Waiting(WAITING_FOR_HYPERSHIFT_OLM.into()),
             ctx.schedule.waiting,
         );
-        o.status_written = write_status(ctx, hc, &holm, st).await?;
-        o.hcp_writes = hcp_writes;
-        return Ok(o);
+        o.status_written = write_status(ctx, hc, holm, st).await?;
+        o.hcp_writes = *hcp_writes;
+        return Ok(Step::Done(o));
     }
     if !active.is_empty() {
-        let msg = hypershift_olm_message(&hcp_ns, &name, &active);
+        let msg = hypershift_olm_message(hcp_ns, name, &active);
         tracing::warn!(cluster = %format!("{ns}/{name}"), "{msg}");
-        hcp_writes += stop_our_olm_operators(&ctx.client, &hcp_ns).await?;
+        *hcp_writes += stop_our_olm_operators(&ctx.client, hcp_ns).await?;
         let mut st = holm.status.clone().unwrap_or_default();
         st.observed_generation = generation;
         crate::status::set_blocked(
@@ -897,16 +929,41 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
             HYPERSHIFT_OLM_ACTIVE,
             &msg,
             generation,
-            &now_t,
+            now_t,
         );
         let mut o = Outcome::new(
             State::Invalid(HYPERSHIFT_OLM_ACTIVE.into()),
             ctx.schedule.resync,
         );
-        o.status_written = write_status(ctx, hc, &holm, st).await?;
-        o.hcp_writes = hcp_writes;
+        o.status_written = write_status(ctx, hc, holm, st).await?;
+        o.hcp_writes = *hcp_writes;
+        return Ok(Step::Done(o));
+    }
+    Ok(Step::Next(()))
+}
+
+async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error> {
+    if hc.metadata.deletion_timestamp.is_some() {
+        return Box::pin(cleanup(ctx, hc)).await;
+    }
+    let mut admitted = match admit(ctx, hc).await? {
+        Step::Next(a) => a,
+        Step::Done(o) => return Ok(o),
+    };
+    let generation = admitted.holm.metadata.generation;
+    let now = OffsetDateTime::now_utc();
+    let now_t = now_time(now);
+    if let Step::Done(o) = coexist(ctx, hc, &mut admitted, &now_t).await? {
         return Ok(o);
     }
+    let Admitted {
+        ns,
+        name,
+        hcp_ns,
+        holm,
+        mut hcp_writes,
+    } = admitted;
+    let stores = ctx.stores();
 
     // Guest access first: without it nothing can be rendered usefully.
     let session = match guest_client(ctx, hc, true).await? {
