@@ -75,6 +75,12 @@ impl Outcome {
             requeue,
         }
     }
+
+    /// This outcome, counting `n` management-cluster writes made before its step.
+    fn with_hcp_writes(mut self, n: usize) -> Self {
+        self.hcp_writes += n;
+        self
+    }
 }
 
 const SOON: Duration = Duration::from_secs(2);
@@ -942,53 +948,49 @@ async fn coexist(
     Ok(Step::Next(()))
 }
 
-async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error> {
-    if hc.metadata.deletion_timestamp.is_some() {
-        return Box::pin(cleanup(ctx, hc)).await;
-    }
-    let mut admitted = match admit(ctx, hc).await? {
-        Step::Next(a) => a,
-        Step::Done(o) => return Ok(o),
-    };
-    let generation = admitted.holm.metadata.generation;
-    let now = OffsetDateTime::now_utc();
-    let now_t = now_time(now);
-    if let Step::Done(o) = coexist(ctx, hc, &mut admitted, &now_t).await? {
-        return Ok(o);
-    }
-    let Admitted {
-        ns,
-        name,
-        hcp_ns,
-        holm,
-        mut hcp_writes,
-    } = admitted;
-    let stores = ctx.stores();
-
-    // Guest access first: without it nothing can be rendered usefully.
-    let session = match guest_client(ctx, hc, true).await? {
-        Ok(s) => s,
+/// Step connect: a session with the guest API server (its kubeconfig read and checked),
+/// or status saying why there is none.
+async fn connect(
+    ctx: &Context,
+    hc: &HostedCluster,
+    holm: &HostedOLM,
+    now_t: &Time,
+) -> Result<Step<Arc<guest::Session>>, Error> {
+    let generation = holm.metadata.generation;
+    match guest_client(ctx, hc, true).await? {
+        Ok(s) => Ok(Step::Next(s)),
         Err(access) => {
-            tracing::info!(cluster = %format!("{ns}/{name}"), reason = access.reason(), "no guest access");
+            tracing::info!(cluster = %cluster_key(hc), reason = access.reason(), "no guest access");
             let st = HostedOLMStatus {
                 observed_generation: generation,
-                conditions: access.conditions(generation, &now_t),
+                conditions: access.conditions(generation, now_t),
                 ..holm.status.clone().unwrap_or_default()
             };
             let mut o = Outcome::new(State::Waiting(access.reason().into()), ctx.schedule.waiting);
-            o.status_written = write_status(ctx, hc, &holm, st).await?;
-            o.hcp_writes = hcp_writes;
-            return Ok(o);
+            o.status_written = write_status(ctx, hc, holm, st).await?;
+            Ok(Step::Done(o))
         }
-    };
+    }
+}
 
-    let guest = session.client.clone();
-
+/// Step validate: the release facts (registry answers, cached) and the validated input,
+/// with the pull secret lookups use; status says what is invalid. Paused clusters stop
+/// here.
+async fn validated(
+    ctx: &Context,
+    hc: &HostedCluster,
+    holm: &HostedOLM,
+    now: OffsetDateTime,
+) -> Result<Step<(validate::ValidInput, Option<hcp_olm_oci::PullSecret>)>, Error> {
+    let (ns, name, hcp_ns) = identity(hc)?;
+    let hcp_ns = hcp_ns.as_str();
+    let generation = holm.metadata.generation;
+    let now_t = now_time(now);
     let olm_overridden = holm.spec.images.as_ref().is_some_and(|i| i.olm.is_some());
     // Registry lookups use this HostedCluster's pull secret (HyperShift's copy in the
     // HCP namespace), never the controller's when it is there.
     let pull_secret = if ctx.config.oci.is_some() {
-        read_pull_secret(ctx, &hcp_ns).await?
+        read_pull_secret(ctx, hcp_ns).await?
     } else {
         None
     };
@@ -1015,9 +1017,8 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
                 ..holm.status.clone().unwrap_or_default()
             };
             let mut o = Outcome::new(State::Invalid(first), ctx.schedule.resync);
-            o.status_written = write_status(ctx, hc, &holm, st).await?;
-            o.hcp_writes = hcp_writes;
-            return Ok(o);
+            o.status_written = write_status(ctx, hc, holm, st).await?;
+            return Ok(Step::Done(o));
         }
     };
     // A lookup proves this cluster may read a catalog only when it used the cluster's own
@@ -1040,14 +1041,28 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     }
     if valid.paused_until.is_paused(now) {
         tracing::info!(cluster = %valid.cluster.key(), "reconciliation paused");
-        let mut o = Outcome::new(State::Paused, ctx.schedule.resync);
-        o.hcp_writes = hcp_writes;
-        return Ok(o);
+        return Ok(Step::Done(Outcome::new(State::Paused, ctx.schedule.resync)));
     }
 
-    let (pki, _issued) = secrets::pki(ctx, &valid, now).await?;
+    Ok(Step::Next((valid, pull_secret)))
+}
+
+/// Step credentials: the CA and serving certificates, the tunnel keys (status says why
+/// stored keys are unusable; nothing is applied then) and the gateway's endpoint as far
+/// as the live Service tells (checked again after the HCP objects are applied, so a new
+/// Service's node port reaches the guest at once).
+async fn credentials(
+    ctx: &Context,
+    hc: &HostedCluster,
+    holm: &HostedOLM,
+    valid: &validate::ValidInput,
+    now: OffsetDateTime,
+    now_t: &Time,
+) -> Result<Step<(render::PkiInput, render::TunnelKeys, Option<Value>)>, Error> {
+    let generation = holm.metadata.generation;
+    let (pki, _issued) = secrets::pki(ctx, valid, now).await?;
     let (mut tunnel, new_keys) =
-        match secrets::tunnel_keys(ctx, &valid, now, ctx.schedule.key_propagation).await {
+        match secrets::tunnel_keys(ctx, valid, now, ctx.schedule.key_propagation).await {
             Ok(k) => k,
             Err(Error::Keys(msg)) => {
                 // Nothing is applied: the live tunnel configs keep the last good keys.
@@ -1059,30 +1074,41 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
                     "TunnelKeysInvalid",
                     &msg,
                     generation,
-                    &now_t,
+                    now_t,
                 );
                 let mut o = Outcome::new(
                     State::Invalid("TunnelKeysInvalid".into()),
                     ctx.schedule.resync,
                 );
-                o.status_written = write_status(ctx, hc, &holm, st).await?;
-                o.hcp_writes = hcp_writes;
-                return Ok(o);
+                o.status_written = write_status(ctx, hc, holm, st).await?;
+                return Ok(Step::Done(o));
             }
             Err(e) => return Err(e),
         };
-    // The gateway's endpoint as far as the live Service tells (checked again after the
-    // HCP objects are applied, so a new Service's node port reaches the guest at once).
     set_endpoint(
         &mut tunnel,
-        read_gateway_endpoint(ctx, &hcp_ns, &valid).await?,
+        read_gateway_endpoint(ctx, &valid.cluster.hcp_namespace, valid).await?,
     );
 
-    // The first request to the guest: when it does not answer, say so in status and
-    // leave everything as it is.
+    Ok(Step::Next((pki, tunnel, new_keys)))
+}
+
+/// Step guest: the first request to the guest (are the OLM CRDs served?) and, for guest
+/// placement, its live OperatorHub, which `valid` follows. When the guest does not
+/// answer, status says so and everything is left as it is. True: the OLM CRDs are served.
+async fn guest_ready(
+    ctx: &Context,
+    hc: &HostedCluster,
+    holm: &HostedOLM,
+    session: &guest::Session,
+    valid: &mut validate::ValidInput,
+    now_t: &Time,
+) -> Result<Step<bool>, Error> {
+    let generation = holm.metadata.generation;
     // Known from the session's watch while it is whole (which also says the guest answers;
     // see guest_reads), else asked.
     let reads = session.reads.clone();
+    let guest = &session.client;
     let known_crd = reads.as_ref().and_then(|r| r.crd.get(None, GUEST_OLM_CRD));
     let crds: Api<CustomResourceDefinition> = Api::all(guest.clone());
     let crd = match known_crd {
@@ -1117,11 +1143,10 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     // OperatorHub (never reverted by us). Read once the guest has answered; an error now
     // fails the pass (retried) rather than briefly restoring sources the guest disabled,
     // and an answer over its bound is said in status as the CRD read's is.
-    let mut valid = valid;
     let mut failed = failed;
     if failed.is_none() && valid.placement == CatalogPlacement::Guest && !valid.hypershift_take_over
     {
-        match live_operator_hub(&guest).await {
+        match live_operator_hub(&session.client).await {
             Ok(Some(live)) if live != valid.operator_hub => {
                 valid.follow_operator_hub(live, holm.spec.default_catalogs.as_deref());
             }
@@ -1134,17 +1159,63 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     }
     if let Some(access) = failed {
         // Its watches would only retry: a new session once it answers again.
-        ctx.guests.close(&format!("{ns}/{name}"));
+        ctx.guests.close(&cluster_key(hc));
         let st = HostedOLMStatus {
             observed_generation: generation,
-            conditions: access.conditions(generation, &now_t),
+            conditions: access.conditions(generation, now_t),
             ..holm.status.clone().unwrap_or_default()
         };
         let mut o = Outcome::new(State::Waiting(access.reason().into()), ctx.schedule.waiting);
-        o.status_written = write_status(ctx, hc, &holm, st).await?;
-        o.hcp_writes = hcp_writes;
+        o.status_written = write_status(ctx, hc, holm, st).await?;
+        return Ok(Step::Done(o));
+    }
+    Ok(Step::Next(guest_olm_crds_ready))
+}
+
+async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error> {
+    if hc.metadata.deletion_timestamp.is_some() {
+        return Box::pin(cleanup(ctx, hc)).await;
+    }
+    let mut admitted = match admit(ctx, hc).await? {
+        Step::Next(a) => a,
+        Step::Done(o) => return Ok(o),
+    };
+    let generation = admitted.holm.metadata.generation;
+    let now = OffsetDateTime::now_utc();
+    let now_t = now_time(now);
+    if let Step::Done(o) = coexist(ctx, hc, &mut admitted, &now_t).await? {
         return Ok(o);
     }
+    let Admitted {
+        ns,
+        name,
+        hcp_ns,
+        holm,
+        mut hcp_writes,
+    } = admitted;
+    let stores = ctx.stores();
+
+    let session = match connect(ctx, hc, &holm, &now_t).await? {
+        Step::Next(s) => s,
+        Step::Done(o) => return Ok(o.with_hcp_writes(hcp_writes)),
+    };
+    let guest = session.client.clone();
+    let (valid, pull_secret) = match validated(ctx, hc, &holm, now).await? {
+        Step::Next(v) => v,
+        Step::Done(o) => return Ok(o.with_hcp_writes(hcp_writes)),
+    };
+
+    let (pki, tunnel, new_keys) = match credentials(ctx, hc, &holm, &valid, now, &now_t).await? {
+        Step::Next(k) => k,
+        Step::Done(o) => return Ok(o.with_hcp_writes(hcp_writes)),
+    };
+    let mut valid = valid;
+    let guest_olm_crds_ready =
+        match guest_ready(ctx, hc, &holm, &session, &mut valid, &now_t).await? {
+            Step::Next(r) => r,
+            Step::Done(o) => return Ok(o.with_hcp_writes(hcp_writes)),
+        };
+    let reads = session.reads.clone();
     // The catalog images, once the enabled catalogs are final (registry answers cached and
     // shared; none asked while the guest does not answer, since nothing is rendered then).
     // An answer that may admit this cluster to a shared catalog is looked up again at least
