@@ -19,11 +19,12 @@ use super::kinds::api_resource;
 pub use super::kinds::{
     DEPRECATED_MARKETPLACE, GUEST_OLM_CRD, HCP_NAMESPACE_LABEL, HOSTED_CLUSTER_ANNOTATION,
 };
-use super::stores::Lookup;
+use super::stores::{self, Lookup};
 use super::{
     ADMIN_KUBECONFIG_KEY, Context, Error, FIELD_MANAGER, FINALIZER, facts, kube_err, secrets,
 };
 use super::{guest, pods};
+use crate::catalogs::{CatalogImage, CatalogImageError, DefaultCatalog};
 use crate::hostedcluster::HostedCluster;
 use crate::hostedolm::{
     CatalogPlacement, ComponentStatus, HostedClusterRef, HostedOLM, HostedOLMSpec, HostedOLMStatus,
@@ -1172,6 +1173,214 @@ async fn guest_ready(
     Ok(Step::Next(guest_olm_crds_ready))
 }
 
+/// The images of the enabled catalogs (registry answers cached and shared), each held at
+/// its last good image while its registry fails, and whether this cluster is entitled to
+/// the shared copies (issue 35 item 6, issue 38 item 3). Sets
+/// `valid.entitlement_unproven`.
+async fn catalog_images(
+    ctx: &Context,
+    hc: &HostedCluster,
+    holm: &HostedOLM,
+    valid: &mut validate::ValidInput,
+    pull_secret: Option<&hcp_olm_oci::PullSecret>,
+) -> (
+    BTreeMap<DefaultCatalog, Result<CatalogImage, CatalogImageError>>,
+    Vec<crate::last_good::Held>,
+) {
+    // The catalog images, once the enabled catalogs are final (registry answers cached and
+    // shared; none asked while the guest does not answer, since nothing is rendered then).
+    // An answer that may admit this cluster to a shared catalog is looked up again at least
+    // every ENTITLEMENT_REFRESH (credentials revoked at the registry; issue 35, item 6).
+    let lookup_ttl = if crate::sharing::may_share(valid) {
+        ctx.schedule
+            .catalog_refresh
+            .min(ctx.shared_digests.lifetime())
+    } else {
+        ctx.schedule.catalog_refresh
+    };
+    let mut catalog_images = facts::catalog_images_cached(
+        hc,
+        valid,
+        &ctx.config,
+        pull_secret,
+        &ctx.lookups,
+        lookup_ttl,
+    )
+    .await;
+    // A registry that failed, or has not answered yet, is no answer: each such catalog
+    // keeps the image its status records (issue 38, item 3).
+    let held_catalogs = crate::last_good::hold(valid, holm.status.as_ref(), &mut catalog_images);
+    if held_catalogs.iter().any(|h| h.failure.is_some()) {
+        tracing::info!(cluster = %cluster_key(hc), held = ?held_catalogs, "registry lookups failed: catalogs keep their last good image");
+    }
+    // A mirror's anonymous answer admits nobody: the default registry must grant this
+    // cluster's pull secret (issue 35, item 6); without an answer the recorded decision
+    // stands.
+    if crate::sharing::may_share(valid) {
+        let e = facts::entitlement(
+            hc,
+            valid,
+            &ctx.config,
+            pull_secret,
+            &catalog_images,
+            &ctx.lookups,
+            lookup_ttl,
+        )
+        .await;
+        valid.entitlement_unproven =
+            crate::last_good::entitlement(e.unproven, &e.unknown, holm.status.as_ref());
+    }
+
+    (catalog_images, held_catalogs)
+}
+
+/// The ClusterIP of the Service the guest's packageserver APIService points at (ours, or
+/// HyperShift's under TakeOver): from the store once it has one, else asked.
+async fn packageserver_cluster_ip(
+    ctx: &Context,
+    stores: Option<&stores::ManagementStores>,
+    hcp_ns: &str,
+    valid: &validate::ValidInput,
+) -> Result<Option<String>, Error> {
+    let svcs: Api<Service> = Api::namespaced(ctx.client.clone(), hcp_ns);
+    // TakeOver: the guest reaches ours through HyperShift's Service (its hosted-cluster-
+    // config-operator points the guest Endpoints at that ClusterIP).
+    let ps_service = if valid.hypershift_take_over {
+        names::HYPERSHIFT_PACKAGESERVER
+    } else {
+        names::PACKAGESERVER
+    };
+    // From the store only once it has a ClusterIP (otherwise the API server says).
+    let cached = stores
+        .and_then(|s| match s.services.ours(hcp_ns, ps_service) {
+            Lookup::Found(svc) => Some(svc.as_ref().clone()),
+            Lookup::Ask => None,
+        })
+        .filter(|svc| {
+            svc.spec
+                .as_ref()
+                .and_then(|s| s.cluster_ip.as_deref())
+                .is_some_and(|ip| !ip.is_empty() && ip != "None")
+        });
+    let live = match cached {
+        Some(svc) => Some(svc),
+        None => svcs
+            .get_opt(ps_service)
+            .await
+            .map_err(kube_err(format!("reading Service {hcp_ns}/{ps_service}")))?,
+    };
+    Ok(live
+        .and_then(|s| s.spec?.cluster_ip)
+        .filter(|ip| !ip.is_empty() && ip != "None"))
+}
+
+/// Step apply (guest side): the guest's objects applied and pruned, subscription defaults,
+/// and the deprecated marketplace CatalogSource removed. The report and the writes.
+async fn apply_guest(
+    session: &guest::Session,
+    input: &RenderInput,
+    desired: &Desired,
+    selector: &BTreeMap<String, String>,
+    guest_olm_crds_ready: bool,
+) -> (Report, usize) {
+    let guest_applier = Applier::new(session.client.clone(), FIELD_MANAGER)
+        .with_cache(session.cache.clone())
+        .with_list_options(hcp_olm_apply::watch::Options::UNTRUSTED);
+    let guest_targets: Vec<Target> = desired.guest.iter().map(target).collect();
+    let mut guest_report = guest_applier.apply(&guest_targets).await;
+    guest_report.merge(
+        guest_applier
+            .prune(&guest_kinds(), None, selector, &guest_targets)
+            .await,
+    );
+    // subscriptionDefaults: guest Subscriptions without a placement of their own get it.
+    let mut subscription_writes = 0;
+    if guest_olm_crds_ready {
+        match apply_subscription_defaults(&session.client, &input.valid.subscription_defaults).await
+        {
+            Ok(n) => subscription_writes = n,
+            Err(e) => {
+                tracing::warn!(cluster = %input.valid.cluster.key(), error = %e, "subscription defaults")
+            }
+        }
+    }
+    // HyperShift deletes the deprecated redhat-marketplace CatalogSource left by older
+    // releases; so do we (its image is no longer published, so it only fails).
+    let guest_writes = writes(&guest_report)
+        + subscription_writes
+        + usize::from(
+            delete_deprecated_marketplace(
+                &session.client,
+                session.reads.as_ref().and_then(|r| {
+                    r.deprecated
+                        .get(Some(names::MARKETPLACE_NAMESPACE), DEPRECATED_MARKETPLACE)
+                        .map(|o| o.is_some())
+                }),
+            )
+            .await
+                .inspect_err(|e| tracing::warn!(cluster = %input.valid.cluster.key(), error = %e, "deleting the deprecated redhat-marketplace CatalogSource"))
+                .unwrap_or(false),
+        );
+    (guest_report, guest_writes)
+}
+
+/// Step report: reads back what status reports (guest CatalogSources, installed
+/// operators, every component) and writes status. Whether it was written, and whether
+/// every component is available.
+#[allow(clippy::too_many_arguments)]
+async fn report(
+    ctx: &Context,
+    hc: &HostedCluster,
+    holm: &HostedOLM,
+    session: &guest::Session,
+    input: &RenderInput,
+    desired: &Desired,
+    selector: &BTreeMap<String, String>,
+    reports: (&Report, &Report),
+    apply_error: Option<&Error>,
+    now_t: &Time,
+) -> Result<(bool, bool), Error> {
+    let (hcp_report, guest_report) = reports;
+    let generation = holm.metadata.generation;
+    // Read back what status reports.
+    let guest_sources = match session.reads.as_ref().and_then(|r| r.sources.list()) {
+        Some(kept) => sources_from(kept, selector),
+        None => read_guest_catalog_sources(&session.client, selector).await,
+    };
+    let installed = match session.reads.as_ref().and_then(|r| r.csvs.list()) {
+        Some(kept) => operators_from(kept),
+        None => read_installed_operators(&session.client).await,
+    };
+    let components = read_components(
+        ctx,
+        &session.client,
+        session.reads.as_deref(),
+        &input.valid.cluster.hcp_namespace,
+        desired,
+    )
+    .await?;
+    let all_available = components.iter().all(|c| c.available);
+    let mut st = build_status(
+        input,
+        desired,
+        &guest_sources,
+        &installed,
+        components,
+        apply_error,
+        generation,
+        now_t,
+    );
+    // A guest answer over its bound is named as such (not a plain ApplyFailed).
+    if hcp_report.errors.is_empty()
+        && let Some(b) = guest_report.errors.first().and_then(|e| guest_bound(e))
+        && let Some(d) = st.conditions.iter_mut().find(|c| c.type_ == DEGRADED)
+    {
+        d.reason = bound_reason(&b).into();
+    }
+    let status_written = write_status(ctx, hc, holm, st).await?;
+    Ok((status_written, all_available))
+}
+
 async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error> {
     if hc.metadata.deletion_timestamp.is_some() {
         return Box::pin(cleanup(ctx, hc)).await;
@@ -1180,7 +1389,6 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
         Step::Next(a) => a,
         Step::Done(o) => return Ok(o),
     };
-    let generation = admitted.holm.metadata.generation;
     let now = OffsetDateTime::now_utc();
     let now_t = now_time(now);
     if let Step::Done(o) = coexist(ctx, hc, &mut admitted, &now_t).await? {
@@ -1199,7 +1407,6 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
         Step::Next(s) => s,
         Step::Done(o) => return Ok(o.with_hcp_writes(hcp_writes)),
     };
-    let guest = session.client.clone();
     let (valid, pull_secret) = match validated(ctx, hc, &holm, now).await? {
         Step::Next(v) => v,
         Step::Done(o) => return Ok(o.with_hcp_writes(hcp_writes)),
@@ -1215,82 +1422,10 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
             Step::Next(r) => r,
             Step::Done(o) => return Ok(o.with_hcp_writes(hcp_writes)),
         };
-    let reads = session.reads.clone();
-    // The catalog images, once the enabled catalogs are final (registry answers cached and
-    // shared; none asked while the guest does not answer, since nothing is rendered then).
-    // An answer that may admit this cluster to a shared catalog is looked up again at least
-    // every ENTITLEMENT_REFRESH (credentials revoked at the registry; issue 35, item 6).
-    let lookup_ttl = if crate::sharing::may_share(&valid) {
-        ctx.schedule
-            .catalog_refresh
-            .min(ctx.shared_digests.lifetime())
-    } else {
-        ctx.schedule.catalog_refresh
-    };
-    let mut catalog_images = facts::catalog_images_cached(
-        hc,
-        &valid,
-        &ctx.config,
-        pull_secret.as_ref(),
-        &ctx.lookups,
-        lookup_ttl,
-    )
-    .await;
-    // A registry that failed, or has not answered yet, is no answer: each such catalog
-    // keeps the image its status records (issue 38, item 3).
-    let held_catalogs = crate::last_good::hold(&valid, holm.status.as_ref(), &mut catalog_images);
-    if held_catalogs.iter().any(|h| h.failure.is_some()) {
-        tracing::info!(cluster = %format!("{ns}/{name}"), held = ?held_catalogs, "registry lookups failed: catalogs keep their last good image");
-    }
-    // A mirror's anonymous answer admits nobody: the default registry must grant this
-    // cluster's pull secret (issue 35, item 6); without an answer the recorded decision
-    // stands.
-    if crate::sharing::may_share(&valid) {
-        let e = facts::entitlement(
-            hc,
-            &valid,
-            &ctx.config,
-            pull_secret.as_ref(),
-            &catalog_images,
-            &ctx.lookups,
-            lookup_ttl,
-        )
-        .await;
-        valid.entitlement_unproven =
-            crate::last_good::entitlement(e.unproven, &e.unknown, holm.status.as_ref());
-    }
-
-    let svcs: Api<Service> = Api::namespaced(ctx.client.clone(), &hcp_ns);
-    // TakeOver: the guest reaches ours through HyperShift's Service (its hosted-cluster-
-    // config-operator points the guest Endpoints at that ClusterIP).
-    let ps_service = if valid.hypershift_take_over {
-        names::HYPERSHIFT_PACKAGESERVER
-    } else {
-        names::PACKAGESERVER
-    };
-    // From the store only once it has a ClusterIP (otherwise the API server says).
-    let cached = stores
-        .as_ref()
-        .and_then(|s| match s.services.ours(&hcp_ns, ps_service) {
-            Lookup::Found(svc) => Some(svc.as_ref().clone()),
-            Lookup::Ask => None,
-        })
-        .filter(|svc| {
-            svc.spec
-                .as_ref()
-                .and_then(|s| s.cluster_ip.as_deref())
-                .is_some_and(|ip| !ip.is_empty() && ip != "None")
-        });
-    let live = match cached {
-        Some(svc) => Some(svc),
-        None => svcs
-            .get_opt(ps_service)
-            .await
-            .map_err(kube_err(format!("reading Service {hcp_ns}/{ps_service}")))?,
-    };
-    let packageserver_cluster_ip = live
-        .and_then(|s| s.spec?.cluster_ip)
-        .filter(|ip| !ip.is_empty() && ip != "None");
+    let (catalog_images, held_catalogs) =
+        catalog_images(ctx, hc, &holm, &mut valid, pull_secret.as_ref()).await;
+    let packageserver_cluster_ip =
+        packageserver_cluster_ip(ctx, stores.as_deref(), &hcp_ns, &valid).await?;
 
     // Hashes of the Secrets our pods mount or pull with (HyperShift's, in the HCP
     // namespace): a changed Secret changes the config-hash annotation and rolls pods.
@@ -1412,44 +1547,9 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
         }
     }
 
-    let guest_applier = Applier::new(guest.clone(), FIELD_MANAGER)
-        .with_cache(session.cache.clone())
-        .with_list_options(hcp_olm_apply::watch::Options::UNTRUSTED);
-    let guest_targets: Vec<Target> = desired.guest.iter().map(target).collect();
-    let mut guest_report = guest_applier.apply(&guest_targets).await;
-    guest_report.merge(
-        guest_applier
-            .prune(&guest_kinds(), None, &selector, &guest_targets)
-            .await,
-    );
     hcp_writes += writes(&hcp_report);
-    // subscriptionDefaults: guest Subscriptions without a placement of their own get it.
-    let mut subscription_writes = 0;
-    if guest_olm_crds_ready {
-        match apply_subscription_defaults(&guest, &input.valid.subscription_defaults).await {
-            Ok(n) => subscription_writes = n,
-            Err(e) => {
-                tracing::warn!(cluster = %input.valid.cluster.key(), error = %e, "subscription defaults")
-            }
-        }
-    }
-    // HyperShift deletes the deprecated redhat-marketplace CatalogSource left by older
-    // releases; so do we (its image is no longer published, so it only fails).
-    let guest_writes = writes(&guest_report)
-        + subscription_writes
-        + usize::from(
-            delete_deprecated_marketplace(
-                &guest,
-                reads.as_ref().and_then(|r| {
-                    r.deprecated
-                        .get(Some(names::MARKETPLACE_NAMESPACE), DEPRECATED_MARKETPLACE)
-                        .map(|o| o.is_some())
-                }),
-            )
-            .await
-                .inspect_err(|e| tracing::warn!(cluster = %input.valid.cluster.key(), error = %e, "deleting the deprecated redhat-marketplace CatalogSource"))
-                .unwrap_or(false),
-        );
+    let (guest_report, guest_writes) =
+        apply_guest(&session, &input, &desired, &selector, guest_olm_crds_ready).await;
     tracing::info!(
         cluster = %input.valid.cluster.key(),
         hcp_created = hcp_report.created.len(), hcp_updated = hcp_report.updated.len(),
@@ -1461,35 +1561,19 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     let apply_error =
         report_error("management", &hcp_report).or_else(|| report_error("guest", &guest_report));
 
-    // Read back what status reports.
-    let guest_sources = match reads.as_ref().and_then(|r| r.sources.list()) {
-        Some(kept) => sources_from(kept, &selector),
-        None => read_guest_catalog_sources(&guest, &selector).await,
-    };
-    let installed = match reads.as_ref().and_then(|r| r.csvs.list()) {
-        Some(kept) => operators_from(kept),
-        None => read_installed_operators(&guest).await,
-    };
-    let components = read_components(ctx, &guest, reads.as_deref(), &hcp_ns, &desired).await?;
-    let all_available = components.iter().all(|c| c.available);
-    let mut st = build_status(
+    let (status_written, all_available) = report(
+        ctx,
+        hc,
+        &holm,
+        &session,
         &input,
         &desired,
-        &guest_sources,
-        &installed,
-        components,
+        &selector,
+        (&hcp_report, &guest_report),
         apply_error.as_ref(),
-        generation,
         &now_t,
-    );
-    // A guest answer over its bound is named as such (not a plain ApplyFailed).
-    if hcp_report.errors.is_empty()
-        && let Some(b) = guest_report.errors.first().and_then(|e| guest_bound(e))
-        && let Some(d) = st.conditions.iter_mut().find(|c| c.type_ == DEGRADED)
-    {
-        d.reason = bound_reason(&b).into();
-    }
-    let status_written = write_status(ctx, hc, &holm, st).await?;
+    )
+    .await?;
     if let Some(e) = apply_error {
         return Err(e);
     }
