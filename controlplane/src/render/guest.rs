@@ -36,6 +36,26 @@ pub(super) fn render(
     catalogs: &[ResolvedCatalog],
     out: &mut Desired,
 ) -> Result<(), RenderError> {
+    agent(input, catalogs, out)?;
+    // TakeOver: HyperShift's hosted-cluster-config-operator writes OperatorHub, the default
+    // CatalogSources, packageserver's Service, Endpoints and APIService; what it writes is
+    // right for ours (same Service, certificate and CA), so only it writes them.
+    let hcco_writes = input.valid.hypershift_take_over;
+    if !hcco_writes {
+        operator_hub(input, out)?;
+    }
+    catalog_sources(input, catalogs, out);
+    packageserver_api(input, hcco_writes, out);
+    Ok(())
+}
+
+/// The guest agent: namespace, account, peer config, Deployment, and (management
+/// placement) a Service per enabled catalog.
+fn agent(
+    input: &RenderInput,
+    catalogs: &[ResolvedCatalog],
+    out: &mut Desired,
+) -> Result<(), RenderError> {
     let v = &input.valid;
     let management = v.placement == CatalogPlacement::Management;
     let ns = names::GUEST_NAMESPACE;
@@ -177,9 +197,14 @@ pub(super) fn render(
             );
         }
     }
+    Ok(())
+}
 
-    // OperatorHub/cluster: continuously owned in management placement, created once
-    // (then owned by the guest) in guest placement, as HyperShift does.
+/// OperatorHub/cluster: continuously owned in management placement, created once (then
+/// owned by the guest) in guest placement, as HyperShift does.
+fn operator_hub(input: &RenderInput, out: &mut Desired) -> Result<(), RenderError> {
+    let v = &input.valid;
+    let management = v.placement == CatalogPlacement::Management;
     let hub_policy = if management {
         ApplyPolicy::Apply
     } else {
@@ -195,25 +220,25 @@ pub(super) fn render(
     if let Some(o) = hub_spec.as_object_mut() {
         o.entry("disableAllDefaultSources").or_insert(json!(false));
     }
-    // TakeOver: HyperShift's hosted-cluster-config-operator writes OperatorHub, the default
-    // CatalogSources, packageserver's Service, Endpoints and APIService; what it writes is
-    // right for ours (same Service, certificate and CA), so only it writes them.
-    let hcco_writes = v.hypershift_take_over;
-    if !hcco_writes {
-        push(
-            out,
-            json!({
-                "apiVersion": "config.openshift.io/v1",
-                "kind": "OperatorHub",
-                "metadata": metadata(v, "cluster", None, "operatorhub", None),
-                "spec": hub_spec,
-            }),
-            "operatorhubs",
-            hub_policy,
-        );
-    }
+    push(
+        out,
+        json!({
+            "apiVersion": "config.openshift.io/v1",
+            "kind": "OperatorHub",
+            "metadata": metadata(v, "cluster", None, "operatorhub", None),
+            "spec": hub_spec,
+        }),
+        "operatorhubs",
+        hub_policy,
+    );
+    Ok(())
+}
 
-    // Default CatalogSources.
+/// The default CatalogSources: the catalog's address in management placement, its image
+/// (polled by OLM) in guest placement.
+fn catalog_sources(input: &RenderInput, catalogs: &[ResolvedCatalog], out: &mut Desired) {
+    let v = &input.valid;
+    let management = v.placement == CatalogPlacement::Management;
     for c in catalogs {
         let mut meta = metadata(
             v,
@@ -250,9 +275,13 @@ pub(super) fn render(
             ApplyPolicy::Apply,
         );
     }
+}
 
-    // packageserver aggregated API: Service + Endpoints to the HCP ClusterIP, then the
-    // APIService with our CA bundle.
+/// packageserver's aggregated API: Service + Endpoints to the HCP ClusterIP, then the
+/// APIService with our CA bundle (under TakeOver HyperShift writes them); a pending note
+/// while the ClusterIP is not known.
+fn packageserver_api(input: &RenderInput, hcco_writes: bool, out: &mut Desired) {
+    let v = &input.valid;
     if !hcco_writes {
         push(
             out,
@@ -322,5 +351,4 @@ pub(super) fn render(
             ),
         }),
     }
-    Ok(())
 }
