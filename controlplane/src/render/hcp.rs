@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use time::format_description::well_known::Rfc3339;
 
+mod catalogs;
 mod gateway;
 mod olm;
 
@@ -510,13 +511,34 @@ pub(super) fn resources(cpu: &str, memory: &str) -> Value {
     json!({"requests": {"cpu": cpu, "memory": memory}})
 }
 
+/// An ingress-only NetworkPolicy in the HCP namespace: `target`'s pods accept `ports`
+/// from `from`.
+fn ingress_policy(
+    input: &RenderInput,
+    name: &str,
+    component: &str,
+    target: &str,
+    from: Value,
+    ports: Value,
+) -> Value {
+    json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(&input.valid, name, Some(ns(input)), component, owner(input)),
+        "spec": {
+            "podSelector": {"matchLabels": selector(target)},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": from, "ports": ports}],
+        }
+    })
+}
+
 pub(super) fn render(
     input: &RenderInput,
     catalogs: &[ResolvedCatalog],
     out: &mut Desired,
 ) -> Result<(), RenderError> {
     let v = &input.valid;
-    let hcp_ns = ns(input).to_string();
     let management = v.placement == CatalogPlacement::Management;
     let kubeconfig_path = format!("{KUBECONFIG_DIR}/{}", v.kubeconfig_key);
     let kubeconfig_hash = input
@@ -577,84 +599,22 @@ pub(super) fn render(
         )],
     );
     push(out, ps_secret, "secrets");
-    // Metrics TLS of the OLM operators (serving certificates, and the scrapers' client
-    // certificate with the CA the ServiceMonitors verify the servers with).
-    let mut metrics_hashes: BTreeMap<&str, String> = BTreeMap::new();
-    if let Some(m) = &input.pki.metrics {
-        for (secret, component, cert, sans) in [
-            (
-                names::CATALOG_OPERATOR_METRICS_CERT,
-                "catalog-operator",
-                &m.catalog_operator,
-                crate::certs::metrics_sans(
-                    ns(input),
-                    &names::metrics_service(names::CATALOG_OPERATOR),
-                ),
-            ),
-            (
-                names::OLM_OPERATOR_METRICS_CERT,
-                "olm-operator",
-                &m.olm_operator,
-                crate::certs::metrics_sans(ns(input), &names::metrics_service(names::OLM_OPERATOR)),
-            ),
-            (names::METRICS_CLIENT, "metrics", &m.client, Vec::new()),
-        ] {
-            let (body, hash) = tls_secret(
-                input,
-                secret,
-                component,
-                cert,
-                Some(&input.pki.ca.cert_pem),
-                &[(
-                    labels::SANS_ANNOTATION,
-                    crate::certs::sans_fingerprint(&sans),
-                )],
-            );
-            push(out, body, "secrets");
-            metrics_hashes.insert(secret, hash);
-        }
-    }
+    let metrics_hashes = olm::metrics_secrets(input, out);
     let gw_hash = gateway::secret(input, catalogs, out)?;
 
     // NetworkPolicies.
-    let np = |name: &str, component: &str, target: &str, from: Value, ports: Value| {
-        json!({
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "NetworkPolicy",
-            "metadata": metadata(v, name, Some(&hcp_ns), component, owner(input)),
-            "spec": {
-                "podSelector": {"matchLabels": selector(target)},
-                "policyTypes": ["Ingress"],
-                "ingress": [{"from": from, "ports": ports}],
-            }
-        })
-    };
     let olm_clients = json!([
         {"podSelector": {"matchLabels": selector(names::CATALOG_OPERATOR)}},
         {"podSelector": {"matchLabels": selector(names::OLM_OPERATOR)}},
         {"podSelector": {"matchLabels": selector(names::PACKAGESERVER)}},
         {"podSelector": {"matchLabels": selector(names::TUNNEL_GATEWAY)}},
     ]);
-    if management {
-        for c in catalogs.iter().filter(|c| c.own()) {
-            let name = names::catalog(c.catalog);
-            push(
-                out,
-                np(
-                    &name,
-                    "catalog",
-                    &name,
-                    olm_clients.clone(),
-                    json!([{"protocol": "TCP", "port": ports::CATALOG_GRPC}]),
-                ),
-                "networkpolicies",
-            );
-        }
-    }
+    catalogs::network_policies(input, catalogs, &olm_clients, out);
     // The guest kube-apiserver runs in this namespace and reaches packageserver.
     push(
         out,
-        np(
+        ingress_policy(
+            input,
             names::PACKAGESERVER,
             "packageserver",
             names::PACKAGESERVER,
@@ -665,35 +625,8 @@ pub(super) fn render(
     );
     gateway::network_policy(input, catalogs, olm_clients, out);
 
-    // Services. The metrics Services (and ServiceMonitors where the management cluster
-    // serves them) unless HyperShift's disable-monitoring-services annotation is set.
-    let metrics_tls = input.pki.metrics.is_some();
-    for (name, component) in [
-        (names::CATALOG_OPERATOR, "catalog-operator"),
-        (names::OLM_OPERATOR, "olm-operator"),
-    ] {
-        if v.monitoring_disabled {
-            continue;
-        }
-        let svc = names::metrics_service(name);
-        let port = if metrics_tls {
-            json!([{"name": "https-metrics", "protocol": "TCP", "port": ports::OLM_METRICS_TLS, "targetPort": "metrics"}])
-        } else {
-            json!([{"name": "http-metrics", "protocol": "TCP", "port": ports::OLM_HEALTH_METRICS, "targetPort": ports::OLM_HEALTH_METRICS}])
-        };
-        push(
-            out,
-            service(input, &svc, component, name, port, "ClusterIP"),
-            "services",
-        );
-        if metrics_tls && input.service_monitors_served {
-            push(
-                out,
-                service_monitor(input, name, component, &svc),
-                "servicemonitors",
-            );
-        }
-    }
+    // Services.
+    olm::metrics_services(input, out);
     push(
         out,
         service(
@@ -706,23 +639,7 @@ pub(super) fn render(
         ),
         "services",
     );
-    if management {
-        for c in catalogs.iter().filter(|c| c.own()) {
-            let name = names::catalog(c.catalog);
-            push(
-                out,
-                service(
-                    input,
-                    &name,
-                    "catalog",
-                    &name,
-                    json!([{"name": "grpc", "protocol": "TCP", "port": ports::CATALOG_GRPC, "targetPort": ports::CATALOG_GRPC}]),
-                    "ClusterIP",
-                ),
-                "services",
-            );
-        }
-    }
+    catalogs::services(input, catalogs, out);
     gateway::services(input, out);
 
     // Deployments: tunnel gateway first (OLM needs it for guest catalogs). Highly
@@ -732,11 +649,7 @@ pub(super) fn render(
     // re-handshakes through the same Service address).
     gateway::deployment_and_pdb(input, gw_hash, out);
 
-    if management {
-        for c in catalogs.iter().filter(|c| c.own()) {
-            push(out, catalog_deployment(input, c)?, "deployments");
-        }
-    }
+    catalogs::deployments(input, catalogs, out)?;
 
     olm::render(
         &olm::Shared {

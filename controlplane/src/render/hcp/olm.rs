@@ -310,3 +310,84 @@ fn packageserver_pdb(input: &RenderInput) -> Value {
         "spec": pdb_spec,
     })
 }
+
+/// The OLM operators' metrics TLS Secrets (serving certificates, and the scrapers' client
+/// certificate with the CA the ServiceMonitors verify the servers with), pushed; their
+/// hashes by Secret name (for [`Shared::metrics_hashes`]).
+pub(super) fn metrics_secrets(
+    input: &RenderInput,
+    out: &mut Desired,
+) -> BTreeMap<&'static str, String> {
+    let mut metrics_hashes: BTreeMap<&'static str, String> = BTreeMap::new();
+    if let Some(m) = &input.pki.metrics {
+        for (secret, component, cert, sans) in [
+            (
+                names::CATALOG_OPERATOR_METRICS_CERT,
+                "catalog-operator",
+                &m.catalog_operator,
+                crate::certs::metrics_sans(
+                    super::ns(input),
+                    &names::metrics_service(names::CATALOG_OPERATOR),
+                ),
+            ),
+            (
+                names::OLM_OPERATOR_METRICS_CERT,
+                "olm-operator",
+                &m.olm_operator,
+                crate::certs::metrics_sans(
+                    super::ns(input),
+                    &names::metrics_service(names::OLM_OPERATOR),
+                ),
+            ),
+            (names::METRICS_CLIENT, "metrics", &m.client, Vec::new()),
+        ] {
+            let (body, hash) = super::tls_secret(
+                input,
+                secret,
+                component,
+                cert,
+                Some(&input.pki.ca.cert_pem),
+                &[(
+                    super::labels::SANS_ANNOTATION,
+                    crate::certs::sans_fingerprint(&sans),
+                )],
+            );
+            super::push(out, body, "secrets");
+            metrics_hashes.insert(secret, hash);
+        }
+    }
+    metrics_hashes
+}
+
+/// The OLM operators' metrics Services (and ServiceMonitors where the management cluster
+/// serves them), pushed, unless HyperShift's disable-monitoring-services annotation is set.
+pub(super) fn metrics_services(input: &RenderInput, out: &mut Desired) {
+    let v = &input.valid;
+    let metrics_tls = input.pki.metrics.is_some();
+    for (name, component) in [
+        (names::CATALOG_OPERATOR, "catalog-operator"),
+        (names::OLM_OPERATOR, "olm-operator"),
+    ] {
+        if v.monitoring_disabled {
+            continue;
+        }
+        let svc = names::metrics_service(name);
+        let port = if metrics_tls {
+            json!([{"name": "https-metrics", "protocol": "TCP", "port": ports::OLM_METRICS_TLS, "targetPort": "metrics"}])
+        } else {
+            json!([{"name": "http-metrics", "protocol": "TCP", "port": ports::OLM_HEALTH_METRICS, "targetPort": ports::OLM_HEALTH_METRICS}])
+        };
+        super::push(
+            out,
+            super::service(input, &svc, component, name, port, "ClusterIP"),
+            "services",
+        );
+        if metrics_tls && input.service_monitors_served {
+            super::push(
+                out,
+                super::service_monitor(input, name, component, &svc),
+                "servicemonitors",
+            );
+        }
+    }
+}
