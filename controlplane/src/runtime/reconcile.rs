@@ -1381,6 +1381,114 @@ async fn report(
     Ok((status_written, all_available))
 }
 
+/// Hashes of the Secrets our pods mount or pull with (HyperShift's, in the HCP namespace):
+/// a changed Secret changes the config-hash annotation and rolls pods.
+async fn external_secret_hashes(
+    ctx: &Context,
+    hcp_ns: &str,
+    valid: &validate::ValidInput,
+) -> Result<BTreeMap<String, String>, Error> {
+    let mut external_secret_hashes = BTreeMap::new();
+    let mut mounted = vec![valid.kubeconfig_secret.clone(), valid.pull_secret.clone()];
+    if valid.hypershift_take_over {
+        mounted.push(names::HYPERSHIFT_PACKAGESERVER_CERT.to_string());
+    }
+    for secret_name in &mounted {
+        if let Some(s) = ctx
+            .read_secret(hcp_ns, secret_name)
+            .await
+            .map_err(kube_err(format!("reading Secret {hcp_ns}/{secret_name}")))?
+        {
+            external_secret_hashes.insert(secret_name.clone(), secret_hash(&s));
+        }
+    }
+
+    Ok(external_secret_hashes)
+}
+
+/// A replaced CA stays in the guest's caBundle until every packageserver pod serves a
+/// certificate of the new one, i.e. the live Deployment has rolled out the rendered
+/// template; then it leaves (`input` and `desired` rendered again). Reads only while a
+/// previous CA is held (a converged pass reads nothing more).
+async fn ca_rollover(
+    ctx: &Context,
+    input: &mut RenderInput,
+    desired: &mut Desired,
+) -> Result<(), Error> {
+    let hcp_ns = input.valid.cluster.hcp_namespace.clone();
+    let hcp_ns = hcp_ns.as_str();
+    if input.pki.previous_ca_pem.is_some() {
+        let live = Api::<Deployment>::namespaced(ctx.client.clone(), hcp_ns)
+            .get_opt(names::PACKAGESERVER)
+            .await
+            .map_err(kube_err(format!(
+                "reading Deployment {hcp_ns}/{}",
+                names::PACKAGESERVER
+            )))?;
+        let rendered = desired
+            .hcp
+            .iter()
+            .find(|o| o.kind == "Deployment" && o.name == names::PACKAGESERVER);
+        if let (Some(live), Some(rendered)) = (live, rendered)
+            && rolled_out(&rendered.body, &live)
+        {
+            tracing::info!(cluster = %input.valid.cluster.key(), "every packageserver pod serves the new CA's certificate: the previous CA leaves the caBundle");
+            input.pki.previous_ca_pem = None;
+            *desired = render::desired(input)?;
+        }
+    }
+
+    Ok(())
+}
+
+/// Step apply (management side): the HCP namespace's objects applied (new tunnel keys
+/// first, create-only) and what is no longer wanted pruned.
+async fn apply_management(
+    ctx: &Context,
+    input: &RenderInput,
+    desired: &Desired,
+    new_keys: Option<Value>,
+    selector: &BTreeMap<String, String>,
+) -> Report {
+    let hcp_ns = input.valid.cluster.hcp_namespace.as_str();
+    let mgmt = Applier::new(ctx.client.clone(), FIELD_MANAGER)
+        .with_cache(ctx.mgmt_cache())
+        .keep_written(&["Secret"]);
+    let mut hcp_targets: Vec<Target> = desired.hcp.iter().map(target).collect();
+    let keys_target = Target::new(
+        "v1",
+        "Secret",
+        "secrets",
+        Policy::CreateOnly,
+        new_keys.clone().unwrap_or_else(
+            || json!({"metadata": {"name": secrets::TUNNEL_KEYS_SECRET, "namespace": hcp_ns}}),
+        ),
+    );
+    if new_keys.is_some() {
+        hcp_targets.insert(0, keys_target.clone());
+    }
+    let mut hcp_report = mgmt.apply(&hcp_targets).await;
+    // The Secrets just written, as the API server answered: the next pass's reads of them
+    // (certificates, keys) are answered from memory instead of a GET each.
+    ctx.remember_written_secrets(std::mem::take(&mut hcp_report.written))
+        .await;
+    let mut keep = hcp_targets.clone();
+    if new_keys.is_none() {
+        keep.push(keys_target);
+    }
+    // A kind the management cluster does not serve holds nothing of ours: not listed.
+    let mut prune_kinds = hcp_kinds();
+    if !input.service_monitors_served {
+        prune_kinds.retain(|(r, _)| r.kind != "ServiceMonitor");
+    }
+    hcp_report.merge(
+        mgmt.prune(&prune_kinds, Some(hcp_ns), selector, &keep)
+            .await,
+    );
+
+    hcp_report
+}
+
 async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error> {
     if hc.metadata.deletion_timestamp.is_some() {
         return Box::pin(cleanup(ctx, hc)).await;
@@ -1427,22 +1535,7 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     let packageserver_cluster_ip =
         packageserver_cluster_ip(ctx, stores.as_deref(), &hcp_ns, &valid).await?;
 
-    // Hashes of the Secrets our pods mount or pull with (HyperShift's, in the HCP
-    // namespace): a changed Secret changes the config-hash annotation and rolls pods.
-    let mut external_secret_hashes = BTreeMap::new();
-    let mut mounted = vec![valid.kubeconfig_secret.clone(), valid.pull_secret.clone()];
-    if valid.hypershift_take_over {
-        mounted.push(names::HYPERSHIFT_PACKAGESERVER_CERT.to_string());
-    }
-    for secret_name in &mounted {
-        if let Some(s) = ctx
-            .read_secret(&hcp_ns, secret_name)
-            .await
-            .map_err(kube_err(format!("reading Secret {hcp_ns}/{secret_name}")))?
-        {
-            external_secret_hashes.insert(secret_name.clone(), secret_hash(&s));
-        }
-    }
+    let external_secret_hashes = external_secret_hashes(ctx, &hcp_ns, &valid).await?;
 
     let owner = Owner {
         api_version: "olm.hcp-olm.io/v1alpha1".into(),
@@ -1475,66 +1568,11 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
         &format!("{ns}/{name}"),
         &crate::sharing::shared_uses(&input.valid, &input.catalog_images),
     );
-    // A replaced CA stays in the guest's caBundle until every packageserver pod serves a
-    // certificate of the new one, i.e. the live Deployment has rolled out the rendered
-    // template. Read only while a previous CA is held (a converged pass reads nothing more).
-    if input.pki.previous_ca_pem.is_some() {
-        let live = Api::<Deployment>::namespaced(ctx.client.clone(), &hcp_ns)
-            .get_opt(names::PACKAGESERVER)
-            .await
-            .map_err(kube_err(format!(
-                "reading Deployment {hcp_ns}/{}",
-                names::PACKAGESERVER
-            )))?;
-        let rendered = desired
-            .hcp
-            .iter()
-            .find(|o| o.kind == "Deployment" && o.name == names::PACKAGESERVER);
-        if let (Some(live), Some(rendered)) = (live, rendered)
-            && rolled_out(&rendered.body, &live)
-        {
-            tracing::info!(cluster = %input.valid.cluster.key(), "every packageserver pod serves the new CA's certificate: the previous CA leaves the caBundle");
-            input.pki.previous_ca_pem = None;
-            desired = render::desired(&input)?;
-        }
-    }
+    ca_rollover(ctx, &mut input, &mut desired).await?;
 
     // Apply and prune, management then guest.
     let selector = labels::prune_selector(&input.valid);
-    let mgmt = Applier::new(ctx.client.clone(), FIELD_MANAGER)
-        .with_cache(ctx.mgmt_cache())
-        .keep_written(&["Secret"]);
-    let mut hcp_targets: Vec<Target> = desired.hcp.iter().map(target).collect();
-    let keys_target = Target::new(
-        "v1",
-        "Secret",
-        "secrets",
-        Policy::CreateOnly,
-        new_keys.clone().unwrap_or_else(
-            || json!({"metadata": {"name": secrets::TUNNEL_KEYS_SECRET, "namespace": hcp_ns}}),
-        ),
-    );
-    if new_keys.is_some() {
-        hcp_targets.insert(0, keys_target.clone());
-    }
-    let mut hcp_report = mgmt.apply(&hcp_targets).await;
-    // The Secrets just written, as the API server answered: the next pass's reads of them
-    // (certificates, keys) are answered from memory instead of a GET each.
-    ctx.remember_written_secrets(std::mem::take(&mut hcp_report.written))
-        .await;
-    let mut keep = hcp_targets.clone();
-    if new_keys.is_none() {
-        keep.push(keys_target);
-    }
-    // A kind the management cluster does not serve holds nothing of ours: not listed.
-    let mut prune_kinds = hcp_kinds();
-    if !input.service_monitors_served {
-        prune_kinds.retain(|(r, _)| r.kind != "ServiceMonitor");
-    }
-    hcp_report.merge(
-        mgmt.prune(&prune_kinds, Some(&hcp_ns), &selector, &keep)
-            .await,
-    );
+    let hcp_report = apply_management(ctx, &input, &desired, new_keys, &selector).await;
 
     if input.tunnel.gateway_endpoint.is_none() {
         let again = read_gateway_endpoint(ctx, &hcp_ns, &input.valid).await?;
