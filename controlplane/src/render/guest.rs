@@ -81,99 +81,11 @@ fn agent(
         "serviceaccounts",
         ApplyPolicy::Apply,
     );
-    let exposed = if management {
-        exposed_services(catalogs)
-    } else {
-        Vec::new()
-    };
-    let peer = agent_peer_config(&input.tunnel, &tunnel_network(input), exposed);
-    let peer_json =
-        serde_json::to_string_pretty(&peer).map_err(|source| RenderError::Serialize {
-            what: "agent peer config",
-            source,
-        })?;
-    // Keys are left out: the agent re-reads them from the mounted Secret, so a key
-    // rotation must not restart it (that would cut the catalog streams it carries).
-    let mut h = Sha256::new();
-    h.update(
-        serde_json::to_string(&agent_peer_config_without_keys(&peer))
-            .map_err(|source| RenderError::Serialize {
-                what: "agent peer config",
-                source,
-            })?
-            .as_bytes(),
-    );
-    let peer_hash = hex(&h.finalize()[..16]);
+    let (secret, peer_hash) = agent_peer_secret(input, catalogs)?;
+    push(out, secret, "secrets", ApplyPolicy::Apply);
     push(
         out,
-        json!({
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": metadata(v, names::GUEST_AGENT_PEER, Some(ns), "guest-agent", None),
-            "type": "Opaque",
-            "data": {
-                "peer.json": B64.encode(&peer_json),
-                PRIVATE_KEY_KEY: B64.encode(&input.tunnel.agent_private_key),
-            },
-        }),
-        "secrets",
-        ApplyPolicy::Apply,
-    );
-    let agent_ports: Vec<Value> = enabled
-        .iter()
-        .filter(|_| management)
-        .map(|c| json!({"name": format!("cat-{}", agent_catalog_port(*c)), "containerPort": agent_catalog_port(*c), "protocol": "TCP"}))
-        .chain(std::iter::once(json!({"name": "health", "containerPort": ports::TUNNEL_HEALTH, "protocol": "TCP"})))
-        .collect();
-    let mut pod_labels = labels::object_labels(v, "guest-agent", names::GUEST_AGENT);
-    pod_labels.extend(
-        selector(names::GUEST_AGENT)
-            .as_object()
-            .into_iter()
-            .flatten()
-            .map(|(k, val)| (k.clone(), val.as_str().unwrap_or_default().to_string())),
-    );
-    push(
-        out,
-        json!({
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": metadata(v, names::GUEST_AGENT, Some(ns), "guest-agent", None),
-            "spec": {
-                "replicas": 1,
-                "revisionHistoryLimit": 2,
-                "selector": {"matchLabels": selector(names::GUEST_AGENT)},
-                "template": {
-                    "metadata": {
-                        "labels": pod_labels,
-                        "annotations": {labels::CONFIG_HASH_ANNOTATION: peer_hash},
-                    },
-                    "spec": {
-                        "serviceAccountName": names::GUEST_AGENT,
-                        "automountServiceAccountToken": false,
-                        "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
-                        "containers": [{
-                            "name": "agent",
-                            "image": v.images.guest_agent,
-                            "imagePullPolicy": "IfNotPresent",
-                            "terminationMessagePolicy": "FallbackToLogsOnError",
-                            "args": ["--config", "/etc/hcp-olm/peer/peer.json"],
-                            "ports": agent_ports,
-                            "livenessProbe": {"httpGet": {"path": "/healthz", "port": ports::TUNNEL_HEALTH}, "initialDelaySeconds": 10, "periodSeconds": 10},
-                            "readinessProbe": {"httpGet": {"path": "/readyz", "port": ports::TUNNEL_HEALTH}, "periodSeconds": 10},
-                            "resources": {"requests": {"cpu": "10m", "memory": "30Mi"}, "limits": {"memory": super::tunnel::TUNNEL_MEMORY_LIMIT}},
-                            "securityContext": restricted_container(),
-                            "volumeMounts": [{"name": "peer", "mountPath": "/etc/hcp-olm/peer", "readOnly": true}],
-                        }],
-                        // 0444: the agent runs as its image's user with no fsGroup (a fixed
-                        // one is refused where an SCC assigns it; a plain Kubernetes guest
-                        // assigns none), and the files are root's. Only the agent's own
-                        // container mounts them (Kubernetes' default mode is 0644).
-                        "volumes": [{"name": "peer", "secret": {"secretName": names::GUEST_AGENT_PEER, "defaultMode": 0o444}}],
-                    }
-                }
-            }
-        }),
+        agent_deployment(input, &enabled, &peer_hash),
         "deployments",
         ApplyPolicy::Apply,
     );
@@ -198,6 +110,112 @@ fn agent(
         }
     }
     Ok(())
+}
+
+/// The agent's peer config Secret (with its WireGuard key) and the hash of the config
+/// without keys (the Deployment's config hash).
+fn agent_peer_secret(
+    input: &RenderInput,
+    catalogs: &[ResolvedCatalog],
+) -> Result<(Value, String), RenderError> {
+    let v = &input.valid;
+    let management = v.placement == CatalogPlacement::Management;
+    let ns = names::GUEST_NAMESPACE;
+    let exposed = if management {
+        exposed_services(catalogs)
+    } else {
+        Vec::new()
+    };
+    let peer = agent_peer_config(&input.tunnel, &tunnel_network(input), exposed);
+    let peer_json =
+        serde_json::to_string_pretty(&peer).map_err(|source| RenderError::Serialize {
+            what: "agent peer config",
+            source,
+        })?;
+    // Keys are left out: the agent re-reads them from the mounted Secret, so a key
+    // rotation must not restart it (that would cut the catalog streams it carries).
+    let mut h = Sha256::new();
+    h.update(
+        serde_json::to_string(&agent_peer_config_without_keys(&peer))
+            .map_err(|source| RenderError::Serialize {
+                what: "agent peer config",
+                source,
+            })?
+            .as_bytes(),
+    );
+    let peer_hash = hex(&h.finalize()[..16]);
+    let secret = json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata(v, names::GUEST_AGENT_PEER, Some(ns), "guest-agent", None),
+        "type": "Opaque",
+        "data": {
+            "peer.json": B64.encode(&peer_json),
+            PRIVATE_KEY_KEY: B64.encode(&input.tunnel.agent_private_key),
+        },
+    });
+    Ok((secret, peer_hash))
+}
+
+/// The agent's Deployment: one replica, a port per enabled catalog (management
+/// placement) and its health port.
+fn agent_deployment(input: &RenderInput, enabled: &[DefaultCatalog], peer_hash: &str) -> Value {
+    let v = &input.valid;
+    let management = v.placement == CatalogPlacement::Management;
+    let ns = names::GUEST_NAMESPACE;
+    let agent_ports: Vec<Value> = enabled
+        .iter()
+        .filter(|_| management)
+        .map(|c| json!({"name": format!("cat-{}", agent_catalog_port(*c)), "containerPort": agent_catalog_port(*c), "protocol": "TCP"}))
+        .chain(std::iter::once(json!({"name": "health", "containerPort": ports::TUNNEL_HEALTH, "protocol": "TCP"})))
+        .collect();
+    let mut pod_labels = labels::object_labels(v, "guest-agent", names::GUEST_AGENT);
+    pod_labels.extend(
+        selector(names::GUEST_AGENT)
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, val)| (k.clone(), val.as_str().unwrap_or_default().to_string())),
+    );
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(v, names::GUEST_AGENT, Some(ns), "guest-agent", None),
+        "spec": {
+            "replicas": 1,
+            "revisionHistoryLimit": 2,
+            "selector": {"matchLabels": selector(names::GUEST_AGENT)},
+            "template": {
+                "metadata": {
+                    "labels": pod_labels,
+                    "annotations": {labels::CONFIG_HASH_ANNOTATION: peer_hash},
+                },
+                "spec": {
+                    "serviceAccountName": names::GUEST_AGENT,
+                    "automountServiceAccountToken": false,
+                    "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [{
+                        "name": "agent",
+                        "image": v.images.guest_agent,
+                        "imagePullPolicy": "IfNotPresent",
+                        "terminationMessagePolicy": "FallbackToLogsOnError",
+                        "args": ["--config", "/etc/hcp-olm/peer/peer.json"],
+                        "ports": agent_ports,
+                        "livenessProbe": {"httpGet": {"path": "/healthz", "port": ports::TUNNEL_HEALTH}, "initialDelaySeconds": 10, "periodSeconds": 10},
+                        "readinessProbe": {"httpGet": {"path": "/readyz", "port": ports::TUNNEL_HEALTH}, "periodSeconds": 10},
+                        "resources": {"requests": {"cpu": "10m", "memory": "30Mi"}, "limits": {"memory": super::tunnel::TUNNEL_MEMORY_LIMIT}},
+                        "securityContext": restricted_container(),
+                        "volumeMounts": [{"name": "peer", "mountPath": "/etc/hcp-olm/peer", "readOnly": true}],
+                    }],
+                    // 0444: the agent runs as its image's user with no fsGroup (a fixed
+                    // one is refused where an SCC assigns it; a plain Kubernetes guest
+                    // assigns none), and the files are root's. Only the agent's own
+                    // container mounts them (Kubernetes' default mode is 0644).
+                    "volumes": [{"name": "peer", "secret": {"secretName": names::GUEST_AGENT_PEER, "defaultMode": 0o444}}],
+                }
+            }
+        }
+    })
 }
 
 /// OperatorHub/cluster: continuously owned in management placement, created once (then
