@@ -17,7 +17,7 @@ use super::{
     ApplyPolicy, Desired, Object, Pending, RenderError, RenderInput, ResolvedCatalog, names, ports,
 };
 use crate::certs::{CertMaterial, hex};
-use crate::hostedolm::{CatalogPlacement, CatalogServerKind};
+use crate::hostedolm::CatalogPlacement;
 use crate::validate::{Severity, ValidInput};
 
 const KUBECONFIG_DIR: &str = "/etc/openshift/kubeconfig";
@@ -533,76 +533,31 @@ fn ingress_policy(
     })
 }
 
+/// Every HCP-namespace object of one cluster, component by component, in the order the
+/// golden files fix: ServiceAccounts, Secrets, NetworkPolicies, Services, Deployments.
 pub(super) fn render(
     input: &RenderInput,
     catalogs: &[ResolvedCatalog],
     out: &mut Desired,
 ) -> Result<(), RenderError> {
     let v = &input.valid;
-    let management = v.placement == CatalogPlacement::Management;
     let kubeconfig_path = format!("{KUBECONFIG_DIR}/{}", v.kubeconfig_key);
     let kubeconfig_hash = input
         .external_secret_hashes
         .get(&v.kubeconfig_secret)
         .cloned()
         .unwrap_or_else(|| "absent".to_string());
-    if !input.guest_olm_crds_ready {
-        out.pending.push(Pending {
-            component: "olm".into(),
-            reason: "WaitingForGuestOLMCRDs",
-            severity: Severity::Progressing,
-            message:
-                "the guest API server does not serve the OLM CRDs yet; OLM pods are scaled to 0"
-                    .into(),
-        });
-    }
+    olm::wait_for_guest_crds(input, out);
 
-    // ServiceAccounts. Each carries the HCP namespace's pull secret, as HyperShift's OLM
-    // ServiceAccounts do, so nodes without an OpenShift pull secret can pull the images.
-    for (sa, component) in [
-        (names::CATALOG_OPERATOR, "catalog-operator"),
-        (names::OLM_OPERATOR, "olm-operator"),
-        (names::PACKAGESERVER, "packageserver"),
-        (names::TUNNEL_GATEWAY, "tunnel-gateway"),
-    ] {
-        push(
-            out,
-            service_account(input, sa, component, Some(&v.pull_secret)),
-            "serviceaccounts",
-        );
-    }
-    if management && catalogs.iter().any(ResolvedCatalog::own) {
-        push(
-            out,
-            service_account(input, names::CATALOG_SA, "catalog", Some(&v.pull_secret)),
-            "serviceaccounts",
-        );
-    }
+    olm::service_accounts(input, out);
+    gateway::service_account(input, out);
+    catalogs::service_account(input, catalogs, out);
 
-    // Secrets: CA (persisted here so the runtime can sign again), packageserver cert,
-    // tunnel gateway config.
-    let (mut ca_secret, _) = tls_secret(input, names::CA, "pki", &input.pki.ca, None, &[]);
-    if let Some(prev) = &input.pki.previous_ca_pem {
-        // the replaced CA, trusted by the guest APIService until packageserver has rolled
-        ca_secret["data"][PREVIOUS_CA_KEY] = json!(B64.encode(prev));
-    }
-    push(out, ca_secret, "secrets");
-    let (ps_secret, ps_hash) = tls_secret(
-        input,
-        names::PACKAGESERVER_CERT,
-        "packageserver",
-        &input.pki.packageserver,
-        Some(&input.pki.ca.cert_pem),
-        &[(
-            labels::SANS_ANNOTATION,
-            input.pki.packageserver_sans_fingerprint.clone(),
-        )],
-    );
-    push(out, ps_secret, "secrets");
+    let packageserver_cert_hash = olm::pki_secrets(input, out);
     let metrics_hashes = olm::metrics_secrets(input, out);
     let gw_hash = gateway::secret(input, catalogs, out)?;
 
-    // NetworkPolicies.
+    // The pods that dial catalogs.
     let olm_clients = json!([
         {"podSelector": {"matchLabels": selector(names::CATALOG_OPERATOR)}},
         {"podSelector": {"matchLabels": selector(names::OLM_OPERATOR)}},
@@ -610,47 +565,16 @@ pub(super) fn render(
         {"podSelector": {"matchLabels": selector(names::TUNNEL_GATEWAY)}},
     ]);
     catalogs::network_policies(input, catalogs, &olm_clients, out);
-    // The guest kube-apiserver runs in this namespace and reaches packageserver.
-    push(
-        out,
-        ingress_policy(
-            input,
-            names::PACKAGESERVER,
-            "packageserver",
-            names::PACKAGESERVER,
-            json!([{"podSelector": {}}]),
-            json!([{"protocol": "TCP", "port": ports::PACKAGESERVER}]),
-        ),
-        "networkpolicies",
-    );
+    olm::network_policy(input, out);
     gateway::network_policy(input, catalogs, olm_clients, out);
 
-    // Services.
-    olm::metrics_services(input, out);
-    push(
-        out,
-        service(
-            input,
-            names::PACKAGESERVER,
-            "packageserver",
-            names::PACKAGESERVER,
-            json!([{"name": "https", "protocol": "TCP", "port": 443, "targetPort": ports::PACKAGESERVER}]),
-            "ClusterIP",
-        ),
-        "services",
-    );
+    olm::services(input, out);
     catalogs::services(input, catalogs, out);
     gateway::services(input, out);
 
-    // Deployments: tunnel gateway first (OLM needs it for guest catalogs). Highly
-    // available: two replicas on different nodes (zones where required) sharing the keys.
-    // The agent's WireGuard flow reaches one of them (the Service pins it); the other
-    // forwards guest targets to it, and takes the session over when it goes (the agent
-    // re-handshakes through the same Service address).
+    // Deployments: tunnel gateway first (OLM needs it for guest catalogs).
     gateway::deployment_and_pdb(input, gw_hash, out);
-
     catalogs::deployments(input, catalogs, out)?;
-
     olm::render(
         &olm::Shared {
             input,
@@ -658,7 +582,7 @@ pub(super) fn render(
             kubeconfig_path: &kubeconfig_path,
             kubeconfig_hash: &kubeconfig_hash,
             metrics_hashes: &metrics_hashes,
-            packageserver_cert_hash: &ps_hash,
+            packageserver_cert_hash: &packageserver_cert_hash,
         },
         out,
     );
@@ -707,119 +631,3 @@ pub(super) fn catalog_server_container(image: &str, memory: &str) -> Value {
         ],
     })
 }
-
-fn catalog_deployment(input: &RenderInput, c: &ResolvedCatalog) -> Result<Value, RenderError> {
-    let v = &input.valid;
-    let name = names::catalog(c.catalog);
-    let image = c.image.image().to_string();
-    let utilities = json!({
-        "name": "extract-utilities",
-        "image": v.images.olm,
-        "imagePullPolicy": "IfNotPresent",
-        "command": ["cp"],
-        "args": ["/bin/copy-content", "/utilities/copy-content"],
-        "resources": resources("10m", "50Mi"),
-        "securityContext": container_security(),
-        "volumeMounts": [{"name": "utilities", "mountPath": "/utilities"}],
-    });
-    let extract = |with_cache: bool| {
-        let mut args = vec![
-            "--catalog.from=/configs".to_string(),
-            "--catalog.to=/extracted-catalog/catalog".to_string(),
-        ];
-        if with_cache {
-            args.push("--cache.from=/tmp/cache".to_string());
-            args.push("--cache.to=/extracted-catalog/cache".to_string());
-        }
-        json!({
-            "name": "extract-content",
-            "image": image,
-            "imagePullPolicy": "IfNotPresent",
-            "command": ["/utilities/copy-content"],
-            "args": args,
-            "resources": resources("10m", "50Mi"),
-            "securityContext": container_security(),
-            "volumeMounts": [
-                {"name": "utilities", "mountPath": "/utilities"},
-                {"name": "catalog-content", "mountPath": "/extracted-catalog"},
-            ],
-        })
-    };
-    let (init, server, grace, server_image) = match v.catalog_server {
-        CatalogServerKind::Opm => (
-            vec![utilities, extract(true)],
-            json!({
-                "name": "registry",
-                "image": image,
-                "imagePullPolicy": "IfNotPresent",
-                "command": ["/bin/opm"],
-                "args": [
-                    "serve", "/extracted-catalog/catalog",
-                    "--cache-dir=/extracted-catalog/cache",
-                    "--port", ports::CATALOG_GRPC.to_string(),
-                ],
-                "ports": [{"name": "grpc", "containerPort": ports::CATALOG_GRPC, "protocol": "TCP"}],
-                "readinessProbe": grpc_probe(5, 5, 10, 3),
-                "livenessProbe": grpc_probe(10, 1, 10, 3),
-                "startupProbe": grpc_probe(0, 1, 10, 15),
-                "resources": resources("10m", c.catalog.memory_request()),
-                "securityContext": container_security(),
-                "volumeMounts": [
-                    {"name": "catalog-content", "mountPath": "/extracted-catalog"},
-                    {"name": "tmp", "mountPath": "/tmp"},
-                ],
-            }),
-            None,
-            image.clone(),
-        ),
-        // Flags and probes as documented in docs/catalog-server.md.
-        CatalogServerKind::HcpOlm => (
-            vec![utilities, extract(false)],
-            catalog_server_container(&v.images.catalog_server, c.catalog.memory_request()),
-            Some(15),
-            v.images.catalog_server.clone(),
-        ),
-    };
-    let mut hash_parts = BTreeMap::from([
-        ("image".to_string(), image.clone()),
-        ("server".to_string(), server_image),
-    ]);
-    // A rotated pull secret rolls the catalog pods (only known with a cluster).
-    if let Some(h) = input.external_secret_hashes.get(&v.pull_secret) {
-        hash_parts.insert(format!("secret/{}", v.pull_secret), h.clone());
-    }
-    let hash = config_hash(&hash_parts);
-    let mut d = deployment(
-        input,
-        PodSpec {
-            name: &name,
-            component: "catalog",
-            replicas: 1,
-            service_account: names::CATALOG_SA,
-            automount_token: false,
-            priority_class: CONTROL_PLANE_PRIORITY,
-            init_containers: init,
-            containers: vec![server],
-            // As HyperShift renders catalog pods: a writable /tmp for the server (its root
-            // is read-only; the init containers keep the image's own /tmp, where the opm
-            // cache is copied from) and Linux nodes only.
-            volumes: vec![
-                json!({"name": "utilities", "emptyDir": {}}),
-                json!({"name": "catalog-content", "emptyDir": {}}),
-                json!({"name": "tmp", "emptyDir": {}}),
-            ],
-            config_hash: hash,
-            image_pull_secrets: vec![v.pull_secret.clone()],
-            strategy: None,
-            termination_grace_seconds: grace,
-        },
-    );
-    let selector = &mut d["spec"]["template"]["spec"]["nodeSelector"];
-    if selector.get(LINUX_NODE_KEY).is_none() {
-        selector[LINUX_NODE_KEY] = json!("linux");
-    }
-    Ok(d)
-}
-
-/// The well-known node label of the operating system.
-const LINUX_NODE_KEY: &str = "kubernetes.io/os";

@@ -211,8 +211,25 @@ pub(super) fn services(input: &RenderInput, out: &mut Desired) {
     }
 }
 
+/// The gateway's ServiceAccount (with the pull secret, as the OLM operators').
+pub(super) fn service_account(input: &RenderInput, out: &mut Desired) {
+    super::push(
+        out,
+        super::service_account(
+            input,
+            names::TUNNEL_GATEWAY,
+            "tunnel-gateway",
+            Some(&input.valid.pull_secret),
+        ),
+        "serviceaccounts",
+    );
+}
+
 /// Pushes the gateway's Deployment (and its PodDisruptionBudget when highly available).
-/// `config_hash` is [`secret`]'s.
+/// `config_hash` is [`secret`]'s. Highly available means two replicas on different nodes
+/// (zones where required) sharing the keys: the agent's WireGuard flow reaches one of them
+/// (the Service pins it); the other forwards guest targets to it, and takes the session
+/// over when it goes (the agent re-handshakes through the same Service address).
 pub(super) fn deployment_and_pdb(input: &RenderInput, gw_hash: String, out: &mut Desired) {
     let v = &input.valid;
     let hcp_ns = super::ns(input).to_string();

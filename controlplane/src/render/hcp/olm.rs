@@ -7,7 +7,10 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use super::super::labels::{metadata, selector};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+
+use super::super::labels::{self, metadata, selector};
 use super::super::{Desired, Pending, RenderInput, names, ports};
 use super::{
     API_CRITICAL_PRIORITY, CONTROL_PLANE_PRIORITY, GLOBAL_CATALOG_NAMESPACE, KUBECONFIG_DIR,
@@ -361,7 +364,7 @@ pub(super) fn metrics_secrets(
 
 /// The OLM operators' metrics Services (and ServiceMonitors where the management cluster
 /// serves them), pushed, unless HyperShift's disable-monitoring-services annotation is set.
-pub(super) fn metrics_services(input: &RenderInput, out: &mut Desired) {
+fn metrics_services(input: &RenderInput, out: &mut Desired) {
     let v = &input.valid;
     let metrics_tls = input.pki.metrics.is_some();
     for (name, component) in [
@@ -390,4 +393,93 @@ pub(super) fn metrics_services(input: &RenderInput, out: &mut Desired) {
             );
         }
     }
+}
+
+/// Says the OLM pods wait (0 replicas) while the guest does not serve the OLM CRDs.
+pub(super) fn wait_for_guest_crds(input: &RenderInput, out: &mut Desired) {
+    if !input.guest_olm_crds_ready {
+        out.pending.push(Pending {
+            component: "olm".into(),
+            reason: "WaitingForGuestOLMCRDs",
+            severity: Severity::Progressing,
+            message:
+                "the guest API server does not serve the OLM CRDs yet; OLM pods are scaled to 0"
+                    .into(),
+        });
+    }
+}
+
+/// The three operators' ServiceAccounts. Each carries the HCP namespace's pull secret, as
+/// HyperShift's OLM ServiceAccounts do, so nodes without an OpenShift pull secret can pull
+/// the images.
+pub(super) fn service_accounts(input: &RenderInput, out: &mut Desired) {
+    for (sa, component) in [
+        (names::CATALOG_OPERATOR, "catalog-operator"),
+        (names::OLM_OPERATOR, "olm-operator"),
+        (names::PACKAGESERVER, "packageserver"),
+    ] {
+        super::push(
+            out,
+            super::service_account(input, sa, component, Some(&input.valid.pull_secret)),
+            "serviceaccounts",
+        );
+    }
+}
+
+/// The CA Secret (persisted so the runtime can sign again, with the replaced CA while it is
+/// still trusted) and packageserver's serving certificate; returns the latter's hash.
+pub(super) fn pki_secrets(input: &RenderInput, out: &mut Desired) -> String {
+    let (mut ca_secret, _) = super::tls_secret(input, names::CA, "pki", &input.pki.ca, None, &[]);
+    if let Some(prev) = &input.pki.previous_ca_pem {
+        // the replaced CA, trusted by the guest APIService until packageserver has rolled
+        ca_secret["data"][super::PREVIOUS_CA_KEY] = json!(B64.encode(prev));
+    }
+    super::push(out, ca_secret, "secrets");
+    let (ps_secret, ps_hash) = super::tls_secret(
+        input,
+        names::PACKAGESERVER_CERT,
+        "packageserver",
+        &input.pki.packageserver,
+        Some(&input.pki.ca.cert_pem),
+        &[(
+            labels::SANS_ANNOTATION,
+            input.pki.packageserver_sans_fingerprint.clone(),
+        )],
+    );
+    super::push(out, ps_secret, "secrets");
+    ps_hash
+}
+
+/// packageserver accepts its port from the whole namespace: the guest kube-apiserver runs
+/// there and reaches it.
+pub(super) fn network_policy(input: &RenderInput, out: &mut Desired) {
+    super::push(
+        out,
+        super::ingress_policy(
+            input,
+            names::PACKAGESERVER,
+            "packageserver",
+            names::PACKAGESERVER,
+            json!([{"podSelector": {}}]),
+            json!([{"protocol": "TCP", "port": ports::PACKAGESERVER}]),
+        ),
+        "networkpolicies",
+    );
+}
+
+/// The operators' metrics Services, then packageserver's Service.
+pub(super) fn services(input: &RenderInput, out: &mut Desired) {
+    metrics_services(input, out);
+    super::push(
+        out,
+        super::service(
+            input,
+            names::PACKAGESERVER,
+            "packageserver",
+            names::PACKAGESERVER,
+            json!([{"name": "https", "protocol": "TCP", "port": 443, "targetPort": ports::PACKAGESERVER}]),
+            "ClusterIP",
+        ),
+        "services",
+    );
 }
