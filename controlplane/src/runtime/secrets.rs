@@ -206,122 +206,43 @@ pub async fn pki(
 ) -> Result<(PkiInput, bool), Error> {
     let ns = &valid.cluster.hcp_namespace;
     let cluster = valid.cluster.key();
-    let ca_secret = ctx
-        .read_secret(ns, names::CA)
-        .await
-        .map_err(kube_err(format!("reading Secret {ns}/{}", names::CA)))?;
-    // A CA replaced earlier, still trusted by the guest until packageserver has rolled
-    // (the reconcile retires it).
-    let mut previous_ca_pem = ca_secret
-        .as_ref()
-        .and_then(|s| data_str(s, PREVIOUS_CA_KEY))
-        .filter(|p| p.starts_with("-----BEGIN CERTIFICATE-----"));
-    let stored_ca = ca_secret.as_ref().and_then(stored_cert);
-    let mut issued = false;
-    let ca = match stored_ca {
-        Some((ca, info)) if !certs::needs_rotation(info.not_before, info.not_after, now) => ca,
-        stored => {
-            issued = true;
-            tracing::info!(%cluster, "issuing the cluster CA");
-            // the replaced CA stays in the guest's caBundle until packageserver has rolled
-            if let Some((old, _)) = stored {
-                previous_ca_pem = Some(old.cert_pem);
-            }
-            certs::issue_ca(
-                &cluster,
-                &certs::generate_key_pem()?,
-                now,
-                certs::CA_VALIDITY,
-            )?
-        }
-    };
-    // A new CA re-issues every leaf; a new packageserver certificate alone does not.
-    let ca_issued = issued;
+    let (ca, previous_ca_pem, ca_issued) = cluster_ca(ctx, ns, &cluster, now).await?;
     let sans = certs::packageserver_sans(ns, names::PACKAGESERVER);
-    let stored_ps = ctx
-        .read_secret(ns, names::PACKAGESERVER_CERT)
-        .await
-        .map_err(kube_err(format!(
-            "reading Secret {ns}/{}",
-            names::PACKAGESERVER_CERT
-        )))?
-        .as_ref()
-        .and_then(stored_cert);
-    let packageserver = match stored_ps {
-        Some((cert, info))
-            if !issued && !certs::serving_cert_needs_reissue(Some(&info), &sans, &ca, now) =>
-        {
-            cert
-        }
-        _ => {
-            issued = true;
-            tracing::info!(%cluster, "issuing the packageserver serving certificate");
-            certs::issue_serving_cert(
-                &cluster,
-                &ca,
-                "packageserver",
-                &sans,
-                &certs::generate_key_pem()?,
-                now,
-                certs::SERVING_VALIDITY,
-            )?
-        }
-    };
+    let (packageserver, ps_issued) =
+        packageserver_cert(ctx, ns, &cluster, &ca, ca_issued, &sans, now).await?;
     // The OLM operators' metrics endpoints (serving) and their scraper (client).
-    let leaf = async |secret: &str, cn: &str, sans: Vec<String>, client: bool| {
-        let stored = ctx
-            .read_secret(ns, secret)
-            .await
-            .map_err(kube_err(format!("reading Secret {ns}/{secret}")))?
-            .as_ref()
-            .and_then(stored_cert);
-        match stored {
-            Some((cert, info))
-                if !ca_issued
-                    && !certs::serving_cert_needs_reissue(Some(&info), &sans, &ca, now) =>
-            {
-                Ok::<_, Error>(cert)
-            }
-            _ => {
-                tracing::info!(%cluster, %secret, "issuing a metrics certificate");
-                let key = certs::generate_key_pem()?;
-                Ok(if client {
-                    certs::issue_client_cert(&cluster, &ca, cn, &key, now, certs::SERVING_VALIDITY)?
-                } else {
-                    certs::issue_serving_cert(
-                        &cluster,
-                        &ca,
-                        cn,
-                        &sans,
-                        &key,
-                        now,
-                        certs::SERVING_VALIDITY,
-                    )?
-                })
-            }
-        }
+    let leaf = Leaves {
+        ctx,
+        ns,
+        cluster: &cluster,
+        ca: &ca,
+        ca_issued,
+        now,
     };
-    let catalog_operator = leaf(
-        names::CATALOG_OPERATOR_METRICS_CERT,
-        "catalog-operator-metrics",
-        certs::metrics_sans(ns, &names::metrics_service(names::CATALOG_OPERATOR)),
-        false,
-    )
-    .await?;
-    let olm_operator = leaf(
-        names::OLM_OPERATOR_METRICS_CERT,
-        "olm-operator-metrics",
-        certs::metrics_sans(ns, &names::metrics_service(names::OLM_OPERATOR)),
-        false,
-    )
-    .await?;
-    let client = leaf(
-        names::METRICS_CLIENT,
-        "hcp-olm-metrics-client",
-        Vec::new(),
-        true,
-    )
-    .await?;
+    let catalog_operator = leaf
+        .get(
+            names::CATALOG_OPERATOR_METRICS_CERT,
+            "catalog-operator-metrics",
+            certs::metrics_sans(ns, &names::metrics_service(names::CATALOG_OPERATOR)),
+            false,
+        )
+        .await?;
+    let olm_operator = leaf
+        .get(
+            names::OLM_OPERATOR_METRICS_CERT,
+            "olm-operator-metrics",
+            certs::metrics_sans(ns, &names::metrics_service(names::OLM_OPERATOR)),
+            false,
+        )
+        .await?;
+    let client = leaf
+        .get(
+            names::METRICS_CLIENT,
+            "hcp-olm-metrics-client",
+            Vec::new(),
+            true,
+        )
+        .await?;
     Ok((
         PkiInput {
             ca,
@@ -334,8 +255,144 @@ pub async fn pki(
                 client,
             }),
         },
-        issued,
+        ca_issued || ps_issued,
     ))
+}
+
+/// The cluster CA: the stored one until it is due for rotation, else a new one. Returns it,
+/// the replaced CA (still trusted by the guest until packageserver has rolled; the
+/// reconcile retires it) and whether it was issued now.
+async fn cluster_ca(
+    ctx: &super::Context,
+    ns: &str,
+    cluster: &str,
+    now: OffsetDateTime,
+) -> Result<(CertMaterial, Option<String>, bool), Error> {
+    let ca_secret = ctx
+        .read_secret(ns, names::CA)
+        .await
+        .map_err(kube_err(format!("reading Secret {ns}/{}", names::CA)))?;
+    let mut previous_ca_pem = ca_secret
+        .as_ref()
+        .and_then(|s| data_str(s, PREVIOUS_CA_KEY))
+        .filter(|p| p.starts_with("-----BEGIN CERTIFICATE-----"));
+    match ca_secret.as_ref().and_then(stored_cert) {
+        Some((ca, info)) if !certs::needs_rotation(info.not_before, info.not_after, now) => {
+            Ok((ca, previous_ca_pem, false))
+        }
+        stored => {
+            tracing::info!(%cluster, "issuing the cluster CA");
+            // the replaced CA stays in the guest's caBundle until packageserver has rolled
+            if let Some((old, _)) = stored {
+                previous_ca_pem = Some(old.cert_pem);
+            }
+            let ca = certs::issue_ca(
+                cluster,
+                &certs::generate_key_pem()?,
+                now,
+                certs::CA_VALIDITY,
+            )?;
+            Ok((ca, previous_ca_pem, true))
+        }
+    }
+}
+
+/// packageserver's serving certificate: the stored one unless the CA is new or it needs
+/// re-issuing (expiry, SANs, another CA). Returns it and whether it was issued now.
+async fn packageserver_cert(
+    ctx: &super::Context,
+    ns: &str,
+    cluster: &str,
+    ca: &CertMaterial,
+    ca_issued: bool,
+    sans: &[String],
+    now: OffsetDateTime,
+) -> Result<(CertMaterial, bool), Error> {
+    let stored = ctx
+        .read_secret(ns, names::PACKAGESERVER_CERT)
+        .await
+        .map_err(kube_err(format!(
+            "reading Secret {ns}/{}",
+            names::PACKAGESERVER_CERT
+        )))?
+        .as_ref()
+        .and_then(stored_cert);
+    match stored {
+        Some((cert, info))
+            if !ca_issued && !certs::serving_cert_needs_reissue(Some(&info), sans, ca, now) =>
+        {
+            Ok((cert, false))
+        }
+        _ => {
+            tracing::info!(%cluster, "issuing the packageserver serving certificate");
+            let cert = certs::issue_serving_cert(
+                cluster,
+                ca,
+                "packageserver",
+                sans,
+                &certs::generate_key_pem()?,
+                now,
+                certs::SERVING_VALIDITY,
+            )?;
+            Ok((cert, true))
+        }
+    }
+}
+
+/// The metrics certificates: a new CA re-issues every leaf; a new packageserver
+/// certificate alone does not. A re-issued leaf does not count as "issued" for the caller
+/// (it only rolls the operators through their Secret hashes).
+struct Leaves<'a> {
+    ctx: &'a super::Context,
+    ns: &'a str,
+    cluster: &'a str,
+    ca: &'a CertMaterial,
+    ca_issued: bool,
+    now: OffsetDateTime,
+}
+
+impl Leaves<'_> {
+    async fn get(
+        &self,
+        secret: &str,
+        cn: &str,
+        sans: Vec<String>,
+        client: bool,
+    ) -> Result<CertMaterial, Error> {
+        let (ns, ca, now, cluster) = (self.ns, self.ca, self.now, self.cluster);
+        let stored = self
+            .ctx
+            .read_secret(ns, secret)
+            .await
+            .map_err(kube_err(format!("reading Secret {ns}/{secret}")))?
+            .as_ref()
+            .and_then(stored_cert);
+        match stored {
+            Some((cert, info))
+                if !self.ca_issued
+                    && !certs::serving_cert_needs_reissue(Some(&info), &sans, ca, now) =>
+            {
+                Ok(cert)
+            }
+            _ => {
+                tracing::info!(%cluster, %secret, "issuing a metrics certificate");
+                let key = certs::generate_key_pem()?;
+                Ok(if client {
+                    certs::issue_client_cert(cluster, ca, cn, &key, now, certs::SERVING_VALIDITY)?
+                } else {
+                    certs::issue_serving_cert(
+                        cluster,
+                        ca,
+                        cn,
+                        &sans,
+                        &key,
+                        now,
+                        certs::SERVING_VALIDITY,
+                    )?
+                })
+            }
+        }
+    }
 }
 
 /// A WireGuard private key (base64 of 32 random bytes, clamped by x25519).

@@ -331,6 +331,46 @@ pub enum Changed<'a> {
 /// Called after a store holds a change.
 pub type Wake = Arc<dyn for<'a> Fn(Changed<'a>) + Send + Sync>;
 
+/// Wakes a pass for the HCP namespace an object lives in.
+fn namespace_wake<K: kube::Resource + 'static>(wake: &Option<Wake>) -> Option<OnChange<K>> {
+    wake.clone().map(|w| {
+        Arc::new(move |o: &K| {
+            if let Some(ns) = o.meta().namespace.as_deref() {
+                w(Changed::HcpNamespace(ns));
+            }
+        }) as OnChange<K>
+    })
+}
+
+/// A Secret's metadata, trimmed to what identifies a version (pure).
+fn trim_secret_meta(s: &mut PartialObjectMeta<Secret>) {
+    let m = &mut s.metadata;
+    m.managed_fields = None;
+    m.annotations = None;
+    m.owner_references = None;
+    m.finalizers = None;
+}
+
+/// A HostedControlPlane's name, namespace and HostedCluster annotation (pure).
+fn trim_hcp_meta(h: &mut PartialObjectMeta<HostedControlPlane>) {
+    let m = &mut h.metadata;
+    m.managed_fields = None;
+    m.labels = None;
+    m.owner_references = None;
+    m.finalizers = None;
+    if let Some(a) = m.annotations.as_mut() {
+        a.retain(|k, _| k == super::kinds::HOSTED_CLUSTER_ANNOTATION);
+    }
+}
+
+/// HyperShift's OLM Deployments as [`trim_deployment`] leaves ours, with their labels
+/// (`hypershift_deployment_runs` tells ours apart by label).
+fn trim_hypershift_deployment(d: &mut Deployment) {
+    let l = d.metadata.labels.take();
+    trim_deployment(d);
+    d.metadata.labels = l;
+}
+
 /// The stores a reconcile reads from while the controller loop runs.
 pub struct ManagementStores {
     pub deployments: Watched<Deployment>,
@@ -405,27 +445,9 @@ impl ManagementStores {
             Arc::new(move |s: &PartialObjectMeta<Secret>| w(Changed::Secret(&s.metadata)))
                 as OnChange<PartialObjectMeta<Secret>>
         });
-        let holm_wake = wake.clone().map(|w| {
-            Arc::new(move |h: &HostedOLM| {
-                if let Some(ns) = h.metadata.namespace.as_deref() {
-                    w(Changed::HcpNamespace(ns));
-                }
-            }) as OnChange<HostedOLM>
-        });
-        let hcp_wake = wake.clone().map(|w| {
-            Arc::new(move |h: &PartialObjectMeta<HostedControlPlane>| {
-                if let Some(ns) = h.metadata.namespace.as_deref() {
-                    w(Changed::HcpNamespace(ns));
-                }
-            }) as OnChange<PartialObjectMeta<HostedControlPlane>>
-        });
-        let hypershift_wake = wake.map(|w| {
-            Arc::new(move |d: &Deployment| {
-                if let Some(ns) = d.metadata.namespace.as_deref() {
-                    w(Changed::HcpNamespace(ns));
-                }
-            }) as OnChange<Deployment>
-        });
+        let holm_wake = namespace_wake::<HostedOLM>(&wake);
+        let hcp_wake = namespace_wake::<PartialObjectMeta<HostedControlPlane>>(&wake);
+        let hypershift_wake = namespace_wake::<Deployment>(&wake);
         Self {
             deployments: Watched::start(
                 Api::all(client.clone()),
@@ -463,13 +485,7 @@ impl ManagementStores {
                 Api::all(client.clone()),
                 watcher::Config::default(),
                 "Secrets (metadata)",
-                |s: &mut PartialObjectMeta<Secret>| {
-                    let m = &mut s.metadata;
-                    m.managed_fields = None;
-                    m.annotations = None;
-                    m.owner_references = None;
-                    m.finalizers = None;
-                },
+                trim_secret_meta,
                 secrets_wake,
             ),
             secret_data: secret_data_cache(),
@@ -485,16 +501,7 @@ impl ManagementStores {
                 Api::all(client.clone()),
                 watcher::Config::default(),
                 "HostedControlPlanes (metadata)",
-                |h: &mut PartialObjectMeta<HostedControlPlane>| {
-                    let m = &mut h.metadata;
-                    m.managed_fields = None;
-                    m.labels = None;
-                    m.owner_references = None;
-                    m.finalizers = None;
-                    if let Some(a) = m.annotations.as_mut() {
-                        a.retain(|k, _| k == super::kinds::HOSTED_CLUSTER_ANNOTATION);
-                    }
-                },
+                trim_hcp_meta,
                 hcp_wake,
             ),
             hypershift: hypershift_names
@@ -506,12 +513,7 @@ impl ManagementStores {
                             Api::all(client.clone()),
                             watcher::Config::default().fields(&format!("metadata.name={n}")),
                             "HyperShift's OLM Deployments",
-                            |d: &mut Deployment| {
-                                // hypershift_deployment_runs tells ours apart by label
-                                let l = d.metadata.labels.take();
-                                trim_deployment(d);
-                                d.metadata.labels = l;
-                            },
+                            trim_hypershift_deployment,
                             hypershift_wake.clone(),
                         ),
                     )
