@@ -425,24 +425,9 @@ async fn uninstall(servers: GuestServerArgs) -> anyhow::Result<Result<(), InputE
 
 async fn run_controller(args: RunArgs) -> anyhow::Result<Result<(), InputError>> {
     use hcp_olm_controlplane::runtime::{self, controller, leader, metrics};
-    let election = if args.leader_elect {
-        let cfg = leader::LeaderConfig {
-            namespace: args.leader_elect_lease_namespace.clone(),
-            name: args.leader_elect_lease_name.clone(),
-            identity: args
-                .leader_elect_identity
-                .clone()
-                .unwrap_or_else(leader::default_identity),
-            lease_duration: args.leader_elect_lease_duration,
-            renew_deadline: args.leader_elect_renew_deadline,
-            retry_period: args.leader_elect_retry_period,
-        };
-        if let Err(e) = cfg.check() {
-            return Ok(Err(InputError(vec![format!("--leader-elect-*: {e}")])));
-        }
-        Some(cfg)
-    } else {
-        None
+    let election = match leader_config(&args) {
+        Ok(e) => e,
+        Err(e) => return Ok(Err(e)),
     };
     let schedule = runtime::Schedule {
         resync: args.resync_interval,
@@ -453,6 +438,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<Result<(), InputError>>
     let client = kube::Client::try_default()
         .await
         .context("connecting to the management cluster")?;
+    let oci = registry_client(&args)?;
     let mut defaults = ControllerDefaults::default();
     if let Some(i) = args.catalog_server_image {
         defaults.catalog_server_image = i;
@@ -469,27 +455,6 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<Result<(), InputError>>
     if !guest_servers.allowed.is_empty() {
         tracing::warn!(allowed = ?guest_servers.allowed, "--guest-server-allowed-cidrs is set: guest API servers there are dialled (test and lab set-ups only)");
     }
-    let oci = if args.registry_lookups {
-        let pull_secret = match &args.pull_secret_file {
-            Some(p) => {
-                let bytes = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
-                hcp_olm_oci::PullSecret::parse(&bytes)
-                    .map_err(|e| anyhow::anyhow!("{}: {}", p.display(), e.0))?
-            }
-            None => hcp_olm_oci::PullSecret::default(),
-        };
-        Some(std::sync::Arc::new(
-            hcp_olm_oci::Client::new(hcp_olm_oci::ClientOptions {
-                pull_secret,
-                mirrors: mirrors(args.registry_mirror),
-                plain_http: args.plain_http,
-                timeout: Some(std::time::Duration::from_secs(20)),
-            })
-            .context("registry client")?,
-        ))
-    } else {
-        None
-    };
     let ctx = std::sync::Arc::new(
         runtime::Context::new(
             client,
@@ -508,14 +473,81 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<Result<(), InputError>>
         .with_schedule(schedule)
         .with_metrics(metrics::Metrics::with_stall_limit(args.stall_timeout)),
     );
-    // One shutdown signal shared by the admin server and the controller.
-    let (tx, rx) = futures::channel::oneshot::channel::<()>();
-    let stop = futures::FutureExt::shared(futures::FutureExt::map(rx, |_| ()));
+    let stop = shutdown_signal();
     let admin = tokio::spawn(metrics::serve(
         args.admin_addr,
         ctx.metrics.clone(),
         stop.clone(),
     ));
+    let opts = controller::RunOptions {
+        concurrency: args.concurrency,
+    };
+    match election {
+        Some(cfg) => {
+            tracing::info!(identity = %cfg.identity, lease = %format!("{}/{}", cfg.namespace, cfg.name), "leader election on");
+            leader::run_with_leader_election(ctx, opts, cfg, stop).await
+        }
+        None => controller::run(ctx, opts, stop).await,
+    }
+    match admin.await {
+        Ok(r) => r.context("admin endpoints")?,
+        Err(e) => anyhow::bail!("admin endpoints task: {e}"),
+    }
+    Ok(Ok(()))
+}
+
+/// `--leader-elect*`: the lease to hold, or none.
+fn leader_config(
+    args: &RunArgs,
+) -> Result<Option<hcp_olm_controlplane::runtime::leader::LeaderConfig>, InputError> {
+    use hcp_olm_controlplane::runtime::leader;
+    if !args.leader_elect {
+        return Ok(None);
+    }
+    let cfg = leader::LeaderConfig {
+        namespace: args.leader_elect_lease_namespace.clone(),
+        name: args.leader_elect_lease_name.clone(),
+        identity: args
+            .leader_elect_identity
+            .clone()
+            .unwrap_or_else(leader::default_identity),
+        lease_duration: args.leader_elect_lease_duration,
+        renew_deadline: args.leader_elect_renew_deadline,
+        retry_period: args.leader_elect_retry_period,
+    };
+    cfg.check()
+        .map_err(|e| InputError(vec![format!("--leader-elect-*: {e}")]))?;
+    Ok(Some(cfg))
+}
+
+/// The registry client for catalog lookups (`--registry-lookups`), with the controller's
+/// own pull secret when `--pull-secret-file` is given.
+fn registry_client(args: &RunArgs) -> anyhow::Result<Option<std::sync::Arc<hcp_olm_oci::Client>>> {
+    if !args.registry_lookups {
+        return Ok(None);
+    }
+    let pull_secret = match &args.pull_secret_file {
+        Some(p) => {
+            let bytes = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
+            hcp_olm_oci::PullSecret::parse(&bytes)
+                .map_err(|e| anyhow::anyhow!("{}: {}", p.display(), e.0))?
+        }
+        None => hcp_olm_oci::PullSecret::default(),
+    };
+    let client = hcp_olm_oci::Client::new(hcp_olm_oci::ClientOptions {
+        pull_secret,
+        mirrors: mirrors(args.registry_mirror.clone()),
+        plain_http: args.plain_http.clone(),
+        timeout: Some(std::time::Duration::from_secs(20)),
+    })
+    .context("registry client")?;
+    Ok(Some(std::sync::Arc::new(client)))
+}
+
+/// One shutdown signal (SIGTERM or an interrupt) shared by the admin server and the
+/// controller.
+fn shutdown_signal() -> futures::future::Shared<futures::future::BoxFuture<'static, ()>> {
+    let (tx, rx) = futures::channel::oneshot::channel::<()>();
     tokio::spawn(async move {
         let mut term =
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -533,21 +565,10 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<Result<(), InputError>>
         }
         let _ = tx.send(());
     });
-    let opts = controller::RunOptions {
-        concurrency: args.concurrency,
-    };
-    match election {
-        Some(cfg) => {
-            tracing::info!(identity = %cfg.identity, lease = %format!("{}/{}", cfg.namespace, cfg.name), "leader election on");
-            leader::run_with_leader_election(ctx, opts, cfg, stop).await
-        }
-        None => controller::run(ctx, opts, stop).await,
-    }
-    match admin.await {
-        Ok(r) => r.context("admin endpoints")?,
-        Err(e) => anyhow::bail!("admin endpoints task: {e}"),
-    }
-    Ok(Ok(()))
+    futures::FutureExt::shared(futures::FutureExt::boxed(futures::FutureExt::map(
+        rx,
+        |_| (),
+    )))
 }
 
 fn read_overrides(path: &Path) -> Result<HostedOLMSpec, InputError> {
