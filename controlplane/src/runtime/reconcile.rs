@@ -1505,11 +1505,10 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     let Admitted {
         ns,
         name,
-        hcp_ns,
+        hcp_ns: _,
         holm,
         mut hcp_writes,
     } = admitted;
-    let stores = ctx.stores();
 
     let session = match connect(ctx, hc, &holm, &now_t).await? {
         Step::Next(s) => s,
@@ -1532,35 +1531,26 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
         };
     let (catalog_images, held_catalogs) =
         catalog_images(ctx, hc, &holm, &mut valid, pull_secret.as_ref()).await;
-    let packageserver_cluster_ip =
-        packageserver_cluster_ip(ctx, stores.as_deref(), &hcp_ns, &valid).await?;
-
-    let external_secret_hashes = external_secret_hashes(ctx, &hcp_ns, &valid).await?;
-
-    let owner = Owner {
-        api_version: "olm.hcp-olm.io/v1alpha1".into(),
-        kind: "HostedOLM".into(),
-        name: name.clone(),
-        uid: holm.metadata.uid.clone().unwrap_or_default(),
-    };
     let rotation_recheck = tunnel.rotation_recheck;
-    let mut input = RenderInput {
-        valid,
-        catalog_images,
-        held_catalogs,
-        pki,
-        tunnel,
-        packageserver_cluster_ip: packageserver_cluster_ip.clone(),
-        service_monitors_served: ctx
-            .served("monitoring.coreos.com/v1", "servicemonitors")
-            .await?,
-        management_has_scc: ctx
-            .served("security.openshift.io/v1", "securitycontextconstraints")
-            .await?,
-        guest_olm_crds_ready,
-        external_secret_hashes,
-        owner: Some(owner),
-    };
+    let mut input = gather(
+        ctx,
+        &name,
+        &holm,
+        RenderInput {
+            valid,
+            catalog_images,
+            held_catalogs,
+            pki,
+            tunnel,
+            packageserver_cluster_ip: None,
+            service_monitors_served: false,
+            management_has_scc: false,
+            guest_olm_crds_ready,
+            external_secret_hashes: BTreeMap::new(),
+            owner: None,
+        },
+    )
+    .await?;
     let mut desired = render::desired(&input)?;
     // The digests of the shared catalogs this cluster points at (the shared pass serves them).
     ctx.shared_digests.record(
@@ -1573,17 +1563,7 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     // Apply and prune, management then guest.
     let selector = labels::prune_selector(&input.valid);
     let hcp_report = apply_management(ctx, &input, &desired, new_keys, &selector).await;
-
-    if input.tunnel.gateway_endpoint.is_none() {
-        let again = read_gateway_endpoint(ctx, &hcp_ns, &input.valid).await?;
-        if again.as_ref().ok() != input.tunnel.gateway_endpoint.as_ref()
-            || again.as_ref().err() != input.tunnel.gateway_endpoint_wait.as_ref()
-        {
-            set_endpoint(&mut input.tunnel, again);
-            // Only the guest peer config and the pending notes depend on it.
-            desired = render::desired(&input)?;
-        }
-    }
+    endpoint_after_apply(ctx, &mut input, &mut desired).await?;
 
     hcp_writes += writes(&hcp_report);
     let (guest_report, guest_writes) =
@@ -1615,9 +1595,83 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     if let Some(e) = apply_error {
         return Err(e);
     }
-    let waiting = if packageserver_cluster_ip.is_none() {
+    let mut outcome = outcome(
+        ctx,
+        &input,
+        all_available,
+        [&hcp_report, &guest_report],
+        rotation_recheck,
+    );
+    outcome.hcp_writes = hcp_writes;
+    outcome.guest_writes = guest_writes;
+    outcome.status_written = status_written;
+    Ok(outcome)
+}
+
+/// Gathers the facts rendering needs besides validation and credentials (the "gather
+/// facts" step): packageserver's ClusterIP, the hashes of Secrets we do not write, which
+/// management-cluster kinds are served, and the owner (the HostedOLM).
+async fn gather(
+    ctx: &Context,
+    name: &str,
+    holm: &HostedOLM,
+    mut input: RenderInput,
+) -> Result<RenderInput, Error> {
+    let hcp_ns = input.valid.cluster.hcp_namespace.clone();
+    let stores = ctx.stores();
+    input.packageserver_cluster_ip =
+        packageserver_cluster_ip(ctx, stores.as_deref(), &hcp_ns, &input.valid).await?;
+    input.external_secret_hashes = external_secret_hashes(ctx, &hcp_ns, &input.valid).await?;
+    input.owner = Some(Owner {
+        api_version: "olm.hcp-olm.io/v1alpha1".into(),
+        kind: "HostedOLM".into(),
+        name: name.to_string(),
+        uid: holm.metadata.uid.clone().unwrap_or_default(),
+    });
+    input.service_monitors_served = ctx
+        .served("monitoring.coreos.com/v1", "servicemonitors")
+        .await?;
+    input.management_has_scc = ctx
+        .served("security.openshift.io/v1", "securitycontextconstraints")
+        .await?;
+    Ok(input)
+}
+
+/// The gateway's endpoint, read again after the management apply when it was not known
+/// (its Service may have just got its address); a change re-renders (only the guest peer
+/// config and the pending notes depend on it).
+async fn endpoint_after_apply(
+    ctx: &Context,
+    input: &mut RenderInput,
+    desired: &mut Desired,
+) -> Result<(), Error> {
+    if input.tunnel.gateway_endpoint.is_some() {
+        return Ok(());
+    }
+    let hcp_ns = input.valid.cluster.hcp_namespace.clone();
+    let again = read_gateway_endpoint(ctx, &hcp_ns, &input.valid).await?;
+    if again.as_ref().ok() != input.tunnel.gateway_endpoint.as_ref()
+        || again.as_ref().err() != input.tunnel.gateway_endpoint_wait.as_ref()
+    {
+        set_endpoint(&mut input.tunnel, again);
+        *desired = render::desired(input)?;
+    }
+    Ok(())
+}
+
+/// The pass's outcome once everything applied (writes are filled in by the caller): what
+/// it still waits for, what changed, and when to look again.
+fn outcome(
+    ctx: &Context,
+    input: &RenderInput,
+    all_available: bool,
+    reports: [&Report; 2],
+    rotation_recheck: Option<Duration>,
+) -> Outcome {
+    let no_cluster_ip = input.packageserver_cluster_ip.is_none();
+    let waiting = if no_cluster_ip {
         Some("WaitingForPackageserverClusterIP")
-    } else if !guest_olm_crds_ready {
+    } else if !input.guest_olm_crds_ready {
         Some("WaitingForGuestOLMCRDs")
     } else {
         input
@@ -1626,34 +1680,32 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
             .as_ref()
             .map(|w| w.reason)
     };
-    Ok(Outcome {
-        state: waiting.map_or(State::Applied, |w| State::Waiting(w.into())),
-        hcp_writes,
-        guest_writes,
-        status_written,
-        changed: [&hcp_report, &guest_report]
-            .iter()
-            .flat_map(|r| {
-                r.created
-                    .iter()
-                    .chain(&r.updated)
-                    .chain(&r.deleted)
-                    .cloned()
-            })
-            .collect(),
-        requeue: if packageserver_cluster_ip.is_none() {
-            SOON
-        } else if waiting.is_some() || !all_available {
-            // Pods coming up (or a guest agent away): look again soon, so status follows.
-            // Management Deployments also trigger through their watch; the guest's do not.
-            ctx.schedule.waiting
-        } else {
-            // Registry answers expire after catalog_refresh; look again by then so a
-            // moved tag rolls the catalog.
-            ctx.schedule.resync.min(ctx.schedule.catalog_refresh)
-        }
-        .min(rotation_recheck.unwrap_or(Duration::MAX)),
-    })
+    let requeue = if no_cluster_ip {
+        SOON
+    } else if waiting.is_some() || !all_available {
+        // Pods coming up (or a guest agent away): look again soon, so status follows.
+        // Management Deployments also trigger through their watch; the guest's do not.
+        ctx.schedule.waiting
+    } else {
+        // Registry answers expire after catalog_refresh; look again by then so a
+        // moved tag rolls the catalog.
+        ctx.schedule.resync.min(ctx.schedule.catalog_refresh)
+    };
+    let mut o = Outcome::new(
+        waiting.map_or(State::Applied, |w| State::Waiting(w.into())),
+        requeue.min(rotation_recheck.unwrap_or(Duration::MAX)),
+    );
+    o.changed = reports
+        .iter()
+        .flat_map(|r| {
+            r.created
+                .iter()
+                .chain(&r.updated)
+                .chain(&r.deleted)
+                .cloned()
+        })
+        .collect();
+    o
 }
 
 /// The HostedCluster's pull secret (`.dockerconfigjson` of the `pull-secret` Secret
