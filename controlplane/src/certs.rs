@@ -256,6 +256,13 @@ pub fn sans_fingerprint(sans: &[String]) -> String {
     hex(&h.finalize()[..8])
 }
 
+/// Secret annotation: when the stored certificate becomes valid (RFC 3339).
+pub const NOT_BEFORE_ANNOTATION: &str = "hcp-olm.io/not-before";
+/// Secret annotation: when the stored certificate expires (RFC 3339).
+pub const NOT_AFTER_ANNOTATION: &str = "hcp-olm.io/not-after";
+/// Secret annotation: [`sans_fingerprint`] of the SANs the certificate was issued for.
+pub const SANS_ANNOTATION: &str = "hcp-olm.io/sans-fingerprint";
+
 /// What the runtime knows about an existing certificate Secret, from the
 /// annotations render writes (`hcp-olm.io/not-before`, `hcp-olm.io/not-after`,
 /// `hcp-olm.io/sans-fingerprint`).
@@ -273,9 +280,9 @@ impl StoredCertInfo {
         use time::format_description::well_known::Rfc3339;
         let t = |k: &str| OffsetDateTime::parse(a.get(k)?, &Rfc3339).ok();
         Some(Self {
-            not_before: t(crate::render::labels::NOT_BEFORE_ANNOTATION)?,
-            not_after: t(crate::render::labels::NOT_AFTER_ANNOTATION)?,
-            sans_fingerprint: a.get(crate::render::labels::SANS_ANNOTATION).cloned(),
+            not_before: t(NOT_BEFORE_ANNOTATION)?,
+            not_after: t(NOT_AFTER_ANNOTATION)?,
+            sans_fingerprint: a.get(SANS_ANNOTATION).cloned(),
         })
     }
 }

@@ -18,9 +18,8 @@ pub const CLUSTER_NAME_KEY: &str = "hcp-olm.io/hosted-cluster-name";
 pub const CLUSTER_ANNOTATION: &str = "hcp-olm.io/hosted-cluster";
 /// Pod-template annotation: hash of the configuration the pod mounts.
 pub const CONFIG_HASH_ANNOTATION: &str = "hcp-olm.io/config-hash";
-pub const NOT_BEFORE_ANNOTATION: &str = "hcp-olm.io/not-before";
-pub const NOT_AFTER_ANNOTATION: &str = "hcp-olm.io/not-after";
-pub const SANS_ANNOTATION: &str = "hcp-olm.io/sans-fingerprint";
+/// Certificate Secret annotations (defined with the certificates that read them).
+pub use crate::certs::{NOT_AFTER_ANNOTATION, NOT_BEFORE_ANNOTATION, SANS_ANNOTATION};
 /// HyperShift's label for pods of one hosted control plane (used for co-location).
 pub const HCP_POD_LABEL: &str = "hypershift.openshift.io/hosted-control-plane";
 

@@ -13,6 +13,7 @@
 //! - [`uninstall`]: the finalizer's cleanup for every HostedCluster at once;
 //! - [`shared`]: the shared catalogs' pass (issue 18).
 
+pub mod components;
 pub mod controller;
 pub mod events;
 pub mod facts;

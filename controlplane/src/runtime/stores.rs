@@ -209,7 +209,7 @@ pub enum Lookup<T> {
 }
 
 /// What status reads of a Deployment, nothing else (pure): of the template only the
-/// config-hash annotation ([`super::reconcile::rolled_out`]).
+/// config-hash annotation ([`super::components::rolled_out`]).
 pub fn trim_deployment(d: &mut Deployment) {
     let template_annotations = d
         .spec
