@@ -82,86 +82,95 @@ pub(super) fn render(s: &Shared<'_>, out: &mut Desired) {
 
 /// catalog-operator: pflag double-dash flags; --kubeconfig is a real flag here.
 fn catalog_operator(s: &Shared<'_>) -> Value {
-    let (input, v) = (s.input, &s.input.valid);
-    let mut catalog_operator = deployment(
-        input,
-        PodSpec {
+    let v = &s.input.valid;
+    operator(
+        s,
+        Operator {
             name: names::CATALOG_OPERATOR,
             component: "catalog-operator",
-            replicas: s.replicas(1),
-            service_account: names::CATALOG_OPERATOR,
-            automount_token: false,
-            priority_class: CONTROL_PLANE_PRIORITY,
-            init_containers: vec![],
-            containers: vec![json!({
-                "name": "catalog-operator",
-                "image": v.images.olm,
-                "imagePullPolicy": "IfNotPresent",
-                "command": ["/bin/catalog"],
-                "args": [
-                    "--namespace", GLOBAL_CATALOG_NAMESPACE,
-                    "--configmapServerImage", v.images.operator_registry,
-                    "--opmImage", v.images.operator_registry,
-                    "--util-image", v.images.olm,
-                    "--writeStatusName", "operator-lifecycle-manager-catalog",
-                    "--kubeconfig", s.kubeconfig_path,
-                ],
-                "env": s.env(vec![]),
-                "ports": [{"name": "http-metrics", "containerPort": ports::OLM_HEALTH_METRICS, "protocol": "TCP"}],
-                "livenessProbe": http_probe("/healthz", ports::OLM_HEALTH_METRICS, "HTTP", 60, 3),
-                "readinessProbe": http_probe("/healthz", ports::OLM_HEALTH_METRICS, "HTTP", 0, 3),
-                "resources": resources("10m", "80Mi"),
-                "securityContext": container_security(),
-                "volumeMounts": [s.kube_mount(), s.tmp_mount()],
-            })],
-            volumes: vec![kubeconfig_volume(v), tmp_volume()],
-            config_hash: s.operator_hash(),
-            image_pull_secrets: vec![],
-            strategy: None,
-            termination_grace_seconds: None,
+            command: "/bin/catalog",
+            args: json!([
+                "--namespace",
+                GLOBAL_CATALOG_NAMESPACE,
+                "--configmapServerImage",
+                v.images.operator_registry,
+                "--opmImage",
+                v.images.operator_registry,
+                "--util-image",
+                v.images.olm,
+                "--writeStatusName",
+                "operator-lifecycle-manager-catalog",
+                "--kubeconfig",
+                s.kubeconfig_path,
+            ]),
+            env: vec![],
+            memory: "80Mi",
+            metrics_cert: names::CATALOG_OPERATOR_METRICS_CERT,
         },
-    );
-    if let Some(h) = s.metrics_hashes.get(names::CATALOG_OPERATOR_METRICS_CERT) {
-        serve_metrics_over_tls(
-            &mut catalog_operator,
-            names::CATALOG_OPERATOR_METRICS_CERT,
-            h,
-        );
-    }
-    catalog_operator
+    )
 }
 
 /// olm-operator: NO --kubeconfig flag (controller-runtime reads KUBECONFIG).
 fn olm_operator(s: &Shared<'_>) -> Value {
-    let (input, v) = (s.input, &s.input.valid);
-    let mut olm_operator = deployment(
-        input,
-        PodSpec {
+    operator(
+        s,
+        Operator {
             name: names::OLM_OPERATOR,
             component: "olm-operator",
+            command: "/bin/olm",
+            args: json!([
+                "--namespace",
+                "$(OPERATOR_NAMESPACE)",
+                "--writeStatusName",
+                "operator-lifecycle-manager",
+                "--writePackageServerStatusName=",
+            ]),
+            env: vec![
+                json!({"name": "OPERATOR_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}),
+                json!({"name": "OPERATOR_NAME", "value": "olm-operator"}),
+            ],
+            memory: "160Mi",
+            metrics_cert: names::OLM_OPERATOR_METRICS_CERT,
+        },
+    )
+}
+
+/// What tells catalog-operator and olm-operator apart; the rest of their Deployments is
+/// the same (one replica, the OLM image, health and metrics on one port, the guest
+/// kubeconfig, metrics over TLS when its certificate exists).
+struct Operator<'a> {
+    name: &'a str,
+    component: &'a str,
+    command: &'a str,
+    args: Value,
+    env: Vec<Value>,
+    memory: &'a str,
+    metrics_cert: &'a str,
+}
+
+fn operator(s: &Shared<'_>, o: Operator<'_>) -> Value {
+    let (input, v) = (s.input, &s.input.valid);
+    let mut d = deployment(
+        input,
+        PodSpec {
+            name: o.name,
+            component: o.component,
             replicas: s.replicas(1),
-            service_account: names::OLM_OPERATOR,
+            service_account: o.name,
             automount_token: false,
             priority_class: CONTROL_PLANE_PRIORITY,
             init_containers: vec![],
             containers: vec![json!({
-                "name": "olm-operator",
+                "name": o.component,
                 "image": v.images.olm,
                 "imagePullPolicy": "IfNotPresent",
-                "command": ["/bin/olm"],
-                "args": [
-                    "--namespace", "$(OPERATOR_NAMESPACE)",
-                    "--writeStatusName", "operator-lifecycle-manager",
-                    "--writePackageServerStatusName=",
-                ],
-                "env": s.env(vec![
-                    json!({"name": "OPERATOR_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}),
-                    json!({"name": "OPERATOR_NAME", "value": "olm-operator"}),
-                ]),
+                "command": [o.command],
+                "args": o.args,
+                "env": s.env(o.env),
                 "ports": [{"name": "http-metrics", "containerPort": ports::OLM_HEALTH_METRICS, "protocol": "TCP"}],
                 "livenessProbe": http_probe("/healthz", ports::OLM_HEALTH_METRICS, "HTTP", 60, 3),
                 "readinessProbe": http_probe("/healthz", ports::OLM_HEALTH_METRICS, "HTTP", 0, 3),
-                "resources": resources("10m", "160Mi"),
+                "resources": resources("10m", o.memory),
                 "securityContext": container_security(),
                 "volumeMounts": [s.kube_mount(), s.tmp_mount()],
             })],
@@ -172,10 +181,10 @@ fn olm_operator(s: &Shared<'_>) -> Value {
             termination_grace_seconds: None,
         },
     );
-    if let Some(h) = s.metrics_hashes.get(names::OLM_OPERATOR_METRICS_CERT) {
-        serve_metrics_over_tls(&mut olm_operator, names::OLM_OPERATOR_METRICS_CERT, h);
+    if let Some(h) = s.metrics_hashes.get(o.metrics_cert) {
+        serve_metrics_over_tls(&mut d, o.metrics_cert, h);
     }
-    olm_operator
+    d
 }
 
 /// packageserver: aggregated API server on 5443 with our serving cert (HyperShift's
