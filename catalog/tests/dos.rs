@@ -64,6 +64,9 @@ const BENCH_ROUND_CALLS: usize = 1000;
 const BENCH_ROUNDS: usize = 11;
 /// The attack process's environment: the server port, the heavy bundles.
 const ATTACK_PORT_ENV: &str = "HCP_OLM_DOS_ATTACK_PORT";
+/// "1": the bystander's thread runs at `SCHED_FIFO` (a client on another node
+/// gets its CPU when it has work).
+const BYSTANDER_RT_ENV: &str = "HCP_OLM_DOS_BYSTANDER_RT";
 const ATTACK_HEAVY_ENV: &str = "HCP_OLM_DOS_ATTACK_HEAVY";
 /// Lines of the attack process the test reads (libtest prints its own too).
 const ATTACK_LINE: &str = "dos-attack: ";
@@ -109,6 +112,20 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+/// Moves the calling thread to `SCHED_FIFO` priority 10 (through `chrt`, no
+/// `unsafe` here).
+fn realtime_thread() {
+    let tid = std::fs::read_link("/proc/thread-self")
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .expect("own thread id");
+    let ok = std::process::Command::new("chrt")
+        .args(["-f", "-p", "10", &tid])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "chrt -f -p 10 {tid}");
+}
+
 /// The bystander: its own thread and single-threaded runtime (another
 /// tenant's client is another process), one connection, sequential calls.
 struct Bystander {
@@ -121,6 +138,9 @@ impl Bystander {
         let (tx, cmd_rx) = std::sync::mpsc::channel::<usize>();
         let (res_tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
+            if std::env::var_os(BYSTANDER_RT_ENV).is_some_and(|v| v == "1") {
+                realtime_thread();
+            }
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -621,5 +641,95 @@ fn security_catalog_one_client_cannot_starve_or_exhaust_the_server() {
             common::serving(port).await,
             "server not SERVING after the attack"
         );
+    });
+}
+
+/// Found while explaining why the flood of the test above "stalled" in some
+/// runs: a `ListBundles` stream whose reader keeps its window at zero could
+/// be granted the work slot while nobody polls it (the transport polls a
+/// body only when it has room to send), so the slot stayed held until the
+/// stream went, and every heavy call of every tenant waited. Here the slot
+/// is kept busy (a GetBundle loop) while zero-window streams are opened, so
+/// their next items wait for it; then another tenant's GetBundle calls must
+/// still be answered.
+#[test]
+fn zero_window_streams_cannot_strand_the_work_slot() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let logs = tempfile::tempdir().expect("tempdir");
+    let (subset, _left_out) = common::servable_subset(&common::fixture("large"));
+    rt.block_on(async {
+        let server = common::start_ours(subset.path(), logs.path()).await;
+        let port = server.port;
+        let mut c = server.registry().await;
+        let first = c
+            .list_bundles(api::ListBundlesRequest {})
+            .await
+            .expect("ListBundles")
+            .into_inner()
+            .message()
+            .await
+            .expect("ListBundles item")
+            .expect("a bundle");
+        let req = move || api::GetBundleRequest {
+            pkg_name: first.package_name.clone(),
+            channel_name: first.channel_name.clone(),
+            csv_name: first.csv_name.clone(),
+        };
+        // Keep the work slot busy.
+        let stop = Arc::new(AtomicBool::new(false));
+        let flood_ch = endpoint(port, FLOODER).connect().await.expect("connect");
+        let mut flood = tokio::task::JoinSet::new();
+        for _ in 0..4 {
+            let (stop, req) = (stop.clone(), req.clone());
+            let mut c = RegistryClient::new(flood_ch.clone()).max_decoding_message_size(usize::MAX);
+            flood.spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = c.get_bundle(req()).await;
+                }
+            });
+        }
+        // Zero-window streams, held open and never read.
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let ch = endpoint(port, ATTACKER)
+                .initial_stream_window_size(0)
+                .connect()
+                .await
+                .expect("connect");
+            for _ in 0..8 {
+                let mut c = RegistryClient::new(ch.clone());
+                if let Ok(Ok(s)) = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    c.list_bundles(api::ListBundlesRequest {}),
+                )
+                .await
+                {
+                    held.push(s);
+                }
+            }
+        }
+        assert!(!held.is_empty(), "no ListBundles stream was opened");
+        // Let their first answers fill the windows and the next items queue.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        stop.store(true, Ordering::Relaxed);
+        // (A flood call stuck behind a stranded slot never returns: abort it.)
+        flood.abort_all();
+        while flood.join_next().await.is_some() {}
+        // Another tenant's heavy calls.
+        let by = endpoint(port, BYSTANDER).connect().await.expect("connect");
+        let mut c = RegistryClient::new(by).max_decoding_message_size(usize::MAX);
+        for i in 0..20 {
+            let r = tokio::time::timeout(Duration::from_secs(10), c.get_bundle(req())).await;
+            assert!(
+                matches!(r, Ok(Ok(_))),
+                "GetBundle {i} of another tenant beside {} zero-window ListBundles streams: {r:?}",
+                held.len()
+            );
+        }
+        drop(held);
     });
 }
