@@ -405,39 +405,53 @@ impl Registry for RegistryService {
         &self,
         req: Request<api::ListBundlesRequest>,
     ) -> Result<Response<Self::ListBundlesStream>, Status> {
-        // Produced lazily, one bundle per poll: the transport polls for the
-        // next one only when the client's flow-control window has room, so a
-        // client that does not read holds a cursor of three names, never the
-        // listing. Each bundle is rendered in a CPU slot.
-        let st = ListCursor {
-            catalog: Arc::clone(&self.catalog),
-            fair: self.fair.clone(),
-            peer: PeerInfo::peer_of(&req),
-            last: None,
-        };
-        let stream = futures::stream::unfold(st, |mut st| async move {
-            let next = match &st.last {
-                None => first_ref(&st.catalog),
-                Some((p, c, e)) => ref_after(&st.catalog, p, c, e),
-            }?;
-            let _slot = match &st.fair {
-                Some(f) => Some(f.work(st.peer).await),
-                None => None,
-            };
-            let bundle = list_view(&st.catalog, &next.0, &next.1, &next.2);
-            st.last = Some(next);
-            Some((Ok::<_, Status>(bundle), st))
-        });
+        // Produced by a task of its own into a channel of one: it waits for room
+        // before it asks for a CPU slot, so a client that does not read holds a
+        // cursor and at most one rendered bundle, never the listing and never a
+        // slot. The slot is taken in that task because the task is always
+        // polled: taken in the response body instead, a slot granted to a
+        // stream whose window is closed was never picked up (the transport
+        // polls a body only when it can send), and every heavy call of every
+        // tenant waited behind it (tests/dos.rs
+        // zero_window_streams_cannot_strand_the_work_slot).
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tokio::spawn(list_bundles_into(
+            tx,
+            Arc::clone(&self.catalog),
+            self.fair.clone(),
+            PeerInfo::peer_of(&req),
+        ));
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
         Ok(Response::new(Box::pin(stream)))
     }
 }
 
-/// Where a `ListBundles` stream is: the last (package, channel, bundle) sent.
-struct ListCursor {
+/// Sends every bundle's list view, in name order, into `tx` until it is
+/// closed (the stream went) or the catalog is done.
+async fn list_bundles_into(
+    tx: tokio::sync::mpsc::Sender<Result<Bundle, Status>>,
     catalog: Arc<Catalog>,
     fair: Option<Arc<Fair>>,
     peer: std::net::IpAddr,
-    last: Option<(String, String, String)>,
+) {
+    let mut last: Option<Ref> = None;
+    loop {
+        let next = match &last {
+            None => first_ref(&catalog),
+            Some((p, c, e)) => ref_after(&catalog, p, c, e),
+        };
+        let Some(next) = next else { return };
+        let Ok(room) = tx.reserve().await else { return };
+        let bundle = {
+            let _slot = match &fair {
+                Some(f) => Some(f.work(peer).await),
+                None => None,
+            };
+            list_view(&catalog, &next.0, &next.1, &next.2)
+        };
+        room.send(Ok(bundle));
+        last = Some(next);
+    }
 }
 
 type Ref = (String, String, String);
