@@ -112,6 +112,11 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+/// Whether the experiment switch `name` is "1".
+fn env_is(name: &str) -> bool {
+    std::env::var_os(name).is_some_and(|v| v == "1")
+}
+
 /// Moves the calling thread to `SCHED_FIFO` priority 10 (through `chrt`, no
 /// `unsafe` here).
 fn realtime_thread() {
@@ -138,7 +143,7 @@ impl Bystander {
         let (tx, cmd_rx) = std::sync::mpsc::channel::<usize>();
         let (res_tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            if std::env::var_os(BYSTANDER_RT_ENV).is_some_and(|v| v == "1") {
+            if env_is(BYSTANDER_RT_ENV) {
                 realtime_thread();
             }
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -494,6 +499,9 @@ fn security_catalog_one_client_cannot_starve_or_exhaust_the_server() {
             sized.push((size, (p, ch, b)));
         }
         sized.sort_by_key(|s| std::cmp::Reverse(s.0));
+        if env_is("HCP_OLM_DOS_LIGHT") {
+            sized.reverse();
+        }
         let heavy: Vec<_> = sized.into_iter().take(32).map(|(_, r)| r).collect();
         (packages, heavy)
     });
@@ -590,7 +598,7 @@ fn security_catalog_one_client_cannot_starve_or_exhaust_the_server() {
             .join("/")
     };
     println!(
-        "catalog-dos: quiet_p99_ms={:.3} attack_p99_ms={:.3} ratio={ratio:.2} (median of round p99s, {round_calls} calls a round; quiet rounds {} attack rounds {}) bystander_failed={loaded_failed} rss_quiet_mib={:.1} rss_peak_mib={peak_mib:.1} rss_end_mib={} rss_limit_mib={RSS_LIMIT_MIB} rss_early_max_mib={:.1} rss_late_max_mib={:.1} attack_s={attack_secs:.1} attack_calls_per_s={:.0} streams_open={streams_open} refused={refused} {why} getbundle_ok={getbundle_ok} (attack clients: own process at SCHED_IDLE, standing in for other nodes)",
+        "catalog-dos: quiet_p99_ms={:.3} attack_p99_ms={:.3} ratio={ratio:.2} (median of round p99s, {round_calls} calls a round; quiet rounds {} attack rounds {}) bystander_failed={loaded_failed} rss_quiet_mib={:.1} rss_peak_mib={peak_mib:.1} rss_end_mib={} rss_limit_mib={RSS_LIMIT_MIB} rss_early_max_mib={:.1} rss_late_max_mib={:.1} attack_s={attack_secs:.1} attack_calls_per_s={:.0} streams_open={streams_open} refused={refused} {why} getbundle_ok={getbundle_ok} flood_bundles={} server_args={:?} bystander={} (attack clients: own process at SCHED_IDLE, standing in for other nodes)",
         ms(quiet_p99),
         ms(loaded_p99),
         rounds(&quiet),
@@ -600,6 +608,17 @@ fn security_catalog_one_client_cannot_starve_or_exhaust_the_server() {
         mib(early),
         mib(late),
         (streams_open + refused + getbundle_ok) as f64 / attack_secs,
+        if env_is("HCP_OLM_DOS_LIGHT") {
+            "lightest-32"
+        } else {
+            "heaviest-32"
+        },
+        std::env::var("HCP_OLM_CATALOG_SERVER_ARGS").unwrap_or_default(),
+        if env_is(BYSTANDER_RT_ENV) {
+            "SCHED_FIFO"
+        } else {
+            "normal"
+        },
     );
     assert!(
         !over.load(Ordering::Relaxed),

@@ -47,6 +47,10 @@ pub async fn start_ours(dir: &Path, logs: &Path) -> Server {
         .arg(dir)
         .arg("--listen")
         .arg(format!("127.0.0.1:{port}"));
+    // Extra server flags for experiments (benchmarks name them in their result).
+    if let Ok(extra) = std::env::var("HCP_OLM_CATALOG_SERVER_ARGS") {
+        cmd.args(extra.split_whitespace());
+    }
     let log = logs.join(format!("ours-{port}.log"));
     let started = Instant::now();
     let process = ManagedProcess::spawn("hcp-olm-catalog-server", cmd, &log).expect("spawn ours");
