@@ -142,6 +142,14 @@ impl Registry {
             .unwrap_or_else(|| RegistryError::Io(std::io::Error::other("registry did not start"))))
     }
 
+    /// Requests the registry has answered so far (its log's `response completed` lines,
+    /// one per request at the info level it runs with).
+    pub fn requests_served(&self) -> u64 {
+        std::fs::read_to_string(self.process.log_path())
+            .map(|t| t.matches("response completed").count() as u64)
+            .unwrap_or(0)
+    }
+
     /// `<ip>:<port>` (`127.0.0.1:<port>` unless started on another address), usable as the registry part of image references.
     pub fn addr(&self) -> &str {
         &self.addr

@@ -13,11 +13,14 @@
 //! `BENCH_CONCURRENCY` (controller `--concurrency`, 4), `BENCH_CONVERGE_TIMEOUT` (seconds),
 //! `BENCH_GUEST_MEM_FRACTION` (0.5 of MemAvailable), `BENCH_GUEST_CPU_BUDGET` (cores, 0.5),
 //! `BENCH_GUEST_APISERVER_ARGS` (extra flags for guest kube-apiservers),
+//! `BENCH_CONTROLLER_ARGS` (extra controller flags, named in the result line),
 //! `HCP_OLM_CONTROLLER_BIN` (default `$CARGO_TARGET_DIR/release/hcp-olm-controller`).
 //!
 //! Last line on stdout:
 //! `controller-bench: n=<N> guests=<real|standin> rollout=standin converge_s=<s> writes_per_hc=<w> idle_writes=<i>
-//! resync_requests_per_s=<q> idle_requests_per_s=<r> idle_reconciles=<c> rss_mib=<m>`
+//! resync_requests_per_s=<q> idle_requests_per_s=<r> idle_reconciles=<c> rss_mib=<m>
+//! registry_requests_converge=<k> registry_requests_per_min_idle=<p> controller_args="<extra flags>"`
+//! (registry requests counted from the real registry's log, one `response completed` line each).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -431,6 +434,8 @@ async fn main() -> Result<()> {
         "registry lookups: the real registry at {} (release payload and catalog indexes, via --registry-mirror)",
         local.registry.addr()
     ));
+    // Extra controller flags (e.g. a shorter --catalog-refresh-interval), named in the result.
+    let extra_args = std::env::var("BENCH_CONTROLLER_ARGS").unwrap_or_default();
     let port = hcp_olm_e2e::ports::free_port()?;
     let log = std::env::temp_dir().join(format!("hcp-olm-bench-controller-{port}.log"));
     let mut cmd = hcp_olm_e2e::process::command(&bin);
@@ -446,6 +451,7 @@ async fn main() -> Result<()> {
         &concurrency.to_string(),
     ])
     .args(&local.controller_flags)
+    .args(extra_args.split_whitespace())
     .env("KUBECONFIG", &controller_kubeconfig)
     .env(
         "RUST_LOG",
@@ -478,6 +484,7 @@ async fn main() -> Result<()> {
         concurrency,
         &by_request0,
         &rollouts,
+        &local.registry,
     )
     .await;
     let rss_kib = status_kib(controller.pid(), "VmHWM");
@@ -490,6 +497,8 @@ async fn main() -> Result<()> {
         idle_requests_per_s,
         resync_requests_per_s,
         idle_reconciles,
+        registry_converge,
+        registry_idle_per_min,
     } = match result {
         Ok(r) => r,
         Err(e) => {
@@ -501,7 +510,7 @@ async fn main() -> Result<()> {
         "controller exited with {status} after SIGTERM; guests: {guest_kind}"
     ));
     println!(
-        "controller-bench: n={n} guests={} rollout=standin registry=local converge_s={converge_s:.1} writes_per_hc={writes_per_hc:.1} idle_writes={idle_writes} resync_requests_per_s={resync_requests_per_s:.2} idle_requests_per_s={idle_requests_per_s:.2} idle_reconciles={idle_reconciles:.0} rss_mib={:.1}",
+        "controller-bench: n={n} guests={} rollout=standin registry=local converge_s={converge_s:.1} writes_per_hc={writes_per_hc:.1} idle_writes={idle_writes} resync_requests_per_s={resync_requests_per_s:.2} idle_requests_per_s={idle_requests_per_s:.2} idle_reconciles={idle_reconciles:.0} rss_mib={:.1} registry_requests_converge={registry_converge} registry_requests_per_min_idle={registry_idle_per_min:.1} controller_args={extra_args:?}",
         if guest_kind.starts_with("STAND-IN") {
             "standin"
         } else {
@@ -527,7 +536,9 @@ async fn measure(
     concurrency: u16,
     by_request0: &BTreeMap<(String, String), f64>,
     rollouts: &[RolloutStandIn],
+    registry: &hcp_olm_e2e::registry::Registry,
 ) -> Result<Measured> {
+    let reg0 = registry.requests_served();
     let stand_in_writes = || -> (u64, u64) {
         let g = rollouts.iter().skip(1).map(RolloutStandIn::writes).sum();
         (rollouts[0].writes(), g)
@@ -646,6 +657,7 @@ async fn measure(
     ));
 
     // Idle window.
+    let reg1 = registry.requests_served();
     let r0 = controller.reconciles();
     let (ireq0, _) = served(mgmt).await?;
     let idle_by_request0 = request_breakdown(&metrics_text(mgmt).await?);
@@ -672,6 +684,13 @@ async fn measure(
         guests.writes().await? - (sg2 - sg0),
     );
     let idle_reconciles = controller.reconciles() - r0;
+    let reg2 = registry.requests_served();
+    progress(format!(
+        "registry: {} requests while converging, {} in the idle window ({:.1}/min)",
+        reg1 - reg0,
+        reg2 - reg1,
+        (reg2 - reg1) as f64 * 60.0 / idle_seconds.max(1) as f64
+    ));
     let (ireq1, _) = served(mgmt).await?;
     let idle_by_request1 = request_breakdown(&metrics_text(mgmt).await?);
     let guest_requests = guests.requests().await? - guest_requests0;
@@ -708,6 +727,8 @@ async fn measure(
         idle_requests_per_s: (ireq1 - ireq0) / idle_seconds.max(1) as f64,
         resync_requests_per_s,
         idle_reconciles,
+        registry_converge: reg1 - reg0,
+        registry_idle_per_min: (reg2 - reg1) as f64 * 60.0 / idle_seconds.max(1) as f64,
     })
 }
 
@@ -742,6 +763,10 @@ struct Measured {
     /// Requests per second of the idle window on both sides, Lease renewals left out.
     resync_requests_per_s: f64,
     idle_reconciles: f64,
+    /// Requests the local registry answered from the controller's start to convergence.
+    registry_converge: u64,
+    /// Registry requests per minute in the idle window (catalog and release refreshes).
+    registry_idle_per_min: f64,
 }
 
 /// Whether the controller process has exited (a zombie or gone). `try_wait` needs
