@@ -3,7 +3,7 @@
 # kube-apiserver, the controller as a real process (release build) under its
 # ServiceAccount and the RBAC from manifests/. See docs/controller-bench.md.
 # Prints progress on stderr and, last on stdout, the line
-#   controller-bench: n=<N> guests=<real|standin> rollout=standin registry=local converge_s=<s> writes_per_hc=<w> idle_writes=<i> resync_requests_per_s=<q> idle_requests_per_s=<r> idle_reconciles=<c> rss_mib=<m> registry_requests_converge=<k> registry_requests_per_min_idle=<p> controller_args="<BENCH_CONTROLLER_ARGS>"
+#   controller-bench: n=<N> guests=<real|standin> rollout=standin registry=local converge_s=<s> writes_per_hc=<w> idle_writes=<i> resync_requests_per_s=<q> idle_requests_per_s=<r> idle_reconciles=<c> rss_mib=<m> registry_requests_converge=<k> registry_requests_per_min_idle=<p> own_pull_secrets=<bool> controller_args="<BENCH_CONTROLLER_ARGS>"
 # Environment: BENCH_N (100), IDLE_SECONDS (300), BENCH_GUESTS (auto|real|standin), and the
 # other BENCH_* knobs documented in e2e/src/bin/hcp-olm-bench-controller.rs.
 set -euo pipefail

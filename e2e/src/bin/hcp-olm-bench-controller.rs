@@ -14,12 +14,13 @@
 //! `BENCH_GUEST_MEM_FRACTION` (0.5 of MemAvailable), `BENCH_GUEST_CPU_BUDGET` (cores, 0.5),
 //! `BENCH_GUEST_APISERVER_ARGS` (extra flags for guest kube-apiservers),
 //! `BENCH_CONTROLLER_ARGS` (extra controller flags, named in the result line),
+//! `BENCH_PULL_SECRETS` (`1`: every hosted cluster gets a pull secret of its own),
 //! `HCP_OLM_CONTROLLER_BIN` (default `$CARGO_TARGET_DIR/release/hcp-olm-controller`).
 //!
 //! Last line on stdout:
 //! `controller-bench: n=<N> guests=<real|standin> rollout=standin converge_s=<s> writes_per_hc=<w> idle_writes=<i>
 //! resync_requests_per_s=<q> idle_requests_per_s=<r> idle_reconciles=<c> rss_mib=<m>
-//! registry_requests_converge=<k> registry_requests_per_min_idle=<p> controller_args="<extra flags>"`
+//! registry_requests_converge=<k> registry_requests_per_min_idle=<p> own_pull_secrets=<bool> controller_args="<extra flags>"`
 //! (registry requests counted from the real registry's log, one `response completed` line each).
 
 use std::collections::BTreeMap;
@@ -372,7 +373,9 @@ async fn main() -> Result<()> {
         Guests::StandIn(GuestStandIn::start(n, crds).await?)
     };
 
-    // N HostedClusters.
+    // N HostedClusters, each with a pull secret of its own when BENCH_PULL_SECRETS=1 (its
+    // registry lookups are then keyed apart from every other cluster's).
+    let own_pull_secrets = std::env::var("BENCH_PULL_SECRETS").is_ok_and(|v| v == "1");
     let t = Instant::now();
     let template = hosted_cluster_template()?;
     let mut created = futures::stream::iter(0..n)
@@ -382,7 +385,13 @@ async fn main() -> Result<()> {
                 let kc = guests.kubeconfig(i)?;
                 create_hosted_cluster(mgmt, template, i, kc)
                     .await
-                    .with_context(|| format!("creating HostedCluster hc{i}"))
+                    .with_context(|| format!("creating HostedCluster hc{i}"))?;
+                if own_pull_secrets {
+                    own_pull_secret(mgmt, i)
+                        .await
+                        .with_context(|| format!("pull secret of hc{i}"))?;
+                }
+                Ok::<_, anyhow::Error>(())
             }
         })
         .buffer_unordered(16);
@@ -510,7 +519,7 @@ async fn main() -> Result<()> {
         "controller exited with {status} after SIGTERM; guests: {guest_kind}"
     ));
     println!(
-        "controller-bench: n={n} guests={} rollout=standin registry=local converge_s={converge_s:.1} writes_per_hc={writes_per_hc:.1} idle_writes={idle_writes} resync_requests_per_s={resync_requests_per_s:.2} idle_requests_per_s={idle_requests_per_s:.2} idle_reconciles={idle_reconciles:.0} rss_mib={:.1} registry_requests_converge={registry_converge} registry_requests_per_min_idle={registry_idle_per_min:.1} controller_args={extra_args:?}",
+        "controller-bench: n={n} guests={} rollout=standin registry=local converge_s={converge_s:.1} writes_per_hc={writes_per_hc:.1} idle_writes={idle_writes} resync_requests_per_s={resync_requests_per_s:.2} idle_requests_per_s={idle_requests_per_s:.2} idle_reconciles={idle_reconciles:.0} rss_mib={:.1} registry_requests_converge={registry_converge} registry_requests_per_min_idle={registry_idle_per_min:.1} own_pull_secrets={own_pull_secrets} controller_args={extra_args:?}",
         if guest_kind.starts_with("STAND-IN") {
             "standin"
         } else {
@@ -518,6 +527,35 @@ async fn main() -> Result<()> {
         },
         mib(rss_kib)
     );
+    Ok(())
+}
+
+/// A pull secret of hosted cluster `i`'s own in its HCP namespace, as HyperShift keeps it
+/// (`pull-secret`, `.dockerconfigjson`), with credentials no other cluster has.
+async fn own_pull_secret(mgmt: &Cluster, i: usize) -> Result<()> {
+    use base64::Engine as _;
+    let auth = base64::engine::general_purpose::STANDARD.encode(format!("bench-hc{i}:secret-{i}"));
+    let config = serde_json::json!({"auths": {
+        "registry.redhat.io": {"auth": auth},
+        "quay.io": {"auth": auth},
+    }});
+    let ns = format!("{HC_NS}-hc{i}");
+    let secret = k8s_openapi::api::core::v1::Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some("pull-secret".into()),
+            namespace: Some(ns.clone()),
+            ..Default::default()
+        },
+        type_: Some("kubernetes.io/dockerconfigjson".into()),
+        data: Some(BTreeMap::from([(
+            ".dockerconfigjson".to_string(),
+            k8s_openapi::ByteString(serde_json::to_vec(&config)?),
+        )])),
+        ..Default::default()
+    };
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(mgmt.client(), &ns)
+        .create(&kube::api::PostParams::default(), &secret)
+        .await?;
     Ok(())
 }
 
