@@ -94,7 +94,7 @@ bench-tunnel: prereqs-bench tools-bench ## catalog path vs Konnectivity, TUN mod
 	scripts/bench-tunnel.sh $(BENCH_ROUNDS) $(BENCH_SECONDS)
 
 bench-tenancy: prereqs-bench tools ## issue 35's fairness goals, asserted: a bystander's catalog p99 under one hostile client <= 2x quiet (prints catalog-dos: ...), a normal cluster's convergence beside 4 hostile registries <= 2x alone (prints slots-fairness: ...)
-	HCP_OLM_DOS_BENCH=1 $(CARGO) test --locked -p hcp-olm-catalog --test dos -- --nocapture --exact security_catalog_one_client_cannot_starve_or_exhaust_the_server
+	HCP_OLM_DOS_BENCH=1 $(CARGO) test --release --locked -p hcp-olm-catalog --test dos -- --nocapture --exact security_catalog_one_client_cannot_starve_or_exhaust_the_server
 	HCP_OLM_FAIRNESS_BENCH=1 $(CARGO) test --locked -p hcp-olm-controlplane --test slots_fairness -- --nocapture
 
 BENCH_N ?= 100

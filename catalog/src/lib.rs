@@ -9,6 +9,7 @@ pub mod gojson;
 pub mod limits;
 pub mod load;
 pub mod model;
+pub mod render_pool;
 pub mod server;
 
 pub use error::{LoadError, Location, Rule};

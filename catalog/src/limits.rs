@@ -268,12 +268,14 @@ pub struct Fair {
     conns: ConnCounts,
     calls: Arc<RoundRobin>,
     work: Arc<RoundRobin>,
+    renders: crate::render_pool::RenderPool,
 }
 
 impl Fair {
-    /// Bounds per `limits`.
-    pub fn new(limits: Limits) -> Arc<Self> {
-        Arc::new(Fair {
+    /// Bounds per `limits`; starts the render threads (one per work slot).
+    pub fn new(limits: Limits) -> std::io::Result<Arc<Self>> {
+        let renders = crate::render_pool::RenderPool::new(limits.work_slots)?;
+        Ok(Arc::new(Fair {
             conns: ConnCounts {
                 max: limits.max_connections,
                 per_peer: limits.max_connections_per_peer,
@@ -282,8 +284,9 @@ impl Fair {
             calls: RoundRobin::new(limits.max_calls, limits.max_calls_per_peer),
             // One peer may use every work slot while nobody else waits.
             work: RoundRobin::new(limits.work_slots, limits.work_slots),
+            renders,
             limits,
-        })
+        }))
     }
 
     /// The bounds in force.
@@ -298,6 +301,18 @@ impl Fair {
                 return s;
             }
         }
+    }
+
+    /// Runs `f` for `peer` once it has a CPU slot (round-robin over waiting
+    /// peers), on a render thread (see [`crate::render_pool`]), holding the
+    /// slot until `f` is done.
+    pub async fn compute<R: Send + 'static>(
+        &self,
+        peer: IpAddr,
+        f: impl FnOnce() -> R + Send + 'static,
+    ) -> Result<R, crate::render_pool::JobLost> {
+        let _slot = self.work(peer).await;
+        self.renders.run(f).await
     }
 
     /// Wraps an accepted connection, or `None` (the caller closes it) when

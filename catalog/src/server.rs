@@ -16,7 +16,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::blob::Blobs;
-use crate::limits::{CallLimitLayer, Fair, Limits, PeerInfo, Slot};
+use crate::limits::{CallLimitLayer, Fair, Limits, PeerInfo};
 use crate::model::{BundleData, Catalog, Entry, Gvk};
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -50,11 +50,22 @@ impl RegistryService {
         }
     }
 
-    /// A CPU slot for the caller of `req` (round-robin over peers).
-    async fn work<T>(&self, req: &Request<T>) -> Option<Slot> {
+    /// Runs `f` on this service for the caller of `req`: at once without
+    /// fairness; else once the caller has a CPU slot (round-robin over
+    /// peers), on a render thread (see [`crate::render_pool`]).
+    async fn compute<T, R: Send + 'static>(
+        &self,
+        req: &Request<T>,
+        f: impl FnOnce(&RegistryService) -> Result<R, Status> + Send + 'static,
+    ) -> Result<R, Status> {
         match &self.fair {
-            Some(f) => Some(f.work(PeerInfo::peer_of(req)).await),
-            None => None,
+            None => f(self),
+            Some(fair) => {
+                let me = self.clone();
+                fair.compute(PeerInfo::peer_of(req), move || f(&me))
+                    .await
+                    .map_err(|e| Status::internal(e.to_string()))?
+            }
         }
     }
 
@@ -114,6 +125,130 @@ impl RegistryService {
         }
         out
     }
+
+    fn channel_head(&self, r: api::GetBundleInChannelRequest) -> Result<Bundle, Status> {
+        let p = self
+            .catalog
+            .packages
+            .get(&r.pkg_name)
+            .ok_or_else(|| Status::unknown(format!("package {:?} not found", r.pkg_name)))?;
+        let c = p.channels.get(&r.channel_name).ok_or_else(|| {
+            Status::unknown(format!(
+                "package {:?}, channel {:?} not found",
+                r.pkg_name, r.channel_name
+            ))
+        })?;
+        self.bundle(&r.pkg_name, &r.channel_name, &c.head)
+    }
+
+    fn replacing(&self, name: &str) -> Result<Vec<ChannelEntry>, Status> {
+        let mut out = Vec::new();
+        for p in self.catalog.packages.values() {
+            for c in p.channels.values() {
+                for e in c.entries.values() {
+                    let mk = || ChannelEntry {
+                        package_name: p.name.clone(),
+                        channel_name: c.name.clone(),
+                        bundle_name: e.name.clone(),
+                        replaces: e.replaces.clone(),
+                    };
+                    if e.replaces == name {
+                        out.push(mk());
+                    }
+                    for s in &e.skips {
+                        if *s == name && *s != e.replaces {
+                            out.push(mk());
+                        }
+                    }
+                }
+            }
+        }
+        if out.is_empty() {
+            return Err(Status::unknown(format!(
+                "no channel entries found that replace {name}"
+            )));
+        }
+        Ok(out)
+    }
+
+    fn replacement(&self, r: api::GetReplacementRequest) -> Result<Bundle, Status> {
+        let p = self
+            .catalog
+            .packages
+            .get(&r.pkg_name)
+            .ok_or_else(|| Status::unknown(format!("package {} not found", r.pkg_name)))?;
+        let c = p.channels.get(&r.channel_name).ok_or_else(|| {
+            Status::unknown(format!(
+                "package {:?}, channel {:?} not found",
+                r.pkg_name, r.channel_name
+            ))
+        })?;
+        let found = c
+            .entries
+            .values()
+            .find(|e| e.replaces == r.csv_name || e.skips.contains(&r.csv_name))
+            .ok_or_else(|| {
+                Status::unknown(format!(
+                    "no entry found for package {:?}, channel {:?}",
+                    r.pkg_name, r.channel_name
+                ))
+            })?;
+        self.bundle(&r.pkg_name, &r.channel_name, &found.name)
+    }
+
+    fn providing(&self, r: api::GetAllProvidersRequest) -> Result<Vec<ChannelEntry>, Status> {
+        let gvk = Gvk {
+            group: r.group,
+            version: r.version,
+            kind: r.kind,
+        };
+        let mut out = Vec::new();
+        for (p, c, e) in self.catalog.providers(&gvk) {
+            out.extend(self.entries_for(&p.name, &c.name, &e.name, true));
+        }
+        if out.is_empty() {
+            return Err(no_provider(&gvk));
+        }
+        Ok(out)
+    }
+
+    fn latest_entries(
+        &self,
+        r: api::GetLatestProvidersRequest,
+    ) -> Result<Vec<ChannelEntry>, Status> {
+        let gvk = Gvk {
+            group: r.group,
+            version: r.version,
+            kind: r.kind,
+        };
+        let out = self.latest_providing(&gvk);
+        if out.is_empty() {
+            return Err(no_provider(&gvk));
+        }
+        Ok(out)
+    }
+
+    fn default_provider(&self, r: api::GetDefaultProviderRequest) -> Result<Bundle, Status> {
+        let gvk = Gvk {
+            group: r.group,
+            version: r.version,
+            kind: r.kind,
+        };
+        let mut latest = self.latest_providing(&gvk);
+        if latest.is_empty() {
+            return Err(no_provider(&gvk));
+        }
+        latest.sort_by(|a, b| a.package_name.cmp(&b.package_name));
+        for e in latest {
+            if self.catalog.packages[&e.package_name].default_channel == e.channel_name {
+                return self.bundle(&e.package_name, &e.channel_name, &e.bundle_name);
+            }
+        }
+        Err(Status::unknown(format!(
+            "no entry found that provides group:{:?} version:{:?} kind:{:?}",
+            gvk.group, gvk.version, gvk.kind
+        )))
+    }
 }
 
 /// Builds the full API bundle of `data` as listed in `channel`; `content`
@@ -168,6 +303,13 @@ pub fn to_api(blobs: &Blobs, data: &BundleData, channel: &str, e: &Entry, conten
             .as_ref()
             .map(|m| api::Deprecation { message: m.clone() }),
     }
+}
+
+fn no_provider(gvk: &Gvk) -> Status {
+    Status::unknown(format!(
+        "no channel entries found that provide group:{:?} version:{:?} kind:{:?}",
+        gvk.group, gvk.version, gvk.kind
+    ))
 }
 
 fn trimmed(mut b: Bundle) -> Bundle {
@@ -231,30 +373,21 @@ impl Registry for RegistryService {
         &self,
         req: Request<api::GetBundleRequest>,
     ) -> Result<Response<Bundle>, Status> {
-        let _slot = self.work(&req).await;
-        let r = req.into_inner();
-        self.bundle(&r.pkg_name, &r.channel_name, &r.csv_name)
-            .map(Response::new)
+        let r = req.get_ref().clone();
+        self.compute(&req, move |s| {
+            s.bundle(&r.pkg_name, &r.channel_name, &r.csv_name)
+        })
+        .await
+        .map(Response::new)
     }
 
     async fn get_bundle_for_channel(
         &self,
         req: Request<api::GetBundleInChannelRequest>,
     ) -> Result<Response<Bundle>, Status> {
-        let _slot = self.work(&req).await;
-        let r = req.into_inner();
-        let p = self
-            .catalog
-            .packages
-            .get(&r.pkg_name)
-            .ok_or_else(|| Status::unknown(format!("package {:?} not found", r.pkg_name)))?;
-        let c = p.channels.get(&r.channel_name).ok_or_else(|| {
-            Status::unknown(format!(
-                "package {:?}, channel {:?} not found",
-                r.pkg_name, r.channel_name
-            ))
-        })?;
-        self.bundle(&r.pkg_name, &r.channel_name, &c.head)
+        let r = req.get_ref().clone();
+        self.compute(&req, move |s| s.channel_head(r))
+            .await
             .map(Response::new)
     }
 
@@ -262,34 +395,8 @@ impl Registry for RegistryService {
         &self,
         req: Request<api::GetAllReplacementsRequest>,
     ) -> Result<Response<Self::GetChannelEntriesThatReplaceStream>, Status> {
-        let _slot = self.work(&req).await;
-        let name = req.into_inner().csv_name;
-        let mut out = Vec::new();
-        for p in self.catalog.packages.values() {
-            for c in p.channels.values() {
-                for e in c.entries.values() {
-                    let mk = || ChannelEntry {
-                        package_name: p.name.clone(),
-                        channel_name: c.name.clone(),
-                        bundle_name: e.name.clone(),
-                        replaces: e.replaces.clone(),
-                    };
-                    if e.replaces == name {
-                        out.push(mk());
-                    }
-                    for s in &e.skips {
-                        if *s == name && *s != e.replaces {
-                            out.push(mk());
-                        }
-                    }
-                }
-            }
-        }
-        if out.is_empty() {
-            return Err(Status::unknown(format!(
-                "no channel entries found that replace {name}"
-            )));
-        }
+        let name = req.get_ref().csv_name.clone();
+        let out = self.compute(&req, move |s| s.replacing(&name)).await?;
         Ok(Response::new(stream_of(out)))
     }
 
@@ -297,30 +404,9 @@ impl Registry for RegistryService {
         &self,
         req: Request<api::GetReplacementRequest>,
     ) -> Result<Response<Bundle>, Status> {
-        let _slot = self.work(&req).await;
-        let r = req.into_inner();
-        let p = self
-            .catalog
-            .packages
-            .get(&r.pkg_name)
-            .ok_or_else(|| Status::unknown(format!("package {} not found", r.pkg_name)))?;
-        let c = p.channels.get(&r.channel_name).ok_or_else(|| {
-            Status::unknown(format!(
-                "package {:?}, channel {:?} not found",
-                r.pkg_name, r.channel_name
-            ))
-        })?;
-        let found = c
-            .entries
-            .values()
-            .find(|e| e.replaces == r.csv_name || e.skips.contains(&r.csv_name))
-            .ok_or_else(|| {
-                Status::unknown(format!(
-                    "no entry found for package {:?}, channel {:?}",
-                    r.pkg_name, r.channel_name
-                ))
-            })?;
-        self.bundle(&r.pkg_name, &r.channel_name, &found.name)
+        let r = req.get_ref().clone();
+        self.compute(&req, move |s| s.replacement(r))
+            .await
             .map(Response::new)
     }
 
@@ -328,23 +414,8 @@ impl Registry for RegistryService {
         &self,
         req: Request<api::GetAllProvidersRequest>,
     ) -> Result<Response<Self::GetChannelEntriesThatProvideStream>, Status> {
-        let _slot = self.work(&req).await;
-        let r = req.into_inner();
-        let gvk = Gvk {
-            group: r.group,
-            version: r.version,
-            kind: r.kind,
-        };
-        let mut out = Vec::new();
-        for (p, c, e) in self.catalog.providers(&gvk) {
-            out.extend(self.entries_for(&p.name, &c.name, &e.name, true));
-        }
-        if out.is_empty() {
-            return Err(Status::unknown(format!(
-                "no channel entries found that provide group:{:?} version:{:?} kind:{:?}",
-                gvk.group, gvk.version, gvk.kind
-            )));
-        }
+        let r = req.get_ref().clone();
+        let out = self.compute(&req, move |s| s.providing(r)).await?;
         Ok(Response::new(stream_of(out)))
     }
 
@@ -352,20 +423,8 @@ impl Registry for RegistryService {
         &self,
         req: Request<api::GetLatestProvidersRequest>,
     ) -> Result<Response<Self::GetLatestChannelEntriesThatProvideStream>, Status> {
-        let _slot = self.work(&req).await;
-        let r = req.into_inner();
-        let gvk = Gvk {
-            group: r.group,
-            version: r.version,
-            kind: r.kind,
-        };
-        let out = self.latest_providing(&gvk);
-        if out.is_empty() {
-            return Err(Status::unknown(format!(
-                "no channel entries found that provide group:{:?} version:{:?} kind:{:?}",
-                gvk.group, gvk.version, gvk.kind
-            )));
-        }
+        let r = req.get_ref().clone();
+        let out = self.compute(&req, move |s| s.latest_entries(r)).await?;
         Ok(Response::new(stream_of(out)))
     }
 
@@ -373,32 +432,10 @@ impl Registry for RegistryService {
         &self,
         req: Request<api::GetDefaultProviderRequest>,
     ) -> Result<Response<Bundle>, Status> {
-        let _slot = self.work(&req).await;
-        let r = req.into_inner();
-        let gvk = Gvk {
-            group: r.group,
-            version: r.version,
-            kind: r.kind,
-        };
-        let mut latest = self.latest_providing(&gvk);
-        if latest.is_empty() {
-            return Err(Status::unknown(format!(
-                "no channel entries found that provide group:{:?} version:{:?} kind:{:?}",
-                gvk.group, gvk.version, gvk.kind
-            )));
-        }
-        latest.sort_by(|a, b| a.package_name.cmp(&b.package_name));
-        for e in latest {
-            if self.catalog.packages[&e.package_name].default_channel == e.channel_name {
-                return self
-                    .bundle(&e.package_name, &e.channel_name, &e.bundle_name)
-                    .map(Response::new);
-            }
-        }
-        Err(Status::unknown(format!(
-            "no entry found that provides group:{:?} version:{:?} kind:{:?}",
-            gvk.group, gvk.version, gvk.kind
-        )))
+        let r = req.get_ref().clone();
+        self.compute(&req, move |s| s.default_provider(r))
+            .await
+            .map(Response::new)
     }
 
     async fn list_bundles(
@@ -442,14 +479,20 @@ async fn list_bundles_into(
         };
         let Some(next) = next else { return };
         let Ok(room) = tx.reserve().await else { return };
-        let bundle = {
-            let _slot = match &fair {
-                Some(f) => Some(f.work(peer).await),
-                None => None,
-            };
-            list_view(&catalog, &next.0, &next.1, &next.2)
+        let bundle = match &fair {
+            Some(f) => {
+                let (catalog, at) = (Arc::clone(&catalog), next.clone());
+                f.compute(peer, move || list_view(&catalog, &at.0, &at.1, &at.2))
+                    .await
+                    .map_err(|e| Status::internal(e.to_string()))
+            }
+            None => Ok(list_view(&catalog, &next.0, &next.1, &next.2)),
         };
-        room.send(Ok(bundle));
+        let lost = bundle.is_err();
+        room.send(bundle);
+        if lost {
+            return;
+        }
         last = Some(next);
     }
 }
@@ -544,6 +587,9 @@ pub enum ServeError {
     /// Reflection descriptors could not be registered.
     #[error("reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    /// The render threads could not be started.
+    #[error("render threads: {0}")]
+    RenderThreads(std::io::Error),
     /// The transport failed.
     #[error("transport: {0}")]
     Transport(#[from] tonic::transport::Error),
@@ -573,7 +619,7 @@ pub async fn serve_with(
     let reflection_v1alpha = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(hcp_olm_proto::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
-    let fair = Fair::new(limits.clone());
+    let fair = Fair::new(limits.clone()).map_err(ServeError::RenderThreads)?;
     // Connections over the bounds are closed at accept (dropped here); the
     // rest are counted until closed. Small unary answers must not wait for
     // Nagle + delayed ACK (`accept` sets TCP_NODELAY).

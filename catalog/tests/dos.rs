@@ -598,7 +598,7 @@ fn security_catalog_one_client_cannot_starve_or_exhaust_the_server() {
             .join("/")
     };
     println!(
-        "catalog-dos: quiet_p99_ms={:.3} attack_p99_ms={:.3} ratio={ratio:.2} (median of round p99s, {round_calls} calls a round; quiet rounds {} attack rounds {}) bystander_failed={loaded_failed} rss_quiet_mib={:.1} rss_peak_mib={peak_mib:.1} rss_end_mib={} rss_limit_mib={RSS_LIMIT_MIB} rss_early_max_mib={:.1} rss_late_max_mib={:.1} attack_s={attack_secs:.1} attack_calls_per_s={:.0} streams_open={streams_open} refused={refused} {why} getbundle_ok={getbundle_ok} flood_bundles={} server_args={:?} bystander={} (attack clients: own process at SCHED_IDLE, standing in for other nodes)",
+        "catalog-dos: quiet_p99_ms={:.3} attack_p99_ms={:.3} ratio={ratio:.2} (median of round p99s, {round_calls} calls a round; quiet rounds {} attack rounds {}) bystander_failed={loaded_failed} rss_quiet_mib={:.1} rss_peak_mib={peak_mib:.1} rss_end_mib={} rss_limit_mib={RSS_LIMIT_MIB} rss_early_max_mib={:.1} rss_late_max_mib={:.1} attack_s={attack_secs:.1} attack_calls_per_s={:.0} streams_open={streams_open} refused={refused} {why} getbundle_ok={getbundle_ok} flood_bundles={} server_args={:?} server_bin={} profile={} bystander={} (attack clients: own process at SCHED_IDLE, standing in for other nodes)",
         ms(quiet_p99),
         ms(loaded_p99),
         rounds(&quiet),
@@ -614,6 +614,12 @@ fn security_catalog_one_client_cannot_starve_or_exhaust_the_server() {
             "heaviest-32"
         },
         std::env::var("HCP_OLM_CATALOG_SERVER_ARGS").unwrap_or_default(),
+        std::env::var("HCP_OLM_CATALOG_SERVER_BIN").unwrap_or_else(|_| "this-build".into()),
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
         if env_is(BYSTANDER_RT_ENV) {
             "SCHED_FIFO"
         } else {

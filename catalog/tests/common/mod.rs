@@ -42,7 +42,10 @@ async fn connect(port: u16) -> Channel {
 /// Starts our server on `dir`.
 pub async fn start_ours(dir: &Path, logs: &Path) -> Server {
     let port = free_port().expect("free port");
-    let mut cmd = command(env!("CARGO_BIN_EXE_hcp-olm-catalog-server"));
+    // Another build of the server for A/B benchmarks (they name it in their result).
+    let bin = std::env::var("HCP_OLM_CATALOG_SERVER_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_hcp-olm-catalog-server").to_string());
+    let mut cmd = command(bin);
     cmd.arg("--catalog")
         .arg(dir)
         .arg("--listen")
