@@ -51,9 +51,12 @@ pub struct HostedClusterSpec {
     pub labels: Option<BTreeMap<String, String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_content_sources: Option<Vec<ImageContentSource>>,
-    /// RFC3339 timestamp or the literal `"true"`.
+    /// A boolean or an RFC 3339 time (read as HyperShift reads it: `validate::paused_until`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused_until: Option<String>,
+    /// The cluster's UUID; HyperShift labels its control plane's metrics with it (`_id`).
+    #[serde(rename = "clusterID", default, skip_serializing_if = "Option::is_none")]
+    pub cluster_id: Option<String>,
     /// How control-plane services are published; the NodePort address of these is
     /// where the guest reaches the tunnel gateway's NodePort.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -15,6 +15,7 @@ pub mod catalogs;
 pub mod certs;
 pub mod hostedcluster;
 pub mod hostedolm;
+pub mod knobs;
 pub mod last_good;
 pub mod operatorhub;
 pub mod render;

@@ -97,7 +97,6 @@ pub enum ReasonCode {
     WaitingForReleaseInfo,
     InvalidCatalogPlacement,
     InvalidAvailabilityPolicy,
-    InvalidPausedUntil,
     InvalidOverride,
     InvalidCatalogPin,
     InvalidNetworking,
@@ -117,7 +116,6 @@ impl ReasonCode {
             ReasonCode::WaitingForReleaseInfo => "WaitingForReleaseInfo",
             ReasonCode::InvalidCatalogPlacement => "InvalidCatalogPlacement",
             ReasonCode::InvalidAvailabilityPolicy => "InvalidAvailabilityPolicy",
-            ReasonCode::InvalidPausedUntil => "InvalidPausedUntil",
             ReasonCode::InvalidOverride => "InvalidOverride",
             ReasonCode::InvalidCatalogPin => "InvalidCatalogPin",
             ReasonCode::InvalidNetworking => "InvalidNetworking",
@@ -247,6 +245,17 @@ pub struct ValidInput {
     /// HyperShift's `hypershift.openshift.io/disable-monitoring-services` annotation is on
     /// the HostedCluster: no metrics Services, no ServiceMonitors.
     pub monitoring_disabled: bool,
+    /// `spec.clusterID` when it is a plausible ID (at most 64 characters of letters, digits
+    /// and `-`): the `_id` label HyperShift's ServiceMonitors put on every metric.
+    pub cluster_id: Option<String>,
+    /// `spec.platform.type` is `IBMCloud`: packageserver runs 2 replicas when highly
+    /// available, as HyperShift renders it there.
+    pub ibm_cloud: bool,
+    /// HyperShift's control-plane knobs from the HostedCluster's annotations (priority
+    /// classes, restart date, resource request overrides; `crate::knobs`).
+    pub knobs: crate::knobs::Knobs,
+    /// Knob values that were skipped, reported as a warning Event.
+    pub knob_warnings: Vec<String>,
     pub max_catalog_version: Option<MinorVersion>,
     /// Number of catalog versions tried (release minor included).
     pub catalog_candidates: usize,
@@ -255,6 +264,8 @@ pub struct ValidInput {
     pub tolerations: Vec<Toleration>,
     pub labels: BTreeMap<String, String>,
     pub paused_until: PausedUntil,
+    /// A `pausedUntil` value HyperShift would also ignore (reported as a warning Event).
+    pub paused_until_warning: Option<String>,
     pub kubeconfig_secret: String,
     pub kubeconfig_key: String,
     pub pull_secret: String,
@@ -474,7 +485,13 @@ pub fn validate(
     let placement = placement(ov, spec, e);
     let availability = availability(spec, e);
     let (guest_service_cidrs, guest_pod_cidrs) = networking(spec, e);
-    let paused_until = paused_until(spec, e);
+    let (paused_until, paused_until_warning) = paused_until(spec);
+    let (knobs, knob_warnings) = hc
+        .metadata
+        .annotations
+        .as_ref()
+        .map(crate::knobs::read)
+        .unwrap_or_default();
     let packageserver_tls_args = packageserver_tls_args(spec, e);
     let (operator_hub, enabled_catalogs, hypershift_take_over) = operator_hub(spec, ov);
     let (registry_overrides, registry_override_warnings) = registry_overrides(hc, ov, e);
@@ -502,6 +519,14 @@ pub fn validate(
             registry_overrides,
             registry_override_warnings,
             packageserver_tls_args,
+            knobs,
+            knob_warnings,
+            cluster_id: spec.cluster_id.clone().filter(|id| {
+                !id.is_empty()
+                    && id.len() <= 64
+                    && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            }),
+            ibm_cloud: spec.platform.as_ref().and_then(|p| p.type_.as_deref()) == Some("IBMCloud"),
             monitoring_disabled: hc
                 .metadata
                 .annotations
@@ -518,6 +543,7 @@ pub fn validate(
             tolerations: spec.tolerations.clone().unwrap_or_default(),
             labels: spec.labels.clone().unwrap_or_default(),
             paused_until,
+            paused_until_warning,
             kubeconfig_secret: defaults.kubeconfig_secret.clone(),
             kubeconfig_key: defaults.kubeconfig_key.clone(),
             pull_secret: defaults.pull_secret.clone(),
@@ -735,19 +761,26 @@ fn range_problem(cidr: &str) -> Option<String> {
     }
 }
 
-fn paused_until(spec: &HostedClusterSpec, errs: &mut Vec<ConditionReason>) -> PausedUntil {
-    match spec.paused_until.as_deref() {
-        None | Some("") => PausedUntil::NotPaused,
-        Some("true") => PausedUntil::Forever,
-        Some(s) => match OffsetDateTime::parse(s, &Rfc3339) {
-            Ok(t) => PausedUntil::Until(t),
+/// `spec.pausedUntil` as HyperShift reads it (its `IsReconciliationPaused`): a boolean as
+/// Go's `strconv.ParseBool` spells it, else an RFC 3339 time; any other value counts as
+/// not paused (HyperShift logs it and goes on), here with a warning Event.
+fn paused_until(spec: &HostedClusterSpec) -> (PausedUntil, Option<String>) {
+    let Some(s) = spec.paused_until.as_deref() else {
+        return (PausedUntil::NotPaused, None);
+    };
+    match s {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => (PausedUntil::Forever, None),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => (PausedUntil::NotPaused, None),
+        _ => match OffsetDateTime::parse(s, &Rfc3339) {
+            Ok(t) => (PausedUntil::Until(t), None),
             Err(_) => {
-                errs.push(ConditionReason::new(
-                    ReasonCode::InvalidPausedUntil,
-                    "HostedCluster.spec.pausedUntil",
-                    format!("{s:?} is neither \"true\" nor an RFC3339 time"),
-                ));
-                PausedUntil::NotPaused
+                let shown: String = s.chars().take(64).collect();
+                (
+                    PausedUntil::NotPaused,
+                    Some(format!(
+                        "HostedCluster.spec.pausedUntil {shown:?} is neither a boolean nor an RFC 3339 time: not paused (as in HyperShift)"
+                    )),
+                )
             }
         },
     }

@@ -270,9 +270,11 @@ fn availability_policy_sets_replicas_and_pdb() {
         find(&d.hcp, "Deployment", names::PACKAGESERVER).body["spec"]["replicas"],
         1
     );
-    assert_eq!(
-        find(&d.hcp, "PodDisruptionBudget", names::PACKAGESERVER_PDB).body["spec"]["minAvailable"],
-        1
+    // One replica: no PDB (one_pdb_per_pod_in_every_mode).
+    assert!(
+        !d.hcp
+            .iter()
+            .any(|o| o.kind == "PodDisruptionBudget" && o.name == names::PACKAGESERVER_PDB)
     );
 }
 
@@ -1131,4 +1133,193 @@ fn hcp_pods_run_as_hypershifts_default_user_without_sccs() {
             }
         }
     }
+}
+
+/// Issue 37 item 3: one PodDisruptionBudget per pod. Under TakeOver our packageserver pods
+/// carry HyperShift's `app: packageserver` labels, which its `packageserver-pdb` selects: a
+/// second PDB of ours makes the Eviction API answer 500 for them, and management node drains
+/// stall. A single replica gets no PDB (as HyperShift renders it now: `minAvailable: 1` on
+/// one pod allows no eviction ever, so a drain would never finish); highly available gets
+/// `maxUnavailable: 1`.
+#[test]
+fn one_pdb_per_pod_in_every_mode() {
+    use hcp_olm_controlplane::hostedolm::{HostedOLMSpec, HyperShiftOLMMode};
+    let pdbs = |hc: &hcp_olm_controlplane::hostedcluster::HostedCluster,
+                spec: Option<&HostedOLMSpec>| {
+        let input = common::with_live_facts(common::input(common::valid(hc, spec), true));
+        render::desired(&input)
+            .unwrap()
+            .hcp
+            .into_iter()
+            .filter(|o| o.kind == "PodDisruptionBudget")
+            .map(|o| (o.name.clone(), o.body["spec"].clone()))
+            .collect::<Vec<_>>()
+    };
+    let take_over = HostedOLMSpec {
+        hyper_shift_olm: Some(HyperShiftOLMMode::TakeOver),
+        ..Default::default()
+    };
+    let mut ha = common::load_hc("none-minimal.yaml");
+    ha.spec.controller_availability_policy = Some("HighlyAvailable".into());
+    let mut single = ha.clone();
+    single.spec.controller_availability_policy = Some("SingleReplica".into());
+
+    let got = pdbs(&ha, None);
+    let ps: Vec<_> = got
+        .iter()
+        .filter(|(n, _)| n == names::PACKAGESERVER_PDB)
+        .collect();
+    assert_eq!(ps.len(), 1, "{got:?}");
+    assert_eq!(ps[0].1["maxUnavailable"], 1, "{got:?}");
+    for (hc, spec, what) in [
+        (&ha, Some(&take_over), "TakeOver, highly available"),
+        (&single, Some(&take_over), "TakeOver, single replica"),
+        (&single, None, "single replica"),
+    ] {
+        let got = pdbs(hc, spec);
+        assert!(
+            !got.iter().any(|(n, _)| n == names::PACKAGESERVER_PDB),
+            "{what}: packageserver PDB of ours rendered: {got:?}"
+        );
+    }
+}
+
+/// Issue 37 item 4: HyperShift's control-plane knobs, honoured as its control-plane-operator
+/// honours them: priority-class overrides (control-plane and API-critical), the restart date
+/// on every pod template, resource request overrides named by HyperShift's Deployment and
+/// container names, and the autoscaler's safe-to-evict-local-volumes annotation naming every
+/// emptyDir.
+#[test]
+fn hypershift_control_plane_knobs_are_honoured() {
+    use hcp_olm_controlplane::knobs;
+    let mut hc = common::load_hc("none-minimal.yaml");
+    let a = hc.metadata.annotations.get_or_insert_default();
+    for (k, v) in [
+        (knobs::CONTROL_PLANE_PRIORITY_CLASS, "tenant-control-plane"),
+        (knobs::API_CRITICAL_PRIORITY_CLASS, "tenant-api-critical"),
+        (knobs::RESTART_DATE, "2026-11-29T06:00:00Z"),
+        (
+            "resource-request-override.hypershift.openshift.io/packageserver.packageserver",
+            "memory=1Gi,cpu=300m",
+        ),
+        (
+            "resource-request-override.hypershift.openshift.io/redhat-operators-catalog.registry",
+            "memory=900Mi",
+        ),
+        (
+            "resource-request-override.hypershift.openshift.io/catalog-operator.catalog-operator",
+            "cpu=50m",
+        ),
+    ] {
+        a.insert(k.into(), v.into());
+    }
+    let valid = common::valid(&hc, None);
+    assert!(valid.knob_warnings.is_empty(), "{:?}", valid.knob_warnings);
+    let d = render::desired(&common::with_live_facts(common::input(valid, true))).unwrap();
+    let deployments: Vec<&Object> = d.hcp.iter().filter(|o| o.kind == "Deployment").collect();
+    assert!(deployments.len() >= 5, "{deployments:?}");
+    for dep in &deployments {
+        let tpl = &dep.body["spec"]["template"];
+        let class = tpl["spec"]["priorityClassName"].as_str().unwrap();
+        let want = if dep.name == names::PACKAGESERVER {
+            "tenant-api-critical"
+        } else {
+            "tenant-control-plane"
+        };
+        assert_eq!(class, want, "{}", dep.name);
+        assert_eq!(
+            tpl["metadata"]["annotations"][knobs::RESTART_DATE],
+            "2026-11-29T06:00:00Z",
+            "{}",
+            dep.name
+        );
+        let local: Vec<&str> = tpl["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|v| v.get("emptyDir").is_some())
+            .map(|v| v["name"].as_str().unwrap())
+            .collect();
+        if !local.is_empty() {
+            assert_eq!(
+                tpl["metadata"]["annotations"][knobs::SAFE_TO_EVICT_LOCAL_VOLUMES],
+                local.join(","),
+                "{}",
+                dep.name
+            );
+        }
+    }
+    let ps = container(&d, names::PACKAGESERVER, "packageserver");
+    assert_eq!(ps["resources"]["requests"]["memory"], "1Gi");
+    assert_eq!(ps["resources"]["requests"]["cpu"], "300m");
+    let co = container(&d, names::CATALOG_OPERATOR, "catalog-operator");
+    assert_eq!(co["resources"]["requests"]["cpu"], "50m");
+    // The catalog's serving container, whichever server runs it; its memory limit follows.
+    let cat = find(&d.hcp, "Deployment", "hcp-olm-redhat-operators").body["spec"]["template"]
+        ["spec"]["containers"][0]
+        .clone();
+    assert_eq!(cat["resources"]["requests"]["memory"], "900Mi", "{cat}");
+    if cat["resources"]["limits"].get("memory").is_some() {
+        assert_eq!(cat["resources"]["limits"]["memory"], "900Mi");
+    }
+    // Not set: HyperShift's defaults, and no restart annotation.
+    let plain = common::load_hc("none-minimal.yaml");
+    let d = render::desired(&common::with_live_facts(common::input(
+        common::valid(&plain, None),
+        true,
+    )))
+    .unwrap();
+    let ps = find(&d.hcp, "Deployment", names::PACKAGESERVER);
+    assert_eq!(
+        ps.body["spec"]["template"]["spec"]["priorityClassName"],
+        "hypershift-api-critical"
+    );
+    assert!(
+        ps.body["spec"]["template"]["metadata"]["annotations"]
+            .get(knobs::RESTART_DATE)
+            .is_none()
+    );
+}
+
+/// Issue 37 item 4: metrics carry the cluster's ID as `_id`, as HyperShift's ServiceMonitors
+/// label them (a malformed ID is left out), and on IBM Cloud a highly available
+/// packageserver runs 2 replicas, as HyperShift renders it there.
+#[test]
+fn metrics_carry_the_cluster_id_and_ibm_cloud_runs_two_packageservers() {
+    let mut hc = common::load_hc("none-minimal.yaml");
+    hc.spec.cluster_id = Some("5c1a7d1e-1b7e-4f5e-9f3a-0c1d2e3f4a5b".into());
+    let mut input = common::with_live_facts(common::input(common::valid(&hc, None), true));
+    input.service_monitors_served = true;
+    let d = render::desired(&input).unwrap();
+    let monitors: Vec<&Object> = d
+        .hcp
+        .iter()
+        .filter(|o| o.kind == "ServiceMonitor")
+        .collect();
+    assert_eq!(
+        monitors.len(),
+        2,
+        "{:?}",
+        d.hcp.iter().map(Object::id).collect::<Vec<_>>()
+    );
+    for m in monitors {
+        assert_eq!(
+            m.body["spec"]["endpoints"][0]["relabelings"],
+            serde_json::json!([{"action": "replace", "targetLabel": "_id",
+                "replacement": "5c1a7d1e-1b7e-4f5e-9f3a-0c1d2e3f4a5b"}]),
+            "{}",
+            m.name
+        );
+    }
+    hc.spec.cluster_id = Some("bad id\"} injected".into());
+    assert_eq!(common::valid(&hc, None).cluster_id, None);
+
+    let mut ibm = common::load_hc("none-minimal.yaml");
+    ibm.spec.controller_availability_policy = Some("HighlyAvailable".into());
+    ibm.spec.platform.get_or_insert_default().type_ = Some("IBMCloud".into());
+    let d = render::desired(&common::input(common::valid(&ibm, None), true)).unwrap();
+    assert_eq!(
+        find(&d.hcp, "Deployment", names::PACKAGESERVER).body["spec"]["replicas"],
+        2
+    );
 }

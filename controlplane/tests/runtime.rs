@@ -2110,8 +2110,9 @@ async fn spec_changes_converge_and_bad_input_is_contained() -> Result<()> {
         p.max_unavailable.is_some() && p.min_available.is_none(),
         "{p:?}"
     );
-    // Highly available: two gateway replicas with their PodDisruptionBudget, one object
-    // more than a SingleReplica cluster.
+    // Highly available: two gateway replicas with their PodDisruptionBudget, and
+    // packageserver's PodDisruptionBudget (a single replica gets none): two objects more
+    // than a SingleReplica cluster.
     assert_eq!(
         replicas(&ha_deps.get("hcp-olm-tunnel-gateway").await?),
         Some(2)
@@ -2126,7 +2127,7 @@ async fn spec_changes_converge_and_bad_input_is_contained() -> Result<()> {
     );
     assert_eq!(
         (m.len(), g.len()),
-        (initial.0.len() + 1, initial.1.len()),
+        (initial.0.len() + 2, initial.1.len()),
         "{m:?} {g:?}"
     );
     bystander().await?;

@@ -146,7 +146,6 @@ fn bad_hosted_cluster_fields_are_each_reported() {
     let mut hc = common::load_hc("none-minimal.yaml");
     hc.spec.olm_catalog_placement = Some("elsewhere".into());
     hc.spec.controller_availability_policy = Some("Sometimes".into());
-    hc.spec.paused_until = Some("tomorrow".into());
     let mut ann = BTreeMap::new();
     ann.insert(
         "hypershift.openshift.io/olm-catalogs-is-registry-overrides".to_string(),
@@ -167,12 +166,55 @@ fn bad_hosted_cluster_fields_are_each_reported() {
     for want in [
         ReasonCode::InvalidCatalogPlacement,
         ReasonCode::InvalidAvailabilityPolicy,
-        ReasonCode::InvalidPausedUntil,
         ReasonCode::InvalidCatalogPin,
     ] {
         assert!(got.contains(&want), "missing {want:?} in {c:?}");
     }
-    assert!(c.iter().any(|(_, f)| f == "HostedCluster.spec.pausedUntil"));
+}
+
+/// Issue 37 item 4: `spec.pausedUntil` as HyperShift reads it (support/util
+/// pausereconcile: Go's `strconv.ParseBool`, then RFC 3339; anything else is
+/// "not paused", never an error that stops the cluster).
+#[test]
+fn paused_until_is_read_as_hypershift_reads_it() {
+    let t = |s: &str| {
+        time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).unwrap()
+    };
+    let now = t("2029-06-01T00:00:00Z");
+    for (value, paused, warned) in [
+        ("true", true, false),
+        ("True", true, false),
+        ("TRUE", true, false),
+        ("t", true, false),
+        ("T", true, false),
+        ("1", true, false),
+        ("false", false, false),
+        ("False", false, false),
+        ("FALSE", false, false),
+        ("f", false, false),
+        ("0", false, false),
+        ("2030-01-01T00:00:00Z", true, false),
+        ("2020-01-01T00:00:00+02:00", false, false),
+        ("tomorrow", false, true),
+        ("yes", false, true),
+        ("", false, true),
+    ] {
+        let mut hc = common::load_hc("none-minimal.yaml");
+        hc.spec.paused_until = Some(value.into());
+        let v = validate::validate(&hc, None, &common::facts(), &common::defaults())
+            .unwrap_or_else(|e| panic!("pausedUntil {value:?} refused the cluster: {e:?}"));
+        assert_eq!(
+            v.paused_until.is_paused(now),
+            paused,
+            "pausedUntil {value:?}"
+        );
+        assert_eq!(
+            v.paused_until_warning.is_some(),
+            warned,
+            "pausedUntil {value:?}: warning {:?}",
+            v.paused_until_warning
+        );
+    }
 }
 
 #[test]

@@ -320,6 +320,21 @@ fn service_monitor(input: &RenderInput, deployment: &str, component: &str, servi
         json!("openshift-operator-lifecycle-manager");
     meta["annotations"]["hypershift.openshift.io/metrics-service"] = json!(service);
     meta["annotations"]["hypershift.openshift.io/metrics-endpoint"] = json!("https-metrics");
+    let mut endpoint = json!({
+        "scheme": "https",
+        "targetPort": "metrics",
+        "tlsConfig": {
+            "ca": {"secret": {"name": names::METRICS_CLIENT, "key": "ca.crt"}},
+            "cert": {"secret": {"name": names::METRICS_CLIENT, "key": "tls.crt"}},
+            "keySecret": {"name": names::METRICS_CLIENT, "key": "tls.key"},
+            "serverName": service,
+        },
+    });
+    // As HyperShift labels its control plane's metrics: the cluster's ID as `_id`.
+    if let Some(id) = &v.cluster_id {
+        endpoint["relabelings"] =
+            json!([{"action": "replace", "targetLabel": "_id", "replacement": id}]);
+    }
     json!({
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
@@ -327,16 +342,7 @@ fn service_monitor(input: &RenderInput, deployment: &str, component: &str, servi
         "spec": {
             // the metrics Service (by its labels), not the pods
             "selector": {"matchLabels": selector(service)},
-            "endpoints": [{
-                "scheme": "https",
-                "targetPort": "metrics",
-                "tlsConfig": {
-                    "ca": {"secret": {"name": names::METRICS_CLIENT, "key": "ca.crt"}},
-                    "cert": {"secret": {"name": names::METRICS_CLIENT, "key": "tls.crt"}},
-                    "keySecret": {"name": names::METRICS_CLIENT, "key": "tls.key"},
-                    "serverName": service,
-                },
-            }],
+            "endpoints": [endpoint],
         },
     })
 }
@@ -394,10 +400,12 @@ fn deployment(input: &RenderInput, mut p: PodSpec<'_>) -> Value {
     for c in p.containers.iter_mut().chain(p.init_containers.iter_mut()) {
         c["terminationMessagePolicy"] = json!("FallbackToLogsOnError");
     }
+    hypershift_knobs(v, &mut p);
+    let annotations = pod_annotations(v, &p);
     let mut pod_spec = json!({
         "serviceAccountName": p.service_account,
         "automountServiceAccountToken": p.automount_token,
-        "priorityClassName": p.priority_class,
+        "priorityClassName": priority_class(v, p.priority_class),
         "securityContext": pod_security(input),
         "tolerations": tolerations(v),
         "affinity": affinity(v),
@@ -428,7 +436,7 @@ fn deployment(input: &RenderInput, mut p: PodSpec<'_>) -> Value {
         "template": {
             "metadata": {
                 "labels": pod_labels(v, p.name, p.component),
-                "annotations": {labels::CONFIG_HASH_ANNOTATION: p.config_hash},
+                "annotations": annotations,
             },
             "spec": pod_spec,
         }
@@ -442,6 +450,70 @@ fn deployment(input: &RenderInput, mut p: PodSpec<'_>) -> Value {
         "metadata": metadata(v, p.name, Some(ns(input)), p.component, owner(input)),
         "spec": spec,
     })
+}
+
+/// The priority class HyperShift's annotations name in place of `default`, if any.
+fn priority_class<'a>(v: &'a ValidInput, default: &'a str) -> &'a str {
+    let k = &v.knobs;
+    let chosen = match default {
+        CONTROL_PLANE_PRIORITY => k.control_plane_priority_class.as_deref(),
+        API_CRITICAL_PRIORITY => k.api_critical_priority_class.as_deref(),
+        _ => None,
+    };
+    chosen.unwrap_or(default)
+}
+
+/// HyperShift's resource request overrides (`crate::knobs`), applied as its
+/// control-plane-operator applies them to its own Deployments.
+fn hypershift_knobs(v: &ValidInput, p: &mut PodSpec<'_>) {
+    let k = &v.knobs;
+    let Some(theirs) = crate::knobs::hypershift_deployment_name(p.name) else {
+        return;
+    };
+    for c in p.containers.iter_mut().chain(p.init_containers.iter_mut()) {
+        let name = c["name"].as_str().unwrap_or_default();
+        let key = (
+            theirs.clone(),
+            crate::knobs::hypershift_container_name(name).to_string(),
+        );
+        let Some(requests) = k.requests.get(&key) else {
+            continue;
+        };
+        for (resource, quantity) in requests {
+            c["resources"]["requests"][resource] = json!(quantity);
+            // Where we set a limit (the catalog servers' memory, limit = request), a larger
+            // request raises it too: a request above its limit is refused at admission.
+            if c["resources"]["limits"].get(resource).is_some() {
+                c["resources"]["limits"][resource] = json!(quantity);
+            }
+        }
+    }
+}
+
+/// The pod template's annotations: our config hash, HyperShift's restart date, and, as
+/// HyperShift marks its own, the local volumes the cluster autoscaler may drop on eviction.
+fn pod_annotations(v: &ValidInput, p: &PodSpec<'_>) -> Value {
+    let mut a = serde_json::Map::new();
+    a.insert(
+        labels::CONFIG_HASH_ANNOTATION.to_string(),
+        json!(p.config_hash),
+    );
+    if let Some(d) = &v.knobs.restart_date {
+        a.insert(crate::knobs::RESTART_DATE.to_string(), json!(d));
+    }
+    let local: Vec<&str> = p
+        .volumes
+        .iter()
+        .filter(|vol| vol.get("emptyDir").is_some() || vol.get("hostPath").is_some())
+        .filter_map(|vol| vol["name"].as_str())
+        .collect();
+    if !local.is_empty() {
+        a.insert(
+            crate::knobs::SAFE_TO_EVICT_LOCAL_VOLUMES.to_string(),
+            json!(local.join(",")),
+        );
+    }
+    Value::Object(a)
 }
 
 fn service(

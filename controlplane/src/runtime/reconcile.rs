@@ -1040,6 +1040,21 @@ async fn validated(
                 .await;
         }
     }
+    // Values HyperShift would also ignore: an Event when they change.
+    let paused_warning: Vec<String> = valid.paused_until_warning.iter().cloned().collect();
+    for (what, reason, warnings) in [
+        ("pausedUntil", "InvalidPausedUntil", &paused_warning),
+        ("knobs", "HyperShiftKnobSkipped", &valid.knob_warnings),
+    ] {
+        if ctx.warnings_changed(&format!("{key}#{what}"), warnings)
+            && let Some(events) = &ctx.events
+        {
+            tracing::warn!(cluster = %key, ?warnings, "{what} values skipped");
+            events
+                .warn_hosted_cluster(hc, reason, &warnings.join("; "))
+                .await;
+        }
+    }
     if valid.paused_until.is_paused(now) {
         tracing::info!(cluster = %valid.cluster.key(), "reconciliation paused");
         return Ok(Step::Done(Outcome::new(State::Paused, ctx.schedule.resync)));

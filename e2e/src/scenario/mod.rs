@@ -1781,6 +1781,59 @@ async fn apiservice_available(env: &Environment) -> Result<String> {
         .to_string())
 }
 
+/// Evicts every running pod of ours in `ns` through pods/eviction as a dry run (the
+/// PodDisruptionBudget checks run, nothing is deleted): each must answer 201 or 429, never
+/// 500 (a pod two PDBs select). Says how many of each, and fails while no packageserver pod
+/// of ours runs (a Pending pod skips the PDB checks, so it would prove nothing).
+async fn evict_each_of_ours(cluster: &Cluster, ns: &str) -> Result<String> {
+    // kube's default client retries a 429 (up to 15 times, honouring Retry-After): here a
+    // 429 is an answer, so this client does not retry.
+    let kubeconfig = kube::config::Kubeconfig::read_from(cluster.kubeconfig())?;
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+    config.default_retry = false;
+    let pods: Api<Pod> = Api::namespaced(kube::Client::try_from(config)?, ns);
+    let list = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/managed-by=hcp-olm"))
+        .await?;
+    let (mut allowed, mut budget, mut packageservers) = (0, 0, 0);
+    for p in list.items {
+        let name = p.metadata.name.clone().unwrap_or_default();
+        let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+        if !running || p.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let params = kube::api::EvictParams {
+            delete_options: Some(DeleteParams {
+                dry_run: true,
+                ..Default::default()
+            }),
+            post_options: PostParams {
+                dry_run: true,
+                ..Default::default()
+            },
+        };
+        let answer = tokio::time::timeout(Duration::from_secs(10), pods.evict(&name, &params))
+            .await
+            .with_context(|| format!("evicting pod {ns}/{name} (dry run): no answer in 10 s"))?;
+        match answer {
+            Ok(_) => allowed += 1,
+            Err(kube::Error::Api(e)) if e.code == 429 => budget += 1,
+            Err(e) => bail!("evicting pod {ns}/{name} (dry run): {e}"),
+        }
+        if name.starts_with("hcp-olm-packageserver-") {
+            packageservers += 1;
+        }
+    }
+    ensure!(
+        packageservers > 0,
+        "no running packageserver pod of ours in {ns} yet"
+    );
+    Ok(format!(
+        "{} pods of ours ({packageservers} packageserver): {allowed} allowed (201), {budget} held by their budget (429), none refused (500)",
+        allowed + budget
+    ))
+}
+
 /// Issue 13 item 13 with the real OLM: HyperShift's OLM objects appear in the HCP
 /// namespace as its control-plane-operator makes them (created here, named: its Deployments
 /// at 0 replicas as it keeps every component `debug-deployments` lists; its catalogs running
@@ -1972,6 +2025,47 @@ async fn take_over_steps(
         },
     )
     .await?;
+    // Issue 37 item 3: HyperShift's `packageserver-pdb` (stand-in, named; as its
+    // control-plane-operator renders it, selecting the labels our pods now carry) and ours
+    // must never both select a pod: the Eviction API refuses such a pod with a 500, and
+    // management node drains stall. Every running pod of ours is evicted through
+    // pods/eviction as a dry run (the PDB checks run, nothing is deleted).
+    apply_json(
+        &world.env.management,
+        &ar(
+            "policy",
+            "v1",
+            "PodDisruptionBudget",
+            "poddisruptionbudgets",
+        ),
+        serde_json::json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "packageserver-pdb", "namespace": HCP_NS,
+                "labels": {"hypershift.openshift.io/managed-by": "control-plane-operator"}},
+            "spec": {"minAvailable": 1,
+                "selector": {"matchLabels": {"app": "packageserver",
+                    "hypershift.openshift.io/control-plane-component": "packageserver"}},
+                "unhealthyPodEvictionPolicy": "AlwaysAllow"}
+        }),
+    )
+    .await?;
+    let evicted = std::sync::Mutex::new(String::new());
+    until(
+        "each pod of ours can be evicted beside HyperShift's packageserver-pdb (201 or 429, never 500)",
+        60,
+        || async {
+            let line = evict_each_of_ours(&world.env.management, HCP_NS)
+                .await
+                .map_err(|e| format!("{e:#}"))?;
+            *evicted.lock().unwrap_or_else(|p| p.into_inner()) = line;
+            Ok(())
+        },
+    )
+    .await?;
+    (log)(&format!(
+        "eviction (dry run) beside HyperShift's packageserver-pdb: {}",
+        evicted.lock().unwrap_or_else(|p| p.into_inner())
+    ));
     // Our guest objects that HyperShift's config operator writes are gone (pruned).
     until(
         "ours gone from the guest objects HyperShift's config operator writes",

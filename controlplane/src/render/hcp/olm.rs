@@ -77,7 +77,9 @@ pub(super) fn render(s: &Shared<'_>, out: &mut Desired) {
     super::push(out, olm_operator(s), "deployments");
     let ps = packageserver(s, out);
     super::push(out, ps, "deployments");
-    super::push(out, packageserver_pdb(s.input), "poddisruptionbudgets");
+    if let Some(pdb) = packageserver_pdb(s.input) {
+        super::push(out, pdb, "poddisruptionbudgets");
+    }
 }
 
 /// catalog-operator: pflag double-dash flags; --kubeconfig is a real flag here.
@@ -194,7 +196,7 @@ fn packageserver(s: &Shared<'_>, out: &mut Desired) -> Value {
     let (ps_replicas, ps_strategy) = match v.availability {
         AvailabilityPolicy::SingleReplica => (1, None),
         AvailabilityPolicy::HighlyAvailable => (
-            3,
+            if v.ibm_cloud { 2 } else { 3 },
             Some(
                 json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}),
             ),
@@ -306,21 +308,26 @@ fn packageserver(s: &Shared<'_>, out: &mut Desired) -> Value {
     packageserver
 }
 
-/// packageserver's PodDisruptionBudget, by availability policy.
-fn packageserver_pdb(input: &RenderInput) -> Value {
+/// packageserver's PodDisruptionBudget: `maxUnavailable: 1` when highly available; none
+/// for a single replica (as HyperShift renders it: `minAvailable: 1` on one pod allows no
+/// eviction ever, so a node drain would never finish) and none under TakeOver, where our
+/// pods carry HyperShift's labels and its `packageserver-pdb` covers them (a pod selected by
+/// two PDBs cannot be evicted at all: the Eviction API answers 500).
+fn packageserver_pdb(input: &RenderInput) -> Option<Value> {
     let v = &input.valid;
-    let mut pdb_spec = match v.availability {
-        AvailabilityPolicy::SingleReplica => json!({"minAvailable": 1}),
-        AvailabilityPolicy::HighlyAvailable => json!({"maxUnavailable": 1}),
-    };
-    pdb_spec["selector"] = json!({"matchLabels": selector(names::PACKAGESERVER)});
-    pdb_spec["unhealthyPodEvictionPolicy"] = json!("AlwaysAllow");
-    json!({
+    if v.hypershift_take_over || v.availability == AvailabilityPolicy::SingleReplica {
+        return None;
+    }
+    Some(json!({
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": metadata(v, names::PACKAGESERVER_PDB, Some(super::ns(input)), "packageserver", owner(input)),
-        "spec": pdb_spec,
-    })
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": selector(names::PACKAGESERVER)},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }))
 }
 
 /// The OLM operators' metrics TLS Secrets (serving certificates, and the scrapers' client
