@@ -20,6 +20,7 @@ pub mod last_good;
 pub mod operatorhub;
 pub mod render;
 pub mod runtime;
+pub mod scope;
 pub mod sharing;
 pub mod status;
 pub mod takeover;

@@ -188,6 +188,16 @@ struct RunArgs {
     /// by the administrator (default: none, the nodes' credentials).
     #[arg(long)]
     shared_catalog_pull_secret: Option<String>,
+    /// Manage only the HostedClusters whose labels match this selector (Kubernetes
+    /// syntax, e.g. `hcp-olm.io/managed=true`; default: all). Others are untouched; one
+    /// whose labels stop matching is cleaned up and released.
+    #[arg(long, default_value = "", value_parser = parse_scope)]
+    hosted_cluster_selector: hcp_olm_controlplane::scope::Scope,
+    /// Beside HyperShift's own OLM, where a HostedOLM sets no spec.hyperShiftOLM:
+    /// `StandDown` (apply nothing while it runs) or `TakeOver` (keep HyperShift's OLM
+    /// operators at 0 through debug-deployments and run ours).
+    #[arg(long, default_value = "StandDown", value_parser = parse_hypershift_olm)]
+    hypershift_olm: hcp_olm_controlplane::hostedolm::HyperShiftOLMMode,
     /// Reconcile only while holding a coordination.k8s.io/v1 Lease (run 2+ replicas).
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     leader_elect: bool,
@@ -267,6 +277,21 @@ fn parse_catalog_sharing(
 ) -> Result<hcp_olm_controlplane::hostedolm::CatalogSharing, String> {
     hcp_olm_controlplane::hostedolm::CatalogSharing::parse(s)
         .ok_or_else(|| format!("{s:?} is neither Shared nor Own"))
+}
+
+fn parse_scope(s: &str) -> Result<hcp_olm_controlplane::scope::Scope, String> {
+    hcp_olm_controlplane::scope::Scope::parse(s)
+}
+
+fn parse_hypershift_olm(
+    s: &str,
+) -> Result<hcp_olm_controlplane::hostedolm::HyperShiftOLMMode, String> {
+    use hcp_olm_controlplane::hostedolm::HyperShiftOLMMode;
+    match s {
+        "StandDown" => Ok(HyperShiftOLMMode::StandDown),
+        "TakeOver" => Ok(HyperShiftOLMMode::TakeOver),
+        _ => Err(format!("{s:?} is neither StandDown nor TakeOver")),
+    }
 }
 
 /// An input problem: printed and mapped to exit code 64.
@@ -468,6 +493,8 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<Result<(), InputError>>
                 controller_registry_credentials,
                 guest_servers,
                 mirror_answers_entitle: args.registry_mirror_entitles,
+                scope: args.hosted_cluster_selector,
+                hypershift_olm: args.hypershift_olm,
             },
         )
         .with_schedule(schedule)

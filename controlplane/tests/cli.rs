@@ -119,6 +119,17 @@ fn run_flag_errors_exit_64_naming_the_flag() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("--registry-mirror"), "{bad}: {err}");
     }
+    // Scope and fleet default (issue 37 item 1).
+    for (flag, bad) in [
+        ("--hosted-cluster-selector", "pilot in (a"),
+        ("--hosted-cluster-selector", "Bad Key=x"),
+        ("--hypershift-olm", "Takeover"),
+    ] {
+        let out = bin().args(["run", flag, bad]).output().unwrap();
+        assert_eq!(out.status.code(), Some(64), "{flag} {bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(flag), "{flag} {bad}: {err}");
+    }
     // The guest server address flags (issue 35) take CIDRs, for `run` and `uninstall`.
     for (sub, flag) in [
         ("run", "--guest-server-refused-cidrs"),

@@ -6212,3 +6212,261 @@ async fn security_guest_servers_at_internal_addresses_are_not_dialled() -> Resul
     }
     Ok(())
 }
+
+/// Issue 37 item 1: the administrator chooses the HostedClusters we manage
+/// (`--hosted-cluster-selector`). Outside the selector a HostedCluster is untouched (no
+/// finalizer, no HostedOLM, no write); inside, it converges; when its labels stop
+/// matching, our objects go and our finalizer is released. A cluster we only observe
+/// (HyperShift's OLM running, StandDown) gets no finalizer, so it is deleted with the
+/// controller stopped. The fleet default `--hypershift-olm=TakeOver` applies where the
+/// HostedOLM does not say.
+#[tokio::test]
+async fn only_clusters_in_scope_are_served_and_observed_ones_delete_without_us() -> Result<()> {
+    use hcp_olm_controlplane::hostedolm::HyperShiftOLMMode;
+    use hcp_olm_controlplane::scope::Scope;
+    let _serial = SERIAL.lock().await;
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    let client = controller_client(&env).await?;
+    let scoped = |mode: HyperShiftOLMMode| -> Result<Context> {
+        Ok(Context::new(
+            client.clone(),
+            Config {
+                olm_image: Some(OLM_IMAGE.into()),
+                guest_servers: hcp_olm_controlplane::runtime::guest::ServerPolicy::allowing(&[
+                    "127.0.0.0/8",
+                ])
+                .expect("a CIDR"),
+                scope: Scope::parse("pilot=true").map_err(anyhow::Error::msg)?,
+                hypershift_olm: mode,
+                ..Default::default()
+            },
+        ))
+    };
+    let ctx = scoped(HyperShiftOLMMode::StandDown)?;
+    let has_finalizer = |hc: &HostedCluster| {
+        hc.metadata
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| f.iter().any(|f| f == FINALIZER))
+    };
+
+    // Out of scope: untouched.
+    put_kubeconfig_secret(&env, "sc-kubeconfig").await?;
+    create_hc(&env, "sc", "sc-kubeconfig").await?;
+    let w0 = env.management.api_writes(RESOURCES).await?;
+    let o = reconcile(&ctx, &env, "sc").await?;
+    ensure!(o.state == State::OutOfScope && o.hcp_writes == 0, "{o:?}");
+    ensure!(
+        env.management.api_writes(RESOURCES).await? == w0,
+        "wrote for a HostedCluster outside the selector"
+    );
+    ensure!(!has_finalizer(&get_hc(&env, "sc").await?));
+    let (m, g) = snapshot(&env, "sc").await?;
+    ensure!(m.is_empty() && g.is_empty(), "{m:?} {g:?}");
+
+    // In scope: served, with our finalizer once it writes outside the HCP namespace.
+    patch_hc(
+        &env,
+        "sc",
+        serde_json::json!({"metadata": {"labels": {"pilot": "true"}}}),
+    )
+    .await?;
+    converge(&ctx, &env, "sc", &[&env.management, &env.guest]).await?;
+    ensure!(has_finalizer(&get_hc(&env, "sc").await?));
+    let (m, g) = snapshot(&env, "sc").await?;
+    ensure!(m.len() > 10 && !g.is_empty(), "{m:?} {g:?}");
+
+    // Out of scope again: cleaned up and released.
+    patch_hc(
+        &env,
+        "sc",
+        serde_json::json!({"metadata": {"labels": {"pilot": null}}}),
+    )
+    .await?;
+    let o = reconcile(&ctx, &env, "sc").await?;
+    ensure!(o.state == State::OutOfScope, "{o:?}");
+    ensure!(
+        !has_finalizer(&get_hc(&env, "sc").await?),
+        "finalizer kept after leaving the selector"
+    );
+    let (m, g) = snapshot(&env, "sc").await?;
+    ensure!(
+        m.is_empty() && g.is_empty(),
+        "left after leaving the selector: {m:?} {g:?}"
+    );
+    let o = reconcile(&ctx, &env, "sc").await?;
+    ensure!(o.hcp_writes == 0 && o.guest_writes == 0, "{o:?}");
+
+    // Observed only (HyperShift's OLM runs, StandDown): no finalizer; deleted with no
+    // controller running.
+    let hyper_shifts_olm = |hcp_ns: &str| -> Result<Deployment> {
+        Ok(serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "catalog-operator", "namespace": hcp_ns,
+                "labels": {"hypershift.openshift.io/managed-by": "control-plane-operator"}},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "catalog-operator"}},
+                "template": {"metadata": {"labels": {"app": "catalog-operator"}},
+                    "spec": {"containers": [{"name": "c", "image": "quay.io/x/olm:1"}]}}},
+        }))?)
+    };
+    for (name, mode) in [
+        ("obs", HyperShiftOLMMode::StandDown),
+        ("tk", HyperShiftOLMMode::TakeOver),
+    ] {
+        put_kubeconfig_secret(&env, &format!("{name}-kubeconfig")).await?;
+        create_hc(&env, name, &format!("{name}-kubeconfig")).await?;
+        patch_hc(
+            &env,
+            name,
+            serde_json::json!({"metadata": {"labels": {"pilot": "true"}}}),
+        )
+        .await?;
+        let hcp_ns = format!("{HC_NS}-{name}");
+        Api::<Deployment>::namespaced(env.management.client(), &hcp_ns)
+            .create(&PostParams::default(), &hyper_shifts_olm(&hcp_ns)?)
+            .await?;
+        let ctx = scoped(mode)?;
+        let o = reconcile(&ctx, &env, name).await?;
+        if mode == HyperShiftOLMMode::StandDown {
+            ensure!(
+                o.state == State::Invalid("HyperShiftOLMActive".into()),
+                "{o:?}"
+            );
+            ensure!(
+                !has_finalizer(&get_hc(&env, name).await?),
+                "finalizer on a cluster we only observe"
+            );
+        } else {
+            // The fleet default: TakeOver without a word in the HostedOLM.
+            let hc = get_hc(&env, name).await?;
+            let listed = hc
+                .metadata
+                .annotations
+                .unwrap_or_default()
+                .get("hypershift.openshift.io/debug-deployments")
+                .cloned()
+                .unwrap_or_default();
+            ensure!(
+                listed.contains("catalog-operator"),
+                "fleet default TakeOver not applied: {listed:?}"
+            );
+            ensure!(
+                holm_of(&env, name).await?.spec.hyper_shift_olm.is_none(),
+                "the HostedOLM's spec was written"
+            );
+        }
+    }
+    Api::<DynamicObject>::namespaced_with(env.management.client(), HC_NS, &hc_resource())
+        .delete("obs", &Default::default())
+        .await?;
+    eventually(
+        std::time::Duration::from_secs(20),
+        "the observed HostedCluster is deleted without the controller",
+        || async {
+            let gone = Api::<HostedCluster>::namespaced(env.management.client(), HC_NS)
+                .get_opt("obs")
+                .await?
+                .is_none();
+            Ok(gone.then_some(()))
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// Issue 37 item 5: a CatalogSource of a default catalog's name that is not ours (a guest
+/// user's, or HyperShift's config operator's) is never applied over and never deleted; the
+/// HostedOLM says so (`CatalogSourceNameTaken`); once its owner removes it, ours appears.
+#[tokio::test]
+async fn a_users_catalog_source_of_a_default_name_is_never_taken_over() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    let ctx = ctx(controller_client(&env).await?);
+    let name = "nt";
+    put_kubeconfig_secret(&env, "nt-kubeconfig").await?;
+    create_hc(&env, name, "nt-kubeconfig").await?;
+    let sources: Api<DynamicObject> = Api::namespaced_with(
+        env.guest.client(),
+        "openshift-marketplace",
+        &catalog_source_ar(),
+    );
+    let users = serde_json::json!({
+        "apiVersion": "operators.coreos.com/v1alpha1", "kind": "CatalogSource",
+        "metadata": {"name": "community-operators", "namespace": "openshift-marketplace",
+            "labels": {"team": "platform"}},
+        "spec": {"sourceType": "grpc", "image": "registry.example/platform/community:1",
+            "displayName": "Our own community index"},
+    });
+    sources
+        .create(&PostParams::default(), &serde_json::from_value(users)?)
+        .await?;
+    converge(&ctx, &env, name, &[&env.management, &env.guest]).await?;
+    let live = sources.get("community-operators").await?;
+    ensure!(
+        live.data["spec"]["image"] == "registry.example/platform/community:1"
+            && live.data["spec"]["displayName"] == "Our own community index",
+        "the user's CatalogSource was applied over: {:?}",
+        live.data["spec"]
+    );
+    let labels = live.metadata.labels.clone().unwrap_or_default();
+    ensure!(
+        !labels.contains_key("app.kubernetes.io/managed-by"),
+        "our labels on the user's CatalogSource: {labels:?}"
+    );
+    ensure!(
+        live.metadata
+            .managed_fields
+            .unwrap_or_default()
+            .iter()
+            .all(|f| f.manager.as_deref() != Some(hcp_olm_controlplane::runtime::FIELD_MANAGER)),
+        "our field manager on the user's CatalogSource"
+    );
+    for other in ["redhat-operators", "certified-operators"] {
+        let o = sources.get(other).await?;
+        ensure!(
+            o.metadata
+                .labels
+                .unwrap_or_default()
+                .get("app.kubernetes.io/managed-by")
+                .map(String::as_str)
+                == Some("hcp-olm"),
+            "{other} is not ours"
+        );
+    }
+    let holm = holm_of(&env, name).await?;
+    let degraded = holm
+        .status
+        .unwrap_or_default()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Degraded")
+        .context("Degraded")?;
+    ensure!(
+        degraded.status == "True"
+            && degraded
+                .message
+                .contains("CatalogSource openshift-marketplace/community-operators"),
+        "{degraded:?}"
+    );
+    // A converged pass neither writes nor deletes it.
+    let o = reconcile(&ctx, &env, name).await?;
+    ensure!(o.guest_writes == 0, "{o:?}");
+    ensure!(sources.get_opt("community-operators").await?.is_some());
+    // Its owner removes it: ours appears.
+    sources
+        .delete("community-operators", &Default::default())
+        .await?;
+    converge(&ctx, &env, name, &[&env.management, &env.guest]).await?;
+    let ours = sources.get("community-operators").await?;
+    ensure!(
+        ours.metadata
+            .labels
+            .unwrap_or_default()
+            .get("app.kubernetes.io/managed-by")
+            .map(String::as_str)
+            == Some("hcp-olm"),
+        "ours did not replace the removed one"
+    );
+    Ok(())
+}

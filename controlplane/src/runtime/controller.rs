@@ -45,6 +45,7 @@ fn state_label(s: &State) -> &'static str {
         State::Invalid(_) => "invalid",
         State::Paused => "paused",
         State::CleanedUp => "cleaned_up",
+        State::OutOfScope => "out_of_scope",
     }
 }
 
@@ -70,7 +71,7 @@ async fn reconcile(hc: Arc<HostedCluster>, ctx: Arc<Context>) -> Result<Action, 
             ctx.metrics
                 .writes(o.hcp_writes, o.guest_writes, o.status_written);
             tracing::debug!(state = ?o.state, hcp = o.hcp_writes, guest = o.guest_writes, status = o.status_written, "reconciled");
-            if o.state == State::CleanedUp {
+            if matches!(o.state, State::CleanedUp | State::OutOfScope) {
                 Ok(Action::await_change())
             } else {
                 Ok(Action::requeue(o.requeue))

@@ -69,6 +69,12 @@ pub struct Config {
     /// credentials proves a cluster may read a shared catalog (else the default registry
     /// is asked with the cluster's pull secret; see [`facts::entitlement`]).
     pub mirror_answers_entitle: bool,
+    /// The HostedClusters managed (`--hosted-cluster-selector`; default: all). Outside it a
+    /// HostedCluster is untouched; one that leaves it is cleaned up (issue 37 item 1).
+    pub scope: crate::scope::Scope,
+    /// What to do beside HyperShift's own OLM where a HostedOLM does not say
+    /// (`--hypershift-olm`; default StandDown).
+    pub hypershift_olm: crate::hostedolm::HyperShiftOLMMode,
 }
 
 /// When HostedClusters are looked at again (flags of `run`).

@@ -1,6 +1,6 @@
 //! One reconcile of one HostedCluster, and the finalizer cleanup.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,6 +48,9 @@ pub enum State {
     Paused,
     /// The HostedCluster is being deleted and our objects are gone.
     CleanedUp,
+    /// Outside `--hosted-cluster-selector`: untouched (or, when it left the selector,
+    /// cleaned up and released).
+    OutOfScope,
 }
 
 /// The result of [`reconcile_one`].
@@ -434,30 +437,48 @@ async fn guest_access(
 
 async fn ensure_finalizer(ctx: &Context, hc: &HostedCluster, add: bool) -> Result<bool, Error> {
     let (ns, name, _) = identity(hc)?;
-    let current = hc.metadata.finalizers.clone().unwrap_or_default();
-    let has = current.iter().any(|f| f == FINALIZER);
-    let next: Vec<String> = if add {
-        if has {
-            return Ok(false);
-        }
-        current.into_iter().chain([FINALIZER.to_string()]).collect()
-    } else {
-        if !has {
-            return Ok(false);
-        }
-        current.into_iter().filter(|f| f != FINALIZER).collect()
-    };
     let api: Api<HostedCluster> = Api::namespaced(ctx.client.clone(), &ns);
-    let patch = json!({"metadata": {
-        "finalizers": next,
-        "resourceVersion": hc.metadata.resource_version,
-    }});
-    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map_err(kube_err(format!(
-            "updating finalizers of HostedCluster {ns}/{name}"
-        )))?;
-    Ok(true)
+    let mut hc = std::borrow::Cow::Borrowed(hc);
+    // Twice at most: an earlier write of this pass (HyperShift's debug-deployments
+    // annotation) may have moved the resourceVersion; then it is read again.
+    for attempt in 0..2 {
+        let current = hc.metadata.finalizers.clone().unwrap_or_default();
+        let has = current.iter().any(|f| f == FINALIZER);
+        let next: Vec<String> = if add {
+            if has {
+                return Ok(false);
+            }
+            current.into_iter().chain([FINALIZER.to_string()]).collect()
+        } else {
+            if !has {
+                return Ok(false);
+            }
+            current.into_iter().filter(|f| f != FINALIZER).collect()
+        };
+        let patch = json!({"metadata": {
+            "finalizers": next,
+            "resourceVersion": hc.metadata.resource_version,
+        }});
+        match api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => return Ok(true),
+            Err(kube::Error::Api(e)) if e.code == 409 && attempt == 0 => {
+                hc = std::borrow::Cow::Owned(
+                    api.get(&name)
+                        .await
+                        .map_err(kube_err(format!("reading HostedCluster {ns}/{name}")))?,
+                );
+            }
+            Err(e) => {
+                return Err(kube_err(format!(
+                    "updating finalizers of HostedCluster {ns}/{name}"
+                ))(e));
+            }
+        }
+    }
+    Ok(false)
 }
 
 /// Reason (state, Event) of a HostedCluster whose HCP namespace is one of ours.
@@ -790,12 +811,10 @@ async fn admit(ctx: &Context, hc: &HostedCluster) -> Result<Step<Admitted>, Erro
         // labelling) wakes this HostedCluster.
         Ownership::NoNamespace => {
             tracing::info!(cluster = %format!("{ns}/{name}"), namespace = %hcp_ns, "HCP namespace does not exist yet");
-            let mut o = Outcome::new(
+            return Ok(Step::Done(Outcome::new(
                 State::Waiting("WaitingForHCPNamespace".into()),
                 ctx.schedule.waiting,
-            );
-            o.hcp_writes = usize::from(ensure_finalizer(ctx, hc, true).await?);
-            return Ok(Step::Done(o));
+            )));
         }
         Ownership::WaitingForHostedControlPlane => {
             return Ok(Step::Done(Outcome::new(
@@ -817,9 +836,11 @@ async fn admit(ctx: &Context, hc: &HostedCluster) -> Result<Step<Admitted>, Erro
             )));
         }
     }
-    let mut hcp_writes = usize::from(ensure_finalizer(ctx, hc, true).await?);
+    // No finalizer yet: what is written so far lives in the HCP namespace and goes with it.
+    // It is added once a pass goes on to write outside it (`reconcile_pass`, after coexist).
+    let mut hcp_writes = 0;
 
-    let Some((holm, created)) = ensure_hosted_olm(ctx, &ns, &name, &hcp_ns).await? else {
+    let Some((mut holm, created)) = ensure_hosted_olm(ctx, &ns, &name, &hcp_ns).await? else {
         tracing::info!(cluster = %format!("{ns}/{name}"), namespace = %hcp_ns, "HCP namespace does not exist yet");
         let mut o = Outcome::new(
             State::Waiting("WaitingForHCPNamespace".into()),
@@ -829,6 +850,10 @@ async fn admit(ctx: &Context, hc: &HostedCluster) -> Result<Step<Admitted>, Erro
         return Ok(Step::Done(o));
     };
     hcp_writes += usize::from(created);
+    // The fleet default (`--hypershift-olm`) where the HostedOLM does not say.
+    holm.spec
+        .hyper_shift_olm
+        .get_or_insert(ctx.config.hypershift_olm);
     Ok(Step::Next(Admitted {
         ns,
         name,
@@ -1505,6 +1530,12 @@ async fn apply_management(
 }
 
 async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error> {
+    if !ctx.config.scope.contains(hc.metadata.labels.as_ref()) {
+        // Untouched; one we served before (our finalizer) is cleaned up and released.
+        let mut o = Box::pin(cleanup(ctx, hc)).await?;
+        o.state = State::OutOfScope;
+        return Ok(o);
+    }
     if hc.metadata.deletion_timestamp.is_some() {
         return Box::pin(cleanup(ctx, hc)).await;
     }
@@ -1517,6 +1548,9 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     if let Step::Done(o) = coexist(ctx, hc, &mut admitted, &now_t).await? {
         return Ok(o);
     }
+    // From here on the pass writes outside the HCP namespace (the guest, shared catalogs):
+    // our finalizer first, so none of it outlives the HostedCluster unnoticed.
+    admitted.hcp_writes += usize::from(ensure_finalizer(ctx, hc, true).await?);
     let Admitted {
         ns,
         name,
@@ -1581,6 +1615,7 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     endpoint_after_apply(ctx, &mut input, &mut desired).await?;
 
     hcp_writes += writes(&hcp_report);
+    yield_taken_names(&session, &mut desired, &selector).await;
     let (guest_report, guest_writes) =
         apply_guest(&session, &input, &desired, &selector, guest_olm_crds_ready).await;
     tracing::info!(
@@ -1621,6 +1656,75 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     outcome.guest_writes = guest_writes;
     outcome.status_written = status_written;
     Ok(outcome)
+}
+
+/// Reason of a default CatalogSource whose name the guest already uses for one of its own.
+pub const NAME_TAKEN: &str = "CatalogSourceNameTaken";
+
+/// Step yield (issue 37 item 5): a guest CatalogSource we would write whose name a guest
+/// user (or HyperShift's config operator) already uses for one of theirs is left alone:
+/// never applied over, never pruned (pruning selects our labels only), and reported
+/// (`CatalogSourceNameTaken`, Degraded, naming it). Only names not already ours are read:
+/// a converged pass asks nothing.
+async fn yield_taken_names(
+    session: &super::guest::Session,
+    desired: &mut Desired,
+    selector: &BTreeMap<String, String>,
+) {
+    let carries_ours = |l: Option<&BTreeMap<String, String>>| {
+        l.is_some_and(|l| selector.iter().all(|(k, v)| l.get(k) == Some(v)))
+    };
+    let ours: Option<BTreeSet<(Option<String>, String)>> = session
+        .reads
+        .as_ref()
+        .and_then(|r| r.sources.list())
+        .map(|kept| {
+            kept.into_iter()
+                .filter(|(_, v)| {
+                    let l: Option<BTreeMap<String, String>> =
+                        serde_json::from_value(v["metadata"]["labels"].clone()).ok();
+                    carries_ours(l.as_ref())
+                })
+                .map(|(k, _)| k)
+                .collect()
+        });
+    let mut taken = Vec::new();
+    for o in desired.guest.iter().filter(|o| o.kind == "CatalogSource") {
+        let key = (o.namespace.clone(), o.name.clone());
+        if ours.as_ref().is_some_and(|s| s.contains(&key)) {
+            continue;
+        }
+        let ar = super::kinds::api_resource(&o.api_version, &o.kind, &o.plural);
+        let api: Api<DynamicObject> = match &o.namespace {
+            Some(ns) => Api::namespaced_with(session.client.clone(), ns, &ar),
+            None => continue,
+        };
+        match api.get_opt(&o.name).await {
+            Ok(Some(live)) if !carries_ours(live.metadata.labels.as_ref()) => taken.push(key),
+            Ok(_) => {}
+            // Unread: the apply that follows meets the same guest and reports it.
+            Err(e) => {
+                tracing::debug!(name = %o.name, error = %e, "reading a guest CatalogSource before applying it")
+            }
+        }
+    }
+    if taken.is_empty() {
+        return;
+    }
+    desired.guest.retain(|o| {
+        !(o.kind == "CatalogSource" && taken.contains(&(o.namespace.clone(), o.name.clone())))
+    });
+    for (ns, name) in taken {
+        let ns = ns.unwrap_or_default();
+        desired.pending.push(crate::render::Pending {
+            component: format!("catalogsource/{name}"),
+            reason: NAME_TAKEN,
+            severity: crate::validate::Severity::Degraded,
+            message: format!(
+                "CatalogSource {ns}/{name} in the guest is not hcp-olm's (created by a guest user or HyperShift's config operator): hcp-olm leaves it as it is and serves no catalog under that name; delete or rename it to get hcp-olm's"
+            ),
+        });
+    }
 }
 
 /// Gathers the facts rendering needs besides validation and credentials (the "gather
