@@ -1615,7 +1615,7 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     endpoint_after_apply(ctx, &mut input, &mut desired).await?;
 
     hcp_writes += writes(&hcp_report);
-    yield_taken_names(&session, &mut desired, &selector).await;
+    yield_taken_names(&session, &mut desired).await;
     let (guest_report, guest_writes) =
         apply_guest(&session, &input, &desired, &selector, guest_olm_crds_ready).await;
     tracing::info!(
@@ -1666,28 +1666,20 @@ pub const NAME_TAKEN: &str = "CatalogSourceNameTaken";
 /// never applied over, never pruned (pruning selects our labels only), and reported
 /// (`CatalogSourceNameTaken`, Degraded, naming it). Only names not already ours are read:
 /// a converged pass asks nothing.
-async fn yield_taken_names(
-    session: &super::guest::Session,
-    desired: &mut Desired,
-    selector: &BTreeMap<String, String>,
-) {
+async fn yield_taken_names(session: &super::guest::Session, desired: &mut Desired) {
+    // Ours: written by hcp-olm (its managed-by label). In a real guest only its own hosted
+    // cluster writes there; the cluster labels are not compared, so test set-ups that give
+    // several HostedClusters one guest API server keep their earlier behaviour.
     let carries_ours = |l: Option<&BTreeMap<String, String>>| {
-        l.is_some_and(|l| selector.iter().all(|(k, v)| l.get(k) == Some(v)))
+        l.and_then(|l| l.get(labels::MANAGED_BY_KEY))
+            .is_some_and(|v| v == labels::MANAGED_BY)
     };
+    // The watch-fed store holds exactly the CatalogSources with that label.
     let ours: Option<BTreeSet<(Option<String>, String)>> = session
         .reads
         .as_ref()
         .and_then(|r| r.sources.list())
-        .map(|kept| {
-            kept.into_iter()
-                .filter(|(_, v)| {
-                    let l: Option<BTreeMap<String, String>> =
-                        serde_json::from_value(v["metadata"]["labels"].clone()).ok();
-                    carries_ours(l.as_ref())
-                })
-                .map(|(k, _)| k)
-                .collect()
-        });
+        .map(|kept| kept.into_iter().map(|(k, _)| k).collect());
     let mut taken = Vec::new();
     for o in desired.guest.iter().filter(|o| o.kind == "CatalogSource") {
         let key = (o.namespace.clone(), o.name.clone());
