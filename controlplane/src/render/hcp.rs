@@ -481,8 +481,9 @@ fn hypershift_knobs(v: &ValidInput, p: &mut PodSpec<'_>) {
         };
         for (resource, quantity) in requests {
             c["resources"]["requests"][resource] = json!(quantity);
-            // Where we set a limit (the catalog servers' memory, limit = request), a larger
-            // request raises it too: a request above its limit is refused at admission.
+            // Where we set a limit (the catalog servers' memory, limit = request for
+            // Guaranteed QoS), it follows the request: a request above its limit would be
+            // refused at admission.
             if c["resources"]["limits"].get(resource).is_some() {
                 c["resources"]["limits"][resource] = json!(quantity);
             }
