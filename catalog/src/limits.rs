@@ -304,15 +304,27 @@ impl Fair {
     }
 
     /// Runs `f` for `peer` once it has a CPU slot (round-robin over waiting
-    /// peers), on a render thread (see [`crate::render_pool`]), holding the
-    /// slot until `f` is done.
+    /// peers), on a render thread (see [`crate::render_pool`]). The slot goes
+    /// with the job and is freed when `f` is done, not when the caller stops
+    /// waiting: a client that drops its calls cannot queue renders beyond the
+    /// slots (`cancelled_calls_cannot_queue_renders_past_the_slots`).
     pub async fn compute<R: Send + 'static>(
         &self,
         peer: IpAddr,
         f: impl FnOnce() -> R + Send + 'static,
     ) -> Result<R, crate::render_pool::JobLost> {
-        let _slot = self.work(peer).await;
-        self.renders.run(f).await
+        let slot = self.work(peer).await;
+        self.renders
+            .run(move || {
+                let _slot = slot;
+                f()
+            })
+            .await
+    }
+
+    /// Jobs in the render pool (queued or running).
+    pub fn renders_pending(&self) -> usize {
+        self.renders.pending()
     }
 
     /// Wraps an accepted connection, or `None` (the caller closes it) when
@@ -640,6 +652,39 @@ mod tests {
         let st = lock(&rr.state);
         assert_eq!(st.used, 0);
         assert!(st.held.is_empty());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cancelled_calls_cannot_queue_renders_past_the_slots() {
+        // A client that drops its calls once they hold the work slot must not leave
+        // their renders queued behind it: every other tenant's render would wait for all
+        // of them. At most `work_slots` renders may be pending at any time.
+        let fair = Fair::new(Limits::default()).expect("fair");
+        let slots = Limits::default().work_slots;
+        let max_seen = Arc::new(AtomicUsize::new(0));
+        let watch = {
+            let (fair, max_seen) = (Arc::clone(&fair), Arc::clone(&max_seen));
+            tokio::spawn(async move {
+                loop {
+                    max_seen.fetch_max(fair.renders_pending(), Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            })
+        };
+        for _ in 0..40 {
+            let call = fair.compute(ip(7), || std::thread::sleep(Duration::from_millis(20)));
+            // Dropped once it has been handed to the pool (or is still waiting).
+            let _ = tokio::time::timeout(Duration::from_millis(2), call).await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        watch.abort();
+        let seen = max_seen.load(Ordering::Relaxed);
+        // One more than the slots: a finishing job frees its slot just before the pool
+        // counts it done, so the next one may be handed over in between.
+        assert!(
+            seen <= slots + 1,
+            "{seen} renders pending at once from cancelled calls (work slots: {slots})"
+        );
     }
 
     #[tokio::test]

@@ -25,6 +25,8 @@ type Job = Box<dyn FnOnce() + Send + 'static>;
 #[derive(Debug)]
 pub struct RenderPool {
     jobs: Mutex<mpsc::Sender<Job>>,
+    /// Jobs handed to the pool and not finished (queued or running).
+    pending: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// The job did not finish (it panicked, or the pool is gone).
@@ -64,7 +66,13 @@ impl RenderPool {
         }
         Ok(RenderPool {
             jobs: Mutex::new(tx),
+            pending: Arc::default(),
         })
+    }
+
+    /// Jobs handed to the pool and not finished yet (queued or running).
+    pub fn pending(&self) -> usize {
+        self.pending.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Runs `f` on a render thread and waits for its answer.
@@ -73,7 +81,17 @@ impl RenderPool {
         f: impl FnOnce() -> R + Send + 'static,
     ) -> Result<R, JobLost> {
         let (tx, rx) = tokio::sync::oneshot::channel();
+        let pending = Arc::clone(&self.pending);
+        pending.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         let job: Job = Box::new(move || {
+            // Counted down even when `f` panics.
+            struct Done(Arc<std::sync::atomic::AtomicUsize>);
+            impl Drop for Done {
+                fn drop(&mut self) {
+                    self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                }
+            }
+            let _done = Done(pending);
             let _ = tx.send(f());
         });
         self.jobs
