@@ -640,7 +640,7 @@ pub fn spawn_admin(
 /// The registry of `hcp-olm-tunnel` (TUN mode): `hcp_olm_tunnel_*{tun="<device>"}`, read
 /// from the tunnel's status at each scrape.
 pub fn tun_registry(
-    status: watch::Receiver<PeerStatus>,
+    status: impl Fn() -> PeerStatus + Send + Sync + 'static,
     tun: &str,
 ) -> (Registry, Family<ReloadLabels, Counter>) {
     let mut r = registry("hcp-olm-tunnel");
@@ -651,7 +651,9 @@ pub fn tun_registry(
         key_reloads.clone(),
     );
     r.sub_registry_with_label(("tun".into(), tun.to_string().into()))
-        .register_collector(Box::new(TunCollector { status }));
+        .register_collector(Box::new(TunCollector {
+            status: Box::new(status),
+        }));
     (r, key_reloads)
 }
 
@@ -660,9 +662,16 @@ struct ReasonLabels {
     reason: &'static str,
 }
 
-#[derive(Debug)]
+/// Reads the tunnel's counters when scraped: not the status the timer task publishes each
+/// tick, which a scrape right after a burst would see before the burst.
 struct TunCollector {
-    status: watch::Receiver<PeerStatus>,
+    status: Box<dyn Fn() -> PeerStatus + Send + Sync>,
+}
+
+impl std::fmt::Debug for TunCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TunCollector").finish_non_exhaustive()
+    }
 }
 
 impl TunCollector {
@@ -688,7 +697,7 @@ impl TunCollector {
 
 impl Collector for TunCollector {
     fn encode(&self, mut e: DescriptorEncoder<'_>) -> std::fmt::Result {
-        let st = self.status.borrow().clone();
+        let st = (self.status)();
         let c = &st.counters;
         Self::rx_tx(
             &mut e,
@@ -1021,7 +1030,7 @@ mod tests {
         });
         let mut st = peer.status();
         let (tx, rx) = watch::channel(st.clone());
-        let (r, reloads) = tun_registry(rx, "hcpolm0");
+        let (r, reloads) = tun_registry(move || rx.borrow().clone(), "hcpolm0");
         reloads
             .get_or_create(&ReloadLabels {
                 result: ReloadResult::applied,

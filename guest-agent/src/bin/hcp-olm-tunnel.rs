@@ -22,7 +22,6 @@ use hcp_olm_guest_agent::tunnel::tun::{TunOptions, TunTunnel};
 use hcp_olm_guest_agent::tunnel::{Peer, PeerStatus};
 use tokio::net::{TcpListener, UdpSocket};
 use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 const EX_CONFIG: u8 = hcp_olm_binkit::EX_USAGE;
@@ -141,7 +140,7 @@ async fn run(cfg: TunnelConfig, config_path: PathBuf) -> anyhow::Result<()> {
     )
     .context("start TUN driver")?;
 
-    let (registry, key_reloads) = daemon::tun_registry(tunnel.status.clone(), &t.name);
+    let (registry, key_reloads) = daemon::tun_registry(tunnel.status_source(), &t.name);
     // Key rotation as in the userspace daemons: the key files are re-read and changed keys
     // go to the peer; a file that does not parse keeps the keys in use (field named).
     if let Some(every) = cfg.key_reload {
@@ -167,7 +166,7 @@ async fn run(cfg: TunnelConfig, config_path: PathBuf) -> anyhow::Result<()> {
     let admin_addr = match admin {
         Some(listener) => {
             let addr = listener.local_addr()?;
-            let (ready, status) = (Arc::clone(&ready), tunnel.status.clone());
+            let (ready, status) = (Arc::clone(&ready), tunnel.status_source());
             let admin_cancel = cancel.clone();
             Admin::new(registry)
                 .readyz(move || readiness(&ready, dialer, &status))
@@ -209,15 +208,12 @@ async fn run(cfg: TunnelConfig, config_path: PathBuf) -> anyhow::Result<()> {
 fn readiness(
     ready: &AtomicBool,
     dialer: bool,
-    status: &watch::Receiver<PeerStatus>,
+    status: &dyn Fn() -> PeerStatus,
 ) -> Result<String, String> {
     if !ready.load(Ordering::SeqCst) {
         return Err("draining".to_string());
     }
-    let live = status
-        .borrow()
-        .handshake_age
-        .is_some_and(|a| a < SESSION_LIFETIME);
+    let live = status().handshake_age.is_some_and(|a| a < SESSION_LIFETIME);
     if dialer && !live {
         return Err("no session with the peer".to_string());
     }

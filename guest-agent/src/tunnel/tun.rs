@@ -128,6 +128,12 @@ impl TunTunnel {
         lock(&self.peer).status()
     }
 
+    /// Reads the status at each call (for metrics scraped at any moment).
+    pub fn status_source(&self) -> impl Fn() -> PeerStatus + Send + Sync + 'static {
+        let peer = Arc::clone(&self.peer);
+        move || lock(&peer).status()
+    }
+
     /// Stops all tasks and waits for them.
     pub async fn shutdown(mut self) -> PeerStatus {
         self.cancel.cancel();
