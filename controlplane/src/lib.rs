@@ -17,6 +17,7 @@ pub mod hostedcluster;
 pub mod hostedolm;
 pub mod knobs;
 pub mod last_good;
+pub mod netpol;
 pub mod operatorhub;
 pub mod render;
 pub mod runtime;

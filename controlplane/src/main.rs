@@ -668,6 +668,7 @@ fn offline_input(valid: validate::ValidInput) -> anyhow::Result<RenderInput> {
         packageserver_cluster_ip: None,
         service_monitors_served: false,
         management_has_scc: false,
+        egress_isolation: Vec::new(),
         guest_olm_crds_ready: true,
         external_secret_hashes: BTreeMap::new(),
         owner: None,

@@ -1323,3 +1323,112 @@ fn metrics_carry_the_cluster_id_and_ibm_cloud_runs_two_packageservers() {
         2
     );
 }
+
+/// Issue 37 item 6: under HyperShift's `management-kas` NetworkPolicy (egress only to the
+/// same namespace, DNS and addresses off the management pod network) the shared-catalog
+/// readers get an egress policy for the shared catalogs' port, rendered before the
+/// Deployments; without such a policy, for pods it does not select, or without shared
+/// catalogs, none (a policy of ours alone would isolate the readers).
+#[test]
+fn shared_catalog_readers_get_egress_only_where_another_policy_isolates_them() {
+    use hcp_olm_controlplane::hostedolm::{CatalogSharing, HostedOLMSpec};
+    use hcp_olm_controlplane::netpol::EgressIsolation;
+    use serde_json::json;
+    let hc = common::load_hc("aws-default-flags.yaml");
+    let shared = |sharing: CatalogSharing, isolation: Vec<EgressIsolation>| {
+        let ov = HostedOLMSpec {
+            catalog_sharing: Some(sharing),
+            ..Default::default()
+        };
+        let mut v = common::valid(&hc, Some(&ov));
+        v.lookup_credentials_are_own = true;
+        let mut i = common::with_live_facts(common::input(v, true));
+        i.egress_isolation = isolation;
+        render::desired(&i).expect("render")
+    };
+    // HyperShift's management-kas (openshift/hypershift 3ee9615, network_policies.go)
+    let management_kas = EgressIsolation {
+        policy: "management-kas".into(),
+        pod_selector: json!({"matchExpressions": [
+            {"key": "hypershift.openshift.io/need-management-kas-access", "operator": "DoesNotExist"},
+            {"key": "name", "operator": "NotIn", "values": ["aws-ebs-csi-driver-operator"]},
+        ]}),
+    };
+    let egress = |d: &Desired| {
+        d.hcp
+            .iter()
+            .find(|o| o.kind == "NetworkPolicy" && o.name == names::SHARED_CATALOG_EGRESS)
+            .cloned()
+    };
+
+    let d = shared(CatalogSharing::Shared, vec![management_kas.clone()]);
+    let np = egress(&d).expect("the egress policy under management-kas");
+    let spec = &np.body["spec"];
+    assert_eq!(spec["policyTypes"], json!(["Egress"]));
+    assert_eq!(
+        spec["podSelector"]["matchExpressions"][0]["values"],
+        json!([
+            names::CATALOG_OPERATOR,
+            names::PACKAGESERVER,
+            names::TUNNEL_GATEWAY
+        ])
+    );
+    let to = &spec["egress"][0]["to"][0];
+    assert_eq!(
+        to["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        "hcp-olm-catalogs"
+    );
+    assert_eq!(
+        spec["egress"][0]["ports"],
+        json!([{"protocol": "TCP", "port": render::ports::CATALOG_GRPC}])
+    );
+    assert_eq!(
+        spec["egress"].as_array().map(Vec::len),
+        Some(1),
+        "nothing else"
+    );
+    // applied with the NetworkPolicies, before any Deployment
+    let at = |pred: &dyn Fn(&Object) -> bool| d.hcp.iter().position(pred).expect("present");
+    assert!(at(&|o| o.name == names::SHARED_CATALOG_EGRESS) < at(&|o| o.kind == "Deployment"));
+    assert!(
+        at(&|o| o.name == names::SHARED_CATALOG_EGRESS)
+            > d.hcp
+                .iter()
+                .rposition(|o| o.kind == "NetworkPolicy" && o.name != names::SHARED_CATALOG_EGRESS)
+                .expect("others")
+    );
+    // its selector really selects the rendered readers' pods, and only those
+    for o in d.hcp.iter().filter(|o| o.kind == "Deployment") {
+        let labels = o.body["spec"]["template"]["metadata"]["labels"]
+            .as_object()
+            .expect("pod labels");
+        assert_eq!(
+            hcp_olm_controlplane::netpol::selects(&spec["podSelector"], labels),
+            [
+                names::CATALOG_OPERATOR,
+                names::PACKAGESERVER,
+                names::TUNNEL_GATEWAY
+            ]
+            .contains(&o.name.as_str()),
+            "{}",
+            o.name
+        );
+    }
+
+    assert!(
+        egress(&shared(CatalogSharing::Shared, vec![])).is_none(),
+        "not isolated"
+    );
+    let not_ours = EgressIsolation {
+        policy: "kas-only".into(),
+        pod_selector: json!({"matchLabels": {"app": "kube-apiserver"}}),
+    };
+    assert!(
+        egress(&shared(CatalogSharing::Shared, vec![not_ours])).is_none(),
+        "a policy that selects none of the readers"
+    );
+    assert!(
+        egress(&shared(CatalogSharing::Own, vec![management_kas])).is_none(),
+        "own catalogs are in the same namespace, which management-kas allows"
+    );
+}

@@ -5255,6 +5255,56 @@ async fn shared_catalogs_are_shared_isolated_and_reference_counted() -> Result<(
             "{ns}: own certified-operators Deployment"
         );
     }
+    // Issue 37 item 6: HyperShift's management-kas in clusters-sa (a stand-in written by the
+    // test as its operator renders it on AWS; its full effect is enforced in e2e real_node):
+    // the controller, reading the namespace's NetworkPolicies as its ServiceAccount, gives
+    // the readers egress to the shared catalogs there and nowhere else, writes nothing on the
+    // next pass, and prunes it once management-kas is gone.
+    let egress = hcp_olm_controlplane::render::names::SHARED_CATALOG_EGRESS;
+    let nps = |ns: &str| {
+        Api::<k8s_openapi::api::networking::v1::NetworkPolicy>::namespaced(
+            env.management.client(),
+            ns,
+        )
+    };
+    nps("clusters-sa")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "management-kas"},
+                "spec": {
+                    "podSelector": {"matchExpressions": [
+                        {"key": "hypershift.openshift.io/need-management-kas-access", "operator": "DoesNotExist"},
+                        {"key": "name", "operator": "NotIn", "values": ["aws-ebs-csi-driver-operator"]}]},
+                    "policyTypes": ["Egress"],
+                    "egress": [{"to": [{"podSelector": {}}]},
+                        {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.128.0.0/14"]}}]}],
+                },
+            }))?,
+        )
+        .await?;
+    let o = reconcile(&ctx, &env, "sa").await?;
+    ensure!(
+        o.changed
+            .contains(&format!("NetworkPolicy/clusters-sa/{egress}")),
+        "{o:?}"
+    );
+    ensure!(nps("clusters-sa").get_opt(egress).await?.is_some());
+    ensure!(nps("clusters-sb").get_opt(egress).await?.is_none());
+    let o = reconcile(&ctx, &env, "sa").await?;
+    ensure!(
+        o.hcp_writes == 0 && o.guest_writes == 0,
+        "second pass: {o:?}"
+    );
+    nps("clusters-sa")
+        .delete("management-kas", &Default::default())
+        .await?;
+    reconcile(&ctx, &env, "sa").await?;
+    ensure!(
+        nps("clusters-sa").get_opt(egress).await?.is_none(),
+        "pruned once management-kas is gone"
+    );
+
     let status = |ns: &'static str, name: &'static str| {
         let env = &env;
         async move {

@@ -92,7 +92,7 @@ const PRIVATE_PATHS: &[(&str, &str)] = &[
 const CNI_PLUGINS: &str = "/usr/lib/cni";
 
 /// Every node's pod CIDR is in this range (kube-proxy's `--cluster-cidr`).
-const POD_CIDRS: &str = "198.19.208.0/20";
+pub const POD_CIDRS: &str = "198.19.208.0/20";
 /// Every node's IPv6 pod CIDR (`fd00:198:208:<slot>::/64`) is in this range.
 const POD_CIDRS6: &str = "fd00:198:208::/48";
 

@@ -1039,7 +1039,158 @@ async fn shared_catalog_network_policy_is_enforced_by_a_real_implementation() ->
     )
     .await?;
     eprintln!(
-        "real-node: clusters-b removed: its reader is refused ({:.1}s); {round} probe rounds, test {:.1}s",
+        "real-node: clusters-b removed: its reader is refused ({:.1}s)",
+        step.elapsed().as_secs_f64(),
+    );
+
+    // Issue 37 item 6: HyperShift's policies of an HCP namespace, in clusters-a, as its
+    // operator renders them on an OpenShift management cluster on AWS (openshift/hypershift
+    // 3ee9615, hypershift-operator/controllers/hostedcluster/network_policies.go; written here
+    // by the test, standing in for HyperShift's operator): `same-namespace` (ingress only from
+    // the namespace), `openshift-monitoring` (ingress from monitoring), and `management-kas`
+    // (egress only to the namespace, DNS, and addresses outside the management pod network
+    // and the API server's endpoints, for every pod without its access label).
+    let step = Instant::now();
+    let kas_block: Vec<String> = {
+        let eps: Api<k8s_openapi::api::core::v1::Endpoints> =
+            Api::namespaced(kc.clone(), "default");
+        eps.get("kubernetes")
+            .await?
+            .subsets
+            .into_iter()
+            .flatten()
+            .flat_map(|s| s.addresses.into_iter().flatten())
+            .map(|a| format!("{}/32", a.ip))
+            .collect()
+    };
+    let mut except = kas_block.clone();
+    except.push(hcp_olm_e2e::realnode::POD_CIDRS.to_string());
+    let hypershift_policies = [
+        serde_json::json!({"metadata": {"name": "same-namespace"}, "spec": {
+            "podSelector": {}, "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {}}]}]}}),
+        serde_json::json!({"metadata": {"name": "openshift-monitoring"}, "spec": {
+            "podSelector": {}, "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"network.openshift.io/policy-group": "monitoring"}}}]}]}}),
+        serde_json::json!({"metadata": {"name": "management-kas"}, "spec": {
+            "podSelector": {"matchExpressions": [
+                {"key": "hypershift.openshift.io/need-management-kas-access", "operator": "DoesNotExist"},
+                {"key": "name", "operator": "NotIn", "values": ["aws-ebs-csi-driver-operator"]}]},
+            "policyTypes": ["Egress"],
+            "egress": [
+                {"to": [{"podSelector": {}}]},
+                {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": except}}]},
+                {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "openshift-dns"}}}],
+                 "ports": [{"port": 5353, "protocol": "UDP"}, {"port": 5353, "protocol": "TCP"}]}]}}),
+    ];
+    let nps: Api<k8s_openapi::api::networking::v1::NetworkPolicy> = Api::namespaced(kc.clone(), a);
+    let mut isolation = Vec::new();
+    for p in &hypershift_policies {
+        let np: k8s_openapi::api::networking::v1::NetworkPolicy =
+            serde_json::from_value(p.clone())?;
+        let created = nps.create(&PostParams::default(), &np).await?;
+        // what the controller reads of them (crate::netpol), from the stored objects
+        if let Some(i) =
+            hcp_olm_controlplane::netpol::egress_isolation(&serde_json::to_value(&created)?)
+        {
+            isolation.push(i);
+        }
+    }
+    ensure!(
+        isolation.len() == 1 && isolation[0].policy == "management-kas",
+        "only management-kas isolates egress: {isolation:?}"
+    );
+    // An own catalog of clusters-a, as the controller runs one in an HCP namespace (reached
+    // over the namespace's own pod addresses, which management-kas allows).
+    create_catalog_config_map(&kc, a).await?;
+    let own_pods: Api<Pod> = Api::namespaced(kc.clone(), a);
+    let mut own = pod(a, "own-catalog", &env.cs_ref, "pull-secret")?;
+    own.metadata.labels = Some(BTreeMap::from([
+        (MANAGED_BY_KEY.to_string(), MANAGED_BY.to_string()),
+        (
+            NAME_KEY.to_string(),
+            names::catalog(DefaultCatalog::CommunityOperators),
+        ),
+    ]));
+    own_pods.create(&PostParams::default(), &own).await?;
+    let own_ip = wait_pod(&own_pods, &env.node, "own-catalog", "Ready", |p| {
+        ready(p)
+            .then(|| p.status.as_ref()?.pod_ip.clone())
+            .flatten()
+    })
+    .await?;
+    let own_target = format!(
+        "{own_ip}:{}",
+        hcp_olm_controlplane::render::ports::CATALOG_GRPC
+    );
+    let a_packageserver = Reader {
+        what: "packageserver of clusters-a",
+        ns: a,
+        name: Some(names::PACKAGESERVER),
+    };
+    // Under management-kas alone clusters-a's readers lose the shared catalog (the shared
+    // policy still admits them: the refusal is their egress); clusters-c's reader does not.
+    expect_reach(
+        &kc,
+        &env.node,
+        &cli_ref,
+        &target,
+        &[c_reader],
+        &[a_reader, a_packageserver],
+        &mut round,
+    )
+    .await?;
+    eprintln!(
+        "real-node: HyperShift's management-kas in clusters-a (stand-in, as its operator renders it; except {except:?}): clusters-a's catalog-operator and packageserver are refused by the shared catalog ({:.1}s)",
+        step.elapsed().as_secs_f64()
+    );
+
+    // The controller's answer, its rendered spec unmodified: egress to the shared catalogs'
+    // port for the readers management-kas isolates. Both readers reach the shared catalog
+    // and their own; an unlabelled pod of clusters-a reaches its own catalog's namespace
+    // neighbour but not the shared one.
+    let step = Instant::now();
+    let readers: Vec<&str> = shared::CATALOG_READERS.to_vec();
+    let ours: k8s_openapi::api::networking::v1::NetworkPolicy =
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": names::SHARED_CATALOG_EGRESS, "namespace": a,
+                "labels": {MANAGED_BY_KEY: MANAGED_BY}},
+            "spec": shared::reader_egress_spec(&readers),
+        }))?;
+    apply(
+        hcp_olm_apply::Target::new(
+            "networking.k8s.io/v1",
+            "NetworkPolicy",
+            "networkpolicies",
+            hcp_olm_apply::Policy::Apply,
+            serde_json::to_value(&ours)?,
+        ),
+        "the shared-catalog egress policy",
+    )
+    .await?;
+    expect_reach(
+        &kc,
+        &env.node,
+        &cli_ref,
+        &target,
+        &[a_reader, a_packageserver, c_reader],
+        &[a_unlabelled],
+        &mut round,
+    )
+    .await?;
+    expect_reach(
+        &kc,
+        &env.node,
+        &cli_ref,
+        &own_target,
+        &[a_reader, a_packageserver],
+        &[],
+        &mut round,
+    )
+    .await?;
+    eprintln!(
+        "real-node: with hcp-olm's egress policy beside management-kas, clusters-a's catalog-operator and packageserver reach the shared catalog and their own; an unlabelled pod is still refused ({:.1}s); {round} probe rounds, test {:.1}s",
         step.elapsed().as_secs_f64(),
         test_started.elapsed().as_secs_f64()
     );

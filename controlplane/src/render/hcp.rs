@@ -108,11 +108,11 @@ pub(super) fn resolved_catalogs(
     out
 }
 
-fn owner(input: &RenderInput) -> Option<&super::Owner> {
+pub(super) fn owner(input: &RenderInput) -> Option<&super::Owner> {
     input.owner.as_ref()
 }
 
-fn ns(input: &RenderInput) -> &str {
+pub(super) fn ns(input: &RenderInput) -> &str {
     &input.valid.cluster.hcp_namespace
 }
 
@@ -659,6 +659,9 @@ pub(super) fn render(
         },
         out,
     );
+    // Last: it reads the readers' pod labels from the Deployments rendered above, and goes
+    // in with the other NetworkPolicies (applied before the Deployments).
+    catalogs::shared_catalog_egress(input, catalogs, out);
     Ok(())
 }
 

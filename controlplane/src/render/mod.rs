@@ -47,6 +47,8 @@ pub mod names {
     pub const CA: &str = "hcp-olm-ca";
     pub const CATALOG_SA: &str = "hcp-olm-catalog";
     pub const TUNNEL_GATEWAY: &str = "hcp-olm-tunnel-gateway";
+    /// Egress to the shared catalogs, where another NetworkPolicy isolates the readers'.
+    pub const SHARED_CATALOG_EGRESS: &str = "hcp-olm-shared-catalog-egress";
     pub const TUNNEL_GATEWAY_WG: &str = "hcp-olm-tunnel-gateway-wg";
     /// Headless Service naming every gateway replica (forwarding to the session holder).
     pub const TUNNEL_GATEWAY_PEERS: &str = "hcp-olm-tunnel-gateway-peers";
@@ -233,6 +235,10 @@ pub struct RenderInput {
     /// image names. With them the SCC assigns both from the namespace's range, and a fixed
     /// value would be refused.
     pub management_has_scc: bool,
+    /// NetworkPolicies of others in the HCP namespace that isolate egress (HyperShift's
+    /// `management-kas`): the shared-catalog readers they select get an egress policy of ours
+    /// for the shared catalogs' port ([`crate::netpol`]).
+    pub egress_isolation: Vec<crate::netpol::EgressIsolation>,
 }
 
 /// HyperShift's user and group for control-plane pods on a management cluster without SCCs.

@@ -268,6 +268,26 @@ pub const CATALOG_READERS: [&str; 3] = [
     names::TUNNEL_GATEWAY,
 ];
 
+/// The spec of the egress NetworkPolicy an HCP namespace gets where another policy isolates
+/// the egress of some `readers` (of [`CATALOG_READERS`]; see `crate::netpol`): those of our
+/// pods may open the gRPC port of shared catalog pods in [`SHARED_NAMESPACE`], nothing else.
+pub fn reader_egress_spec(readers: &[&str]) -> Value {
+    json!({
+        "podSelector": {
+            "matchLabels": {MANAGED_BY_KEY: MANAGED_BY},
+            "matchExpressions": [{"key": NAME_KEY, "operator": "In", "values": readers}],
+        },
+        "policyTypes": ["Egress"],
+        "egress": [{
+            "to": [{
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": SHARED_NAMESPACE}},
+                "podSelector": {"matchLabels": shared_labels()},
+            }],
+            "ports": [{"protocol": "TCP", "port": ports::CATALOG_GRPC}],
+        }],
+    })
+}
+
 /// Ingress on the gRPC port only from [`CATALOG_READERS`] pods (by our labels) in the
 /// users' namespaces (by `kubernetes.io/metadata.name`, which the API server sets on every
 /// namespace: no labels of ours needed). The namespaces are listed in chunks of

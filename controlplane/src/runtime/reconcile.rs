@@ -1594,6 +1594,7 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
             packageserver_cluster_ip: None,
             service_monitors_served: false,
             management_has_scc: false,
+            egress_isolation: Vec::new(),
             guest_olm_crds_ready,
             external_secret_hashes: BTreeMap::new(),
             owner: None,
@@ -1745,7 +1746,28 @@ async fn gather(
     input.management_has_scc = ctx
         .served("security.openshift.io/v1", "securitycontextconstraints")
         .await?;
+    input.egress_isolation = egress_isolation(ctx, &hcp_ns).await?;
     Ok(input)
+}
+
+/// Others' NetworkPolicies in the HCP namespace that isolate egress (see [`crate::netpol`]);
+/// at most [`crate::netpol::MAX_POLICIES`] are read.
+async fn egress_isolation(
+    ctx: &Context,
+    hcp_ns: &str,
+) -> Result<Vec<crate::netpol::EgressIsolation>, Error> {
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    let api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), hcp_ns);
+    let list = api
+        .list(&ListParams::default().limit(crate::netpol::MAX_POLICIES as u32))
+        .await
+        .map_err(kube_err(format!("listing NetworkPolicies in {hcp_ns}")))?;
+    Ok(list
+        .items
+        .iter()
+        .filter_map(|p| serde_json::to_value(p).ok())
+        .filter_map(|p| crate::netpol::egress_isolation(&p))
+        .collect())
 }
 
 /// The gateway's endpoint, read again after the management apply when it was not known

@@ -146,6 +146,7 @@ pub fn input(v: ValidInput, ready: bool) -> RenderInput {
         packageserver_cluster_ip: None,
         service_monitors_served: false,
         management_has_scc: false,
+        egress_isolation: Vec::new(),
         guest_olm_crds_ready: ready,
         external_secret_hashes: external,
         owner: None,

@@ -67,6 +67,60 @@ pub(super) fn network_policies(
     }
 }
 
+/// Egress from the shared-catalog readers to the shared catalogs' gRPC port, for the readers
+/// whose egress another NetworkPolicy of the HCP namespace isolates (HyperShift's
+/// `management-kas`: same namespace, DNS and addresses off the management pod network only).
+/// Nothing where no reader is isolated: a policy of ours alone would isolate them. Inserted
+/// after the last NetworkPolicy, so it is applied before the Deployments.
+pub(super) fn shared_catalog_egress(
+    input: &RenderInput,
+    catalogs: &[ResolvedCatalog],
+    out: &mut Desired,
+) {
+    use crate::render::shared::CATALOG_READERS;
+    let management = input.valid.placement == CatalogPlacement::Management;
+    if !management || !catalogs.iter().any(|c| c.shared.is_some()) {
+        return;
+    }
+    let isolated: Vec<&str> = CATALOG_READERS
+        .into_iter()
+        .filter(|reader| {
+            let Some(labels) = out
+                .hcp
+                .iter()
+                .find(|o| o.kind == "Deployment" && o.name == *reader)
+                .and_then(|o| o.body.pointer("/spec/template/metadata/labels"))
+                .and_then(Value::as_object)
+            else {
+                return false;
+            };
+            input
+                .egress_isolation
+                .iter()
+                .any(|p| crate::netpol::selects(&p.pod_selector, labels))
+        })
+        .collect();
+    if isolated.is_empty() {
+        return;
+    }
+    let name = names::SHARED_CATALOG_EGRESS;
+    let policy = json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": super::metadata(&input.valid, name, Some(super::ns(input)), "catalog", super::owner(input)),
+        "spec": crate::render::shared::reader_egress_spec(&isolated),
+    });
+    let at = out
+        .hcp
+        .iter()
+        .rposition(|o| o.kind == "NetworkPolicy")
+        .map_or(0, |i| i + 1);
+    out.hcp.insert(
+        at,
+        super::super::Object::new(policy, "networkpolicies", super::super::ApplyPolicy::Apply),
+    );
+}
+
 /// Each own catalog's gRPC Service.
 pub(super) fn services(input: &RenderInput, catalogs: &[ResolvedCatalog], out: &mut Desired) {
     for c in own(input, catalogs) {
