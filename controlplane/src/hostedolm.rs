@@ -334,6 +334,11 @@ pub struct CatalogStatus {
     pub connection_state: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_connect: Option<String>,
+    /// Since when (RFC 3339) the guest CatalogSource has been seen not READY, every pass in a
+    /// row; unset while READY. Past a grace period the HostedOLM is not Available
+    /// (`CatalogsNotReady`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_ready_since: Option<String>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
 }

@@ -333,12 +333,14 @@ pub fn catalog_statuses(
                 });
             let live = guest_sources.get(c.name());
             let state = live.map(|l| &l["status"]["connectionState"]);
+            // the guest writes these: short and printable only
+            let short = |s: &str, n: usize| s.chars().filter(|c| !c.is_control()).take(n).collect();
             let connection_state = state
                 .and_then(|s| s["lastObservedState"].as_str())
-                .map(str::to_string);
+                .map(|s| short(s, 32));
             let last_connect = state
                 .and_then(|s| s["lastConnect"].as_str())
-                .map(str::to_string);
+                .map(|s| short(s, 64));
             let message = if !enabled {
                 "disabled".to_string()
             } else if rendered.is_none() {
@@ -380,6 +382,7 @@ pub fn catalog_statuses(
                 _ => None,
             };
             CatalogStatus {
+                not_ready_since: None,
                 name: c.name().to_string(),
                 enabled,
                 image,
@@ -397,6 +400,98 @@ pub fn catalog_statuses(
             }
         })
         .collect()
+}
+
+/// How long a rendered catalog may be seen not READY before the HostedOLM stops being
+/// Available: the catalog-operator's first connection to a new catalog pod, through the
+/// tunnel for guest catalogs, takes up to about a minute; a restarted catalog pod
+/// (extract, start, cache) up to a few.
+pub const CATALOG_READY_GRACE: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// At most this many characters of a CatalogSource's own `status.reason`/`message` are
+/// carried into ours (the guest writes them: untrusted, control characters dropped).
+pub const MAX_SOURCE_MESSAGE: usize = 256;
+
+pub fn guest_text(v: &serde_json::Value) -> Option<String> {
+    let t: String = v
+        .as_str()?
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(MAX_SOURCE_MESSAGE)
+        .collect();
+    (!t.trim().is_empty()).then_some(t)
+}
+
+/// For every catalog whose guest CatalogSource exists but is not READY: when it was first
+/// seen so (kept from `previous`, else `now`) and a message naming its state, since when,
+/// and the catalog-operator's own reason and message, if any. READY, disabled, unrendered or
+/// not yet observed catalogs keep what [`catalog_statuses`] said.
+pub fn track_not_ready(
+    catalogs: &mut [crate::hostedolm::CatalogStatus],
+    guest_sources: &std::collections::BTreeMap<String, serde_json::Value>,
+    previous: &[crate::hostedolm::CatalogStatus],
+    now: &Time,
+) {
+    for c in catalogs.iter_mut() {
+        let Some(live) = guest_sources.get(&c.name) else {
+            continue;
+        };
+        if !c.enabled || c.source.is_none() || c.connection_state.as_deref() == Some("READY") {
+            continue;
+        }
+        let since = previous
+            .iter()
+            .find(|p| p.name == c.name)
+            .and_then(|p| p.not_ready_since.clone())
+            .filter(|s| parse_time(s).is_some())
+            .unwrap_or_else(|| now.0.to_string());
+        let state = c
+            .connection_state
+            .clone()
+            .unwrap_or_else(|| "no connection state".to_string());
+        let mut message = format!("{state} since {since}");
+        let reason = guest_text(&live["status"]["reason"]);
+        let said = guest_text(&live["status"]["message"]);
+        match (reason, said) {
+            (Some(r), Some(m)) => message.push_str(&format!("; catalog-operator: {r}: {m}")),
+            (Some(t), None) | (None, Some(t)) => {
+                message.push_str(&format!("; catalog-operator: {t}"))
+            }
+            (None, None) => {}
+        }
+        c.not_ready_since = Some(since);
+        c.message = message;
+    }
+}
+
+fn parse_time(s: &str) -> Option<k8s_openapi::jiff::Timestamp> {
+    s.parse().ok()
+}
+
+/// The catalogs not READY for at least `grace` (name and message, for `Available`), and when
+/// the next one would cross it (to look again then).
+pub fn catalogs_not_ready(
+    catalogs: &[crate::hostedolm::CatalogStatus],
+    now: &Time,
+    grace: std::time::Duration,
+) -> (Vec<String>, Option<std::time::Duration>) {
+    let mut late = Vec::new();
+    let mut next: Option<std::time::Duration> = None;
+    for c in catalogs {
+        let Some(since) = c.not_ready_since.as_deref().and_then(parse_time) else {
+            continue;
+        };
+        let for_ = std::time::Duration::try_from(now.0.duration_since(since))
+            .unwrap_or(std::time::Duration::ZERO);
+        if for_ >= grace {
+            late.push(format!("{} ({})", c.name, c.message));
+        } else {
+            // a second more: times in status have whole seconds
+            let left = grace - for_ + std::time::Duration::from_secs(1);
+            next = Some(next.map_or(left, |n| n.min(left)));
+        }
+    }
+    (late, next)
 }
 
 /// For a rendered catalog in management placement: shared or own (the decision the render
@@ -477,5 +572,112 @@ mod tests {
                 .starts_with("20000 operators not compatible with 4.19: ns/op-00000.v1.0.0")
         );
         assert!(c.message.ends_with("and 19995 more"), "{}", c.message);
+    }
+
+    fn at(secs: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(secs).unwrap())
+    }
+
+    fn catalog(name: &str, state: Option<&str>) -> crate::hostedolm::CatalogStatus {
+        crate::hostedolm::CatalogStatus {
+            name: name.into(),
+            enabled: true,
+            source: Some(format!("hcp-olm-{name}:50051")),
+            connection_state: state.map(str::to_string),
+            ..Default::default()
+        }
+    }
+
+    /// Issue 39 item 5: a CatalogSource that is not READY is tracked from the first pass that
+    /// sees it so, its state and the catalog-operator's words carried (bounded, printable),
+    /// and it counts against Available only past the grace period.
+    #[test]
+    fn catalogs_not_ready_past_the_grace_period_are_named() {
+        use std::collections::BTreeMap;
+        use std::time::Duration;
+        let t0 = 1_800_000_000;
+        let mut live = BTreeMap::new();
+        live.insert(
+            "redhat-operators".to_string(),
+            serde_json::json!({"status": {"reason": "Unhealthy\u{1b}[2J",
+                "message": format!("couldn't connect: {}", "x".repeat(10_000)),
+                "connectionState": {"lastObservedState": "TRANSIENT_FAILURE"}}}),
+        );
+        live.insert(
+            "certified-operators".to_string(),
+            serde_json::json!({"status": {"connectionState": {"lastObservedState": "READY"}}}),
+        );
+        live.insert("community-operators".to_string(), serde_json::json!({}));
+        let fresh = || {
+            vec![
+                catalog("redhat-operators", Some("TRANSIENT_FAILURE")),
+                catalog("certified-operators", Some("READY")),
+                catalog("community-operators", None),
+            ]
+        };
+        let mut first = fresh();
+        track_not_ready(&mut first, &live, &[], &at(t0));
+        let since = at(t0).0.to_string();
+        assert_eq!(first[0].not_ready_since.as_deref(), Some(since.as_str()));
+        assert!(
+            first[0]
+                .message
+                .starts_with(&format!("TRANSIENT_FAILURE since {since}; catalog-operator: Unhealthy[2J: couldn't connect: xxx")),
+            "{}",
+            first[0].message
+        );
+        assert!(
+            first[0].message.len() < 600,
+            "bounded: {}",
+            first[0].message.len()
+        );
+        assert!(!first[0].message.chars().any(char::is_control));
+        assert_eq!(first[1].not_ready_since, None, "READY");
+        assert!(first[1].message.is_empty());
+        assert_eq!(
+            first[2].message,
+            format!("no connection state since {since}")
+        );
+        let grace = Duration::from_secs(300);
+        let (late, next) = catalogs_not_ready(&first, &at(t0 + 60), grace);
+        assert!(late.is_empty(), "{late:?}");
+        assert_eq!(next, Some(Duration::from_secs(241)));
+
+        // Later passes keep the first time; past the grace both are named.
+        let mut later = fresh();
+        track_not_ready(&mut later, &live, &first, &at(t0 + 400));
+        assert_eq!(later[0].not_ready_since, first[0].not_ready_since);
+        let (late, next) = catalogs_not_ready(&later, &at(t0 + 400), grace);
+        assert_eq!(late.len(), 2, "{late:?}");
+        assert!(late[0].starts_with("redhat-operators (TRANSIENT_FAILURE since"));
+        assert_eq!(next, None);
+
+        // READY again: no longer tracked. A garbled time in a previous status restarts it.
+        let mut ready = vec![catalog("redhat-operators", Some("READY"))];
+        track_not_ready(&mut ready, &live, &later, &at(t0 + 500));
+        assert_eq!(ready[0].not_ready_since, None);
+        let mut garbled_prev = fresh();
+        garbled_prev[0].not_ready_since = Some("yesterday".into());
+        let mut again = fresh();
+        track_not_ready(&mut again, &live, &garbled_prev, &at(t0 + 500));
+        assert_eq!(
+            again[0].not_ready_since.as_deref(),
+            Some(at(t0 + 500).0.to_string().as_str())
+        );
+
+        // Disabled, not rendered, or not observed: untouched.
+        let mut other = vec![
+            crate::hostedolm::CatalogStatus {
+                enabled: false,
+                ..catalog("redhat-operators", None)
+            },
+            crate::hostedolm::CatalogStatus {
+                source: None,
+                ..catalog("certified-operators", None)
+            },
+            catalog("absent", None),
+        ];
+        track_not_ready(&mut other, &live, &[], &at(t0));
+        assert!(other.iter().all(|c| c.not_ready_since.is_none()));
     }
 }

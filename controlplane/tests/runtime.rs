@@ -6520,3 +6520,161 @@ async fn a_users_catalog_source_of_a_default_name_is_never_taken_over() -> Resul
     );
     Ok(())
 }
+
+/// Issue 39 item 5, on real API servers with the controller as its ServiceAccount: a guest
+/// CatalogSource that is not READY is named in the catalog's status with its state, since
+/// when, and the catalog-operator's reason and message; within the grace period Available
+/// does not move and the pass asks to look again by its end; past it Available is False
+/// (`CatalogsNotReady`) naming the catalog; READY again clears both. (The Deployment
+/// controller and kubelet are stood in for: the test sets our Deployments' status ready;
+/// the catalog-operator is stood in for: the test writes the CatalogSources' status.)
+#[tokio::test]
+async fn available_says_when_catalogs_are_not_ready() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = Environment::start().await?;
+    setup(&env).await?;
+    let ctx = ctx(controller_client(&env).await?);
+    let name = "cat";
+    let hcp_ns = format!("{HC_NS}-{name}");
+    put_kubeconfig_secret(&env, "cat-kubeconfig").await?;
+    create_hc(&env, name, "cat-kubeconfig").await?;
+    let both = [&env.management, &env.guest];
+    converge(&ctx, &env, name, &both).await?;
+    // Stand-in for the Deployment controller and kubelet: every Deployment of ours ready.
+    for (cluster, ns) in [(&env.management, hcp_ns.as_str()), (&env.guest, "hcp-olm")] {
+        let deployments = Api::<Deployment>::namespaced(cluster.client(), ns);
+        for d in deployments.list(&ListParams::default()).await?.items {
+            let n = d.metadata.name.clone().unwrap_or_default();
+            let r = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+            deployments
+                .patch_status(
+                    &n,
+                    &PatchParams::default(),
+                    &Patch::Merge(serde_json::json!({"status": {
+                        "observedGeneration": d.metadata.generation,
+                        "replicas": r, "updatedReplicas": r,
+                        "readyReplicas": r, "availableReplicas": r,
+                    }})),
+                )
+                .await?;
+        }
+    }
+    // Stand-in for the catalog-operator: it writes the CatalogSources' connection state.
+    let sources = Api::<DynamicObject>::namespaced_with(
+        env.guest.client(),
+        "openshift-marketplace",
+        &catalog_source_ar(),
+    );
+    let set_state = |cs: &'static str, state: &'static str, message: &'static str| {
+        let sources = sources.clone();
+        async move {
+            sources
+                .patch_status(
+                    cs,
+                    &PatchParams::default(),
+                    &Patch::Merge(serde_json::json!({"status": {
+                        "message": message,
+                        "reason": if message.is_empty() { "" } else { "Unhealthy" },
+                        "connectionState": {"lastObservedState": state,
+                            "lastConnect": "2026-11-29T08:00:00Z"},
+                    }})),
+                )
+                .await?;
+            Ok::<_, anyhow::Error>(())
+        }
+    };
+    for cs in [
+        "redhat-operators",
+        "certified-operators",
+        "community-operators",
+    ] {
+        set_state(cs, "READY", "").await?;
+    }
+    let holms = Api::<HostedOLM>::namespaced(env.management.client(), &hcp_ns);
+    let available = |h: &HostedOLM| condition(h, "Available").cloned();
+    let catalog = |h: &HostedOLM, n: &str| {
+        h.status
+            .as_ref()
+            .and_then(|s| s.catalogs.iter().find(|c| c.name == n).cloned())
+    };
+    converge(&ctx, &env, name, &both).await?;
+    let h = holms.get(name).await?;
+    let a = available(&h).context("Available")?;
+    ensure!(a.status == "True", "all ready, every catalog READY: {a:?}");
+
+    set_state(
+        "redhat-operators",
+        "TRANSIENT_FAILURE",
+        "couldn't connect to hcp-olm-redhat-operators:50051",
+    )
+    .await?;
+    let o = reconcile(&ctx, &env, name).await?;
+    ensure!(
+        o.requeue <= std::time::Duration::from_secs(301),
+        "looks again by the end of the grace period: {o:?}"
+    );
+    let h = holms.get(name).await?;
+    let c = catalog(&h, "redhat-operators").context("redhat-operators")?;
+    let since = c.not_ready_since.clone().context("not_ready_since")?;
+    ensure!(
+        c.message
+            == format!(
+                "TRANSIENT_FAILURE since {since}; catalog-operator: Unhealthy: couldn't connect to hcp-olm-redhat-operators:50051"
+            ),
+        "{c:?}"
+    );
+    ensure!(
+        available(&h).context("Available")?.status == "True",
+        "within the grace period Available does not move: {:?}",
+        available(&h)
+    );
+    let o = reconcile(&ctx, &env, name).await?;
+    ensure!(
+        o.hcp_writes == 0 && o.guest_writes == 0 && !o.status_written,
+        "the next pass writes nothing: {o:?}"
+    );
+
+    // As if the earlier passes had seen it failing ten minutes ago.
+    let earlier = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(600),
+    );
+    let mut status = h.status.clone().context("status")?;
+    for c in &mut status.catalogs {
+        if c.name == "redhat-operators" {
+            c.not_ready_since = Some(
+                earlier
+                    .0
+                    .round(k8s_openapi::jiff::Unit::Second)?
+                    .to_string(),
+            );
+        }
+    }
+    holms
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": status})),
+        )
+        .await?;
+    reconcile(&ctx, &env, name).await?;
+    let h = holms.get(name).await?;
+    let a = available(&h).context("Available")?;
+    ensure!(
+        a.status == "False"
+            && a.reason == "CatalogsNotReady"
+            && a.message
+                .contains("redhat-operators (TRANSIENT_FAILURE since")
+            && a.message.contains("couldn't connect")
+            && !a.message.contains("certified-operators"),
+        "{a:?}"
+    );
+
+    set_state("redhat-operators", "READY", "").await?;
+    reconcile(&ctx, &env, name).await?;
+    let h = holms.get(name).await?;
+    let a = available(&h).context("Available")?;
+    ensure!(a.status == "True", "READY again: {a:?}");
+    let c = catalog(&h, "redhat-operators").context("redhat-operators")?;
+    ensure!(c.not_ready_since.is_none() && c.message.is_empty(), "{c:?}");
+    Ok(())
+}

@@ -71,15 +71,22 @@ fn exists(_: &Value) -> Option<Value> {
     Some(json!({}))
 }
 
-/// A CatalogSource's labels and connection state.
+/// A CatalogSource's labels, connection state, and the first characters of the
+/// catalog-operator's reason and message (status carries no more of them; the guest can
+/// write any length).
 pub fn keep_source(o: &Value) -> Option<Value> {
     let state = &o["status"]["connectionState"];
+    let text = |v: &Value| crate::status::guest_text(v).map_or(Value::Null, Value::String);
     Some(json!({
         "metadata": { "labels": o["metadata"]["labels"] },
-        "status": { "connectionState": {
-            "lastObservedState": state["lastObservedState"],
-            "lastConnect": state["lastConnect"],
-        } },
+        "status": {
+            "connectionState": {
+                "lastObservedState": state["lastObservedState"],
+                "lastConnect": state["lastConnect"],
+            },
+            "reason": text(&o["status"]["reason"]),
+            "message": text(&o["status"]["message"]),
+        },
     }))
 }
 
@@ -224,7 +231,17 @@ mod tests {
             keep_source(&cs),
             Some(json!({ "metadata": { "labels": { "a": "b" } },
                 "status": { "connectionState": { "lastObservedState": "READY",
-                    "lastConnect": "2026-11-27T00:00:00Z" } } }))
+                    "lastConnect": "2026-11-27T00:00:00Z" }, "reason": null, "message": null } }))
+        );
+        // the catalog-operator's words: the first characters, printable only
+        let mut failing = cs.clone();
+        failing["status"]["reason"] = json!("Bad\u{7}");
+        failing["status"]["message"] = json!("m".repeat(100_000));
+        let kept = keep_source(&failing).expect("kept");
+        assert_eq!(kept["status"]["reason"], "Bad");
+        assert_eq!(
+            kept["status"]["message"].as_str().map(str::len),
+            Some(crate::status::MAX_SOURCE_MESSAGE)
         );
         let props = json!({ "properties": [{ "type": "olm.maxOpenShiftVersion", "value": 4.19 }] });
         let csv = |labels: Value| {

@@ -1379,7 +1379,7 @@ async fn report(
     reports: (&Report, &Report),
     apply_error: Option<&Error>,
     now_t: &Time,
-) -> Result<(bool, bool), Error> {
+) -> Result<(bool, bool, Option<Duration>), Error> {
     let (hcp_report, guest_report) = reports;
     let generation = holm.metadata.generation;
     // Read back what status reports.
@@ -1400,7 +1400,12 @@ async fn report(
     )
     .await?;
     let all_available = components.iter().all(|c| c.available);
-    let mut st = build_status(
+    let previous = holm
+        .status
+        .as_ref()
+        .map(|s| s.catalogs.as_slice())
+        .unwrap_or_default();
+    let (mut st, catalog_recheck) = build_status(
         input,
         desired,
         &guest_sources,
@@ -1409,6 +1414,7 @@ async fn report(
         apply_error,
         generation,
         now_t,
+        previous,
     );
     // A guest answer over its bound is named as such (not a plain ApplyFailed).
     if hcp_report.errors.is_empty()
@@ -1418,7 +1424,7 @@ async fn report(
         d.reason = bound_reason(&b).into();
     }
     let status_written = write_status(ctx, hc, holm, st).await?;
-    Ok((status_written, all_available))
+    Ok((status_written, all_available, catalog_recheck))
 }
 
 /// Hashes of the Secrets our pods mount or pull with (HyperShift's, in the HCP namespace):
@@ -1630,7 +1636,7 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
     let apply_error =
         report_error("management", &hcp_report).or_else(|| report_error("guest", &guest_report));
 
-    let (status_written, all_available) = report(
+    let (status_written, all_available, catalog_recheck) = report(
         ctx,
         hc,
         &holm,
@@ -1651,7 +1657,11 @@ async fn reconcile_pass(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Er
         &input,
         all_available,
         [&hcp_report, &guest_report],
-        rotation_recheck,
+        // a catalog not READY is looked at again when it would cross its grace period
+        [rotation_recheck, catalog_recheck]
+            .into_iter()
+            .flatten()
+            .min(),
     );
     outcome.hcp_writes = hcp_writes;
     outcome.guest_writes = guest_writes;
@@ -2426,8 +2436,13 @@ fn build_status(
     apply_error: Option<&Error>,
     generation: Option<i64>,
     now: &Time,
-) -> HostedOLMStatus {
+    previous: &[crate::hostedolm::CatalogStatus],
+) -> (HostedOLMStatus, Option<Duration>) {
     let mut conditions = status::conditions_from_pending(&desired.pending, generation, now);
+    let mut catalogs = status::catalog_statuses(input, desired, guest_sources);
+    status::track_not_ready(&mut catalogs, guest_sources, previous, now);
+    let (late, catalog_recheck) =
+        status::catalogs_not_ready(&catalogs, now, status::CATALOG_READY_GRACE);
     if let Some(e) = apply_error
         && let Some(d) = conditions.iter_mut().find(|c| c.type_ == DEGRADED)
     {
@@ -2459,6 +2474,18 @@ fn build_status(
             "ComponentsNotReady",
             format!("not ready: {}", not_ready.join(", ")),
         )
+    } else if !late.is_empty() {
+        // Issue 39 item 5: OLM is up but cannot read these catalogs; Subscriptions from them
+        // do not resolve.
+        (
+            false,
+            "CatalogsNotReady",
+            format!(
+                "catalogs not READY for {}s or more: {}",
+                status::CATALOG_READY_GRACE.as_secs(),
+                late.join("; ")
+            ),
+        )
     } else {
         (true, "AsExpected", String::new())
     };
@@ -2480,15 +2507,16 @@ fn build_status(
         now,
     ));
     debug_assert!(conditions.iter().any(|c| c.type_ == UPGRADEABLE));
-    HostedOLMStatus {
+    let st = HostedOLMStatus {
         observed_generation: generation,
         conditions,
         placement: Some(input.valid.placement.as_str().to_string()),
         release_version: Some(input.valid.release_version.to_string()),
         components,
-        catalogs: status::catalog_statuses(input, desired, guest_sources),
+        catalogs,
         tunnel: Some(tunnel_status(input)),
-    }
+    };
+    (st, catalog_recheck)
 }
 
 /// `status.tunnel`: the gateway endpoint the guest agent was given, or why there is
