@@ -5304,6 +5304,73 @@ async fn shared_catalogs_are_shared_isolated_and_reference_counted() -> Result<(
         nps("clusters-sa").get_opt(egress).await?.is_none(),
         "pruned once management-kas is gone"
     );
+    // The same as a running controller reads it: from the watch-fed store (a Context of its
+    // own with the management caches on; the passes above listed the namespace).
+    let cached = Context::new(
+        ctx.client.clone(),
+        Config {
+            olm_image: Some(OLM_IMAGE.into()),
+            oci: Some(oci.clone()),
+            guest_servers: hcp_olm_controlplane::runtime::guest::ServerPolicy::allowing(&[
+                "127.0.0.0/8",
+            ])
+            .expect("a CIDR"),
+            mirror_answers_entitle: true,
+            ..Default::default()
+        },
+    )
+    .with_events(None);
+    cached
+        .start_mgmt_cache(std::time::Duration::from_secs(30), None)
+        .await;
+    let in_store = |present: bool| {
+        let cached = &cached;
+        async move {
+            for _ in 0..100 {
+                let held = cached
+                    .stores()
+                    .and_then(|s| {
+                        s.network_policies
+                            .get(Some("clusters-sa"), "management-kas")
+                    })
+                    .flatten()
+                    .is_some();
+                if held == present {
+                    return Ok(());
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            anyhow::bail!("the store did not see management-kas {present} within 10 s")
+        }
+    };
+    let management_kas = nps("clusters-sa").get_opt("management-kas").await?;
+    ensure!(management_kas.is_none());
+    nps("clusters-sa")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "management-kas"},
+                "spec": {"podSelector": {}, "policyTypes": ["Egress"],
+                    "egress": [{"to": [{"podSelector": {}}]}]},
+            }))?,
+        )
+        .await?;
+    in_store(true).await?;
+    reconcile(&cached, &env, "sa").await?;
+    ensure!(
+        nps("clusters-sa").get_opt(egress).await?.is_some(),
+        "written from the store's view"
+    );
+    nps("clusters-sa")
+        .delete("management-kas", &Default::default())
+        .await?;
+    in_store(false).await?;
+    reconcile(&cached, &env, "sa").await?;
+    ensure!(
+        nps("clusters-sa").get_opt(egress).await?.is_none(),
+        "pruned from the store's view"
+    );
+    drop(cached);
 
     let status = |ns: &'static str, name: &'static str| {
         let env = &env;

@@ -1760,13 +1760,27 @@ async fn gather(
     Ok(input)
 }
 
-/// Others' NetworkPolicies in the HCP namespace that isolate egress (see [`crate::netpol`]);
-/// at most [`crate::netpol::MAX_POLICIES`] are read.
+/// Others' NetworkPolicies in the HCP namespace that isolate egress (see [`crate::netpol`]):
+/// from the watch-fed store while the controller loop runs (a change wakes the cluster's
+/// pass), else listed; at most [`crate::netpol::MAX_POLICIES`] are read.
 async fn egress_isolation(
     ctx: &Context,
     hcp_ns: &str,
 ) -> Result<Vec<crate::netpol::EgressIsolation>, Error> {
     use k8s_openapi::api::networking::v1::NetworkPolicy;
+    if let Some(stores) = ctx.stores()
+        && stores.network_policies.synced()
+    {
+        return Ok(stores
+            .network_policies
+            .all()
+            .iter()
+            .filter(|p| p.metadata.namespace.as_deref() == Some(hcp_ns))
+            .take(crate::netpol::MAX_POLICIES)
+            .filter_map(|p| serde_json::to_value(p.as_ref()).ok())
+            .filter_map(|p| crate::netpol::egress_isolation(&p))
+            .collect());
+    }
     let api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), hcp_ns);
     let list = api
         .list(&ListParams::default().limit(crate::netpol::MAX_POLICIES as u32))

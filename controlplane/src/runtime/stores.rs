@@ -22,6 +22,7 @@ use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     Namespace, Pod, PodSpec, PodTemplateSpec, Secret, Service, ServicePort, ServiceSpec,
 };
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::core::PartialObjectMeta;
@@ -342,6 +343,29 @@ fn namespace_wake<K: kube::Resource + 'static>(wake: &Option<Wake>) -> Option<On
     })
 }
 
+/// A NetworkPolicy trimmed to what [`crate::netpol::egress_isolation`] reads: name,
+/// namespace, pod selector and policy types (pure). The rules go; a policy stored without
+/// `policyTypes` (never, since the API server defaults them) keeps `Egress` if it had egress
+/// rules, as the API defines the default.
+pub fn trim_network_policy(p: &mut NetworkPolicy) {
+    let m = &mut p.metadata;
+    m.managed_fields = None;
+    m.annotations = None;
+    m.owner_references = None;
+    m.finalizers = None;
+    if let Some(spec) = p.spec.as_mut() {
+        if spec.policy_types.is_none() {
+            let mut types = vec!["Ingress".to_string()];
+            if spec.egress.is_some() {
+                types.push("Egress".to_string());
+            }
+            spec.policy_types = Some(types);
+        }
+        spec.ingress = None;
+        spec.egress = None;
+    }
+}
+
 /// A Secret's metadata, trimmed to what identifies a version (pure).
 fn trim_secret_meta(s: &mut PartialObjectMeta<Secret>) {
     let m = &mut s.metadata;
@@ -394,6 +418,9 @@ pub struct ManagementStores {
     pub hosted_control_planes: Watched<PartialObjectMeta<HostedControlPlane>>,
     /// HyperShift's OLM Deployments, one watch per name.
     pub hypershift: Vec<(&'static str, Watched<Deployment>)>,
+    /// NetworkPolicies that are not ours, trimmed to their pod selector and policy types
+    /// ([`trim_network_policy`]): which isolate our pods' egress ([`crate::netpol`]).
+    pub network_policies: Watched<NetworkPolicy>,
 }
 
 impl std::fmt::Debug for ManagementStores {
@@ -407,6 +434,7 @@ impl std::fmt::Debug for ManagementStores {
             .field("secrets", &self.secrets.len())
             .field("namespaces", &self.namespaces.len())
             .field("hosted_control_planes", &self.hosted_control_planes.len())
+            .field("network_policies", &self.network_policies.len())
             .finish_non_exhaustive()
     }
 }
@@ -448,7 +476,21 @@ impl ManagementStores {
         let holm_wake = namespace_wake::<HostedOLM>(&wake);
         let hcp_wake = namespace_wake::<PartialObjectMeta<HostedControlPlane>>(&wake);
         let hypershift_wake = namespace_wake::<Deployment>(&wake);
+        let policies_wake = namespace_wake::<NetworkPolicy>(&wake);
         Self {
+            // Others' only (ours are rendered, not read), in every namespace: HyperShift's
+            // in HCP namespaces are the ones that matter.
+            network_policies: Watched::start(
+                Api::all(client.clone()),
+                watcher::Config::default().labels(&format!(
+                    "{}!={}",
+                    labels::MANAGED_BY_KEY,
+                    labels::MANAGED_BY
+                )),
+                "NetworkPolicies (not ours)",
+                trim_network_policy,
+                policies_wake,
+            ),
             deployments: Watched::start(
                 Api::all(client.clone()),
                 ours(),
@@ -535,6 +577,7 @@ impl ManagementStores {
                 self.hosted_control_planes.what,
                 self.hosted_control_planes.errors(),
             ),
+            (self.network_policies.what, self.network_policies.errors()),
         ];
         out.extend(self.hypershift.iter().map(|(_, w)| (w.what, w.errors())));
         out.retain(|(_, n)| *n > 0);
@@ -549,6 +592,7 @@ impl ManagementStores {
             && self.hosted_olms.synced()
             && self.secrets.synced()
             && self.namespaces.synced()
+            && self.network_policies.synced()
             && self.hypershift.iter().all(|(_, w)| w.synced())
     }
 
@@ -627,6 +671,38 @@ mod tests {
             "{held} bytes of Secret data cached"
         );
         assert!(cache.entry_count() > 0);
+    }
+
+    #[test]
+    fn network_policy_trimming_keeps_what_the_egress_check_reads() {
+        let full = serde_json::json!({
+            "metadata": {"name": "management-kas", "namespace": "clusters-a",
+                "annotations": {"big": "x"}},
+            "spec": {"podSelector": {"matchExpressions": [
+                    {"key": "k", "operator": "DoesNotExist"}]},
+                "policyTypes": ["Egress"],
+                "egress": [{"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.0.0.0/8"]}}]}]},
+        });
+        let mut p: NetworkPolicy = serde_json::from_value(full.clone()).expect("policy");
+        trim_network_policy(&mut p);
+        let trimmed = serde_json::to_value(&p).expect("json");
+        assert_eq!(trimmed["spec"]["egress"], serde_json::Value::Null);
+        assert_eq!(trimmed["metadata"]["annotations"], serde_json::Value::Null);
+        assert_eq!(
+            crate::netpol::egress_isolation(&trimmed),
+            crate::netpol::egress_isolation(&full)
+        );
+        // without policyTypes (the API default): egress rules mean Egress
+        let mut old = full.clone();
+        old["spec"]
+            .as_object_mut()
+            .expect("spec")
+            .remove("policyTypes");
+        let mut p: NetworkPolicy = serde_json::from_value(old).expect("policy");
+        trim_network_policy(&mut p);
+        assert!(
+            crate::netpol::egress_isolation(&serde_json::to_value(&p).expect("json")).is_some()
+        );
     }
 
     #[test]
