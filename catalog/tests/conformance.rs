@@ -462,14 +462,19 @@ async fn conformance_small_catalog() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_large_catalog() {
-    let (dir, left_out) = common::servable_subset(&common::fixture("large"));
+    let (dir, opm_refused, ours_refused) = common::opm_subset(&common::fixture("large"));
     eprintln!(
-        "large: {} packages left out (refused by the opm validation rules): {left_out:?}",
-        left_out.len()
+        "large: {} packages left out, refused by opm validate: {opm_refused:?}",
+        opm_refused.len()
     );
     assert!(
-        left_out.len() < 20,
-        "too many packages refused: {left_out:?}"
+        opm_refused.len() < 20,
+        "too many packages refused by opm: {opm_refused:?}"
+    );
+    // Whatever opm serves, we serve.
+    assert!(
+        ours_refused.is_empty(),
+        "accepted by opm, refused by our loader: {ours_refused:?}"
     );
     let s = compare("large", dir.path()).await;
     assert!(s.calls > 4000, "too few calls: {}", s.calls);

@@ -138,15 +138,23 @@ pub fn cpu_time(pid: u32) -> Option<Duration> {
     Some(Duration::from_millis(ticks * 10))
 }
 
-/// Fills `out` with one real directory of symlinked files per package of `catalog` that is
-/// valid on its own: opm v1.73 refuses a whole catalog when one package has a stranded
-/// bundle, and some real packages do. Returns the packages left out.
-pub fn servable_subset(catalog: &Path, out: &Path) -> anyhow::Result<Vec<String>> {
-    // Absolute, so that the symlinks below resolve from `out` too.
+/// The packages of a catalog each server refuses, by their own verdicts.
+#[derive(Debug, Default)]
+pub struct Verdicts {
+    /// `opm validate PACKAGE_DIR` failed (opm's own rules: what `opm serve` refuses to load).
+    pub opm_refused: Vec<String>,
+    /// opm accepts them, our loader does not (left out too, so both serve the same set).
+    pub ours_refused: Vec<String>,
+}
+
+/// A directory of symlinks to the packages of `catalog` that `opm` accepts (`opm validate`
+/// on each package directory: opm's own verdict, not ours) and our loader loads; what either
+/// refused is returned, separately.
+pub fn opm_servable_subset(catalog: &Path, out: &Path, opm: &Path) -> anyhow::Result<Verdicts> {
     let catalog = &catalog
         .canonicalize()
         .with_context(|| format!("catalog {}", catalog.display()))?;
-    let mut left_out = Vec::new();
+    let mut v = Verdicts::default();
     let mut entries = std::fs::read_dir(catalog)
         .with_context(|| format!("reading catalog {}", catalog.display()))?
         .collect::<Result<Vec<_>, _>>()
@@ -156,18 +164,31 @@ pub fn servable_subset(catalog: &Path, out: &Path) -> anyhow::Result<Vec<String>
         if !e.path().is_dir() {
             continue;
         }
-        if hcp_olm_catalog::Catalog::load_dir(&e.path()).is_ok() {
-            let to = out.join(e.file_name());
-            std::fs::create_dir_all(&to).with_context(|| format!("mkdir {}", to.display()))?;
-            for f in std::fs::read_dir(e.path())
-                .with_context(|| format!("reading {}", e.path().display()))?
-            {
-                let f = f.with_context(|| format!("reading {}", e.path().display()))?;
-                std::os::unix::fs::symlink(f.path(), to.join(f.file_name()))
-                    .with_context(|| format!("symlink in {}", to.display()))?;
-            }
-        } else {
-            left_out.push(e.file_name().to_string_lossy().into_owned());
+        let name = e.file_name().to_string_lossy().into_owned();
+        let status = Command::new(opm)
+            .arg("validate")
+            .arg(e.path())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .with_context(|| format!("running {} validate", opm.display()))?;
+        if !status.success() {
+            v.opm_refused.push(name);
+            continue;
+        }
+        if hcp_olm_catalog::Catalog::load_dir(&e.path()).is_err() {
+            v.ours_refused.push(name);
+            continue;
+        }
+        let to = out.join(e.file_name());
+        std::fs::create_dir_all(&to).with_context(|| format!("mkdir {}", to.display()))?;
+        for f in std::fs::read_dir(e.path())
+            .with_context(|| format!("reading {}", e.path().display()))?
+        {
+            let f = f.with_context(|| format!("reading {}", e.path().display()))?;
+            std::os::unix::fs::symlink(f.path(), to.join(f.file_name()))
+                .with_context(|| format!("symlink in {}", to.display()))?;
         }
     }
     if out
@@ -175,9 +196,24 @@ pub fn servable_subset(catalog: &Path, out: &Path) -> anyhow::Result<Vec<String>
         .map(|mut d| d.next().is_none())
         .unwrap_or(true)
     {
-        bail!("no servable package in {}", catalog.display());
+        bail!("no package of {} is servable by both", catalog.display());
     }
-    Ok(left_out)
+    Ok(v)
+}
+
+/// Median, min and max of `v` as `median (min..max)`, three decimals; `-` when empty.
+pub fn spread(v: &[f64]) -> String {
+    let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return "-".into();
+    }
+    v.sort_by(f64::total_cmp);
+    let median = if v.len() % 2 == 1 {
+        v[v.len() / 2]
+    } else {
+        (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
+    };
+    format!("{median:.3} ({:.3}..{:.3})", v[0], v[v.len() - 1])
 }
 
 /// kB as MiB.

@@ -126,10 +126,10 @@ pub fn fixture(name: &str) -> std::path::PathBuf {
     hcp_olm_e2e::tools::fixture_catalog(name).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// A directory of symlinks to the packages of `catalog` that form a valid
-/// catalog on their own (opm v1.73 refuses whole catalogs with stranded
-/// bundles, and some real packages have them). Returns the dir and the names
-/// of the packages left out.
+/// A directory of symlinks to the packages of `catalog` that our loader
+/// accepts (a few real packages have stranded bundles, which opm refuses too;
+/// see [`opm_subset`] for opm's own verdict). Returns the dir and the names of
+/// the packages left out.
 pub fn servable_subset(catalog: &Path) -> (tempfile::TempDir, Vec<String>) {
     let out = tempfile::tempdir().expect("tempdir");
     let mut left_out = Vec::new();
@@ -149,6 +149,43 @@ pub fn servable_subset(catalog: &Path) -> (tempfile::TempDir, Vec<String>) {
         }
     }
     (out, left_out)
+}
+
+/// The packages of `catalog` by opm's own verdict (`opm validate` on each
+/// package directory: what `opm serve` refuses to load), as a directory of
+/// symlinks to those it accepts; with the names opm refused and the names of
+/// the accepted ones our loader refuses (a conformance gap: not served here).
+pub fn opm_subset(catalog: &Path) -> (tempfile::TempDir, Vec<String>, Vec<String>) {
+    let opm = proc::tool("opm").unwrap_or_else(|e| panic!("{e}"));
+    let out = tempfile::tempdir().expect("tempdir");
+    let (mut opm_refused, mut ours_refused) = (Vec::new(), Vec::new());
+    let mut entries: Vec<_> = std::fs::read_dir(catalog)
+        .expect("read catalog")
+        .flatten()
+        .collect();
+    entries.sort_by_key(std::fs::DirEntry::file_name);
+    for e in entries {
+        if !e.path().is_dir() {
+            continue;
+        }
+        let name = e.file_name();
+        let valid = std::process::Command::new(&opm)
+            .arg("validate")
+            .arg(e.path())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("opm validate");
+        if !valid.success() {
+            opm_refused.push(name.to_string_lossy().into_owned());
+        } else if hcp_olm_catalog::Catalog::load_dir(&e.path()).is_err() {
+            ours_refused.push(name.to_string_lossy().into_owned());
+        } else {
+            link_files(&e.path(), &out.path().join(&name));
+        }
+    }
+    (out, opm_refused, ours_refused)
 }
 
 /// One health Check against 127.0.0.1:port; true when it answers SERVING.

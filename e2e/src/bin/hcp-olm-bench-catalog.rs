@@ -3,8 +3,13 @@
 //! after three full ListBundles passes and after the GetBundle samples (each
 //! after a 2 s pause), and the peak (VmHWM) over the whole run; start-up time
 //! to the first SERVING health answer, full ListBundles time and GetBundle
-//! p50/p99, then prints the ratio line. `rss_ratio` compares the highest of
-//! the three steady readings of each server. Run via
+//! p50/p99. `rss_ratio` compares the highest of the three steady readings of
+//! each server. opm runs as in production: `--cache-dir` with the cache a
+//! catalog image ships (built once here by `opm serve --cache-only`, outside
+//! the figures). The catalog is the packages `opm validate` accepts (opm's own
+//! verdict; those our loader refuses besides are listed and left out too).
+//! Several rounds in alternating order; the last line gives each ratio as the
+//! median (min..max). A failed call or start fails the benchmark. Run via
 //! `scripts/bench-catalog.sh` (`make bench-catalog`). Loopback only; every
 //! loop is bounded in count and time.
 
@@ -153,12 +158,26 @@ impl Figures {
     }
 }
 
+/// opm's version as it reports it (`GitCommit:"v1.73.0"`), for the result line.
+fn opm_version(opm: &std::path::Path) -> String {
+    let out = Command::new(opm)
+        .arg("version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    out.split("GitCommit:\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .unwrap_or("unknown")
+        .to_string()
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let mut args = std::env::args().skip(1);
     let catalog = PathBuf::from(
         args.next()
-            .expect("usage: bench CATALOG_DIR SERVER_BIN OPM_BIN [SAMPLES]"),
+            .expect("usage: bench CATALOG_DIR SERVER_BIN OPM_BIN [SAMPLES] [ROUNDS]"),
     );
     let server = PathBuf::from(args.next().expect("server binary"));
     let opm = PathBuf::from(args.next().expect("opm binary"));
@@ -167,34 +186,112 @@ async fn main() {
         .map(|s| s.parse().expect("samples"))
         .unwrap_or(2000)
         .min(100_000);
+    let rounds: usize = args
+        .next()
+        .map(|s| s.parse().expect("rounds"))
+        .unwrap_or(4)
+        .clamp(1, 20);
     let dir = tempfile::tempdir().expect("tempdir");
-    let left_out = catalogbench::servable_subset(&catalog, dir.path()).expect("servable subset");
+    let subset = dir.path().join("catalog");
+    std::fs::create_dir_all(&subset).expect("subset dir");
+    let verdicts = catalogbench::opm_servable_subset(&catalog, &subset, &opm)
+        .expect("the packages both servers accept");
+    let packages = std::fs::read_dir(&subset).map(|d| d.count()).unwrap_or(0);
     eprintln!(
-        "catalog-bench: {} (left out, refused by opm's rules: {left_out:?})",
-        catalog.display()
+        "catalog-bench: {} ({packages} packages served; refused by opm validate: {:?}; accepted by opm, refused by ours: {:?})",
+        catalog.display(),
+        verdicts.opm_refused,
+        verdicts.ours_refused
     );
 
-    let port = free_port();
-    let cmd = opm_serve(Command::new(&opm), dir.path(), port);
-    let o = measure("opm", cmd, port, samples).await;
-
-    let port = free_port();
-    let cmd = our_serve(Command::new(&server), dir.path(), port);
-    let s = measure("ours", cmd, port, samples).await;
-    assert_eq!(
-        o.bundles, s.bundles,
-        "both servers must list the same bundles"
-    );
-
+    // opm as production runs it: the catalog image ships a cache built at image build time
+    // (`opm serve --cache-only`), and the pod serves with `--cache-dir` (integrity enforced,
+    // opm's default then). Built once here, outside the figures.
+    let cache = dir.path().join("opm-cache");
+    let t = Instant::now();
+    let built = Command::new(&opm)
+        .arg("serve")
+        .arg(&subset)
+        .arg("--cache-dir")
+        .arg(&cache)
+        .arg("--cache-only")
+        .arg("--pprof-addr=")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("opm serve --cache-only");
+    assert!(built.success(), "opm could not build its cache: {built}");
     eprintln!(
-        "catalog-bench: rss_peak_ratio={}",
-        ratio(s.rss_peak_kb as f64, o.rss_peak_kb as f64)
+        "catalog-bench: opm cache built in {:?} (not counted: a catalog image ships it)",
+        t.elapsed()
     );
+    let opm_cmd = |port: u16| {
+        let mut c = opm_serve(Command::new(&opm), &subset, port);
+        c.arg("--cache-dir").arg(&cache);
+        c
+    };
+
+    let mut ratios: [Vec<f64>; 4] = Default::default();
+    let r = |a: f64, b: f64| if b == 0.0 { f64::INFINITY } else { a / b };
+    for round in 0..rounds {
+        // alternating order: neither server always runs on the colder machine
+        let opm_first = round % 2 == 0;
+        let (o, s) = if opm_first {
+            let port = free_port();
+            let o = measure("opm", opm_cmd(port), port, samples).await;
+            let port = free_port();
+            let s = measure(
+                "ours",
+                our_serve(Command::new(&server), &subset, port),
+                port,
+                samples,
+            )
+            .await;
+            (o, s)
+        } else {
+            let port = free_port();
+            let s = measure(
+                "ours",
+                our_serve(Command::new(&server), &subset, port),
+                port,
+                samples,
+            )
+            .await;
+            let port = free_port();
+            let o = measure("opm", opm_cmd(port), port, samples).await;
+            (o, s)
+        };
+        assert_eq!(
+            o.bundles, s.bundles,
+            "both servers must list the same bundles"
+        );
+        let this = [
+            r(s.rss_steady_kb() as f64, o.rss_steady_kb() as f64),
+            r(s.startup.as_secs_f64(), o.startup.as_secs_f64()),
+            r(s.list_bundles.as_secs_f64(), o.list_bundles.as_secs_f64()),
+            r(s.get_p99.as_secs_f64(), o.get_p99.as_secs_f64()),
+        ];
+        eprintln!(
+            "catalog-bench: round {}/{rounds} ({} first): rss_ratio={:.3} startup_ratio={:.3} listbundles_ratio={:.3} getbundle_p99_ratio={:.3} rss_peak_ratio={}",
+            round + 1,
+            if opm_first { "opm" } else { "ours" },
+            this[0],
+            this[1],
+            this[2],
+            this[3],
+            ratio(s.rss_peak_kb as f64, o.rss_peak_kb as f64)
+        );
+        for (all, x) in ratios.iter_mut().zip(this) {
+            all.push(x);
+        }
+    }
     println!(
-        "catalog-bench: rss_ratio={} startup_ratio={} listbundles_ratio={} getbundle_p99_ratio={}",
-        ratio(s.rss_steady_kb() as f64, o.rss_steady_kb() as f64),
-        ratio(s.startup.as_secs_f64(), o.startup.as_secs_f64()),
-        ratio(s.list_bundles.as_secs_f64(), o.list_bundles.as_secs_f64()),
-        ratio(s.get_p99.as_secs_f64(), o.get_p99.as_secs_f64()),
+        "catalog-bench: rss_ratio={} startup_ratio={} listbundles_ratio={} getbundle_p99_ratio={} (median (min..max) of {rounds} rounds, order alternating; peer: opm {} serve --cache-dir with its prebuilt cache; {packages} packages by opm validate's verdict)",
+        catalogbench::spread(&ratios[0]),
+        catalogbench::spread(&ratios[1]),
+        catalogbench::spread(&ratios[2]),
+        catalogbench::spread(&ratios[3]),
+        opm_version(&opm),
     );
 }

@@ -615,9 +615,13 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(&logs)?;
     let catalog = work.path().join("catalog");
     std::fs::create_dir_all(&catalog)?;
-    let left_out = catalogbench::servable_subset(&cfg.catalog, &catalog)?;
+    let verdicts = catalogbench::opm_servable_subset(&cfg.catalog, &catalog, &cfg.opm)?;
+    let left_out = format!(
+        "refused by opm validate: {:?}; accepted by opm, refused by ours: {:?}",
+        verdicts.opm_refused, verdicts.ours_refused
+    );
     eprintln!(
-        "fleet-bench: n={} rounds={} calls={}/client (solo {}) mean interval {} ms, catalog {} (left out, refused by opm's rules: {left_out:?}), work dir {}",
+        "fleet-bench: n={} rounds={} calls={}/client (solo {}) mean interval {} ms, catalog {} (left out: {left_out}), work dir {}",
         cfg.n,
         cfg.rounds,
         cfg.calls,
