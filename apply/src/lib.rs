@@ -163,6 +163,8 @@ pub struct Applier {
     keep_written: Vec<String>,
     /// How prune lists are read (pages, items, bytes).
     list: watch::Options,
+    /// Prune lists and reports what it would delete, deleting nothing.
+    dry_run: bool,
 }
 
 impl std::fmt::Debug for Applier {
@@ -182,7 +184,14 @@ impl Applier {
             cache: None,
             keep_written: Vec::new(),
             list: watch::Options::DEFAULT,
+            dry_run: false,
         }
+    }
+
+    /// [`Self::prune`] deletes nothing: [`Report::deleted`] lists what it would delete.
+    pub fn dry_run(mut self, on: bool) -> Self {
+        self.dry_run = on;
+        self
     }
 
     /// Reads prune lists with `options` (e.g. [`watch::Options::UNTRUSTED`] for a guest):
@@ -393,6 +402,10 @@ impl Applier {
                 let ns = meta.namespace.clone();
                 let id = object_id(&resource.kind, ns.as_deref(), &name);
                 if keep.contains(&id) || meta.deletion_timestamp.is_some() {
+                    continue;
+                }
+                if self.dry_run {
+                    report.deleted.push(id);
                     continue;
                 }
                 let api = self.api(resource, ns.as_deref());

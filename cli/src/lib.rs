@@ -5,6 +5,7 @@
 pub mod catalog;
 pub mod connect;
 pub mod status;
+pub mod uninstall;
 
 use std::process::ExitCode;
 
@@ -25,6 +26,10 @@ enum Command {
     Catalog(catalog::CatalogArgs),
     /// Show the HostedOLM of each hosted cluster: available, why not, catalogs, tunnel.
     Status(status::StatusArgs),
+    /// Remove everything hcp-olm created (guests, HCP namespaces, shared catalogs) and
+    /// release every HostedCluster from its finalizer. Stop the controller first (scale it
+    /// to 0); delete the manifests afterwards. `--dry-run` lists it all and changes nothing.
+    Uninstall(uninstall::UninstallCliArgs),
 }
 
 /// Run the CLI under the name `program` (what usage and help show).
@@ -51,6 +56,13 @@ pub fn main_as(program: &str) -> ExitCode {
         match &cli.command {
             Command::Catalog(args) => catalog::run(args, &mut out).await,
             Command::Status(args) => status::run(args, &mut out).await,
+            Command::Uninstall(args) => {
+                match uninstall::run(args, &mut out, &mut std::io::stderr().lock()).await {
+                    Ok(true) => Ok(()),
+                    Ok(false) => Err(anyhow::anyhow!("uninstall incomplete (see above)")),
+                    Err(e) => Err(e),
+                }
+            }
         }
     });
     match result {

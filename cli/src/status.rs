@@ -108,7 +108,16 @@ pub fn row(o: &Value) -> StatusRow {
 }
 
 async fn client(args: &StatusArgs) -> anyhow::Result<(kube::Client, String)> {
-    let kubeconfig = match &args.kubeconfig {
+    client_for(args.kubeconfig.as_ref(), args.context.as_ref()).await
+}
+
+/// A client of the kubeconfig at `kubeconfig` (else the usual places) and `context` (else its
+/// current one), with the context's namespace.
+pub(crate) async fn client_for(
+    kubeconfig: Option<&PathBuf>,
+    context: Option<&String>,
+) -> anyhow::Result<(kube::Client, String)> {
+    let kubeconfig = match kubeconfig {
         // KUBECONFIG may list several files (joined with ':'), as kubectl allows.
         Some(p) if p.to_string_lossy().contains(':') => {
             Kubeconfig::read().context("reading the kubeconfig files named by KUBECONFIG")?
@@ -120,12 +129,12 @@ async fn client(args: &StatusArgs) -> anyhow::Result<(kube::Client, String)> {
         )?,
     };
     let opts = KubeConfigOptions {
-        context: args.context.clone(),
+        context: context.cloned(),
         ..Default::default()
     };
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &opts)
         .await
-        .with_context(|| match &args.context {
+        .with_context(|| match context {
             Some(c) => format!("kubeconfig context {c:?}"),
             None => "the kubeconfig's current context".to_string(),
         })?;

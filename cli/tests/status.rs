@@ -83,6 +83,41 @@ async fn kubectl_plugin_status_reads_hosted_olms_through_the_kubeconfig() -> Res
     // An unknown context: named in the error, non-zero exit.
     let (ok, _, err) = plugin(&kubeconfig, &["status", "--context", "nope"])?;
     ensure!(!ok && err.contains("nope"), "{err}");
+
+    // uninstall (issue 39 item 7; its work is tested in controlplane/tests/runtime.rs
+    // `uninstall_removes_our_objects_and_releases_hosted_clusters`): an unknown context and a
+    // cluster without HyperShift are clear errors; --dry-run with the named context lists
+    // the HostedOLM it would delete and changes nothing.
+    let (ok, _, err) = plugin(
+        &kubeconfig,
+        &["uninstall", "--dry-run", "--context", "nope"],
+    )?;
+    ensure!(!ok && err.contains("nope"), "{err}");
+    let (ok, _, err) = plugin(&kubeconfig, &["uninstall", "--dry-run"])?;
+    ensure!(!ok && err.contains("listing HostedClusters"), "{err}");
+    cluster
+        .install_crds(&[hcp_olm_e2e::tools::fixtures_dir()
+            .join("hypershift/crds/hostedclusters-Hypershift-Default.crd.yaml")])
+        .await?;
+    let context = std::fs::read_to_string(&kubeconfig)?
+        .lines()
+        .find_map(|l| l.strip_prefix("current-context: ").map(str::to_string))
+        .ok_or_else(|| anyhow::anyhow!("no current-context in the kubeconfig"))?;
+    let (ok, out, err) = plugin(
+        &kubeconfig,
+        &[
+            "uninstall",
+            "--dry-run",
+            "--context",
+            context.trim_matches('"'),
+        ],
+    )?;
+    ensure!(ok, "{out}{err}");
+    ensure!(
+        out.contains("would delete HostedOLM clusters-a/a") && out.contains("nothing changed"),
+        "{out}"
+    );
+    ensure!(api.get_opt("a").await?.is_some(), "a dry run deleted it");
     // A flag error exits 64 and names the flag; help names the plugin as kubectl runs it.
     let out = Command::new(env!("CARGO_BIN_EXE_kubectl-hcp_olm"))
         .args(["status", "--no-such-flag"])

@@ -68,49 +68,15 @@ enum Command {
     /// Remove everything hcp-olm created, in every guest and HCP namespace, and release
     /// every HostedCluster from the hcp-olm.io/cleanup finalizer. Stop the controller
     /// first (scale it to 0); delete manifests/ afterwards. Uses the ambient kubeconfig.
-    Uninstall(GuestServerArgs),
+    Uninstall(UninstallCmd),
 }
 
-/// Which addresses a guest kubeconfig's `server:` may lead the controller to.
-#[derive(clap::Args, Clone, Debug, Default)]
-struct GuestServerArgs {
-    /// The management cluster's internal ranges (pod, service and node networks, comma
-    /// separated CIDRs): a guest kubeconfig's server there is refused
-    /// (`Degraded=True GuestServerRefused`) unless it is the HCP's own API server
-    /// (`kube-apiserver.<hcp-namespace>.svc`). Loopback, link-local, unspecified,
-    /// multicast and broadcast addresses are always refused.
-    #[arg(
-        long,
-        env = "HCP_OLM_GUEST_SERVER_REFUSED_CIDRS",
-        value_delimiter = ',',
-        value_parser = parse_cidr
-    )]
-    guest_server_refused_cidrs: Vec<ipnet::IpNet>,
-    /// TEST AND LAB ONLY: CIDRs a guest kubeconfig's server may be in whatever the rules
-    /// above say (the test environments run guest API servers on 127.0.0.1: 127.0.0.0/8).
-    /// Default empty; never set it in production: it lets a HostedCluster's owner point
-    /// the controller at those addresses.
-    #[arg(
-        long,
-        env = "HCP_OLM_GUEST_SERVER_ALLOWED_CIDRS",
-        value_delimiter = ',',
-        value_parser = parse_cidr
-    )]
-    guest_server_allowed_cidrs: Vec<ipnet::IpNet>,
-}
-
-impl GuestServerArgs {
-    fn policy(&self) -> hcp_olm_controlplane::runtime::guest::ServerPolicy {
-        hcp_olm_controlplane::runtime::guest::ServerPolicy {
-            internal: self.guest_server_refused_cidrs.clone(),
-            allowed: self.guest_server_allowed_cidrs.clone(),
-        }
-    }
-}
-
-/// One CIDR of the guest server flags (a bare address is one host).
-fn parse_cidr(s: &str) -> Result<ipnet::IpNet, String> {
-    hcp_olm_controlplane::runtime::guest::parse_cidrs(&[s]).map(|mut v| v.remove(0))
+#[derive(clap::Args, Clone, Debug)]
+struct UninstallCmd {
+    #[command(flatten)]
+    servers: hcp_olm_controlplane::runtime::guest::GuestServerArgs,
+    #[command(flatten)]
+    args: hcp_olm_controlplane::runtime::uninstall::UninstallArgs,
 }
 
 #[derive(clap::Args)]
@@ -152,7 +118,7 @@ struct RunArgs {
     #[arg(long, value_parser = parse_mirror)]
     registry_mirror: Vec<(String, String)>,
     #[command(flatten)]
-    guest_servers: GuestServerArgs,
+    guest_servers: hcp_olm_controlplane::runtime::guest::GuestServerArgs,
     /// Count an answer of a `--registry-mirror` that asked for no credentials as proof
     /// that a hosted cluster may read a shared catalog's image. Off by default: such an
     /// answer is then confirmed at the default registry with the cluster's own pull
@@ -330,9 +296,9 @@ fn run(cli: Cli) -> anyhow::Result<Result<(), InputError>> {
             print!("{}", hostedolm::crd_yaml().context("serializing the CRD")?);
             Ok(Ok(()))
         }
-        Command::Uninstall(servers) => {
+        Command::Uninstall(cmd) => {
             let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-            rt.block_on(uninstall(servers))
+            rt.block_on(uninstall(cmd))
         }
         Command::Render {
             hosted_cluster,
@@ -404,9 +370,9 @@ fn run(cli: Cli) -> anyhow::Result<Result<(), InputError>> {
     }
 }
 
-async fn uninstall(servers: GuestServerArgs) -> anyhow::Result<Result<(), InputError>> {
+async fn uninstall(cmd: UninstallCmd) -> anyhow::Result<Result<(), InputError>> {
     use hcp_olm_controlplane::runtime;
-    let guest_servers = servers.policy();
+    let guest_servers = cmd.servers.policy();
     let client = kube::Client::try_default()
         .await
         .context("connecting to the management cluster")?;
@@ -418,33 +384,19 @@ async fn uninstall(servers: GuestServerArgs) -> anyhow::Result<Result<(), InputE
         },
     )
     .with_events(None);
-    let report = runtime::uninstall::uninstall(&ctx)
+    let report = runtime::uninstall::uninstall(&ctx, &cmd.args, &mut |line| eprintln!("{line}"))
         .await
         .context("uninstall")?;
-    for c in &report.released {
-        println!("released HostedCluster {c} (hcp-olm objects removed, finalizer removed)");
-    }
-    for h in &report.orphans_deleted {
-        println!("deleted HostedOLM {h}");
-    }
-    for o in &report.shared_deleted {
-        println!("deleted shared catalog object {o}");
-    }
-    for (what, e) in &report.failed {
-        eprintln!("error: {what}: {e}");
-    }
-    if report.failed.is_empty() {
-        println!(
-            "uninstall: {} HostedClusters released; now delete manifests/ (kubectl delete -k manifests/)",
-            report.released.len()
-        );
+    let complete = runtime::uninstall::print(
+        &report,
+        &cmd.args,
+        &mut std::io::stdout().lock(),
+        &mut std::io::stderr().lock(),
+    );
+    if complete {
         Ok(Ok(()))
     } else {
-        anyhow::bail!(
-            "{} of {} left in place; fix the cause and run uninstall again",
-            report.failed.len(),
-            report.failed.len() + report.released.len()
-        )
+        anyhow::bail!("uninstall incomplete (see above)")
     }
 }
 

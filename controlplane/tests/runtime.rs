@@ -2860,16 +2860,145 @@ async fn uninstall_removes_our_objects_and_releases_hosted_clusters() -> Result<
             &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
         )
         .await?;
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-olm-controller"))
-        .env("HCP_OLM_GUEST_SERVER_ALLOWED_CIDRS", "127.0.0.0/8")
-        .arg("uninstall")
-        .env("KUBECONFIG", env.management.kubeconfig())
-        .output()?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    eprintln!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    ensure!(out.status.success(), "uninstall failed");
-    ensure!(stdout.contains(&format!("released HostedCluster {HC_NS}/one")));
-    ensure!(stdout.contains(&format!("deleted HostedOLM {HC_NS}-two/two")));
+    // "three"'s guest stops answering (its kubeconfig now names a port nobody listens on).
+    put_kubeconfig_secret(&env, "three-kubeconfig").await?;
+    create_hc(&env, "three", "three-kubeconfig").await?;
+    reconcile(&ctx, &env, "three").await?;
+    reconcile(&ctx, &env, "three").await?;
+    ensure!(!ours(&env.guest, &guest_kinds(), "three").await?.is_empty());
+    let dead = std::fs::read_to_string(env.guest.kubeconfig())?;
+    let server = dead
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: "))
+        .context("guest kubeconfig server")?
+        .to_string();
+    put_secret(
+        &env.management,
+        HC_NS,
+        "three-kubeconfig",
+        "kubeconfig",
+        dead.replace(&server, "https://127.0.0.1:1").into_bytes(),
+    )
+    .await?;
+    // One guest serves every HostedCluster here: the last pass holds its objects. "one"
+    // takes them back, so the dry run below has guest objects to list.
+    reconcile(&ctx, &env, "one").await?;
+    reconcile(&ctx, &env, "one").await?;
+    ensure!(!ours(&env.guest, &guest_kinds(), "one").await?.is_empty());
+    let three_guest = ours(&env.guest, &guest_kinds(), "three").await?;
+    let uninstall = |extra: &[&str]| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-olm-controller"));
+        c.env("HCP_OLM_GUEST_SERVER_ALLOWED_CIDRS", "127.0.0.0/8")
+            .arg("uninstall")
+            .args(extra)
+            .env("KUBECONFIG", env.management.kubeconfig());
+        let out = c.output()?;
+        let (o, e) = (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        );
+        eprintln!("uninstall {extra:?}: {:?}\n{o}{e}", out.status);
+        Ok::<_, anyhow::Error>((out.status.success(), o, e))
+    };
+    let finalized = |name: &'static str| {
+        let env = &env;
+        async move {
+            Ok::<_, anyhow::Error>(
+                get_hc(env, name)
+                    .await?
+                    .metadata
+                    .finalizers
+                    .unwrap_or_default()
+                    .contains(&FINALIZER.to_string()),
+            )
+        }
+    };
+
+    // Dry run: every object listed, nothing changed; three's guest objects cannot be listed.
+    let before_mgmt = ours(&env.management, &hcp_kinds(), "one").await?;
+    let one_guest = ours(&env.guest, &guest_kinds(), "one").await?;
+    ensure!(!one_guest.is_empty());
+    let (ok, o, e) = uninstall(&["--dry-run"])?;
+    ensure!(!ok, "a dry run that cannot list a guest says so");
+    for id in &one_guest {
+        let kind_name = id.split('/').collect::<Vec<_>>();
+        ensure!(
+            o.lines().any(|l| l.starts_with("would delete ")
+                && l.contains(kind_name[0])
+                && l.ends_with(&format!("(guest of {HC_NS}/one)"))
+                && l.contains(kind_name[kind_name.len() - 1])),
+            "dry run does not list guest object {id}:\n{o}"
+        );
+    }
+    ensure!(
+        o.contains(&format!("would delete HostedOLM {HC_NS}-two/two")),
+        "{o}"
+    );
+    ensure!(
+        o.contains(&format!(
+            "would remove finalizer hcp-olm.io/cleanup from HostedCluster {HC_NS}/one"
+        )),
+        "{o}"
+    );
+    ensure!(
+        e.contains(&format!("error: {HC_NS}/three: guest unreachable")),
+        "{e}"
+    );
+    ensure!(
+        ours(&env.management, &hcp_kinds(), "one").await? == before_mgmt,
+        "dry run changed things"
+    );
+    ensure!(finalized("one").await? && finalized("three").await?);
+
+    // Without --force-unreachable-guests three is left untouched, the others released.
+    let (ok, o, e) = uninstall(&[])?;
+    ensure!(!ok, "uninstall with an unreachable guest must fail");
+    ensure!(
+        o.contains(&format!("released HostedCluster {HC_NS}/one")),
+        "{o}"
+    );
+    ensure!(
+        o.contains(&format!("deleted HostedOLM {HC_NS}-two/two")),
+        "{o}"
+    );
+    ensure!(
+        e.contains(&format!("[1/2] HostedCluster {HC_NS}/one: released"))
+            || e.contains(&format!("[2/2] HostedCluster {HC_NS}/one: released")),
+        "progress per cluster: {e}"
+    );
+    ensure!(
+        e.contains(&format!(
+            "error: {HC_NS}/three: guest unreachable (GuestUnreachable): left untouched"
+        )),
+        "{e}"
+    );
+    ensure!(finalized("three").await?, "three keeps its finalizer");
+    ensure!(ours(&env.guest, &guest_kinds(), "three").await? == three_guest);
+    ensure!(
+        !ours(&env.management, &hcp_kinds(), "three")
+            .await?
+            .is_empty()
+    );
+
+    // Forced: released, and the run names what stays in its guest.
+    let (ok, _, e) = uninstall(&["--force-unreachable-guests"])?;
+    ensure!(!ok, "what stays in a guest fails the run");
+    ensure!(
+        e.contains(&format!("left: the guest objects of {HC_NS}/three"))
+            && e.contains("kubectl delete ")
+            && e.contains("hcp-olm.io/hosted-cluster-name=three"),
+        "{e}"
+    );
+    ensure!(!finalized("three").await?, "three released");
+    ensure!(
+        ours(&env.management, &hcp_kinds(), "three")
+            .await?
+            .is_empty()
+    );
+    ensure!(
+        ours(&env.guest, &guest_kinds(), "three").await? == three_guest,
+        "left as said"
+    );
     ensure!(
         ours(&env.guest, &guest_kinds(), "one").await?.is_empty(),
         "guest objects left"
@@ -2903,16 +3032,10 @@ async fn uninstall_removes_our_objects_and_releases_hosted_clusters() -> Result<
     )
     .await?;
     // A second run finds nothing to do and still succeeds.
-    let again = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-olm-controller"))
-        .env("HCP_OLM_GUEST_SERVER_ALLOWED_CIDRS", "127.0.0.0/8")
-        .arg("uninstall")
-        .env("KUBECONFIG", env.management.kubeconfig())
-        .output()?;
+    let (ok, o, _) = uninstall(&[])?;
     ensure!(
-        again.status.success()
-            && String::from_utf8_lossy(&again.stdout).contains("0 HostedClusters released"),
-        "second uninstall: {}",
-        String::from_utf8_lossy(&again.stdout)
+        ok && o.contains("0 HostedClusters released"),
+        "second uninstall: {o}"
     );
     Ok(())
 }
@@ -5636,7 +5759,7 @@ async fn shared_catalogs_are_shared_isolated_and_reference_counted() -> Result<(
     ensure!(admitted(&env.management, ce).await? == ["clusters-sc"]);
     // What `uninstall` runs removes every shared object (as the controller's ServiceAccount);
     // while sc still uses them, the next pass brings them back.
-    let removed = shared::remove_all(&ctx).await;
+    let removed = shared::remove_all(&ctx, false).await;
     ensure!(removed.errors.is_empty(), "{:?}", removed.errors);
     ensure!(
         shared_objects(&env.management).await?.is_empty(),

@@ -501,6 +501,49 @@ pub fn client(
     Ok(kube::Client::new(service, config.default_namespace.clone()))
 }
 
+/// Which addresses a guest kubeconfig's `server:` may lead the controller to.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct GuestServerArgs {
+    /// The management cluster's internal ranges (pod, service and node networks, comma
+    /// separated CIDRs): a guest kubeconfig's server there is refused
+    /// (`Degraded=True GuestServerRefused`) unless it is the HCP's own API server
+    /// (`kube-apiserver.<hcp-namespace>.svc`). Loopback, link-local, unspecified,
+    /// multicast and broadcast addresses are always refused.
+    #[arg(
+        long,
+        env = "HCP_OLM_GUEST_SERVER_REFUSED_CIDRS",
+        value_delimiter = ',',
+        value_parser = parse_cidr
+    )]
+    pub guest_server_refused_cidrs: Vec<ipnet::IpNet>,
+    /// TEST AND LAB ONLY: CIDRs a guest kubeconfig's server may be in whatever the rules
+    /// above say (the test environments run guest API servers on 127.0.0.1: 127.0.0.0/8).
+    /// Default empty; never set it in production: it lets a HostedCluster's owner point
+    /// the controller at those addresses.
+    #[arg(
+        long,
+        env = "HCP_OLM_GUEST_SERVER_ALLOWED_CIDRS",
+        value_delimiter = ',',
+        value_parser = parse_cidr
+    )]
+    pub guest_server_allowed_cidrs: Vec<ipnet::IpNet>,
+}
+
+impl GuestServerArgs {
+    /// The policy these flags give.
+    pub fn policy(&self) -> ServerPolicy {
+        ServerPolicy {
+            internal: self.guest_server_refused_cidrs.clone(),
+            allowed: self.guest_server_allowed_cidrs.clone(),
+        }
+    }
+}
+
+/// One CIDR of the guest server flags (a bare address is one host).
+fn parse_cidr(s: &str) -> Result<ipnet::IpNet, String> {
+    parse_cidrs(&[s]).map(|mut v| v.remove(0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -66,6 +66,8 @@ pub struct Outcome {
     pub changed: Vec<String>,
     /// When to look again.
     pub requeue: Duration,
+    /// Cleanup only: why the guest's objects were left (its API server did not answer).
+    pub guest_left: Option<&'static str>,
 }
 
 impl Outcome {
@@ -77,6 +79,7 @@ impl Outcome {
             status_written: false,
             changed: Vec::new(),
             requeue,
+            guest_left: None,
         }
     }
 
@@ -192,7 +195,7 @@ fn cluster_key(hc: &HostedCluster) -> String {
     )
 }
 
-fn identity(hc: &HostedCluster) -> Result<(String, String, String), Error> {
+pub(super) fn identity(hc: &HostedCluster) -> Result<(String, String, String), Error> {
     match (
         hc.metadata.namespace.clone(),
         hc.metadata.name.clone(),
@@ -322,7 +325,7 @@ impl GuestAccess {
         ]
     }
 
-    fn reason(&self) -> &'static str {
+    pub(super) fn reason(&self) -> &'static str {
         match self {
             GuestAccess::NotPublished => "WaitingForGuestKubeconfig",
             GuestAccess::SecretMissing(_) => "GuestKubeconfigMissing",
@@ -730,6 +733,15 @@ fn report_error(cluster: &'static str, r: &Report) -> Option<Error> {
         count: r.errors.len(),
         first: e.to_string(),
     })
+}
+
+/// Every request of `r` failed without an answer from the API server (connect, TLS,
+/// timeout): it is unreachable, not refusing.
+pub(super) fn no_answer(r: &Report) -> bool {
+    !r.errors.is_empty()
+        && r.errors
+            .iter()
+            .all(|e| !matches!(e.source, kube::Error::Api(_)))
 }
 
 fn writes(r: &Report) -> usize {
@@ -2669,15 +2681,28 @@ pub async fn cleanup(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error
                 .prune(&guest_kinds(), None, &selector, &[])
                 .await;
             out.guest_writes = writes(&r);
-            if let Some(e) = report_error("guest", &r) {
+            if no_answer(&r) {
+                // Its API server is gone or does not answer (HyperShift tears the guest's
+                // API server down while the HostedCluster is deleted): waiting for it would
+                // hold the HostedCluster's deletion for ever.
+                tracing::warn!(
+                    cluster = %format!("{ns}/{name}"),
+                    error = %r.errors[0],
+                    "guest API server does not answer during cleanup; leaving guest objects"
+                );
+                out.guest_left = Some("GuestUnreachable");
+            } else if let Some(e) = report_error("guest", &r) {
                 return Err(e);
             }
         }
-        Err(access) => tracing::warn!(
-            cluster = %format!("{ns}/{name}"),
-            reason = access.reason(),
-            "guest unreachable during cleanup; leaving guest objects"
-        ),
+        Err(access) => {
+            tracing::warn!(
+                cluster = %format!("{ns}/{name}"),
+                reason = access.reason(),
+                "guest unreachable during cleanup; leaving guest objects"
+            );
+            out.guest_left = Some(access.reason());
+        }
     }
     let ownership = hcp_namespace_ownership(&ctx.client, &ns, &name, &hcp_ns).await?;
     // Shared state changes only for a namespace this HostedCluster owns, and only what it

@@ -437,8 +437,9 @@ pub async fn pass(ctx: &Context) -> PassReport {
 }
 
 /// Deletes every shared catalog object (`hcp-olm-controller uninstall`; the namespace stays).
-pub async fn remove_all(ctx: &Context) -> hcp_olm_apply::Report {
+pub async fn remove_all(ctx: &Context, dry_run: bool) -> hcp_olm_apply::Report {
     Applier::new(ctx.client.clone(), FIELD_MANAGER)
+        .dry_run(dry_run)
         .prune(
             &shared_kinds(),
             Some(SHARED_NAMESPACE),
