@@ -2880,6 +2880,49 @@ async fn uninstall_removes_our_objects_and_releases_hosted_clusters() -> Result<
         dead.replace(&server, "https://127.0.0.1:1").into_bytes(),
     )
     .await?;
+    // The finalizer on deletion, the guest API server gone first (as HyperShift tears it
+    // down): the HostedCluster is released, not held for ever (the code before failed every
+    // pass: "guest cluster: 10 object(s) failed: list CatalogSource ... (Connect)").
+    put_kubeconfig_secret(&env, "four-kubeconfig").await?;
+    create_hc(&env, "four", "four-kubeconfig").await?;
+    reconcile(&ctx, &env, "four").await?;
+    reconcile(&ctx, &env, "four").await?;
+    ensure!(
+        get_hc(&env, "four")
+            .await?
+            .metadata
+            .finalizers
+            .unwrap_or_default()
+            .contains(&FINALIZER.to_string())
+    );
+    put_secret(
+        &env.management,
+        HC_NS,
+        "four-kubeconfig",
+        "kubeconfig",
+        dead.replace(&server, "https://127.0.0.1:1").into_bytes(),
+    )
+    .await?;
+    Api::<HostedCluster>::namespaced(env.management.client(), HC_NS)
+        .delete("four", &Default::default())
+        .await?;
+    let o = reconcile(&ctx, &env, "four").await?;
+    ensure!(
+        o.state == State::CleanedUp && o.guest_left == Some("GuestUnreachable"),
+        "{o:?}"
+    );
+    ensure!(
+        Api::<HostedCluster>::namespaced(env.management.client(), HC_NS)
+            .get_opt("four")
+            .await?
+            .is_none(),
+        "HostedCluster four still exists"
+    );
+    ensure!(
+        ours(&env.management, &hcp_kinds(), "four")
+            .await?
+            .is_empty()
+    );
     // One guest serves every HostedCluster here: the last pass holds its objects. "one"
     // takes them back, so the dry run below has guest objects to list.
     reconcile(&ctx, &env, "one").await?;

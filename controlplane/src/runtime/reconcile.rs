@@ -2655,6 +2655,19 @@ fn set_endpoint(
 /// Finalizer work: delete everything of ours in the guest (when reachable) and in the
 /// HCP namespace, the HostedOLM, then release the HostedCluster.
 pub async fn cleanup(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error> {
+    cleanup_with(ctx, hc, hc.metadata.deletion_timestamp.is_some()).await
+}
+
+/// [`cleanup`]; `give_up_on_silent_guest`: a guest API server that does not answer leaves the
+/// guest objects and the cleanup goes on (a HostedCluster being deleted: HyperShift tears
+/// that server down; `uninstall --force-unreachable-guests`). Otherwise (a cluster leaving
+/// the scope) it is an error and the next pass tries again, so nothing is left in a guest
+/// that was only briefly unreachable.
+pub async fn cleanup_with(
+    ctx: &Context,
+    hc: &HostedCluster,
+    give_up_on_silent_guest: bool,
+) -> Result<Outcome, Error> {
     let (ns, name, hcp_ns) = identity(hc)?;
     ctx.warnings_changed(&format!("{ns}/{name}"), &[]);
     let mut out = Outcome::new(State::CleanedUp, ctx.schedule.resync);
@@ -2681,7 +2694,7 @@ pub async fn cleanup(ctx: &Context, hc: &HostedCluster) -> Result<Outcome, Error
                 .prune(&guest_kinds(), None, &selector, &[])
                 .await;
             out.guest_writes = writes(&r);
-            if no_answer(&r) {
+            if give_up_on_silent_guest && no_answer(&r) {
                 // Its API server is gone or does not answer (HyperShift tears the guest's
                 // API server down while the HostedCluster is deleted): waiting for it would
                 // hold the HostedCluster's deletion for ever.

@@ -23,7 +23,9 @@ use kube::api::{DeleteParams, ListParams};
 
 use hcp_olm_apply::Applier;
 
-use super::reconcile::{cleanup, guest_client, guest_kinds, hcp_kinds, identity, selector_for};
+use super::reconcile::{
+    cleanup_with, guest_client, guest_kinds, hcp_kinds, identity, selector_for,
+};
 use super::{Context, Error, FIELD_MANAGER, FINALIZER};
 use crate::hostedcluster::HostedCluster;
 use crate::hostedolm::HostedOLM;
@@ -170,7 +172,7 @@ pub async fn uninstall(
             report.failed.push((key, why));
             continue;
         }
-        match cleanup(ctx, hc).await {
+        match cleanup_with(ctx, hc, deleting || args.force_unreachable_guests).await {
             Ok(out) => {
                 progress(format!(
                     "{at}: released ({} management, {} guest objects removed){}",
