@@ -30,7 +30,7 @@ prereqs-test: ## the same for make test (adds the tunnel peers, nightly Rust and
 prereqs-bench: ## the same for the benchmarks (adds dnsperf, iperf3)
 	@scripts/prereqs.sh bench
 
-tools: ## build the pinned upstream binaries (kube-apiserver, etcd, OLM, opm, registry, node binaries, CoreDNS, kube-router, wireguard-go) into $(HCP_OLM_CACHE)
+tools: ## build the pinned upstream binaries (kube-apiserver, etcd, OLM, opm, registry, node binaries, CoreDNS, kube-router, wireguard-go, promtool) into $(HCP_OLM_CACHE)
 	@e2e/tools/build.sh
 
 tools-bench: ## also build the benchmark-only peers (Konnectivity proxy-server/agent)

@@ -76,7 +76,7 @@ if [ "$(id -u)" != 0 ]; then
   fail=1
 fi
 
-need_go=1.26.3
+need_go=1.26.7
 if ! command -v go >/dev/null 2>&1; then
   say "no 'go' on PATH: install Go >= $need_go (the upstream binaries build from Go modules)"
   fail=1

@@ -14,13 +14,13 @@ if [ "${1:-}" = "--bin-dir" ]; then echo "$bin"; exit 0; fi
 bench=0
 if [ "${1:-}" = "--bench" ]; then bench=1; fi
 
-need_go="1.26.3"
+need_go="1.26.7"
 if ! command -v go >/dev/null 2>&1; then
   echo "build-tools: no 'go' on PATH. Install Go >= $need_go (https://go.dev/dl) and run again." >&2; exit 2
 fi
 have_go=$(go env GOVERSION | sed 's/^go//')
 if [ "$(printf '%s\n%s\n' "$need_go" "$have_go" | sort -V | head -n1)" != "$need_go" ]; then
-  echo "build-tools: Go $have_go is too old; OLM and opm need Go >= $need_go." >&2; exit 2
+  echo "build-tools: Go $have_go is too old; OLM, opm and promtool need Go >= $need_go." >&2; exit 2
 fi
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0 GONOSUMDB=sigs.k8s.io/apiserver-network-proxy
 mkdir -p "$bin"
@@ -89,6 +89,8 @@ build coredns coredns "$COREDNS_VERSION" github.com/coredns/coredns -ldflags "-s
 # (CONFIG_NFT_QUEUE), which the CI machines' kernels do not have.
 build kube-router kube-router "$KUBE_ROUTER_VERSION" github.com/cloudnativelabs/kube-router/v2/cmd/kube-router \
   -ldflags "-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$KUBE_ROUTER_VERSION"
+# promtool: `promtool check rules` and `promtool test rules` on manifests/monitoring's alerts.
+build prometheus promtool "$PROMETHEUS_VERSION" github.com/prometheus/prometheus/cmd/promtool -ldflags "-s -w"
 if [ "$bench" = 1 ]; then
   build konnectivity proxy-server "$KONNECTIVITY_VERSION" sigs.k8s.io/apiserver-network-proxy/cmd/server -ldflags "-s -w"
   build konnectivity proxy-agent "$KONNECTIVITY_VERSION" sigs.k8s.io/apiserver-network-proxy/cmd/agent -ldflags "-s -w"

@@ -82,9 +82,12 @@ printf '\nreplace sigs.k8s.io/apiserver-network-proxy/konnectivity-client => sig
 write_simple coredns github.com/coredns/coredns "$COREDNS_VERSION" github.com/coredns/coredns
 write_simple kube-router github.com/cloudnativelabs/kube-router/v2 "$KUBE_ROUTER_VERSION" \
   github.com/cloudnativelabs/kube-router/v2/cmd/kube-router
+# promtool: checks and unit-tests the alerts of manifests/monitoring (controlplane/tests/alerts.rs)
+write_simple prometheus github.com/prometheus/prometheus "$PROMETHEUS_VERSION" \
+  github.com/prometheus/prometheus/cmd/promtool
 
 export GONOSUMDB=sigs.k8s.io/apiserver-network-proxy
-for d in kube kubenode containerd etcd olm opm registry wireguard-go konnectivity coredns kube-router; do
+for d in kube kubenode containerd etcd olm opm registry wireguard-go konnectivity coredns kube-router prometheus; do
   echo "pin: tidying $d" >&2
   (cd "$here/$d" && go mod tidy -e >/dev/null)
 done

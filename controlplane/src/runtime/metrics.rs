@@ -35,6 +35,103 @@ pub struct Metrics {
     last_progress: Mutex<Instant>,
     /// How long reconciles may run with none finishing before `/healthz` fails.
     stall_limit: Duration,
+    /// Where the fleet gauges read the HostedOLMs (set once the stores run).
+    fleet: Arc<Mutex<Option<FleetSource>>>,
+}
+
+/// The HostedOLMs the fleet gauges describe (the watch-fed store's).
+pub type FleetSource = Box<dyn Fn() -> Vec<Arc<crate::hostedolm::HostedOLM>> + Send + Sync>;
+
+/// The fleet gauges, read at each scrape from the HostedOLM store: per HostedOLM, each
+/// condition (1 True, 0 otherwise) and the catalogs not READY; nothing before the store runs
+/// (a standby replica exports none). The alerts in `manifests/monitoring` use them.
+struct FleetCollector {
+    source: Arc<Mutex<Option<FleetSource>>>,
+}
+
+impl std::fmt::Debug for FleetCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FleetCollector")
+            .field(
+                "set",
+                &self.source.lock().map(|s| s.is_some()).unwrap_or(false),
+            )
+            .finish()
+    }
+}
+
+/// Conditions exported per HostedOLM.
+const FLEET_CONDITIONS: [&str; 4] = ["Available", "Progressing", "Degraded", "Upgradeable"];
+
+impl prometheus_client::collector::Collector for FleetCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder<'_>,
+    ) -> std::fmt::Result {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        let holms = match self.source.lock() {
+            Ok(s) => match s.as_ref() {
+                Some(source) => source(),
+                None => return Ok(()),
+            },
+            Err(_) => return Ok(()),
+        };
+        let gauge = ConstGauge::new(0i64);
+        {
+            let mut family = encoder.encode_descriptor(
+                "hosted_olm_condition",
+                "Conditions of each HostedOLM: 1 while True, 0 otherwise",
+                None,
+                gauge.metric_type(),
+            )?;
+            for h in &holms {
+                let (ns, name) = meta_names(h);
+                let conditions = h
+                    .status
+                    .as_ref()
+                    .map(|s| s.conditions.as_slice())
+                    .unwrap_or_default();
+                for c in FLEET_CONDITIONS {
+                    let on = conditions
+                        .iter()
+                        .any(|x| x.type_ == c && x.status == "True");
+                    let labels = [("namespace", ns), ("name", name), ("condition", c)];
+                    ConstGauge::new(i64::from(on)).encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "hosted_olm_catalogs_not_ready",
+            "Enabled default catalogs of each HostedOLM whose guest CatalogSource is not READY",
+            None,
+            gauge.metric_type(),
+        )?;
+        for h in &holms {
+            let (ns, name) = meta_names(h);
+            let n = h
+                .status
+                .as_ref()
+                .map(|s| {
+                    s.catalogs
+                        .iter()
+                        .filter(|c| c.enabled && c.source.is_some())
+                        .filter(|c| c.connection_state.as_deref() != Some("READY"))
+                        .count()
+                })
+                .unwrap_or(0);
+            let labels = [("namespace", ns), ("name", name)];
+            ConstGauge::new(n as i64).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+fn meta_names(h: &crate::hostedolm::HostedOLM) -> (&str, &str) {
+    (
+        h.metadata.namespace.as_deref().unwrap_or_default(),
+        h.metadata.name.as_deref().unwrap_or_default(),
+    )
 }
 
 /// Default for [`Metrics::with_stall_limit`]: far above one reconcile's own timeouts
@@ -81,6 +178,10 @@ impl Default for Metrics {
             "1 while this replica holds the leader-election Lease",
             leader_gauge.clone(),
         );
+        let fleet = Arc::new(Mutex::new(None));
+        registry.register_collector(Box::new(FleetCollector {
+            source: Arc::clone(&fleet),
+        }));
         Self {
             registry: Arc::new(registry),
             reconciles,
@@ -94,6 +195,7 @@ impl Default for Metrics {
             inflight: AtomicUsize::new(0),
             last_progress: Mutex::new(Instant::now()),
             stall_limit: DEFAULT_STALL_LIMIT,
+            fleet,
         }
     }
 }
@@ -106,6 +208,11 @@ impl Metrics {
             stall_limit: limit,
             ..Self::default()
         }
+    }
+
+    /// Where the fleet gauges read the HostedOLMs from now on.
+    pub fn set_fleet_source(&self, source: FleetSource) {
+        *self.fleet.lock().unwrap_or_else(|p| p.into_inner()) = Some(source);
     }
 
     /// A reconcile starts (pair with [`Metrics::reconcile_finished`]).
@@ -277,6 +384,57 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 39 item 4: the fleet gauges the alerts read, from the HostedOLM store.
+    #[test]
+    fn fleet_gauges_per_hosted_olm() {
+        use crate::hostedolm::{CatalogStatus, HostedOLM, HostedOLMStatus};
+        let m = Metrics::default();
+        assert!(
+            !m.encode().contains("hcp_olm_hosted_olm_condition{"),
+            "none before the store"
+        );
+        let cond = |t: &str, st: &str| k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+            type_: t.into(),
+            status: st.into(),
+            reason: "R".into(),
+            message: String::new(),
+            observed_generation: None,
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ),
+        };
+        let catalog = |name: &str, state: Option<&str>, enabled: bool| CatalogStatus {
+            name: name.into(),
+            enabled,
+            source: Some("x:50051".into()),
+            connection_state: state.map(str::to_string),
+            ..Default::default()
+        };
+        let mut h = HostedOLM::new("a", Default::default());
+        h.metadata.namespace = Some("clusters-a".into());
+        h.status = Some(HostedOLMStatus {
+            conditions: vec![cond("Available", "False"), cond("Degraded", "True")],
+            catalogs: vec![
+                catalog("redhat-operators", Some("TRANSIENT_FAILURE"), true),
+                catalog("certified-operators", Some("READY"), true),
+                catalog("community-operators", None, false),
+            ],
+            ..Default::default()
+        });
+        let one = Arc::new(h);
+        m.set_fleet_source(Box::new(move || vec![Arc::clone(&one)]));
+        let text = m.encode();
+        for line in [
+            "hcp_olm_hosted_olm_condition{namespace=\"clusters-a\",name=\"a\",condition=\"Available\"} 0",
+            "hcp_olm_hosted_olm_condition{namespace=\"clusters-a\",name=\"a\",condition=\"Degraded\"} 1",
+            "hcp_olm_hosted_olm_condition{namespace=\"clusters-a\",name=\"a\",condition=\"Upgradeable\"} 0",
+            "hcp_olm_hosted_olm_catalogs_not_ready{namespace=\"clusters-a\",name=\"a\"} 1",
+            "# TYPE hcp_olm_hosted_olm_condition gauge",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
+    }
 
     #[test]
     fn healthz_fails_only_when_running_reconciles_stop_finishing() {

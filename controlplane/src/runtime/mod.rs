@@ -370,6 +370,13 @@ impl Context {
             wake,
         ));
         *self.stores.lock().unwrap_or_else(|p| p.into_inner()) = Some(stores.clone());
+        // The fleet gauges read this store (weakly: a store replaced later stops its watches).
+        let weak = Arc::downgrade(&stores);
+        self.metrics.set_fleet_source(Box::new(move || {
+            weak.upgrade()
+                .map(|s| s.hosted_olms.all())
+                .unwrap_or_default()
+        }));
         let until = std::time::Instant::now() + timeout;
         while !stores.synced() && std::time::Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(20)).await;
