@@ -424,7 +424,8 @@ pub fn guest_text(v: &serde_json::Value) -> Option<String> {
 
 /// For every catalog whose guest CatalogSource exists but is not READY: when it was first
 /// seen so (kept from `previous`, else `now`) and a message naming its state, since when,
-/// and the catalog-operator's own reason and message, if any. READY, disabled, unrendered or
+/// and the catalog-operator's own reason and message, if any (after the message the render
+/// gave it, which stays). READY, disabled, unrendered or
 /// not yet observed catalogs keep what [`catalog_statuses`] said.
 pub fn track_not_ready(
     catalogs: &mut [crate::hostedolm::CatalogStatus],
@@ -460,7 +461,12 @@ pub fn track_not_ready(
             (None, None) => {}
         }
         c.not_ready_since = Some(since);
-        c.message = message;
+        // after what the render said of it (a registry outage naming the registry, ...)
+        c.message = if c.message.is_empty() {
+            message
+        } else {
+            format!("{}; {message}", c.message)
+        };
     }
 }
 
@@ -663,6 +669,18 @@ mod tests {
         assert_eq!(
             again[0].not_ready_since.as_deref(),
             Some(at(t0 + 500).0.to_string().as_str())
+        );
+
+        // What the render said of it stays first (a registry outage naming the registry).
+        let mut held = fresh();
+        held[0].message = "the registry lookup failed; serving the last good image".into();
+        track_not_ready(&mut held, &live, &[], &at(t0));
+        assert!(
+            held[0].message.starts_with(
+                "the registry lookup failed; serving the last good image; TRANSIENT_FAILURE since"
+            ),
+            "{}",
+            held[0].message
         );
 
         // Disabled, not rendered, or not observed: untouched.
