@@ -5333,22 +5333,19 @@ async fn shared_catalogs_are_shared_isolated_and_reference_counted() -> Result<(
         )
         .await?;
     }
-    let ctx = Context::new(
-        controller_client(&env).await?,
-        Config {
-            olm_image: Some(OLM_IMAGE.into()),
-            oci: Some(oci.clone()),
-            guest_servers: hcp_olm_controlplane::runtime::guest::ServerPolicy::allowing(&[
-                "127.0.0.0/8",
-            ])
-            .expect("a CIDR"),
-            // the test's open registry as the administrator's mirror, declared readable
-            // by every cluster (`--registry-mirror-entitles`; issue 35, item 6)
-            mirror_answers_entitle: true,
-            ..Default::default()
-        },
-    )
-    .with_events(None);
+    // Each Context of this test: the test's open registry as the administrator's mirror,
+    // declared readable by every cluster (`--registry-mirror-entitles`; issue 35, item 6).
+    let config = || Config {
+        olm_image: Some(OLM_IMAGE.into()),
+        oci: Some(oci.clone()),
+        guest_servers: hcp_olm_controlplane::runtime::guest::ServerPolicy::allowing(&[
+            "127.0.0.0/8",
+        ])
+        .expect("a CIDR"),
+        mirror_answers_entitle: true,
+        ..Default::default()
+    };
+    let ctx = Context::new(controller_client(&env).await?, config()).with_events(None);
     for name in ["sa", "sb", "sc"] {
         reconcile(&ctx, &env, name).await?;
         reconcile(&ctx, &env, name).await?;
@@ -5472,20 +5469,7 @@ async fn shared_catalogs_are_shared_isolated_and_reference_counted() -> Result<(
     );
     // The same as a running controller reads it: from the watch-fed store (a Context of its
     // own with the management caches on; the passes above listed the namespace).
-    let cached = Context::new(
-        ctx.client.clone(),
-        Config {
-            olm_image: Some(OLM_IMAGE.into()),
-            oci: Some(oci.clone()),
-            guest_servers: hcp_olm_controlplane::runtime::guest::ServerPolicy::allowing(&[
-                "127.0.0.0/8",
-            ])
-            .expect("a CIDR"),
-            mirror_answers_entitle: true,
-            ..Default::default()
-        },
-    )
-    .with_events(None);
+    let cached = Context::new(ctx.client.clone(), config()).with_events(None);
     cached
         .start_mgmt_cache(std::time::Duration::from_secs(30), None)
         .await;
@@ -5583,18 +5567,7 @@ async fn shared_catalogs_are_shared_isolated_and_reference_counted() -> Result<(
     let ctx2 = Context::new(
         // the same ServiceAccount; a Context of its own (its own memory of decisions)
         ctx.client.clone(),
-        Config {
-            olm_image: Some(OLM_IMAGE.into()),
-            oci: Some(oci.clone()),
-            guest_servers: hcp_olm_controlplane::runtime::guest::ServerPolicy::allowing(&[
-                "127.0.0.0/8",
-            ])
-            .expect("a CIDR"),
-            // the test's open registry as the administrator's mirror, declared readable
-            // by every cluster (`--registry-mirror-entitles`; issue 35, item 6)
-            mirror_answers_entitle: true,
-            ..Default::default()
-        },
+        config(),
     )
     .with_events(None);
     for name in ["sa", "sb", "sc"] {

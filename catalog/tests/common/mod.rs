@@ -158,34 +158,9 @@ pub fn servable_subset(catalog: &Path) -> (tempfile::TempDir, Vec<String>) {
 pub fn opm_subset(catalog: &Path) -> (tempfile::TempDir, Vec<String>, Vec<String>) {
     let opm = proc::tool("opm").unwrap_or_else(|e| panic!("{e}"));
     let out = tempfile::tempdir().expect("tempdir");
-    let (mut opm_refused, mut ours_refused) = (Vec::new(), Vec::new());
-    let mut entries: Vec<_> = std::fs::read_dir(catalog)
-        .expect("read catalog")
-        .flatten()
-        .collect();
-    entries.sort_by_key(std::fs::DirEntry::file_name);
-    for e in entries {
-        if !e.path().is_dir() {
-            continue;
-        }
-        let name = e.file_name();
-        let valid = std::process::Command::new(&opm)
-            .arg("validate")
-            .arg(e.path())
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .expect("opm validate");
-        if !valid.success() {
-            opm_refused.push(name.to_string_lossy().into_owned());
-        } else if hcp_olm_catalog::Catalog::load_dir(&e.path()).is_err() {
-            ours_refused.push(name.to_string_lossy().into_owned());
-        } else {
-            link_files(&e.path(), &out.path().join(&name));
-        }
-    }
-    (out, opm_refused, ours_refused)
+    let v = hcp_olm_e2e::catalogbench::opm_servable_subset(catalog, out.path(), &opm)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    (out, v.opm_refused, v.ours_refused)
 }
 
 /// One health Check against 127.0.0.1:port; true when it answers SERVING.

@@ -237,30 +237,21 @@ async fn main() {
     for round in 0..rounds {
         // alternating order: neither server always runs on the colder machine
         let opm_first = round % 2 == 0;
+        let run_opm = || async {
+            let port = free_port();
+            measure("opm", opm_cmd(port), port, samples).await
+        };
+        let run_ours = || async {
+            let port = free_port();
+            let cmd = our_serve(Command::new(&server), &subset, port);
+            measure("ours", cmd, port, samples).await
+        };
         let (o, s) = if opm_first {
-            let port = free_port();
-            let o = measure("opm", opm_cmd(port), port, samples).await;
-            let port = free_port();
-            let s = measure(
-                "ours",
-                our_serve(Command::new(&server), &subset, port),
-                port,
-                samples,
-            )
-            .await;
-            (o, s)
+            let o = run_opm().await;
+            (o, run_ours().await)
         } else {
-            let port = free_port();
-            let s = measure(
-                "ours",
-                our_serve(Command::new(&server), &subset, port),
-                port,
-                samples,
-            )
-            .await;
-            let port = free_port();
-            let o = measure("opm", opm_cmd(port), port, samples).await;
-            (o, s)
+            let s = run_ours().await;
+            (run_opm().await, s)
         };
         assert_eq!(
             o.bundles, s.bundles,
