@@ -1365,7 +1365,7 @@ async fn run_steps(
     steps.end();
 
     steps.begin(
-        "tunnel gateway killed (kill -9) and restarted by the kubelet: the new process takes the agent's session over (handshake offer) and serves OLM; guest catalog READY within 30 s",
+        "tunnel gateway killed (kill -9) and restarted by the kubelet: the new process takes the agent's session over (its handshake offer, or the agent's own handshake when that comes first) and serves OLM; guest catalog READY within 30 s",
     );
     {
         let world = &*world;
@@ -1403,10 +1403,13 @@ async fn run_steps(
         // CatalogSource says READY. It takes the session over with a handshake offer when the
         // agent's next keepalive (every 10 s as rendered) reaches it first; when the kubelet
         // took longer than that to restart it (seen on a loaded machine), the agent's own
-        // handshake (after 15 s of unanswered data) may come first, and either path counts.
-        // The offer itself is covered without that race by
-        // `proxy_e2e::replicas_forward_to_the_session_holder_and_survive_its_kill`.
-        let offer_expected = restarted_after < KEEPALIVE_AS_RENDERED;
+        // handshake (after 15 s of unanswered data, or its 120 s rekey falling in the
+        // window) may come first, and either path counts: a run on a loaded machine saw the
+        // gateway back after less than 10 s and the agent's handshake first (0 offers).
+        // The offer itself is asserted without that race by
+        // `proxy_e2e::replicas_forward_to_the_session_holder_and_survive_its_kill`; here its
+        // count is only reported.
+        let offer_likely = restarted_after < KEEPALIVE_AS_RENDERED;
         let pid = restarted[0];
         until("the restarted gateway serves OLM and the guest catalog is READY", 90, || async move {
             let metrics = gateway_metrics(pid)?;
@@ -1427,28 +1430,35 @@ async fn run_steps(
                 .map_err(|e| e.to_string())?;
             let state = m.get(USER_SOURCE).cloned().unwrap_or_default();
             if handshake > 0.0
-                && (offers >= 1.0 || !offer_expected)
                 && relayed >= 1.0
                 && state == "READY"
             {
                 Ok(())
             } else {
                 Err(format!(
-                    "handshake {handshake}, handshakes offered {offers} (expected: {offer_expected}, the kubelet restarted the gateway after {:.1} s), relayed socks connections {relayed}, {USER_SOURCE} {state}",
+                    "handshake {handshake}, handshakes offered {offers} (likely: {offer_likely}, the kubelet restarted the gateway after {:.1} s), relayed socks connections {relayed}, {USER_SOURCE} {state}",
                     restarted_after.as_secs_f64()
                 ))
             }
         })
         .await?;
         let served_after = killed.elapsed();
+        let offers: f64 = gateway_metrics(pid)
+            .map(|m| {
+                m.lines()
+                    .filter(|l| l.starts_with("hcp_olm_tunnel_handshake_offers_total"))
+                    .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+                    .sum()
+            })
+            .unwrap_or(f64::NAN);
         (log)(&format!(
-            "  gateway kill -9 -> restarted by the kubelet after {:.1} s (handshake offer expected: {offer_expected}), served again after {:.1} s; {USER_SOURCE} states since the kill (s, state): {:?}",
+            "  gateway kill -9 -> restarted by the kubelet after {:.1} s, handshakes offered {offers} (an offer likely: {offer_likely}), served again after {:.1} s; {USER_SOURCE} states since the kill (s, state): {:?}",
             restarted_after.as_secs_f64(),
             served_after.as_secs_f64(),
             states_since(&seen, since(killed))
         ));
-        // The new process offered the agent a handshake on its first keepalive (10 s as
-        // rendered); the agent's own dead-peer path would take 3 x 10 s + 5 s.
+        // Whichever handshake came first, it must come well before the agent's dead-peer
+        // path alone would give up on the old session (3 x 10 s + 5 s).
         ensure!(
             served_after < Duration::from_secs(30),
             "served again only after {served_after:?}"
