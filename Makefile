@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 export HCP_OLM_CACHE ?= $(HOME)/.cache/hcp-olm
 
-.PHONY: help build lint fmt tools tools-bench test fuzz demo images test-images bench-catalog bench-controller bench-fleet bench-tunnel prereqs-demo prereqs-test prereqs-bench
+.PHONY: help build lint fmt tools tools-bench test fuzz demo images test-images bench-catalog bench-controller bench-fleet bench-tunnel prereqs-demo prereqs-test prereqs-bench chart-sync
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -30,11 +30,16 @@ prereqs-test: ## the same for make test (adds the tunnel peers, nightly Rust and
 prereqs-bench: ## the same for the benchmarks (adds dnsperf, iperf3)
 	@scripts/prereqs.sh bench
 
-tools: ## build the pinned upstream binaries (kube-apiserver, etcd, OLM, opm, registry, node binaries, CoreDNS, kube-router, wireguard-go, promtool) into $(HCP_OLM_CACHE)
+tools: ## build the pinned upstream binaries (kube-apiserver, etcd, OLM, opm, registry, node binaries, CoreDNS, kube-router, wireguard-go, promtool, helm, kustomize, kubectl) into $(HCP_OLM_CACHE)
 	@e2e/tools/build.sh
 
 tools-bench: ## also build the benchmark-only peers (Konnectivity proxy-server/agent)
 	@e2e/tools/build.sh --bench
+
+chart-sync: ## copy manifests/ (CRD, RBAC, admission policies, PrometheusRule) into charts/hcp-olm (a test fails on drift)
+	@cp manifests/crds/hostedolm.yaml charts/hcp-olm/crds/
+	@for f in serviceaccount clusterrole clusterrolebinding leader-election-role admission-policy; do cp manifests/controller/$$f.yaml charts/hcp-olm/files/; done
+	@cp manifests/monitoring/prometheusrule.yaml charts/hcp-olm/files/
 
 FUZZ_SECONDS ?= 20
 

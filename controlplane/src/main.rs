@@ -200,6 +200,11 @@ struct RunArgs {
     /// is held: longer than a changed Secret takes to reach a mounted volume.
     #[arg(long, default_value = "3m", value_parser = hcp_olm_binkit::parse_duration)]
     tunnel_key_propagation: std::time::Duration,
+    /// Check the flags (values and combinations) and exit: 0 when they are valid, 64
+    /// naming the flag when not. Reads no file and connects to nothing (the Helm chart's
+    /// test runs the rendered arguments through it).
+    #[arg(long)]
+    check_config: bool,
 }
 
 fn parse_mirror(s: &str) -> Result<(String, String), String> {
@@ -406,6 +411,11 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<Result<(), InputError>>
         Ok(e) => e,
         Err(e) => return Ok(Err(e)),
     };
+    if args.check_config {
+        drop(election);
+        println!("hcp-olm-controller run: configuration valid");
+        return Ok(Ok(()));
+    }
     let schedule = runtime::Schedule {
         resync: args.resync_interval,
         waiting: args.waiting_interval,

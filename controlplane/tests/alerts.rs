@@ -95,7 +95,7 @@ fn the_prometheus_rule_carries_exactly_the_rules_file() {
         .flatten()
         .filter_map(Value::as_str)
         .collect();
-    for f in ["prometheusrule.yaml", "servicemonitor.yaml", "service.yaml"] {
+    for f in ["prometheusrule.yaml", "servicemonitor.yaml"] {
         assert!(resources.contains(&f), "{f} not in the kustomization");
     }
 }

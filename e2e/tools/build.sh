@@ -68,6 +68,8 @@ build opm opm "$OPM_VERSION" github.com/operator-framework/operator-registry/cmd
 # The real nodes (e2e/src/realnode.rs): kubelet, kube-proxy, controller-manager and scheduler from the same
 # Kubernetes release, containerd 2
 # with its runc shim and ctr, and our pod sandbox process (e2e/tools/pause).
+# kubectl: the commands of docs/install.md, run by controlplane/tests/install_doc.rs.
+build kubectl kubectl "$KUBE_VERSION" k8s.io/kubernetes/cmd/kubectl -ldflags "$kube_ld"
 for c in kubelet kube-proxy kube-controller-manager kube-scheduler; do
   build kubenode "$c" "$KUBE_VERSION" "k8s.io/kubernetes/cmd/$c" -ldflags "$kube_ld"
 done
@@ -91,6 +93,12 @@ build kube-router kube-router "$KUBE_ROUTER_VERSION" github.com/cloudnativelabs/
   -ldflags "-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$KUBE_ROUTER_VERSION"
 # promtool: `promtool check rules` and `promtool test rules` on manifests/monitoring's alerts.
 build prometheus promtool "$PROMETHEUS_VERSION" github.com/prometheus/prometheus/cmd/promtool -ldflags "-s -w"
+# helm: `helm lint`, `helm template` and install/upgrade/uninstall of charts/hcp-olm.
+build helm helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm \
+  -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+# kustomize: `kustomize build` of manifests/ and manifests/overlays/*.
+build kustomize kustomize "$KUSTOMIZE_VERSION" sigs.k8s.io/kustomize/kustomize/v5 \
+  -ldflags "-s -w -X sigs.k8s.io/kustomize/api/provenance.version=$KUSTOMIZE_VERSION"
 if [ "$bench" = 1 ]; then
   build konnectivity proxy-server "$KONNECTIVITY_VERSION" sigs.k8s.io/apiserver-network-proxy/cmd/server -ldflags "-s -w"
   build konnectivity proxy-agent "$KONNECTIVITY_VERSION" sigs.k8s.io/apiserver-network-proxy/cmd/agent -ldflags "-s -w"

@@ -25,6 +25,16 @@ staging_ver="v0.${KUBE_VERSION#v1.}"
 } > "$here/kube/go.mod"
 # The node binaries in their own module, so kube-apiserver's cache key does not change with them.
 sed 's#^module hcp-olm/e2e/tools/kube$#module hcp-olm/e2e/tools/kubenode#' "$here/kube/go.mod" > "$here/kubenode/go.mod"
+# kubectl in a module of its own too: docs/install.md's commands are run by a test.
+sed 's#^module hcp-olm/e2e/tools/kube$#module hcp-olm/e2e/tools/kubectl#' "$here/kube/go.mod" > "$here/kubectl/go.mod"
+cat > "$here/kubectl/tools.go" <<'GO'
+//go:build tools
+
+// Package tools pins kubectl for the hcp-olm test environment (docs/install.md's commands).
+package tools
+
+import _ "k8s.io/kubernetes/cmd/kubectl"
+GO
 cat > "$here/kube/tools.go" <<'GO'
 //go:build tools
 
@@ -85,9 +95,13 @@ write_simple kube-router github.com/cloudnativelabs/kube-router/v2 "$KUBE_ROUTER
 # promtool: checks and unit-tests the alerts of manifests/monitoring (controlplane/tests/alerts.rs)
 write_simple prometheus github.com/prometheus/prometheus "$PROMETHEUS_VERSION" \
   github.com/prometheus/prometheus/cmd/promtool
+# helm: lints, templates and installs charts/hcp-olm (controlplane/tests/helm.rs)
+write_simple helm helm.sh/helm/v3 "$HELM_VERSION" helm.sh/helm/v3/cmd/helm
+# kustomize: builds manifests/ and its overlays (controlplane/tests/helm.rs)
+write_simple kustomize sigs.k8s.io/kustomize/kustomize/v5 "$KUSTOMIZE_VERSION" sigs.k8s.io/kustomize/kustomize/v5
 
 export GONOSUMDB=sigs.k8s.io/apiserver-network-proxy
-for d in kube kubenode containerd etcd olm opm registry wireguard-go konnectivity coredns kube-router prometheus; do
+for d in kube kubenode kubectl containerd etcd olm opm registry wireguard-go konnectivity coredns kube-router prometheus helm kustomize; do
   echo "pin: tidying $d" >&2
   (cd "$here/$d" && go mod tidy -e >/dev/null)
 done
