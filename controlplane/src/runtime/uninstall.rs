@@ -61,6 +61,10 @@ pub struct Report {
     pub guest_left: Vec<(String, String)>,
     /// Dry run: every removal or release it would make, in order.
     pub would: Vec<String>,
+    /// hcp-olm's own namespaces labelled `hcp-olm.io/allow-delete=true` (the last step, only
+    /// when everything else was done): the `hcp-olm-own-namespaces` admission policy refuses
+    /// their deletion without it.
+    pub namespaces_released: Vec<String>,
 }
 
 impl Report {
@@ -291,7 +295,56 @@ pub async fn uninstall(
             .iter()
             .map(|e| ("shared catalogs".to_string(), e.to_string())),
     );
+    // Last, and only when nothing is left: hcp-olm's own namespaces may now be deleted
+    // (`kubectl delete -k manifests/`, `kubectl delete namespace`); the admission policy
+    // refuses that without the label. An incomplete run keeps them protected.
+    if report.complete() {
+        release_namespaces(ctx, args.dry_run, &mut report).await;
+    }
     Ok(report)
+}
+
+/// The label that lets an administrator delete one of hcp-olm's own namespaces
+/// (manifests/controller/admission-policy.yaml, policy 4).
+pub const ALLOW_DELETE_LABEL: &str = "hcp-olm.io/allow-delete";
+
+async fn release_namespaces(ctx: &Context, dry_run: bool, report: &mut Report) {
+    use k8s_openapi::api::core::v1::Namespace;
+    let api: Api<Namespace> = Api::all(ctx.client.clone());
+    for ns in [
+        crate::sharing::CONTROLLER_NAMESPACE,
+        crate::sharing::SHARED_NAMESPACE,
+    ] {
+        match api.get_opt(ns).await {
+            Ok(None) => continue,
+            Ok(Some(_)) if dry_run => {
+                report
+                    .would
+                    .push(format!("label namespace {ns} {ALLOW_DELETE_LABEL}=true"));
+            }
+            Ok(Some(_)) => {
+                let patch =
+                    serde_json::json!({"metadata": {"labels": {ALLOW_DELETE_LABEL: "true"}}});
+                match api
+                    .patch(
+                        ns,
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(&patch),
+                    )
+                    .await
+                {
+                    Ok(_) => report.namespaces_released.push(ns.to_string()),
+                    Err(e) => report.failed.push((
+                        format!("namespace {ns}"),
+                        format!("labelling it {ALLOW_DELETE_LABEL}=true: {e}"),
+                    )),
+                }
+            }
+            Err(e) => report
+                .failed
+                .push((format!("namespace {ns}"), format!("reading it: {e}"))),
+        }
+    }
 }
 
 /// What a prune of `kinds` by `selector` would delete, or the first list that failed.
@@ -370,10 +423,21 @@ pub fn print(
             }
         );
     } else if complete {
+        for ns in &report.namespaces_released {
+            let _ = writeln!(out, "labelled namespace {ns} {ALLOW_DELETE_LABEL}=true");
+        }
         let _ = writeln!(
             out,
-            "uninstall: {} HostedClusters released; now delete manifests/ (kubectl delete -k manifests/)",
-            report.released.len()
+            "uninstall: {} HostedClusters released; now remove the install (helm uninstall hcp-olm -n hcp-olm-system, or kubectl delete -k manifests/), the HostedOLM CRD and the namespaces{}",
+            report.released.len(),
+            if report.namespaces_released.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " {} (labelled for deletion)",
+                    report.namespaces_released.join(", ")
+                )
+            }
         );
     } else {
         let _ = writeln!(
