@@ -38,7 +38,7 @@ tools-bench: ## also build the benchmark-only peers (Konnectivity proxy-server/a
 
 chart-sync: ## copy manifests/ (CRD, RBAC, admission policies, PrometheusRule) into charts/hcp-olm (a test fails on drift)
 	@cp manifests/crds/hostedolm.yaml charts/hcp-olm/crds/
-	@for f in serviceaccount clusterrole clusterrolebinding leader-election-role admission-policy; do cp manifests/controller/$$f.yaml charts/hcp-olm/files/; done
+	@for f in serviceaccount clusterrole clusterrolebinding auth-delegator leader-election-role admission-policy; do cp manifests/controller/$$f.yaml charts/hcp-olm/files/; done
 	@cp manifests/monitoring/prometheusrule.yaml charts/hcp-olm/files/
 
 FUZZ_SECONDS ?= 20

@@ -58,6 +58,8 @@ pub struct Admin {
     registry: Arc<Registry>,
     healthz: Probe,
     readyz: Probe,
+    /// `/metrics` is served elsewhere (TLS, authenticated): here it answers 404 with this.
+    metrics_elsewhere: Option<String>,
 }
 
 impl std::fmt::Debug for Admin {
@@ -77,6 +79,7 @@ impl Admin {
             registry: registry.into(),
             healthz: always_ok(),
             readyz: always_ok(),
+            metrics_elsewhere: None,
         }
     }
 
@@ -95,6 +98,12 @@ impl Admin {
         F: Fn() -> Result<String, String> + Send + Sync + 'static,
     {
         self.readyz = Arc::new(probe);
+        self
+    }
+
+    /// Serves only the probes: `/metrics` answers 404 naming where it is (`note`).
+    pub fn metrics_elsewhere(mut self, note: impl Into<String>) -> Self {
+        self.metrics_elsewhere = Some(note.into());
         self
     }
 
@@ -165,6 +174,9 @@ fn probe(p: &Probe) -> (StatusCode, String) {
 }
 
 async fn metrics(State(a): State<Admin>) -> Response {
+    if let Some(note) = &a.metrics_elsewhere {
+        return (StatusCode::NOT_FOUND, with_newline(note.clone())).into_response();
+    }
     match encode(&a.registry) {
         Ok(body) => ([(header::CONTENT_TYPE, OPENMETRICS)], body).into_response(),
         Err(e) => {

@@ -200,6 +200,16 @@ struct RunArgs {
     /// is held: longer than a changed Secret takes to reach a mounted volume.
     #[arg(long, default_value = "3m", value_parser = hcp_olm_binkit::parse_duration)]
     tunnel_key_propagation: std::time::Duration,
+    /// Serve /metrics here over TLS to authenticated readers allowed to get the
+    /// non-resource URL /metrics (TokenReview and SubjectAccessReview; the ServiceAccount
+    /// needs system:auth-delegator), e.g. 0.0.0.0:8443. The --admin-addr port then serves
+    /// only /healthz and /readyz. Unset: /metrics on --admin-addr, plain HTTP.
+    #[arg(long)]
+    secure_metrics_addr: Option<std::net::SocketAddr>,
+    /// Directory with tls.crt and tls.key for --secure-metrics-addr (re-read when they
+    /// change); without them a self-signed certificate is served.
+    #[arg(long, default_value = "/etc/hcp-olm/metrics-tls")]
+    metrics_cert_dir: PathBuf,
     /// Check the flags (values and combinations) and exit: 0 when they are valid, 64
     /// naming the flag when not. Reads no file and connects to nothing (the Helm chart's
     /// test runs the rendered arguments through it).
@@ -463,11 +473,38 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<Result<(), InputError>>
         .with_metrics(metrics::Metrics::with_stall_limit(args.stall_timeout)),
     );
     let stop = shutdown_signal();
-    let admin = tokio::spawn(metrics::serve(
-        args.admin_addr,
-        ctx.metrics.clone(),
-        stop.clone(),
-    ));
+    let admin = match args.secure_metrics_addr {
+        None => tokio::spawn(metrics::serve(
+            args.admin_addr,
+            ctx.metrics.clone(),
+            stop.clone(),
+        )),
+        Some(secure) => {
+            use hcp_olm_controlplane::runtime::secure_metrics;
+            let cfg = secure_metrics::SecureMetricsConfig {
+                addr: secure,
+                cert_dir: Some(args.metrics_cert_dir.clone()),
+                self_signed_names: self_signed_names(&args.leader_elect_lease_namespace),
+            };
+            // Bind both first: a port clash fails the start.
+            let tls = secure_metrics::bind(&cfg).await?;
+            let probes = tokio::net::TcpListener::bind(args.admin_addr)
+                .await
+                .with_context(|| format!("binding --admin-addr {}", args.admin_addr))?;
+            let (m, c, s) = (ctx.metrics.clone(), ctx.client.clone(), stop.clone());
+            tokio::spawn(async move {
+                if let Err(e) = secure_metrics::serve(tls, cfg, m, c, s).await {
+                    tracing::error!(error = %e, "TLS metrics endpoint failed");
+                }
+            });
+            tokio::spawn(metrics::serve_probes(
+                probes,
+                ctx.metrics.clone(),
+                secure,
+                stop.clone(),
+            ))
+        }
+    };
     let opts = controller::RunOptions {
         concurrency: args.concurrency,
     };
@@ -486,6 +523,16 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<Result<(), InputError>>
 }
 
 /// `--leader-elect*`: the lease to hold, or none.
+/// The names of the self-signed metrics certificate: the metrics Service's.
+fn self_signed_names(namespace: &str) -> Vec<String> {
+    let svc = "hcp-olm-controller-metrics";
+    vec![
+        format!("{svc}.{namespace}.svc"),
+        format!("{svc}.{namespace}.svc.cluster.local"),
+        "localhost".to_string(),
+    ]
+}
+
 fn leader_config(
     args: &RunArgs,
 ) -> Result<Option<hcp_olm_controlplane::runtime::leader::LeaderConfig>, InputError> {

@@ -178,6 +178,10 @@ fn the_chart_carries_unchanged_copies_of_the_manifests_and_the_workspace_version
             "manifests/controller/clusterrolebinding.yaml",
         ),
         (
+            "files/auth-delegator.yaml",
+            "manifests/controller/auth-delegator.yaml",
+        ),
+        (
             "files/leader-election-role.yaml",
             "manifests/controller/leader-election-role.yaml",
         ),

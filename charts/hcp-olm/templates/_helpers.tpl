@@ -61,6 +61,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | quote }}
 {{- end -}}
 {{- $f := dict
   "leader-elect" true
+  "secure-metrics-addr" (printf "0.0.0.0:%d" (int .Values.metrics.port))
   "log-format" .Values.logFormat
   "catalog-sharing" .Values.catalogSharing
   "hypershift-olm" .Values.hyperShiftOLM
@@ -69,6 +70,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | quote }}
   "tunnel-gateway-image" (include "hcp-olm.image" (dict "root" . "c" .Values.image.tunnelGateway))
   "guest-agent-image" (include "hcp-olm.image" (dict "root" . "c" .Values.image.guestAgent))
 -}}
+{{- if .Values.metrics.certSecret -}}
+{{- $_ := set $f "metrics-cert-dir" "/etc/hcp-olm/metrics-tls" -}}
+{{- end -}}
 {{- if .Values.pullSecret.name -}}
 {{- $_ := set $f "pull-secret-file" "/etc/hcp-olm/pull-secret/.dockerconfigjson" -}}
 {{- end -}}

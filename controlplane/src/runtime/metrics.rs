@@ -24,6 +24,7 @@ pub struct Metrics {
     duration: Histogram,
     leader_gauge: Gauge,
     writes: Family<Labels, Counter>,
+    metrics_requests: Family<Labels, Counter>,
     ready: AtomicBool,
     /// The controller's watch caches have listed everything once.
     synced: AtomicBool,
@@ -178,6 +179,12 @@ impl Default for Metrics {
             "1 while this replica holds the leader-election Lease",
             leader_gauge.clone(),
         );
+        let metrics_requests = Family::<Labels, Counter>::default();
+        registry.register(
+            "metrics_requests",
+            "Requests of the TLS /metrics endpoint by result (allowed, unauthenticated, forbidden, review_failed)",
+            metrics_requests.clone(),
+        );
         let fleet = Arc::new(Mutex::new(None));
         registry.register_collector(Box::new(FleetCollector {
             source: Arc::clone(&fleet),
@@ -189,6 +196,7 @@ impl Default for Metrics {
             duration,
             leader_gauge,
             writes,
+            metrics_requests,
             ready: AtomicBool::new(false),
             synced: AtomicBool::new(false),
             role: AtomicU8::new(0),
@@ -293,6 +301,18 @@ impl Metrics {
     }
 
     /// Count one failed reconcile.
+    /// One request of the TLS `/metrics` endpoint, by result.
+    pub fn metrics_request(&self, result: &str) {
+        self.metrics_requests
+            .get_or_create(&vec![("result".to_string(), result.to_string())])
+            .inc();
+    }
+
+    /// The registry, as OpenMetrics text.
+    pub fn encode_registry(&self) -> Result<String, std::fmt::Error> {
+        hcp_olm_binkit::admin::encode(&self.registry)
+    }
+
     pub fn error(&self, reason: &str, took: Duration) {
         self.observe("error", took);
         self.errors
@@ -379,6 +399,23 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(addr = %listener.local_addr()?, "admin endpoints listening");
     admin(metrics).serve(listener, shutdown).await
+}
+
+/// The probes only, on `listener`: `/metrics` is on the TLS endpoint at `secure`.
+pub async fn serve_probes(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    secure: SocketAddr,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    tracing::info!(addr = %listener.local_addr()?, "probes listening");
+    admin(metrics)
+        .metrics_elsewhere(format!(
+            "/metrics is served over TLS to authorized readers on port {}",
+            secure.port()
+        ))
+        .serve(listener, shutdown)
+        .await
 }
 
 #[cfg(test)]

@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod pods;
 pub mod reconcile;
 pub mod secrets;
+pub mod secure_metrics;
 pub mod shared;
 pub mod stores;
 pub mod uninstall;
