@@ -36,10 +36,11 @@ tools: ## build the pinned upstream binaries (kube-apiserver, etcd, OLM, opm, re
 tools-bench: ## also build the benchmark-only peers (Konnectivity proxy-server/agent)
 	@e2e/tools/build.sh --bench
 
-chart-sync: ## copy manifests/ (CRD, RBAC, admission policies, PrometheusRule) into charts/hcp-olm (a test fails on drift)
+chart-sync: ## copy manifests/ (CRD, RBAC, admission policies, PrometheusRule, dashboard) into charts/hcp-olm (a test fails on drift)
 	@cp manifests/crds/hostedolm.yaml charts/hcp-olm/crds/
 	@for f in serviceaccount clusterrole clusterrolebinding auth-delegator leader-election-role admission-policy; do cp manifests/controller/$$f.yaml charts/hcp-olm/files/; done
 	@cp manifests/monitoring/prometheusrule.yaml charts/hcp-olm/files/
+	@cp manifests/monitoring/dashboards/hcp-olm.json charts/hcp-olm/files/dashboard.json
 
 FUZZ_SECONDS ?= 20
 

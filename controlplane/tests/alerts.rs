@@ -128,3 +128,67 @@ fn alerts_read_metrics_we_export() {
         assert!(ours || tunnel, "{name} is not a metric of ours");
     }
 }
+
+/// The Grafana dashboard (issue 39 item 4): every panel query parses as PromQL in the real
+/// promtool (as recording rules, `promtool check rules`), and reads only metrics we export
+/// or the cluster's standard container metrics.
+#[test]
+fn the_dashboard_queries_pass_promtool_and_read_our_metrics() {
+    let path = monitoring().join("dashboards/hcp-olm.json");
+    let d: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("dashboard")).expect("JSON");
+    let mut rules = Vec::new();
+    let mut ids = std::collections::BTreeSet::new();
+    for p in d["panels"].as_array().expect("panels") {
+        let id = p["id"].as_u64().expect("panel id");
+        assert!(ids.insert(id), "panel id {id} twice");
+        let targets = p["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "panel {id} has no query");
+        for t in targets {
+            let expr = t["expr"].as_str().expect("expr");
+            rules.push(serde_json::json!({
+                "record": format!("hcp_olm:dashboard:panel{id}_{}", t["refId"].as_str().unwrap_or("A")),
+                "expr": expr,
+            }));
+        }
+    }
+    let file = serde_json::json!({"groups": [{"name": "dashboard", "rules": rules}]});
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rules_path = dir.path().join("dashboard.rules.yaml");
+    std::fs::write(&rules_path, serde_yaml_ng::to_string(&file).expect("yaml")).expect("write");
+    let out = promtool(&["check", "rules", rules_path.to_str().expect("utf-8")]);
+    assert!(
+        out.contains(&format!("SUCCESS: {} rules found", rules.len())),
+        "{out}"
+    );
+    // Metric names: ours (the controller's registry, or the tunnel daemons') or cAdvisor's.
+    let m = hcp_olm_controlplane::runtime::metrics::Metrics::default();
+    m.error("x", std::time::Duration::ZERO);
+    m.writes(1, 1, true);
+    m.metrics_request("allowed");
+    m.set_fleet_source(Box::new(|| {
+        let mut h = hcp_olm_controlplane::hostedolm::HostedOLM::new("a", Default::default());
+        h.metadata.namespace = Some("clusters-a".into());
+        vec![std::sync::Arc::new(h)]
+    }));
+    let controller = m.encode();
+    let tunnel = [
+        "hcp_olm_tunnel_last_handshake_timestamp_seconds",
+        "hcp_olm_tunnel_payload_bytes_total",
+    ];
+    for r in &rules {
+        let expr = r["expr"].as_str().expect("expr");
+        for name in expr
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.starts_with("hcp_olm_") || w.starts_with("container_"))
+        {
+            let base = name.trim_end_matches("_bucket").trim_end_matches("_total");
+            let ours = controller.contains(&format!("# TYPE {base} "))
+                || controller.contains(&format!("# TYPE {name} "));
+            assert!(
+                ours || tunnel.contains(&name) || name == "container_memory_working_set_bytes",
+                "dashboard query {expr:?} reads {name}, which nobody exports"
+            );
+        }
+    }
+}

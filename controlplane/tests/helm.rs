@@ -193,6 +193,10 @@ fn the_chart_carries_unchanged_copies_of_the_manifests_and_the_workspace_version
             "files/prometheusrule.yaml",
             "manifests/monitoring/prometheusrule.yaml",
         ),
+        (
+            "files/dashboard.json",
+            "manifests/monitoring/dashboards/hcp-olm.json",
+        ),
     ];
     for (copy, source) in pairs {
         let a = std::fs::read_to_string(chart().join(copy)).expect(copy);
@@ -300,6 +304,17 @@ fn helm_lint_and_template_golden() {
             .iter()
             .any(|o| o["kind"] == "PrometheusRule")
     );
+    let dashboard =
+        std::fs::read_to_string(repo().join("manifests/monitoring/dashboards/hcp-olm.json"))
+            .expect("dashboard");
+    let cm = with_monitoring
+        .iter()
+        .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "hcp-olm-dashboard")
+        .expect("the dashboard ConfigMap");
+    assert_eq!(
+        cm["data"]["hcp-olm.json"].as_str(),
+        Some(dashboard.trim_end())
+    );
 }
 
 /// Every flag of `hcp-olm-controller run` is listed in values.yaml, and the arguments the
@@ -393,6 +408,22 @@ fn kustomize_builds_the_manifests_and_the_example_overlay() {
             .iter()
             .any(|p| p["name"].as_str() == Some(port)),
         "manifests/monitoring's ServiceMonitor scrapes port {port:?}, which the Service has not"
+    );
+
+    let dashboard =
+        std::fs::read_to_string(repo().join("manifests/monitoring/dashboards/hcp-olm.json"))
+            .expect("dashboard");
+    let cm = monitoring
+        .iter()
+        .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "hcp-olm-dashboard")
+        .expect("the dashboard ConfigMap in manifests/monitoring");
+    assert_eq!(
+        cm["data"]["hcp-olm.json"].as_str(),
+        Some(dashboard.as_str())
+    );
+    assert_eq!(
+        cm["metadata"]["labels"]["grafana_dashboard"].as_str(),
+        Some("1")
     );
 
     let overlay = docs(&kustomize(&["build", "overlays/example"]));

@@ -1281,6 +1281,93 @@ fn hypershift_control_plane_knobs_are_honoured() {
     );
 }
 
+/// Issue 39 item 4: the tunnel gateways are scraped where ServiceMonitors are served: a
+/// metrics Service on the gateway's health port, a ServiceMonitor selecting it, and the
+/// gateway's NetworkPolicy opening that port to the monitoring namespaces only; none of it
+/// with HyperShift's disable-monitoring-services annotation.
+#[test]
+fn tunnel_gateways_are_scraped_unless_monitoring_is_disabled() {
+    let hc = common::load_hc("none-minimal.yaml");
+    let mut input = common::with_live_facts(common::input(common::valid(&hc, None), true));
+    input.service_monitors_served = true;
+    let d = render::desired(&input).unwrap();
+    let svc = find(&d.hcp, "Service", names::TUNNEL_GATEWAY_METRICS);
+    assert_eq!(svc.body["spec"]["type"], "ClusterIP");
+    assert_eq!(svc.body["spec"]["ports"][0]["port"], 8081);
+    assert_eq!(svc.body["spec"]["ports"][0]["targetPort"], "health");
+    let gw = find(&d.hcp, "Deployment", names::TUNNEL_GATEWAY);
+    let ports = gw.body["spec"]["template"]["spec"]["containers"][0]["ports"]
+        .as_array()
+        .unwrap();
+    assert!(
+        ports
+            .iter()
+            .any(|p| p["name"] == "health" && p["containerPort"] == 8081),
+        "{ports:?}"
+    );
+    // The Service selects the gateway pods.
+    for (k, v) in svc.body["spec"]["selector"].as_object().unwrap() {
+        assert_eq!(
+            gw.body["spec"]["template"]["metadata"]["labels"][k], *v,
+            "{k}"
+        );
+    }
+    let sm = find(&d.hcp, "ServiceMonitor", names::TUNNEL_GATEWAY);
+    for (k, v) in sm.body["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .unwrap()
+    {
+        assert_eq!(svc.body["metadata"]["labels"][k], *v, "{k}");
+    }
+    assert_eq!(sm.body["spec"]["endpoints"][0]["port"], "http-metrics");
+    let np = find(&d.hcp, "NetworkPolicy", names::TUNNEL_GATEWAY);
+    let monitoring = np.body["spec"]["ingress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["ports"][0]["port"] == 8081)
+        .expect("an ingress rule for the metrics port");
+    assert_eq!(
+        monitoring["from"],
+        serde_json::json!([{"namespaceSelector": {"matchLabels": {"network.openshift.io/policy-group": "monitoring"}}}])
+    );
+    // Not served: the Service stays, no ServiceMonitor.
+    input.service_monitors_served = false;
+    let d = render::desired(&input).unwrap();
+    assert!(
+        d.hcp
+            .iter()
+            .any(|o| o.kind == "Service" && o.name == names::TUNNEL_GATEWAY_METRICS)
+    );
+    assert!(!d.hcp.iter().any(|o| o.kind == "ServiceMonitor"));
+    // Disabled: nothing of it, and the port stays closed.
+    let mut hc = common::load_hc("none-minimal.yaml");
+    hc.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(
+            "hypershift.openshift.io/disable-monitoring-services".into(),
+            "true".into(),
+        );
+    let mut input = common::with_live_facts(common::input(common::valid(&hc, None), true));
+    input.service_monitors_served = true;
+    let d = render::desired(&input).unwrap();
+    assert!(
+        !d.hcp
+            .iter()
+            .any(|o| o.name == names::TUNNEL_GATEWAY_METRICS)
+    );
+    assert!(!d.hcp.iter().any(|o| o.kind == "ServiceMonitor"));
+    let np = find(&d.hcp, "NetworkPolicy", names::TUNNEL_GATEWAY);
+    assert!(
+        !np.body["spec"]["ingress"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["ports"][0]["port"] == 8081)
+    );
+}
+
 /// Issue 37 item 4: metrics carry the cluster's ID as `_id`, as HyperShift's ServiceMonitors
 /// label them (a malformed ID is left out), and on IBM Cloud a highly available
 /// packageserver runs 2 replicas, as HyperShift renders it there.
@@ -1298,7 +1385,7 @@ fn metrics_carry_the_cluster_id_and_ibm_cloud_runs_two_packageservers() {
         .collect();
     assert_eq!(
         monitors.len(),
-        2,
+        3,
         "{:?}",
         d.hcp.iter().map(Object::id).collect::<Vec<_>>()
     );

@@ -3901,7 +3901,11 @@ async fn service_monitors_where_served_and_disable_monitoring_prunes_them() -> R
     };
     assert_eq!(
         names_of().await?,
-        ["hcp-olm-catalog-operator", "hcp-olm-olm-operator"]
+        [
+            "hcp-olm-catalog-operator",
+            "hcp-olm-olm-operator",
+            "hcp-olm-tunnel-gateway"
+        ]
     );
     let certs = Api::<Secret>::namespaced(env.management.client(), &hcp_ns);
     let client_cert = secret_item(

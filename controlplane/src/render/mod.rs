@@ -52,6 +52,8 @@ pub mod names {
     pub const TUNNEL_GATEWAY_WG: &str = "hcp-olm-tunnel-gateway-wg";
     /// Headless Service naming every gateway replica (forwarding to the session holder).
     pub const TUNNEL_GATEWAY_PEERS: &str = "hcp-olm-tunnel-gateway-peers";
+    /// The gateways' metrics Service (their health port), scraped by a ServiceMonitor.
+    pub const TUNNEL_GATEWAY_METRICS: &str = "hcp-olm-tunnel-gateway-metrics";
     pub const GUEST_NAMESPACE: &str = "hcp-olm";
     pub const GUEST_AGENT: &str = "hcp-olm-guest-agent";
     pub const GUEST_AGENT_PEER: &str = "hcp-olm-guest-agent-peer";

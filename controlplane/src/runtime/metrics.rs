@@ -308,11 +308,6 @@ impl Metrics {
             .inc();
     }
 
-    /// The registry, as OpenMetrics text.
-    pub fn encode_registry(&self) -> Result<String, std::fmt::Error> {
-        hcp_olm_binkit::admin::encode(&self.registry)
-    }
-
     pub fn error(&self, reason: &str, took: Duration) {
         self.observe("error", took);
         self.errors

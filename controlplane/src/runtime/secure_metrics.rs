@@ -185,14 +185,11 @@ async fn metrics_handler(State(s): State<AppState>, headers: HeaderMap) -> Respo
     match s.auth.check(token).await {
         Ok(Decision::Allowed) => {
             s.metrics.metrics_request("allowed");
-            match s.metrics.encode_registry() {
-                Ok(body) => (
-                    [(header::CONTENT_TYPE, hcp_olm_binkit::admin::OPENMETRICS)],
-                    body,
-                )
-                    .into_response(),
-                Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
-            }
+            (
+                [(header::CONTENT_TYPE, hcp_olm_binkit::admin::OPENMETRICS)],
+                s.metrics.encode(),
+            )
+                .into_response()
         }
         Ok(Decision::Unauthenticated) => {
             s.metrics.metrics_request("unauthenticated");

@@ -118,6 +118,19 @@ pub(super) fn network_policy(
             .collect();
         egress.push(json!({"to": to, "ports": [{"protocol": "TCP", "port": ports::CATALOG_GRPC}]}));
     }
+    let mut ingress = vec![
+        json!({"ports": [{"protocol": "UDP", "port": ports::WIREGUARD}]}),
+        json!({"from": olm_clients, "ports": [{"protocol": "TCP", "port": ports::SOCKS}]}),
+        json!({"from": gateway_pods, "ports": [{"protocol": "TCP", "port": ports::GATEWAY_PEER}]}),
+    ];
+    // The metrics port, from the cluster's monitoring (OpenShift labels its monitoring
+    // namespaces with this policy group, as HyperShift's own policies select them).
+    if !v.monitoring_disabled {
+        ingress.push(json!({
+            "from": [{"namespaceSelector": {"matchLabels": {MONITORING_POLICY_GROUP.0: MONITORING_POLICY_GROUP.1}}}],
+            "ports": [{"protocol": "TCP", "port": ports::TUNNEL_HEALTH}],
+        }));
+    }
     push(
         out,
         json!({
@@ -127,15 +140,61 @@ pub(super) fn network_policy(
             "spec": {
                 "podSelector": {"matchLabels": selector(names::TUNNEL_GATEWAY)},
                 "policyTypes": ["Ingress", "Egress"],
-                "ingress": [
-                    {"ports": [{"protocol": "UDP", "port": ports::WIREGUARD}]},
-                    {"from": olm_clients, "ports": [{"protocol": "TCP", "port": ports::SOCKS}]},
-                    {"from": gateway_pods, "ports": [{"protocol": "TCP", "port": ports::GATEWAY_PEER}]},
-                ],
+                "ingress": ingress,
                 "egress": egress,
             }
         }),
         "networkpolicies",
+    );
+}
+
+/// The namespace label of OpenShift's monitoring namespaces (openshift-monitoring,
+/// openshift-user-workload-monitoring).
+pub const MONITORING_POLICY_GROUP: (&str, &str) =
+    ("network.openshift.io/policy-group", "monitoring");
+
+/// The gateways' metrics Service and, where the management cluster serves them, a
+/// ServiceMonitor scraping every replica's `/metrics` (plain HTTP on the health port, which
+/// the gateway's NetworkPolicy opens to the monitoring namespaces only): the
+/// `HcpOlmTunnelHandshakeStale` alert reads them. Left out with HyperShift's
+/// disable-monitoring-services annotation, as the OLM operators' are.
+fn metrics(input: &RenderInput, out: &mut Desired) {
+    let v = &input.valid;
+    if v.monitoring_disabled {
+        return;
+    }
+    push(
+        out,
+        service(
+            input,
+            names::TUNNEL_GATEWAY_METRICS,
+            "tunnel-gateway",
+            names::TUNNEL_GATEWAY,
+            json!([{"name": "http-metrics", "protocol": "TCP", "port": ports::TUNNEL_HEALTH, "targetPort": "health"}]),
+            "ClusterIP",
+        ),
+        "services",
+    );
+    if !input.service_monitors_served {
+        return;
+    }
+    let mut endpoint = json!({"port": "http-metrics", "path": "/metrics", "scheme": "http"});
+    if let Some(id) = &v.cluster_id {
+        endpoint["relabelings"] =
+            json!([{"action": "replace", "targetLabel": "_id", "replacement": id}]);
+    }
+    push(
+        out,
+        json!({
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "ServiceMonitor",
+            "metadata": metadata(v, names::TUNNEL_GATEWAY, Some(super::ns(input)), "tunnel-gateway", owner(input)),
+            "spec": {
+                "selector": {"matchLabels": selector(names::TUNNEL_GATEWAY_METRICS)},
+                "endpoints": [endpoint],
+            },
+        }),
+        "servicemonitors",
     );
 }
 
@@ -186,6 +245,7 @@ pub(super) fn services(input: &RenderInput, out: &mut Desired) {
         wg["spec"]["ipFamilyPolicy"] = json!("PreferDualStack");
     }
     push(out, wg, "services");
+    metrics(input, out);
     if input.tunnel.gateway_endpoint.is_none() {
         out.pending.push(match &input.tunnel.gateway_endpoint_wait {
             Some(w) => Pending {
