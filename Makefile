@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 export HCP_OLM_CACHE ?= $(HOME)/.cache/hcp-olm
 
-.PHONY: help build lint fmt tools tools-bench test fuzz demo images test-images bench-catalog bench-controller bench-fleet bench-tunnel prereqs-demo prereqs-test prereqs-bench chart-sync
+.PHONY: help build lint fmt tools tools-bench test fuzz demo images test-images bench-catalog bench-controller bench-fleet bench-tunnel prereqs-demo prereqs-test prereqs-bench chart-sync cross-arm64
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -44,7 +44,11 @@ chart-sync: ## copy manifests/ (CRD, RBAC, admission policies, PrometheusRule, d
 
 FUZZ_SECONDS ?= 20
 
-test: prereqs-test lint tools ## everything CI runs: lint, unit tests, real API servers, network namespaces, bounded fuzzing
+cross-arm64: ## build the shipped binaries for arm64 (static, debug) for the image and qemu tests
+	@echo "== make cross-arm64: cargo build --target aarch64-unknown-linux-gnu (static; about 5 minutes cold on 2 cores)"
+	CARGO_PROFILE_DEV_DEBUG=0 $(CARGO) build --locked --target aarch64-unknown-linux-gnu $(SHIPPED) --bins
+
+test: prereqs-test lint tools cross-arm64 ## everything CI runs: lint, unit tests, real API servers, network namespaces, bounded fuzzing
 	@echo "== make test: cargo nextest (unit, real control planes, registries, network namespaces; three tests at a time, see .config/nextest.toml)"
 	@mkdir -p target && set -o pipefail && $(CARGO) nextest run --workspace --locked --no-fail-fast 2>&1 | tee target/make-test.log
 	@echo "== make test: doc tests"
@@ -76,11 +80,13 @@ demo: prereqs-demo tools ## the end-to-end scenario with real OLM on two local c
 # from REGISTRY_AUTH_FILE or ~/.docker/config.json). Tags are v<workspace version>; the default
 # names (quay.io/hcp-olm/...) are what the controller renders and manifests/ installs.
 REGISTRY ?=
-images: ## build the container images from release binaries into target/images; REGISTRY=host/org also pushes them
-	@echo "== make images: cargo build --profile dist (release, stripped) of the shipped binaries (a first build takes about 8 minutes on 2 cores)"
-	$(CARGO) build --profile dist --locked -p hcp-olm-controlplane -p hcp-olm-guest-agent -p hcp-olm-catalog -p hcp-olm-cli -p hcp-olm-images --bins
+SHIPPED = -p hcp-olm-controlplane -p hcp-olm-guest-agent -p hcp-olm-catalog -p hcp-olm-cli
+images: ## build the container images (amd64 and arm64, one index each, SBOMs, provenance) from release binaries into target/images; REGISTRY=host/org also pushes them
+	@echo "== make images: cargo build --profile dist (release, stripped, static) of the shipped binaries for amd64 and arm64 (a first build takes about 16 minutes on 2 cores)"
+	RUSTFLAGS="-C target-feature=+crt-static" $(CARGO) build --profile dist --locked --target x86_64-unknown-linux-gnu --target aarch64-unknown-linux-gnu $(SHIPPED) --bins
+	$(CARGO) build --profile dist --locked -p hcp-olm-images
 	@echo "== make images: packing"
-	$(TARGET_DIR)/dist/hcp-olm-images --bin-dir $(TARGET_DIR)/dist --out $(TARGET_DIR)/images \
+	$(TARGET_DIR)/dist/hcp-olm-images --bin-dir '$(TARGET_DIR)/{target}/dist' --out $(TARGET_DIR)/images \
 	  --revision "$$(git rev-parse HEAD 2>/dev/null || echo unknown)" \
 	  --source-date-epoch "$$(git log -1 --format=%ct 2>/dev/null || echo 0)" \
 	  $(if $(REGISTRY),--registry $(REGISTRY) --push,)

@@ -25,16 +25,20 @@ declare -A pkg_of=(
   [curl]=curl [git]=git [make]=make [python3]=python3 [ping]=iputils-ping
   [wireguard-go]=wireguard-go [wg]=wireguard-tools [dnsperf]=dnsperf [iperf3]=iperf3
   [runc]=runc [iptables]=iptables [ipset]=ipset
+  [aarch64-linux-gnu-gcc]=gcc-aarch64-linux-gnu [qemu-aarch64]=qemu-user
 )
 cmds=(ip setpriv nsenter unshare nft conntrack runc git make)
 case "$what" in
-test) cmds+=(curl python3 ping wg dnsmasq iptables ipset) ;;
+test) cmds+=(curl python3 ping wg dnsmasq iptables ipset aarch64-linux-gnu-gcc qemu-aarch64) ;;
 bench) cmds+=(curl python3 ping wg dnsmasq dnsperf iperf3) ;;
 esac
 # file → Debian package: the CA bundle the image tests (and make images) put in every image.
 declare -A pkg_of_file=([/etc/ssl/certs/ca-certificates.crt]=ca-certificates
-  [/usr/lib/cni/bridge]=containernetworking-plugins)
+  [/usr/lib/cni/bridge]=containernetworking-plugins
+  [/usr/aarch64-linux-gnu/lib/libc.a]=libc6-dev-arm64-cross)
 files=()
+# The arm64 builds (make cross-arm64, make images) link glibc statically.
+[ "$what" = test ] && files+=(/usr/aarch64-linux-gnu/lib/libc.a)
 # The real nodes (e2e/src/realnode.rs): containerd runs pods with runc and wires them with the
 # CNI bridge, host-local and loopback plugins.
 files+=(/etc/ssl/certs/ca-certificates.crt /usr/lib/cni/bridge)
@@ -93,6 +97,19 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 
 if [ "$what" = test ] && [ "$fail" = 0 ]; then
+  # The arm64 binaries (make cross-arm64): the Rust standard library for aarch64.
+  if ! rustup target list --installed 2>/dev/null | grep -qx aarch64-unknown-linux-gnu; then
+    if [ "${HCP_OLM_NO_INSTALL:-0}" != 1 ] && command -v rustup >/dev/null 2>&1; then
+      say "installing the Rust target aarch64-unknown-linux-gnu (rustup, a minute)"
+      rustup target add aarch64-unknown-linux-gnu >/dev/null || {
+        say "failed; run: rustup target add aarch64-unknown-linux-gnu"
+        exit 2
+      }
+    else
+      say "the Rust target aarch64-unknown-linux-gnu is missing; run: rustup target add aarch64-unknown-linux-gnu"
+      fail=1
+    fi
+  fi
   # make fuzz: cargo-fuzz on the nightly toolchain
   if ! cargo +nightly --version >/dev/null 2>&1; then
     if [ "${HCP_OLM_NO_INSTALL:-0}" != 1 ] && command -v rustup >/dev/null 2>&1; then

@@ -1519,3 +1519,33 @@ fn shared_catalog_readers_get_egress_only_where_another_policy_isolates_them() {
         "own catalogs are in the same namespace, which management-kas allows"
     );
 }
+
+/// Issue 39 item 2: our images are indexes for amd64 and arm64, so nothing we render pins an
+/// architecture: the guest agent (on whatever node pools the guest has, arm64 ones included)
+/// and the gateways, catalogs and OLM pods schedule on either.
+#[test]
+fn no_rendered_pod_is_pinned_to_an_architecture() {
+    for file in ["none-minimal.yaml", "aws-default-flags.yaml", "kubevirt-complex-flags.yaml"] {
+        let hc = common::load_hc(file);
+        let input = common::with_live_facts(common::input(common::valid(&hc, None), true));
+        let d = render::desired(&input).unwrap();
+        let mut pods = 0;
+        for o in d.hcp.iter().chain(&d.guest) {
+            if o.kind != "Deployment" && o.kind != "DaemonSet" {
+                continue;
+            }
+            pods += 1;
+            let spec = serde_json::to_string(&o.body["spec"]["template"]["spec"]).unwrap();
+            assert!(
+                !spec.contains("kubernetes.io/arch"),
+                "{file}: {} pins an architecture: {spec}",
+                o.id()
+            );
+        }
+        assert!(
+            d.guest.iter().any(|o| o.kind == "Deployment" && o.name == names::GUEST_AGENT),
+            "{file}: no guest agent rendered"
+        );
+        assert!(pods >= 5, "{file}: {pods} pod templates");
+    }
+}

@@ -150,6 +150,7 @@ impl Image {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             owned_by_user: owned_by_user.iter().map(|p| p.to_string()).collect(),
+            architecture: hcp_olm_images::Arch::Amd64,
         };
         Ok((config, files))
     }

@@ -89,6 +89,7 @@ fn config(
         user: user.into(),
         labels: labels.iter().cloned().collect(),
         owned_by_user: Vec::new(),
+        architecture: hcp_olm_images::Arch::Amd64,
     }
 }
 

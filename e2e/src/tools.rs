@@ -8,6 +8,9 @@ pub enum ToolError {
     /// The binary is not in the tools directory.
     #[error("upstream tool `{name}` not found at {path}: run `make tools` first")]
     Missing { name: String, path: PathBuf },
+    /// A workspace binary built for another architecture is missing.
+    #[error("`{name}` for arm64 not found at {path}: build it first with `make cross-arm64` (`make test` does)")]
+    NotCrossBuilt { name: String, path: PathBuf },
     /// A binary of this workspace is not built next to the running test.
     #[error(
         "`{name}` not found at {path}: build it first with `cargo build -p {package}` (`make test` and `cargo test --workspace` do)"
@@ -28,6 +31,25 @@ pub fn current_target_dir() -> PathBuf {
         dir.pop();
     }
     dir
+}
+
+/// Where `make cross-arm64` (part of `make test`) puts the workspace's binaries built for
+/// arm64 (static, `aarch64-unknown-linux-gnu`, debug), checked to hold `name`.
+pub fn arm64_bin(name: &str) -> Result<PathBuf, ToolError> {
+    let dir = current_target_dir();
+    let path = dir
+        .parent()
+        .unwrap_or(&dir)
+        .join("aarch64-unknown-linux-gnu/debug")
+        .join(name);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(ToolError::NotCrossBuilt {
+            name: name.to_string(),
+            path,
+        })
+    }
 }
 
 /// Path of a binary of this workspace built into the same target directory as the running

@@ -14,6 +14,9 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
+
+pub mod multiarch;
+pub use multiarch::Arch;
 use serde_json::json;
 use sha2::{Digest as _, Sha256};
 
@@ -79,11 +82,8 @@ pub const IMAGES: &[ImageDef] = &[
 /// Errors building images.
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        source: std::io::Error,
-    },
+    #[error("{what}: {cause}")]
+    Io { what: String, cause: std::io::Error },
     #[error("`ldd {binary}` failed: {message}")]
     Ldd { binary: String, message: String },
     #[error("{0}")]
@@ -92,7 +92,7 @@ pub enum ImageError {
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ImageError {
     let what = what.into();
-    move |source| ImageError::Io { what, source }
+    move |cause| ImageError::Io { what, cause }
 }
 
 /// A file in an image: absolute path, mode, content.
@@ -301,6 +301,8 @@ pub struct ImageConfig {
     pub labels: BTreeMap<String, String>,
     /// Paths (absolute) whose files and directories the image's user owns.
     pub owned_by_user: Vec<String>,
+    /// The CPU architecture the files are for.
+    pub architecture: Arch,
 }
 
 /// The config of one of our images ([`IMAGES`]): its first binary as the entrypoint, the
@@ -323,6 +325,7 @@ pub fn our_config(def: &ImageDef) -> Result<ImageConfig, ImageError> {
         user: format!("{USER_ID}:{USER_ID}"),
         labels: BTreeMap::new(),
         owned_by_user: Vec::new(),
+        architecture: Arch::Amd64,
     })
 }
 
@@ -334,6 +337,7 @@ pub fn build(def: &ImageDef, files: &[File], meta: &Meta) -> Result<Built, Image
 /// An image of `files` run as `config` says (one layer; reproducible as [`build`]).
 pub fn build_image(config: &ImageConfig, files: &[File], meta: &Meta) -> Result<Built, ImageError> {
     let title = config.title.clone();
+    let arch = config.architecture;
     let mut ids = config.user.split(':').map(|v| v.parse::<u32>().ok());
     let uid = ids.next().flatten();
     let gid = match ids.next() {
@@ -375,14 +379,17 @@ pub fn build_image(config: &ImageConfig, files: &[File], meta: &Meta) -> Result<
     run.insert("WorkingDir".into(), json!("/"));
     run.insert("Labels".into(), json!(labels));
     // serde_json's Map keeps keys sorted (no preserve_order feature): stable bytes.
-    let config = json!({
-        "architecture": "amd64",
+    let mut config = json!({
+        "architecture": config.architecture.oci(),
         "os": "linux",
         "created": created,
         "config": run,
         "rootfs": {"type": "layers", "diff_ids": [diff_id]},
         "history": [{"created": created, "created_by": "hcp-olm-images"}],
     });
+    if let Some(v) = arch.variant() {
+        config["variant"] = json!(v);
+    }
     let config =
         Bytes::from(serde_json::to_vec(&config).map_err(|e| ImageError::Invalid(e.to_string()))?);
     let manifest = json!({
@@ -462,37 +469,110 @@ pub fn parse_ldd(text: &str) -> Result<Vec<PathBuf>, String> {
     Ok(out)
 }
 
-/// The files of `def`: its binaries from `bin_dir` (0755 in [`BIN_DIR`]), their shared
-/// libraries at the paths the loader looks them up by, and [`base_files`].
+/// Where an image carries its own SBOM (SPDX 2.3 JSON).
+pub const SBOM_PATH: &str = "/usr/share/doc/hcp-olm/sbom.spdx.json";
+
+/// `sha256:<hex>` of `b`.
+pub fn sha256_digest(b: &[u8]) -> String {
+    sha256(b)
+}
+
+/// The files of `def` for the build host's architecture (see [`files_for_arch`]).
 pub fn files_for(
     def: &ImageDef,
     bin_dir: &Path,
     ca_bundle: &[u8],
 ) -> Result<Vec<File>, ImageError> {
+    let arch = Arch::host()
+        .ok_or_else(|| ImageError::Invalid("the build host is neither amd64 nor arm64".into()))?;
+    files_for_arch(def, bin_dir, ca_bundle, arch).map(|(f, _)| f)
+}
+
+/// The files of `def` for `arch`: its binaries from `bin_dir` (0755 in [`BIN_DIR`]; each
+/// must be an ELF for `arch`, and static unless `arch` is the build host's), the shared
+/// libraries a dynamic one loads at the paths the loader looks them up by (returned too,
+/// for the SBOM), and [`base_files`].
+pub fn files_for_arch(
+    def: &ImageDef,
+    bin_dir: &Path,
+    ca_bundle: &[u8],
+    arch: Arch,
+) -> Result<(Vec<File>, Vec<PathBuf>), ImageError> {
     let mut files = base_files(ca_bundle.to_vec());
     let mut libs = BTreeSet::new();
     for b in def.binaries {
         let path = bin_dir.join(b);
         let data = std::fs::read(&path).map_err(io(format!(
-            "reading {} (build it: cargo build --profile dist -p <its package>, or make images)",
-            path.display()
+            "reading {} (build it: make images, or cargo build --profile dist --target {} -p <its package>)",
+            path.display(),
+            arch.rust_target()
         )))?;
+        let info = multiarch::check_binary(&path.display().to_string(), &data, arch)?;
         files.push(File {
             path: format!("{BIN_DIR}/{b}"),
             mode: 0o755,
             data,
         });
-        libs.extend(shared_libraries(&path)?);
+        if info.dynamic {
+            libs.extend(shared_libraries(&path)?);
+        }
     }
-    for lib in libs {
-        let data = std::fs::read(&lib).map_err(io(format!("reading {}", lib.display())))?;
+    for lib in &libs {
+        let data = std::fs::read(lib).map_err(io(format!("reading {}", lib.display())))?;
         files.push(File {
             path: lib.to_string_lossy().into_owned(),
             mode: 0o755,
             data,
         });
     }
-    Ok(files)
+    Ok((files, libs.into_iter().collect()))
+}
+
+/// One component's images: its tag reference, an image per architecture, and their index.
+pub type MultiArch = (String, Vec<(Arch, Built)>, Bytes);
+
+/// Writes multi-architecture images as one OCI image layout in `dir`: every image's blobs,
+/// each component's image index, and `index.json` naming each index by its tag reference.
+pub fn write_multi_layout(
+    dir: &Path,
+    images: &[MultiArch],
+) -> Result<(), ImageError> {
+    let blobs = dir.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).map_err(io(format!("creating {}", blobs.display())))?;
+    let put = |b: &[u8]| -> Result<(), ImageError> {
+        let d = sha256(b);
+        let path = blobs.join(d.trim_start_matches("sha256:"));
+        std::fs::write(&path, b).map_err(io(format!("writing {}", path.display())))
+    };
+    let mut manifests = Vec::new();
+    for (reference, per_arch, index) in images {
+        for (_, img) in per_arch {
+            for l in &img.layers {
+                put(l)?;
+            }
+            put(&img.config)?;
+            put(&img.manifest)?;
+        }
+        put(index)?;
+        manifests.push(json!({
+            "mediaType": "application/vnd.oci.image.index.v1+json",
+            "digest": sha256(index),
+            "size": index.len(),
+            "annotations": {"org.opencontainers.image.ref.name": reference},
+        }));
+    }
+    let index = json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": manifests,
+    });
+    let write = |name: &str, v: &serde_json::Value| {
+        let path = dir.join(name);
+        std::fs::write(&path, serde_json::to_vec_pretty(v).unwrap_or_default())
+            .map_err(io(format!("writing {}", path.display())))
+    };
+    write("oci-layout", &json!({"imageLayoutVersion": "1.0.0"}))?;
+    write("index.json", &index)
 }
 
 /// Writes `images` (tag reference → image) as one OCI image layout in `dir` (`oci-layout`,

@@ -19,14 +19,23 @@ use hcp_olm_oci::{Client, ClientOptions, Lookup, PullSecret};
 
 const BIN: &str = env!("CARGO_BIN_EXE_hcp-olm-images");
 
-/// Every image's binaries as copies of `source`.
+/// Every image's amd64 binaries as copies of `source` in `<dir>/x86_64-unknown-linux-gnu`,
+/// and the real arm64 ones (`make cross-arm64`) in `<dir>/aarch64-unknown-linux-gnu`; pass
+/// `<dir>/{target}` as `--bin-dir`.
 fn bin_dir(source: &str) -> Result<tempfile::TempDir> {
     let dir = tempfile::tempdir()?;
+    let amd = dir.path().join("x86_64-unknown-linux-gnu");
+    std::fs::create_dir(&amd)?;
     for def in IMAGES {
         for b in def.binaries {
-            std::fs::copy(source, dir.path().join(b))?;
+            std::fs::copy(source, amd.join(b))?;
         }
     }
+    let arm = hcp_olm_e2e::tools::arm64_bin("hcp-olm-controller")?;
+    std::os::unix::fs::symlink(
+        arm.parent().context("arm64 dir")?,
+        dir.path().join("aarch64-unknown-linux-gnu"),
+    )?;
     Ok(dir)
 }
 
@@ -37,7 +46,7 @@ const SMALL: &str = "/usr/bin/ls";
 fn build(bins: &Path, out: &Path, extra: &[&str]) -> Result<std::process::Output> {
     Ok(Command::new(BIN)
         .arg("--bin-dir")
-        .arg(bins)
+        .arg(bins.join("{target}"))
         .arg("--out")
         .arg(out)
         .args(["--revision", "0123abc", "--source-date-epoch", "1764028800"])
@@ -78,7 +87,7 @@ fn images_are_reproducible_self_contained_and_non_root() -> Result<()> {
     let work = tempfile::tempdir()?;
     let (a, b) = (work.path().join("a"), work.path().join("b"));
     for out in [&a, &b] {
-        let o = build(small.path(), out, &[])?;
+        let o = build(small.path(), out, &["--arch", "amd64"])?;
         ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     }
     let da = index_digests(&a)?;
@@ -103,39 +112,107 @@ fn images_are_reproducible_self_contained_and_non_root() -> Result<()> {
         da == index_digests(&b)?,
         "two builds of the controller image differ"
     );
-    // The controller image: config, then its file system run on its own.
+    // The controller's image index: one image per architecture.
     let (_, digest) = da
         .iter()
         .find(|(r, _)| r.contains("/hcp-olm-controller:"))
         .context("controller image")?;
-    let manifest: serde_json::Value = serde_json::from_slice(&blob(&a, digest)?)?;
-    let config: serde_json::Value = serde_json::from_slice(&blob(
-        &a,
-        manifest["config"]["digest"].as_str().context("config")?,
-    )?)?;
-    ensure!(config["config"]["User"] == "65532:65532", "{config}");
+    let index: serde_json::Value = serde_json::from_slice(&blob(&a, digest)?)?;
     ensure!(
-        config["config"]["Entrypoint"] == serde_json::json!(["/usr/bin/hcp-olm-controller"]),
-        "{config}"
+        index["mediaType"] == "application/vnd.oci.image.index.v1+json",
+        "{index}"
     );
-    ensure!(config["config"]["Labels"]["org.opencontainers.image.revision"] == "0123abc");
-    let layer = blob(
-        &a,
-        manifest["layers"][0]["digest"].as_str().context("layer")?,
-    )?;
-    let root = work.path().join("root");
-    tar::Archive::new(flate2::read::GzDecoder::new(&layer[..])).unpack(&root)?;
-    ensure!(root.join("etc/ssl/certs/ca-certificates.crt").is_file());
-    let o = Command::new("chroot")
-        .arg(&root)
-        .args(["/usr/bin/hcp-olm-controller", "--help"])
-        .output()?;
+    let platforms: Vec<String> = index["manifests"]
+        .as_array()
+        .context("manifests")?
+        .iter()
+        .map(|m| {
+            m["platform"]["architecture"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    ensure!(platforms == ["amd64", "arm64"], "{platforms:?}");
+    let provenance: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(a.join("provenance.intoto.json"))?)?;
     ensure!(
-        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("--bin-dir"),
-        "the binary does not run from its image alone: {} {}",
-        o.status,
-        String::from_utf8_lossy(&o.stderr)
+        provenance["subject"][0]["digest"]["sha256"] == digest.trim_start_matches("sha256:"),
+        "{provenance}"
     );
+    for m in index["manifests"].as_array().context("manifests")? {
+        let arch = m["platform"]["architecture"].as_str().unwrap_or_default();
+        let manifest: serde_json::Value =
+            serde_json::from_slice(&blob(&a, m["digest"].as_str().context("digest")?)?)?;
+        let config: serde_json::Value = serde_json::from_slice(&blob(
+            &a,
+            manifest["config"]["digest"].as_str().context("config")?,
+        )?)?;
+        ensure!(config["architecture"] == arch, "{config}");
+        ensure!(config["config"]["User"] == "65532:65532", "{config}");
+        ensure!(
+            config["config"]["Entrypoint"] == serde_json::json!(["/usr/bin/hcp-olm-controller"]),
+            "{config}"
+        );
+        ensure!(config["config"]["Labels"]["org.opencontainers.image.revision"] == "0123abc");
+        let layer = blob(
+            &a,
+            manifest["layers"][0]["digest"].as_str().context("layer")?,
+        )?;
+        let root = work.path().join(format!("root-{arch}"));
+        tar::Archive::new(flate2::read::GzDecoder::new(&layer[..])).unpack(&root)?;
+        ensure!(root.join("etc/ssl/certs/ca-certificates.crt").is_file());
+        // The image's SBOM, the same as the one beside the layout.
+        let sbom = std::fs::read(root.join(hcp_olm_images::SBOM_PATH.trim_start_matches('/')))?;
+        ensure!(
+            sbom == std::fs::read(a.join(format!("sbom/hcp-olm-controller-{arch}.spdx.json")))?,
+            "the {arch} image's SBOM differs from the one beside the layout"
+        );
+        let doc: serde_json::Value = serde_json::from_slice(&sbom)?;
+        let names: Vec<&str> = doc["packages"]
+            .as_array()
+            .context("packages")?
+            .iter()
+            .filter_map(|p| p["name"].as_str())
+            .collect();
+        for want in [
+            "hcp-olm-controller",
+            "hcp-olm-controlplane",
+            "kube-client",
+            "tokio",
+            "ca-certificates",
+        ] {
+            ensure!(names.contains(&want), "{arch} SBOM lacks {want}: {names:?}");
+        }
+        // Its file system runs its binary on its own: amd64 under chroot (the libraries ldd
+        // found are all there, each named in the SBOM by its Debian package), arm64 static
+        // under qemu.
+        let o = match arch {
+            "amd64" => {
+                ensure!(names.contains(&"libc6"), "{names:?}");
+                Command::new("chroot")
+                    .arg(&root)
+                    .args(["/usr/bin/hcp-olm-controller", "--help"])
+                    .output()?
+            }
+            _ => {
+                ensure!(
+                    !names.contains(&"libc6"),
+                    "a static image names libc6: {names:?}"
+                );
+                Command::new("qemu-aarch64")
+                    .arg(root.join("usr/bin/hcp-olm-controller"))
+                    .arg("--version")
+                    .output()?
+            }
+        };
+        ensure!(
+            o.status.success(),
+            "the {arch} binary does not run from its image alone: {} {}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
     // Bad input: a missing binary names itself and the build command.
     let empty = tempfile::tempdir()?;
     let o = build(empty.path(), &work.path().join("c"), &[])?;

@@ -1101,6 +1101,34 @@ impl Client {
         Ok(format!("sha256:{:x}", Sha256::digest(&manifest)))
     }
 
+    /// Pushes an OCI image index (`index`: its bytes, naming manifests already pushed to the
+    /// same repository) as `image` (a tag reference); returns its digest.
+    pub async fn push_index(&self, image: &str, index: Bytes) -> Result<String, OciError> {
+        let r = Reference::parse(image)?;
+        let base = self.base(&r.registry);
+        let url = format!("{base}/v2/{}/manifests/{}", r.repository, r.manifest_ref());
+        let resp = self
+            .send(
+                &r.registry,
+                Method::PUT,
+                &url,
+                vec![(
+                    header::CONTENT_TYPE,
+                    "application/vnd.oci.image.index.v1+json".into(),
+                )],
+                index.clone(),
+                0,
+            )
+            .await?;
+        if resp.status != StatusCode::CREATED {
+            return Err(OciError::Status {
+                url,
+                status: resp.status.as_u16(),
+            });
+        }
+        Ok(format!("sha256:{:x}", Sha256::digest(&index)))
+    }
+
     /// Pushes an image with `layers` (gzip-compressed tar blobs, e.g. from
     /// [`payload::tar_gz`]) and a config with `labels` as `image`; returns its manifest
     /// digest. Used by tests and the demo (release images carrying image-references).
