@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 export HCP_OLM_CACHE ?= $(HOME)/.cache/hcp-olm
 
-.PHONY: help build lint fmt tools tools-bench test fuzz demo images test-images bench-catalog bench-controller bench-fleet bench-tunnel prereqs-demo prereqs-test prereqs-bench chart-sync cross-arm64
+.PHONY: help build lint fmt tools tools-bench test fuzz demo images test-images bench-catalog bench-controller bench-fleet bench-tunnel prereqs-demo prereqs-test prereqs-bench chart-sync cross-arm64 release
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -90,6 +90,10 @@ images: ## build the container images (amd64 and arm64, one index each, SBOMs, p
 	  --revision "$$(git rev-parse HEAD 2>/dev/null || echo unknown)" \
 	  --source-date-epoch "$$(git log -1 --format=%ct 2>/dev/null || echo 0)" \
 	  $(if $(REGISTRY),--registry $(REGISTRY) --push,)
+
+VERSION ?=
+release: tools ## a release into target/release-$(VERSION): image indexes (pushed with REGISTRY=host/org), binaries for both arches with SHA256SUMS, the chart and manifests pinned by digest, SBOMs, provenance, a CHANGELOG entry (docs/release.md)
+	@VERSION=$(VERSION) REGISTRY=$(REGISTRY) PATH="$$(e2e/tools/build.sh --bin-dir):$$PATH" scripts/release.sh
 
 test-images: prereqs-test tools ## build every test image (OLM, opm, registry, CoreDNS, pause, index images, an operator bundle) into target/test-images
 	@echo "== make test-images: building hcp-olm-test-images"

@@ -533,10 +533,7 @@ pub type MultiArch = (String, Vec<(Arch, Built)>, Bytes);
 
 /// Writes multi-architecture images as one OCI image layout in `dir`: every image's blobs,
 /// each component's image index, and `index.json` naming each index by its tag reference.
-pub fn write_multi_layout(
-    dir: &Path,
-    images: &[MultiArch],
-) -> Result<(), ImageError> {
+pub fn write_multi_layout(dir: &Path, images: &[MultiArch]) -> Result<(), ImageError> {
     let blobs = dir.join("blobs/sha256");
     std::fs::create_dir_all(&blobs).map_err(io(format!("creating {}", blobs.display())))?;
     let put = |b: &[u8]| -> Result<(), ImageError> {
