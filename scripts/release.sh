@@ -7,6 +7,7 @@
 #   - hcp-olm-<version>.tgz: the Helm chart with every image of ours pinned by digest;
 #   - hcp-olm-<version>.yaml: manifests/ with the same digests (kustomize);
 #   - the SBOMs and the provenance statement of the images;
+#   - krew-hcp-olm.yaml: the kubectl plugin's krew manifest (both archives by sha256);
 #   - a CHANGELOG.md entry (inserted once per version).
 # For the test (images/tests/release.rs): RELEASE_SKIP_BUILD=1 packs binaries already built,
 # RELEASE_BIN_DIR (with {target}), RELEASE_OUT, RELEASE_CHANGELOG, RELEASE_ALLOW_DIRTY=1.
@@ -134,10 +135,39 @@ EOF
 kustomize build "$stage/release" >"$out/hcp-olm-$version.yaml"
 rm -rf "$stage"
 
+say "the krew manifest of the kubectl plugin"
+{
+  echo "apiVersion: krew.googlecontainertools.github.com/v1alpha2"
+  echo "kind: Plugin"
+  echo "metadata:"
+  echo "  name: hcp-olm"
+  echo "spec:"
+  echo "  version: v$version"
+  echo "  homepage: https://github.com/hcp-olm/hcp-olm"
+  echo "  shortDescription: \"OLM for HyperShift hosted clusters (status, doctor, catalogs, uninstall)\""
+  echo "  description: |"
+  echo "    kubectl hcp-olm status -A lists every hosted cluster's OLM; kubectl hcp-olm doctor NAME"
+  echo "    walks the path of a catalog read and names the first hop that fails."
+  echo "  platforms:"
+  for arch in amd64 arm64; do
+    archive="hcp-olm-$version-linux-$arch.tar.gz"
+    echo "  - selector:"
+    echo "      matchLabels:"
+    echo "        os: linux"
+    echo "        arch: $arch"
+    echo "    uri: https://github.com/hcp-olm/hcp-olm/releases/download/v$version/$archive"
+    echo "    sha256: $(sha256sum "$out/$archive" | cut -d' ' -f1)"
+    echo "    files:"
+    echo "    - from: hcp-olm-$version-linux-$arch/kubectl-hcp_olm"
+    echo "      to: ."
+    echo "    bin: kubectl-hcp_olm"
+  done
+} >"$out/krew-hcp-olm.yaml"
+
 cp -r "$out/images/sbom" "$out/sbom"
 cp "$out/images/provenance.intoto.json" "$out/"
 
-(cd "$out" && sha256sum hcp-olm-*.tar.gz "hcp-olm-$version.tgz" "hcp-olm-$version.yaml" images.txt provenance.intoto.json >SHA256SUMS)
+(cd "$out" && sha256sum hcp-olm-*.tar.gz "hcp-olm-$version.tgz" "hcp-olm-$version.yaml" images.txt provenance.intoto.json krew-hcp-olm.yaml >SHA256SUMS)
 
 say "CHANGELOG entry"
 changelog=${RELEASE_CHANGELOG:-CHANGELOG.md}

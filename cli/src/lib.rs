@@ -4,6 +4,7 @@
 
 pub mod catalog;
 pub mod connect;
+pub mod doctor;
 pub mod status;
 pub mod uninstall;
 
@@ -30,6 +31,15 @@ enum Command {
     /// release every HostedCluster from its finalizer. Stop the controller first (scale it
     /// to 0); delete the manifests afterwards. `--dry-run` lists it all and changes nothing.
     Uninstall(uninstall::UninstallCliArgs),
+    /// Walk every hop a catalog read takes for one hosted cluster (HostedOLM, controller, HCP
+    /// pods, tunnel endpoint, guest agent, APIService, CatalogSources) and print the first
+    /// that fails with what to do; exit 1 when one fails.
+    Doctor(doctor::DoctorArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completion {
+        /// The shell: bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
 }
 
 /// Run the CLI under the name `program` (what usage and help show).
@@ -56,6 +66,18 @@ pub fn main_as(program: &str) -> ExitCode {
         match &cli.command {
             Command::Catalog(args) => catalog::run(args, &mut out).await,
             Command::Status(args) => status::run(args, &mut out).await,
+            Command::Doctor(args) => match doctor::run(args, &mut out).await {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(anyhow::anyhow!(
+                    "unhealthy (the first failing hop is above)"
+                )),
+                Err(e) => Err(e),
+            },
+            Command::Completion { shell } => {
+                let mut cmd = <Cli as clap::CommandFactory>::command();
+                clap_complete::generate(*shell, &mut cmd, program.to_string(), &mut out);
+                Ok(())
+            }
             Command::Uninstall(args) => {
                 match uninstall::run(args, &mut out, &mut std::io::stderr().lock()).await {
                     Ok(true) => Ok(()),

@@ -189,6 +189,22 @@ fn a_release_pins_every_image_by_digest_and_checksums_its_files() -> Result<()> 
         !rendered.contains(&format!(":v{version}")) && !manifests.contains(&format!(":v{version}")),
         "an image of ours by tag is left"
     );
+    // The krew manifest names both archives by their checksums.
+    let krew = std::fs::read_to_string(out.join("krew-hcp-olm.yaml"))?;
+    let krew: serde_json::Value = serde_yaml_ng::from_str(&krew)?;
+    ensure!(krew["kind"] == "Plugin" && krew["spec"]["version"] == format!("v{version}"));
+    for p in krew["spec"]["platforms"].as_array().context("platforms")? {
+        let arch = p["selector"]["matchLabels"]["arch"]
+            .as_str()
+            .context("arch")?;
+        let archive = format!("hcp-olm-{version}-linux-{arch}.tar.gz");
+        let line = listed
+            .lines()
+            .find(|l| l.ends_with(&archive))
+            .context("archive checksum")?;
+        ensure!(Some(line.split_whitespace().next().unwrap_or_default()) == p["sha256"].as_str());
+        ensure!(p["bin"] == "kubectl-hcp_olm");
+    }
     // SBOMs and provenance beside them.
     for def in IMAGES {
         for arch in ["amd64", "arm64"] {
