@@ -44,9 +44,9 @@ chart-sync: ## copy manifests/ (CRD, RBAC, admission policies, PrometheusRule, d
 
 FUZZ_SECONDS ?= 20
 
-cross-arm64: ## build the shipped binaries for arm64 (static, debug) for the image and qemu tests
-	@echo "== make cross-arm64: cargo build --target aarch64-unknown-linux-gnu (static; about 5 minutes cold on 2 cores)"
-	CARGO_PROFILE_DEV_DEBUG=0 $(CARGO) build --locked --target aarch64-unknown-linux-gnu $(SHIPPED) --bins
+cross-arm64: ## build the shipped binaries for arm64 (static, profile cross: unoptimised, stripped) for the image and qemu tests
+	@echo "== make cross-arm64: cargo build --profile cross --target aarch64-unknown-linux-gnu (static; about 4 minutes cold on 2 cores)"
+	$(CARGO) build --locked --profile cross --target aarch64-unknown-linux-gnu $(SHIPPED) --bins
 
 test: prereqs-test lint tools cross-arm64 ## everything CI runs: lint, unit tests, real API servers, network namespaces, bounded fuzzing
 	@echo "== make test: cargo nextest (unit, real control planes, registries, network namespaces; three tests at a time, see .config/nextest.toml)"

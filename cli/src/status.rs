@@ -17,6 +17,9 @@ use crate::catalog::{Output, render};
 /// Arguments of `status`.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
+    /// One HostedOLM to show in detail (its conditions, components, catalogs and tunnel,
+    /// with their messages); all of the namespace when unset.
+    pub name: Option<String>,
     /// Namespace (HCP namespace) to list; default: the kubeconfig context's namespace.
     #[arg(long, short = 'n')]
     pub namespace: Option<String>,
@@ -107,6 +110,76 @@ pub fn row(o: &Value) -> StatusRow {
     }
 }
 
+/// One HostedOLM in detail: conditions, components, catalogs and tunnel with their messages
+/// (pure; every string from the cluster sanitized).
+pub fn detail(o: &Value) -> String {
+    use std::fmt::Write as _;
+    let c = |v: &Value| crate::catalog::sanitize(v.as_str().unwrap_or_default());
+    let st = &o["status"];
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "HostedOLM {}/{} (generation {}, observed {}; placement {}, release {})",
+        c(&o["metadata"]["namespace"]),
+        c(&o["metadata"]["name"]),
+        o["metadata"]["generation"].as_i64().unwrap_or(0),
+        st["observedGeneration"].as_i64().unwrap_or(0),
+        c(&st["placement"]),
+        c(&st["releaseVersion"]),
+    );
+    let _ = writeln!(t, "Conditions:");
+    for k in st["conditions"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            t,
+            "  {:<12} {:<6} {:<28} {}",
+            c(&k["type"]),
+            c(&k["status"]),
+            c(&k["reason"]),
+            c(&k["message"])
+        );
+    }
+    let _ = writeln!(t, "Components:");
+    for k in st["components"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            t,
+            "  {:<36} {:<5} {}/{} {} {}",
+            c(&k["name"]),
+            if k["available"] == true { "ok" } else { "DOWN" },
+            k["readyReplicas"].as_i64().unwrap_or(0),
+            k["desiredReplicas"].as_i64().unwrap_or(0),
+            c(&k["reason"]),
+            c(&k["message"])
+        );
+    }
+    let _ = writeln!(t, "Catalogs:");
+    for k in st["catalogs"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            t,
+            "  {:<24} {:<8} {:<18} {:<7} {} {}",
+            c(&k["name"]),
+            if k["enabled"] == true {
+                "enabled"
+            } else {
+                "disabled"
+            },
+            c(&k["connectionState"]),
+            c(&k["sharing"]),
+            c(&k["servingDeployment"]),
+            c(&k["message"])
+        );
+    }
+    let tn = &st["tunnel"];
+    let _ = writeln!(
+        t,
+        "Tunnel: {} {} {} {}",
+        c(&tn["serviceType"]),
+        c(&tn["endpoint"]),
+        c(&tn["reason"]),
+        c(&tn["message"])
+    );
+    t
+}
+
 async fn client(args: &StatusArgs) -> anyhow::Result<(kube::Client, String)> {
     client_for(args.kubeconfig.as_ref(), args.context.as_ref()).await
 }
@@ -158,20 +231,53 @@ pub async fn run(args: &StatusArgs, out: &mut dyn std::io::Write) -> anyhow::Res
         let ns = args.namespace.clone().unwrap_or(default_ns);
         Api::namespaced_with(client, &ns, &ar)
     };
-    let list = api
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| match e {
-            kube::Error::Api(s) if s.code == 404 => anyhow::anyhow!(
-                "this cluster does not serve HostedOLM (olm.hcp-olm.io): is hcp-olm installed?"
-            ),
-            e => anyhow::Error::new(e).context("listing HostedOLMs"),
-        })?;
-    let rows: Vec<StatusRow> = list
-        .items
-        .iter()
-        .map(|o| row(&serde_json::to_value(o).unwrap_or_default()))
-        .collect();
+    let not_served = |e: kube::Error, what: &str| match e {
+        kube::Error::Api(s) if s.code == 404 => anyhow::anyhow!(
+            "this cluster does not serve HostedOLM (olm.hcp-olm.io): is hcp-olm installed?"
+        ),
+        e => anyhow::Error::new(e).context(what.to_string()),
+    };
+    let items: Vec<Value> = match &args.name {
+        Some(name) if !args.all_namespaces => {
+            let o = api
+                .get_opt(name)
+                .await
+                .map_err(|e| not_served(e, "reading the HostedOLM"))?
+                .with_context(|| {
+                    format!("no HostedOLM {name} here (-n names the HCP namespace)")
+                })?;
+            vec![serde_json::to_value(o).unwrap_or_default()]
+        }
+        Some(_) => anyhow::bail!("a NAME and --all-namespaces do not go together"),
+        None => api
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| not_served(e, "listing HostedOLMs"))?
+            .items
+            .into_iter()
+            .map(|o| serde_json::to_value(o).unwrap_or_default())
+            .collect(),
+    };
+    // -o json / yaml: the objects as a Kubernetes List, as kubectl prints them.
+    if args.output != Output::Table {
+        let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
+        match args.output {
+            Output::Json => {
+                serde_json::to_writer_pretty(&mut *out, &list)?;
+                writeln!(out)?;
+            }
+            _ => write!(out, "{}", serde_yaml_ng::to_string(&list)?)?,
+        }
+        return Ok(());
+    }
+    if args.name.is_some() {
+        for o in &items {
+            write!(out, "{}", detail(o))?;
+        }
+        return Ok(());
+    }
+    let list = items;
+    let rows: Vec<StatusRow> = list.iter().map(row).collect();
     render(
         out,
         args.output,

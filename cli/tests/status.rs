@@ -76,9 +76,25 @@ async fn kubectl_plugin_status_reads_hosted_olms_through_the_kubeconfig() -> Res
     ensure!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out)?;
     ensure!(
-        v[0]["name"] == "a" && v[0]["reason"] == "GuestUnreachable",
+        v["kind"] == "List"
+            && v["items"][0]["metadata"]["name"] == "a"
+            && v["items"][0]["status"]["conditions"][0]["reason"] == "GuestUnreachable",
         "{v}"
     );
+    // One in detail: conditions with their reasons, catalogs with their state.
+    let (ok, out, err) = plugin(&kubeconfig, &["status", "a", "-n", "clusters-a"])?;
+    ensure!(ok, "{err}");
+    for want in [
+        "HostedOLM clusters-a/a",
+        "Available",
+        "GuestUnreachable",
+        "redhat-operators",
+        "READY",
+    ] {
+        ensure!(out.contains(want), "{want} missing: {out}");
+    }
+    let (ok, _, err) = plugin(&kubeconfig, &["status", "nope", "-n", "clusters-a"])?;
+    ensure!(!ok && err.contains("no HostedOLM nope"), "{err}");
 
     // An unknown context: named in the error, non-zero exit.
     let (ok, _, err) = plugin(&kubeconfig, &["status", "--context", "nope"])?;

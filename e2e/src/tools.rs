@@ -34,13 +34,13 @@ pub fn current_target_dir() -> PathBuf {
 }
 
 /// Where `make cross-arm64` (part of `make test`) puts the workspace's binaries built for
-/// arm64 (static, `aarch64-unknown-linux-gnu`, debug), checked to hold `name`.
+/// arm64 (static, `aarch64-unknown-linux-gnu`, profile `cross`), checked to hold `name`.
 pub fn arm64_bin(name: &str) -> Result<PathBuf, ToolError> {
     let dir = current_target_dir();
     let path = dir
         .parent()
         .unwrap_or(&dir)
-        .join("aarch64-unknown-linux-gnu/debug")
+        .join("aarch64-unknown-linux-gnu/cross")
         .join(name);
     if path.is_file() {
         Ok(path)
