@@ -1525,7 +1525,11 @@ fn shared_catalog_readers_get_egress_only_where_another_policy_isolates_them() {
 /// and the gateways, catalogs and OLM pods schedule on either.
 #[test]
 fn no_rendered_pod_is_pinned_to_an_architecture() {
-    for file in ["none-minimal.yaml", "aws-default-flags.yaml", "kubevirt-complex-flags.yaml"] {
+    for file in [
+        "none-minimal.yaml",
+        "aws-default-flags.yaml",
+        "kubevirt-complex-flags.yaml",
+    ] {
         let hc = common::load_hc(file);
         let input = common::with_live_facts(common::input(common::valid(&hc, None), true));
         let d = render::desired(&input).unwrap();
@@ -1543,7 +1547,9 @@ fn no_rendered_pod_is_pinned_to_an_architecture() {
             );
         }
         assert!(
-            d.guest.iter().any(|o| o.kind == "Deployment" && o.name == names::GUEST_AGENT),
+            d.guest
+                .iter()
+                .any(|o| o.kind == "Deployment" && o.name == names::GUEST_AGENT),
             "{file}: no guest agent rendered"
         );
         assert!(pods >= 5, "{file}: {pods} pod templates");

@@ -9,7 +9,9 @@ pub enum ToolError {
     #[error("upstream tool `{name}` not found at {path}: run `make tools` first")]
     Missing { name: String, path: PathBuf },
     /// A workspace binary built for another architecture is missing.
-    #[error("`{name}` for arm64 not found at {path}: build it first with `make cross-arm64` (`make test` does)")]
+    #[error(
+        "`{name}` for arm64 not found at {path}: build it first with `make cross-arm64` (`make test` does)"
+    )]
     NotCrossBuilt { name: String, path: PathBuf },
     /// A binary of this workspace is not built next to the running test.
     #[error(
