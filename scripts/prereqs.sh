@@ -38,7 +38,7 @@ declare -A pkg_of_file=([/etc/ssl/certs/ca-certificates.crt]=ca-certificates
   [/usr/aarch64-linux-gnu/lib/libc.a]=libc6-dev-arm64-cross)
 files=()
 # The arm64 builds (make cross-arm64, make images) link glibc statically.
-[ "$what" = test ] && files+=(/usr/aarch64-linux-gnu/lib/libc.a)
+if [ "$what" = test ]; then files+=(/usr/aarch64-linux-gnu/lib/libc.a); fi
 # The real nodes (e2e/src/realnode.rs): containerd runs pods with runc and wires them with the
 # CNI bridge, host-local and loopback plugins.
 files+=(/etc/ssl/certs/ca-certificates.crt /usr/lib/cni/bridge)

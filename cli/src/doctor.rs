@@ -172,13 +172,14 @@ pub fn diagnose(ns: &str, name: &str, o: &Observed) -> Report {
         .cloned()
         .unwrap_or_default();
     let degraded = condition(h, "Degraded").filter(|c| c["status"] == "True");
-    let pod_reasons = [
-        "ComponentsNotAvailable",
-        "ComponentNotAvailable",
-        "CatalogsNotReady",
-    ];
+    // A reason a later hop names (a component's, the tunnel's, the catalogs') is left to it.
+    let later = |reason: &str| {
+        reason == "CatalogsNotReady"
+            || s(&h["status"]["tunnel"]["reason"]) == reason
+            || components.iter().any(|c| s(&c["reason"]) == reason)
+    };
     match degraded {
-        Some(c) if !pod_reasons.contains(&s(&c["reason"])) => hops.push(fail(
+        Some(c) if !later(s(&c["reason"])) => hops.push(fail(
             "controller",
             format!("Degraded {}: {}", s(&c["reason"]), s(&c["message"])),
             format!(
@@ -569,6 +570,12 @@ mod tests {
         h["status"]["conditions"][1] = json!({"type": "Degraded", "status": "True", "reason": "GuestKubeconfigUnsafe", "message": "exec is not allowed"});
         o.hosted_olm = Some(h);
         assert_eq!(first(&o).unwrap().0, "controller");
+        // Degraded for the tunnel's reason: the tunnel hop names it, not the controller's.
+        let mut h = healthy();
+        h["status"]["conditions"][1] = json!({"type": "Degraded", "status": "True", "reason": "TunnelAddressUnknown", "message": "no address"});
+        h["status"]["tunnel"] = json!({"serviceType": "NodePort", "reason": "TunnelAddressUnknown", "message": "no address"});
+        o.hosted_olm = Some(h);
+        assert_eq!(first(&o).unwrap().0, "tunnel-endpoint");
 
         // Guest reads win over the controller's view.
         o.hosted_olm = Some(healthy());

@@ -14,8 +14,9 @@
 //! Bounds: a token longer than 8 KiB is refused unread; decisions (allowed and refused) are
 //! kept 60 s for at most 1,024 tokens, keyed by the token's SHA-256, so a scraper every 30 s
 //! costs two reviews a minute and a flood of bad tokens at most one review pair per token a
-//! minute; at most 64 connections at once, each with 10 s for its TLS handshake. A review
-//! the API server cannot answer is 503 and not remembered. No token is logged.
+//! minute; at most 4 reviews in flight (a request waiting over 2 s for one is 503), 64
+//! connections at once, each with 10 s for its TLS handshake. A review the API server cannot
+//! answer is 503 and not remembered. No token is logged.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -49,6 +50,11 @@ pub const DECISION_TTL: Duration = Duration::from_secs(60);
 pub const MAX_REMEMBERED: u64 = 1024;
 /// Connections served at once.
 pub const MAX_CONNECTIONS: usize = 64;
+/// Token reviews in flight at once (a flood of new tokens cannot turn into a flood of
+/// TokenReviews against the API server); a request that waits longer than
+/// [`REVIEW_WAIT`] for one is answered 503.
+pub const MAX_CONCURRENT_REVIEWS: usize = 4;
+pub const REVIEW_WAIT: Duration = Duration::from_secs(2);
 /// Time for a client's TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the certificate files are checked for a change.
@@ -87,6 +93,7 @@ pub enum Decision {
 pub struct Authorizer {
     client: kube::Client,
     decisions: moka::future::Cache<[u8; 32], Decision>,
+    reviews: Arc<tokio::sync::Semaphore>,
 }
 
 impl Authorizer {
@@ -97,6 +104,7 @@ impl Authorizer {
                 .max_capacity(MAX_REMEMBERED)
                 .time_to_live(DECISION_TTL)
                 .build(),
+            reviews: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_REVIEWS)),
         }
     }
 
@@ -106,6 +114,10 @@ impl Authorizer {
         if let Some(d) = self.decisions.get(&key).await {
             return Ok(d);
         }
+        let _slot = match tokio::time::timeout(REVIEW_WAIT, self.reviews.acquire()).await {
+            Ok(Ok(p)) => p,
+            _ => return Err("too many token reviews at once".to_string()),
+        };
         let d = self.review(token).await?;
         self.decisions.insert(key, d.clone()).await;
         Ok(d)
@@ -416,6 +428,57 @@ mod tests {
         let max = format!("Bearer {}", "a".repeat(MAX_TOKEN_BYTES));
         h.insert(header::AUTHORIZATION, max.parse().unwrap());
         assert!(bearer(&h).is_some());
+    }
+
+    /// A flood of new tokens makes at most MAX_CONCURRENT_REVIEWS reviews at once: against an
+    /// API server that accepts and never answers, 12 checks open at most 4 connections, and
+    /// the ones left waiting give up after REVIEW_WAIT.
+    #[tokio::test]
+    async fn token_reviews_in_flight_are_capped() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        let hold = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = listener.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                held.push(s);
+            }
+        });
+        let mut config = kube::Config::new(format!("http://{addr}").parse().unwrap());
+        config.read_timeout = Some(Duration::from_secs(30));
+        let auth = Authorizer::new(kube::Client::try_from(config).unwrap());
+        let started = Instant::now();
+        let checks: Vec<_> = (0..12)
+            .map(|i| {
+                let a = auth.clone();
+                tokio::spawn(async move { a.check(&format!("token-{i}")).await })
+            })
+            .collect();
+        tokio::time::sleep(REVIEW_WAIT + Duration::from_millis(500)).await;
+        let opened = accepted.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            (1..=MAX_CONCURRENT_REVIEWS).contains(&opened),
+            "{opened} connections for 12 reviews"
+        );
+        let mut busy = 0;
+        for c in checks {
+            if c.is_finished() {
+                let r = c.await.unwrap();
+                assert_eq!(r, Err("too many token reviews at once".to_string()));
+                busy += 1;
+            } else {
+                c.abort();
+            }
+        }
+        assert_eq!(
+            busy,
+            12 - MAX_CONCURRENT_REVIEWS,
+            "after {:?}",
+            started.elapsed()
+        );
+        hold.abort();
     }
 
     #[test]
