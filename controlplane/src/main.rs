@@ -486,16 +486,16 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<Result<(), InputError>>
                 cert_dir: Some(args.metrics_cert_dir.clone()),
                 self_signed_names: self_signed_names(&args.leader_elect_lease_namespace),
             };
-            // Bind both first: a port clash fails the start.
+            // Bind both and read the certificate first: a port clash or an unreadable
+            // certificate fails the start instead of leaving /metrics silently dead.
             let tls = secure_metrics::bind(&cfg).await?;
+            let tls_config = secure_metrics::tls_config(&cfg)?;
             let probes = tokio::net::TcpListener::bind(args.admin_addr)
                 .await
                 .with_context(|| format!("binding --admin-addr {}", args.admin_addr))?;
             let (m, c, s) = (ctx.metrics.clone(), ctx.client.clone(), stop.clone());
             tokio::spawn(async move {
-                if let Err(e) = secure_metrics::serve(tls, cfg, m, c, s).await {
-                    tracing::error!(error = %e, "TLS metrics endpoint failed");
-                }
+                secure_metrics::serve(tls, tls_config, m, c, s).await;
             });
             tokio::spawn(metrics::serve_probes(
                 probes,
@@ -522,7 +522,6 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<Result<(), InputError>>
     Ok(Ok(()))
 }
 
-/// `--leader-elect*`: the lease to hold, or none.
 /// The names of the self-signed metrics certificate: the metrics Service's.
 fn self_signed_names(namespace: &str) -> Vec<String> {
     let svc = "hcp-olm-controller-metrics";
@@ -533,6 +532,7 @@ fn self_signed_names(namespace: &str) -> Vec<String> {
     ]
 }
 
+/// `--leader-elect*`: the lease to hold, or none.
 fn leader_config(
     args: &RunArgs,
 ) -> Result<Option<hcp_olm_controlplane::runtime::leader::LeaderConfig>, InputError> {

@@ -340,15 +340,12 @@ pub async fn bind(
         .map_err(|e| SecureMetricsError::Bind(cfg.addr, e))
 }
 
-/// Serves `/metrics` over TLS on `listener` until `shutdown` resolves.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    cfg: SecureMetricsConfig,
-    metrics: Arc<Metrics>,
-    client: kube::Client,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(), SecureMetricsError> {
-    let certs = Arc::new(Certificates::new(&cfg).map_err(SecureMetricsError::Certificate)?);
+/// The TLS configuration of the endpoint: the certificate from `cfg.cert_dir` (reloaded when
+/// its files change) or self-signed. An unreadable certificate is an error here, at start.
+pub fn tls_config(
+    cfg: &SecureMetricsConfig,
+) -> Result<Arc<rustls::ServerConfig>, SecureMetricsError> {
+    let certs = Arc::new(Certificates::new(cfg).map_err(SecureMetricsError::Certificate)?);
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut tls = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -356,7 +353,18 @@ pub async fn serve(
         .with_no_client_auth()
         .with_cert_resolver(certs);
     tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    Ok(Arc::new(tls))
+}
+
+/// Serves `/metrics` over TLS on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    metrics: Arc<Metrics>,
+    client: kube::Client,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let app: Router = Router::new()
         .route("/metrics", get(metrics_handler))
         .with_state(AppState {
@@ -370,7 +378,7 @@ pub async fn serve(
     tokio::pin!(shutdown);
     loop {
         let (stream, _) = tokio::select! {
-            _ = &mut shutdown => return Ok(()),
+            _ = &mut shutdown => return,
             r = listener.accept() => match r {
                 Ok(s) => s,
                 Err(e) => {
@@ -479,6 +487,20 @@ mod tests {
             started.elapsed()
         );
         hold.abort();
+    }
+
+    #[test]
+    fn an_unreadable_certificate_fails_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tls.crt"), "not a certificate").unwrap();
+        std::fs::write(dir.path().join("tls.key"), "not a key").unwrap();
+        let cfg = SecureMetricsConfig {
+            addr: "127.0.0.1:0".parse().unwrap(),
+            cert_dir: Some(dir.path().to_path_buf()),
+            self_signed_names: vec!["x".into()],
+        };
+        let e = tls_config(&cfg).unwrap_err().to_string();
+        assert!(e.contains("tls.crt"), "{e}");
     }
 
     #[test]
