@@ -395,13 +395,7 @@ pub async fn run(args: &DoctorArgs, out: &mut dyn std::io::Write) -> anyhow::Res
     let (client, default_ns) =
         crate::status::client_for(args.kubeconfig.as_ref(), args.context.as_ref()).await?;
     let ns = args.namespace.clone().unwrap_or(default_ns);
-    let ar = ApiResource {
-        group: "olm.hcp-olm.io".into(),
-        version: "v1alpha1".into(),
-        api_version: "olm.hcp-olm.io/v1alpha1".into(),
-        kind: "HostedOLM".into(),
-        plural: "hostedolms".into(),
-    };
+    let ar = crate::status::hosted_olm_resource();
     let api: Api<DynamicObject> = Api::namespaced_with(client, &ns, &ar);
     let hosted_olm = api
         .get_opt(&args.name)
@@ -435,16 +429,11 @@ type GuestView = (Option<Value>, Option<Value>, Vec<Value>);
 
 async fn read_guest(path: &PathBuf) -> anyhow::Result<GuestView> {
     let (guest, _) = crate::status::client_for(Some(path), None).await?;
-    let get = |group: &str, version: &str, kind: &str, plural: &str| ApiResource {
-        group: group.into(),
-        version: version.into(),
-        api_version: if group.is_empty() {
-            version.into()
-        } else {
-            format!("{group}/{version}")
-        },
-        kind: kind.into(),
-        plural: plural.into(),
+    let get = |group: &str, version: &str, kind: &str, plural: &str| {
+        ApiResource::from_gvk_with_plural(
+            &kube::api::GroupVersionKind::gvk(group, version, kind),
+            plural,
+        )
     };
     let deployments: Api<DynamicObject> = Api::namespaced_with(
         guest.clone(),

@@ -215,16 +215,21 @@ pub(crate) async fn client_for(
     Ok((kube::Client::try_from(config)?, ns))
 }
 
-/// Run `status`, printing to `out`.
-pub async fn run(args: &StatusArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
-    let (client, default_ns) = client(args).await?;
-    let ar = ApiResource {
+/// The HostedOLM kind, for dynamic clients (the CLI does not link the controller's types).
+pub(crate) fn hosted_olm_resource() -> ApiResource {
+    ApiResource {
         group: "olm.hcp-olm.io".into(),
         version: "v1alpha1".into(),
         api_version: "olm.hcp-olm.io/v1alpha1".into(),
         kind: "HostedOLM".into(),
         plural: "hostedolms".into(),
-    };
+    }
+}
+
+/// Run `status`, printing to `out`.
+pub async fn run(args: &StatusArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+    let (client, default_ns) = client(args).await?;
+    let ar = hosted_olm_resource();
     let api: Api<DynamicObject> = if args.all_namespaces {
         Api::all_with(client, &ar)
     } else {

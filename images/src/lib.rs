@@ -534,65 +534,65 @@ pub type MultiArch = (String, Vec<(Arch, Built)>, Bytes);
 /// Writes multi-architecture images as one OCI image layout in `dir`: every image's blobs,
 /// each component's image index, and `index.json` naming each index by its tag reference.
 pub fn write_multi_layout(dir: &Path, images: &[MultiArch]) -> Result<(), ImageError> {
-    let blobs = dir.join("blobs/sha256");
-    std::fs::create_dir_all(&blobs).map_err(io(format!("creating {}", blobs.display())))?;
-    let put = |b: &[u8]| -> Result<(), ImageError> {
-        let d = sha256(b);
-        let path = blobs.join(d.trim_start_matches("sha256:"));
-        std::fs::write(&path, b).map_err(io(format!("writing {}", path.display())))
-    };
-    let mut manifests = Vec::new();
-    for (reference, per_arch, index) in images {
-        for (_, img) in per_arch {
-            for l in &img.layers {
-                put(l)?;
-            }
-            put(&img.config)?;
-            put(&img.manifest)?;
-        }
-        put(index)?;
-        manifests.push(json!({
-            "mediaType": "application/vnd.oci.image.index.v1+json",
-            "digest": sha256(index),
-            "size": index.len(),
-            "annotations": {"org.opencontainers.image.ref.name": reference},
-        }));
-    }
-    let index = json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.index.v1+json",
-        "manifests": manifests,
+    let entries = images.iter().map(|(reference, per_arch, index)| {
+        let blobs: Vec<&[u8]> = per_arch
+            .iter()
+            .flat_map(|(_, img)| {
+                img.layers
+                    .iter()
+                    .map(|l| &l[..])
+                    .chain([&img.config[..], &img.manifest[..]])
+            })
+            .chain([&index[..]])
+            .collect();
+        (
+            reference,
+            blobs,
+            "application/vnd.oci.image.index.v1+json",
+            &index[..],
+        )
     });
-    let write = |name: &str, v: &serde_json::Value| {
-        let path = dir.join(name);
-        std::fs::write(&path, serde_json::to_vec_pretty(v).unwrap_or_default())
-            .map_err(io(format!("writing {}", path.display())))
-    };
-    write("oci-layout", &json!({"imageLayoutVersion": "1.0.0"}))?;
-    write("index.json", &index)
+    layout(dir, entries)
 }
 
 /// Writes `images` (tag reference → image) as one OCI image layout in `dir` (`oci-layout`,
 /// `index.json` naming each by `org.opencontainers.image.ref.name`, `blobs/sha256/…`).
 pub fn write_layout(dir: &Path, images: &[(String, Built)]) -> Result<(), ImageError> {
-    let blobs = dir.join("blobs/sha256");
-    std::fs::create_dir_all(&blobs).map_err(io(format!("creating {}", blobs.display())))?;
-    let put = |b: &[u8]| -> Result<(), ImageError> {
-        let d = sha256(b);
-        let path = blobs.join(d.trim_start_matches("sha256:"));
-        std::fs::write(&path, b).map_err(io(format!("writing {}", path.display())))
-    };
+    let entries = images.iter().map(|(reference, img)| {
+        let blobs: Vec<&[u8]> = img
+            .layers
+            .iter()
+            .map(|l| &l[..])
+            .chain([&img.config[..], &img.manifest[..]])
+            .collect();
+        (
+            reference,
+            blobs,
+            "application/vnd.oci.image.manifest.v1+json",
+            &img.manifest[..],
+        )
+    });
+    layout(dir, entries)
+}
+
+/// Writes an OCI image layout: every blob of each entry under `blobs/sha256`, and
+/// `index.json` naming each entry's top manifest (of `media_type`) by its reference.
+fn layout<'a>(
+    dir: &Path,
+    entries: impl Iterator<Item = (&'a String, Vec<&'a [u8]>, &'static str, &'a [u8])>,
+) -> Result<(), ImageError> {
+    let blob_dir = dir.join("blobs/sha256");
+    std::fs::create_dir_all(&blob_dir).map_err(io(format!("creating {}", blob_dir.display())))?;
     let mut manifests = Vec::new();
-    for (reference, img) in images {
-        for l in &img.layers {
-            put(l)?;
+    for (reference, blobs, media_type, top) in entries {
+        for b in blobs {
+            let path = blob_dir.join(sha256(b).trim_start_matches("sha256:"));
+            std::fs::write(&path, b).map_err(io(format!("writing {}", path.display())))?;
         }
-        put(&img.config)?;
-        put(&img.manifest)?;
         manifests.push(json!({
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "digest": img.digest(),
-            "size": img.manifest.len(),
+            "mediaType": media_type,
+            "digest": sha256(top),
+            "size": top.len(),
             "annotations": {"org.opencontainers.image.ref.name": reference},
         }));
     }

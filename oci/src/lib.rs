@@ -1078,17 +1078,31 @@ impl Client {
             self.push_blob(&r, l.clone()).await?;
         }
         self.push_blob(&r, config).await?;
+        self.put_manifest(
+            &r,
+            &base,
+            "application/vnd.oci.image.manifest.v1+json",
+            manifest,
+        )
+        .await
+    }
+
+    /// PUTs `bytes` (of `media_type`) as the manifest `r` names; returns its digest.
+    async fn put_manifest(
+        &self,
+        r: &Reference,
+        base: &str,
+        media_type: &str,
+        bytes: Bytes,
+    ) -> Result<String, OciError> {
         let url = format!("{base}/v2/{}/manifests/{}", r.repository, r.manifest_ref());
         let resp = self
             .send(
                 &r.registry,
                 Method::PUT,
                 &url,
-                vec![(
-                    header::CONTENT_TYPE,
-                    "application/vnd.oci.image.manifest.v1+json".into(),
-                )],
-                manifest.clone(),
+                vec![(header::CONTENT_TYPE, media_type.into())],
+                bytes.clone(),
                 0,
             )
             .await?;
@@ -1098,7 +1112,7 @@ impl Client {
                 status: resp.status.as_u16(),
             });
         }
-        Ok(format!("sha256:{:x}", Sha256::digest(&manifest)))
+        Ok(format!("sha256:{:x}", Sha256::digest(&bytes)))
     }
 
     /// Pushes an OCI image index (`index`: its bytes, naming manifests already pushed to the
@@ -1106,27 +1120,8 @@ impl Client {
     pub async fn push_index(&self, image: &str, index: Bytes) -> Result<String, OciError> {
         let r = Reference::parse(image)?;
         let base = self.base(&r.registry);
-        let url = format!("{base}/v2/{}/manifests/{}", r.repository, r.manifest_ref());
-        let resp = self
-            .send(
-                &r.registry,
-                Method::PUT,
-                &url,
-                vec![(
-                    header::CONTENT_TYPE,
-                    "application/vnd.oci.image.index.v1+json".into(),
-                )],
-                index.clone(),
-                0,
-            )
-            .await?;
-        if resp.status != StatusCode::CREATED {
-            return Err(OciError::Status {
-                url,
-                status: resp.status.as_u16(),
-            });
-        }
-        Ok(format!("sha256:{:x}", Sha256::digest(&index)))
+        self.put_manifest(&r, &base, "application/vnd.oci.image.index.v1+json", index)
+            .await
     }
 
     /// Pushes an image with `layers` (gzip-compressed tar blobs, e.g. from
